@@ -1,0 +1,115 @@
+"""SQL tables (SQLModel). Alembic migrations in migrations/ create and change them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, Index, MetaData, UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+# Named constraints so that migrations on SQLite (batch mode) and PostgreSQL stay in step.
+SQLModel.metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+    __table_args__ = (Index("ix_jobs_status_heartbeat", "status", "heartbeat_at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    kind: str = Field(index=True)
+    params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    status: str = Field(default=JobStatus.QUEUED, index=True)
+    progress_done: int = 0
+    progress_total: int | None = None
+    progress_unit: str = "rows"
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    worker: str | None = None
+    task_id: str | None = None
+    queue: str = "cpu"
+    error: str | None = None
+    cancel_requested: bool = False
+    attempt: int = 1
+    retry_of: int | None = Field(default=None, foreign_key="jobs.id")
+    result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class JobEvent(SQLModel, table=True):
+    __tablename__ = "job_events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id", index=True)
+    at: datetime = Field(default_factory=utcnow)
+    level: str = "info"  # info | warning | rejected | error
+    code: str | None = None
+    message: str = ""
+    count: int = 1
+    examples: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+
+
+class JobOutput(SQLModel, table=True):
+    __tablename__ = "job_outputs"
+    __table_args__ = (UniqueConstraint("job_id", "path"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id", index=True)
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class Metric(SQLModel, table=True):
+    __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_job_name_step", "job_id", "name", "step"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id")
+    step: int
+    name: str
+    value: float
+    at: datetime = Field(default_factory=utcnow)
+
+
+class Alert(SQLModel, table=True):
+    __tablename__ = "alerts"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
+    dataset: str | None = None
+    kind: str  # empty_output | worker_lost | job_failed | zero_byte_shard | ...
+    message: str
+    created_at: datetime = Field(default_factory=utcnow, index=True)
+    acknowledged: bool = Field(default=False, index=True)
+    acknowledged_at: datetime | None = None

@@ -1,0 +1,171 @@
+"""HTML pages (Jinja2 + htmx). Live parts are partials that poll while the job runs and stop when it ends."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlmodel import Session, col, func, select
+
+from app import jobs, submit
+from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write, token_required
+from app.db import REPO_ROOT
+from app.deps import SessionDep, SettingsDep
+from app.models import Alert, Job, JobEvent, JobOutput
+from draftdeck.errors import UsageError
+from workers.kinds import KINDS
+
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(REPO_ROOT / "templates"))
+WriteDep = Depends(require_page_write)
+LOG_TAIL = 200
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "?"
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if size < 1024 or unit == "TB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+templates.env.filters["bytes"] = _fmt_bytes
+templates.env.filters["thousands"] = lambda n: f"{n:,}" if isinstance(n, int) else n
+
+
+def render(request: Request, name: str, session: Session | None = None, status_code: int = 200,
+           **context: Any) -> HTMLResponse:
+    if session is not None:
+        context["open_alerts"] = session.exec(
+            select(func.count()).select_from(Alert).where(Alert.acknowledged == False)  # noqa: E712
+        ).one()
+    response = templates.TemplateResponse(request, name, {"csrf": csrf_token(request), **context},
+                                          status_code=status_code)
+    return response
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/jobs", status_code=303)
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
+    rows = session.exec(select(Job).order_by(col(Job.id).desc()).limit(100)).all()
+    return render(request, "jobs.html", session, jobs=rows)
+
+
+@router.get("/jobs/table", response_class=HTMLResponse)
+def jobs_table(request: Request, session: SessionDep) -> HTMLResponse:
+    rows = session.exec(select(Job).order_by(col(Job.id).desc()).limit(100)).all()
+    return render(request, "partials/jobs_table.html", jobs=rows)
+
+
+def _form_fields(kind_name: str) -> list[dict[str, Any]]:
+    schema = KINDS[kind_name].params.model_json_schema()
+    required = set(schema.get("required", []))
+    return [
+        {"name": name, "type": spec.get("type", "string"), "description": spec.get("description", ""),
+         "default": spec.get("default"), "required": name in required}
+        for name, spec in schema.get("properties", {}).items()
+    ]
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+def new_job_page(request: Request, session: SessionDep, settings: SettingsDep, kind: str = "scan",
+                 error: str | None = None, values: dict[str, Any] | None = None) -> HTMLResponse:
+    if kind not in KINDS:
+        raise HTTPException(404, f"unknown job kind {kind!r}")
+    return render(request, "job_new.html", session, kinds=KINDS, kind=kind, fields=_form_fields(kind),
+                  roots=settings.roots, error=error, values=values or {},
+                  status_code=400 if error else 200)
+
+
+@router.post("/jobs", dependencies=[WriteDep])
+async def create_job_form(request: Request, session: SessionDep, settings: SettingsDep,
+                          kind: Annotated[str, Form()]) -> Response:
+    form = await request.form()
+    raw = {k: str(v) for k, v in form.items() if k not in ("kind", "csrf") and str(v).strip() != ""}
+    try:
+        job = submit.submit(session, kind, raw, settings)
+    except UsageError as exc:
+        return new_job_page(request, session, settings, kind=kind if kind in KINDS else "scan",
+                            error=str(exc), values=raw)
+    return RedirectResponse(f"/jobs/{job.id}", status_code=303)
+
+
+def _job_context(session: Session, job_id: int) -> dict[str, Any]:
+    job = jobs.get_job(session, job_id)
+    if job is None:
+        raise HTTPException(404, f"no job {job_id}")
+    events = session.exec(
+        select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id).desc()).limit(LOG_TAIL)
+    ).all()
+    outputs = session.exec(select(JobOutput).where(JobOutput.job_id == job_id).order_by(col(JobOutput.id))).all()
+    issues = [e for e in events if e.code]
+    issues.sort(key=lambda e: ({"error": 0, "rejected": 1, "warning": 2}.get(e.level, 3), -e.count))
+    return {"job": job, "log": list(reversed(events)), "issues": issues, "outputs": outputs,
+            "terminal": job.status in ("succeeded", "failed", "cancelled")}
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: int, session: SessionDep) -> HTMLResponse:
+    return render(request, "job.html", session, **_job_context(session, job_id))
+
+
+@router.get("/jobs/{job_id}/live", response_class=HTMLResponse)
+def job_live(request: Request, job_id: int, session: SessionDep) -> HTMLResponse:
+    return render(request, "partials/job_live.html", **_job_context(session, job_id))
+
+
+@router.post("/jobs/{job_id}/cancel", dependencies=[WriteDep])
+def cancel_job_form(job_id: int, session: SessionDep) -> RedirectResponse:
+    try:
+        jobs.request_cancel(session, job_id)
+    except LookupError:
+        raise HTTPException(404, f"no job {job_id}") from None
+    except jobs.JobStateError as exc:
+        raise HTTPException(409, str(exc)) from None
+    return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+
+@router.post("/jobs/{job_id}/retry", dependencies=[WriteDep])
+def retry_job_form(job_id: int, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
+    try:
+        job = submit.retry(session, job_id, settings)
+    except LookupError:
+        raise HTTPException(404, f"no job {job_id}") from None
+    except (jobs.JobStateError, UsageError) as exc:
+        raise HTTPException(409, str(exc)) from None
+    return RedirectResponse(f"/jobs/{job.id}", status_code=303)
+
+
+@router.get("/alerts", response_class=HTMLResponse)
+def alerts_page(request: Request, session: SessionDep) -> HTMLResponse:
+    rows = session.exec(select(Alert).order_by(col(Alert.acknowledged), col(Alert.id).desc()).limit(200)).all()
+    return render(request, "alerts.html", session, alerts=rows)
+
+
+@router.post("/alerts/{alert_id}/ack", dependencies=[WriteDep])
+def ack_alert_form(alert_id: int, session: SessionDep) -> RedirectResponse:
+    if not jobs.acknowledge_alert(session, alert_id):
+        raise HTTPException(404, f"no alert {alert_id}")
+    return RedirectResponse("/alerts", status_code=303)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    return render(request, "login.html", session, needed=token_required(settings))
+
+
+@router.post("/login")
+async def login(request: Request, token: Annotated[str, Form()]) -> Response:
+    await require_csrf(request)
+    response = RedirectResponse("/jobs", status_code=303)
+    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    return response

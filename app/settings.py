@@ -1,0 +1,99 @@
+"""One settings object, read from the environment (DRAFTDECK_*, DATABASE_URL, REDIS_URL)."""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DRAFTDECK_", extra="ignore")
+
+    home: Path = Field(default=Path("var"), description="where embedded state, jobs and outputs live")
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL", "DRAFTDECK_DATABASE_URL")
+    )
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "DRAFTDECK_REDIS_URL"))
+    data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    token: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    heartbeat_seconds: float = 5.0
+    lost_after_seconds: float = 30.0
+    sweep_seconds: float = 5.0
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [p for p in value.replace(",", ":").split(":") if p.strip()]
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise_db(cls, value: str | None) -> str | None:
+        if value and value.startswith(("postgres://", "postgresql://")):
+            # SQLAlchemy's default PostgreSQL driver is psycopg2; we ship psycopg 3.
+            return "postgresql+psycopg://" + value.split("://", 1)[1]
+        return value
+
+    @property
+    def home_dir(self) -> Path:
+        return self.home.resolve()
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home_dir / 'draftdeck.db'}"
+
+    @property
+    def roots(self) -> list[Path]:
+        """Data roots, resolved. By default the home folder (outputs and datasets live there) and ./data."""
+        if self.data_roots:
+            return [Path(r).expanduser().resolve() for r in self.data_roots]
+        return [self.home_dir, (Path.cwd() / "data").resolve()]
+
+    @property
+    def broker_url(self) -> str:
+        return self.redis_url or "filesystem://"
+
+    @property
+    def broker_dir(self) -> Path:
+        return self.home_dir / "broker"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home_dir / "jobs"
+
+    @property
+    def embedded(self) -> bool:
+        return self.redis_url is None
+
+    def check_listen(self, host: str) -> None:
+        """Refuse to listen beyond loopback without a token: anything there could launch work."""
+        if not is_loopback(host) and not self.token:
+            raise SystemExit(
+                f"refusing to listen on {host} without DRAFTDECK_TOKEN: set a token, or listen on 127.0.0.1"
+            )
+
+    def ensure_dirs(self) -> None:
+        for d in (self.home_dir, self.jobs_dir, self.broker_dir / "queue", self.broker_dir / "processed"):
+            d.mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

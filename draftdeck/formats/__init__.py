@@ -1,0 +1,1 @@
+"""Reading and writing chat data: readers, detection, the canonical Conversation, writers."""

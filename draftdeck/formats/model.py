@@ -1,0 +1,71 @@
+"""The canonical conversation every reader produces and every writer and tokenizer consumes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call. `arguments` is the parsed JSON value; when the source held text that is not
+    valid JSON, `arguments` is None and `raw_arguments` keeps the text as it was."""
+
+    name: str
+    arguments: Any = None
+    raw_arguments: str | None = None
+    id: str | None = None
+
+    @property
+    def arguments_valid(self) -> bool:
+        return self.raw_arguments is None
+
+
+@dataclass(slots=True)
+class Message:
+    role: Role
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None  # for role == "tool": the call this result answers
+    name: str | None = None  # tool name on tool results, or a participant name
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.content.strip() and not (self.reasoning or "").strip() and not self.tool_calls
+
+
+@dataclass(slots=True)
+class SourceRef:
+    """Where a conversation came from: file, 1-based line (JSONL) or 0-based index, and the row's id."""
+
+    file: str
+    line: int | None = None
+    index: int | None = None
+    id: str | None = None
+    path: str | None = None  # for trees: which branch, e.g. "0.1.0"
+
+    @property
+    def where(self) -> str:
+        loc = f":{self.line}" if self.line is not None else (f"[{self.index}]" if self.index is not None else "")
+        return f"{self.file}{loc}" + (f"#{self.path}" if self.path else "")
+
+
+@dataclass(slots=True)
+class Conversation:
+    messages: list[Message]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    source: SourceRef | None = None
+    source_format: str = "unknown"  # detected family: openai, sharegpt, alpaca, query_response, prompt, tree, trajectory
+    meta: dict[str, Any] = field(default_factory=dict)  # fields kept verbatim that the model has no place for
+
+    @property
+    def has_assistant(self) -> bool:
+        return any(m.role == "assistant" for m in self.messages)
+
+    @property
+    def has_user(self) -> bool:
+        return any(m.role == "user" for m in self.messages)

@@ -1,0 +1,281 @@
+"""Streaming readers for chat data files.
+
+Every reader yields :class:`RawRow` values one at a time and never holds a whole file in memory:
+JSONL (blank lines, CRLF, a BOM and a missing final newline are fine), JSON arrays of any size
+(parsed incrementally), single or concatenated JSON objects, each plain, gzip or zstd compressed.
+A row that cannot be parsed is yielded too, with an issue code and a reason, so the caller can
+count it: nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+import orjson
+
+from draftdeck.errors import InputError
+from draftdeck.progress import Progress, no_progress
+
+DEFAULT_MAX_ROW_BYTES = 64 * 1024 * 1024
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_BOM = b"\xef\xbb\xbf"
+_SKIP_CHUNK = 1 << 20
+
+
+@dataclass(slots=True)
+class RawRow:
+    """One record of an input file, parsed or not.
+
+    `line` is the 1-based line for JSONL, None inside JSON arrays and objects; `index` is the
+    0-based position of the record in the file. When `error` (an issue code) is set, `value` is None
+    and `reason` says what went wrong.
+    """
+
+    file: str
+    index: int
+    line: int | None
+    value: Any
+    nbytes: int
+    error: str | None = None
+    reason: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.line is not None else f"{self.file}[{self.index}]"
+
+
+class _CountingReader(io.RawIOBase):
+    """Counts the bytes read from the underlying (compressed) file, for progress in bytes."""
+
+    def __init__(self, raw: IO[bytes]):
+        self._raw = raw
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.count += n or 0
+        return n or 0
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class _PrefixedReader(io.RawIOBase):
+    """Serves `prefix` first, then the rest of `rest`: lets us sniff a stream we cannot seek (a pipe)."""
+
+    def __init__(self, prefix: bytes, rest: IO[bytes]):
+        self._prefix = prefix
+        self._rest = rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._prefix:
+            n = min(len(buffer), len(self._prefix))
+            buffer[:n] = self._prefix[:n]
+            self._prefix = self._prefix[n:]
+            return n
+        return self._rest.readinto(buffer)  # type: ignore[attr-defined]
+
+
+@dataclass
+class OpenedFile:
+    stream: io.BufferedReader
+    counter: _CountingReader
+    size: int | None
+    compression: str | None
+
+
+def open_data_file(path: Path) -> OpenedFile:
+    """Open `path` for streaming, undoing gzip or zstd compression found by magic bytes."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{path}: is a directory, not a data file")
+    try:
+        raw = open(path, "rb", buffering=0)  # noqa: SIM115 - closed by the caller through OpenedFile
+    except OSError as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror})") from None
+    counter = _CountingReader(raw)
+    buffered = io.BufferedReader(counter, buffer_size=1 << 20)
+    magic = buffered.peek(4)[:4]
+    size = st.st_size if stat.S_ISREG(st.st_mode) else None
+    if magic.startswith(_GZIP_MAGIC):
+        inner: IO[bytes] = gzip.GzipFile(fileobj=buffered, mode="rb")
+        return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "gzip")  # type: ignore[arg-type]
+    if magic == _ZSTD_MAGIC:
+        import zstandard
+
+        inner = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
+        return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "zstd")  # type: ignore[arg-type]
+    return OpenedFile(buffered, counter, size, None)
+
+
+def _classify_error(data: bytes, exc: Exception) -> tuple[str, str]:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as uexc:
+        return "encoding_error", f"not valid UTF-8 at byte {uexc.start}"
+    msg = str(exc).split(": line ")[0]
+    return "json_error", f"invalid JSON: {msg}"
+
+
+def _sniff_container(stream: io.BufferedReader, suffix: str) -> tuple[str, bytes]:
+    """Decide between JSONL, a JSON array and (concatenated) JSON objects.
+
+    Returns the container name and the bytes consumed to decide (to be served again).
+    """
+    head = stream.peek(1 << 16)[: 1 << 16]
+    body = head[3:] if head.startswith(_BOM) else head
+    first = body.lstrip()[:1]
+    if first == b"[":
+        return "json-array", b""
+    if first == b"{" and not suffix.endswith(".jsonl"):
+        # A JSONL file's first line is a complete object; a pretty-printed object's is not.
+        line = stream.readline(DEFAULT_MAX_ROW_BYTES)
+        text = line[3:] if line.startswith(_BOM) else line
+        try:
+            complete = isinstance(orjson.loads(text), dict)
+        except orjson.JSONDecodeError:
+            complete = False
+        return ("jsonl" if complete else "json"), line
+    return "jsonl", b""
+
+
+class RowReader:
+    """Iterates the records of one file; `bytes_read`, `size` and `container` describe it."""
+
+    def __init__(self, path: Path, *, display_name: str | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES):
+        self.path = path
+        self.name = display_name or str(path)
+        self.max_row_bytes = max_row_bytes
+        self._opened = open_data_file(path)
+        self.size = self._opened.size
+        self.compression = self._opened.compression
+        self.container, self._consumed = _sniff_container(self._opened.stream, path.name.lower().removesuffix(".gz").removesuffix(".zst"))
+
+    @property
+    def bytes_read(self) -> int:
+        return self._opened.counter.count
+
+    def close(self) -> None:
+        self._opened.stream.close()
+
+    def __enter__(self) -> RowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[RawRow]:
+        if self.container == "jsonl":
+            return self._jsonl()
+        return self._incremental()
+
+    def _jsonl(self) -> Iterator[RawRow]:
+        stream = self._opened.stream
+        limit = self.max_row_bytes
+        lines = _lines_with_prefix(self._consumed, stream, limit)
+        index = 0
+        for lineno, line, overflow in lines:
+            if lineno == 1 and line.startswith(_BOM):
+                line = line[3:]
+            if overflow:
+                yield RawRow(self.name, index, lineno, None, overflow, "oversize_row",
+                             f"row of {overflow:,} bytes exceeds the limit of {limit:,} bytes")
+                index += 1
+                continue
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                code, reason = _classify_error(line, exc)
+                if not line.endswith(b"\n") and code == "json_error":
+                    reason += " (the last line is truncated)"
+                yield RawRow(self.name, index, lineno, None, len(line), code, reason)
+            else:
+                yield RawRow(self.name, index, lineno, value, len(line))
+            index += 1
+
+    def _incremental(self) -> Iterator[RawRow]:
+        source = _PrefixedReader(self._consumed, self._opened.stream) if self._consumed else self._opened.stream
+        if self.container == "json-array":
+            items = ijson.items(source, "item", use_float=True)
+        else:
+            items = ijson.items(source, "", use_float=True, multiple_values=True)
+        index = 0
+        while True:
+            try:
+                value = next(items)
+            except StopIteration:
+                return
+            except (ijson.JSONError, ijson.IncompleteJSONError) as exc:
+                reason = f"invalid JSON after record {index}: {str(exc).strip()[:200]}"
+                code = "encoding_error" if "utf" in str(exc).lower() else "json_error"
+                yield RawRow(self.name, index, None, None, 0, code, reason)
+                return
+            except UnicodeDecodeError as exc:
+                yield RawRow(self.name, index, None, None, 0, "encoding_error",
+                             f"not valid UTF-8 after record {index}: {exc.reason}")
+                return
+            yield RawRow(self.name, index, None, value, 0)
+            index += 1
+
+
+def _lines_with_prefix(prefix: bytes, stream: io.BufferedReader, limit: int) -> Iterator[tuple[int, bytes, int]]:
+    """Yield (line number, line, overflow) where overflow is the full size of a line over `limit`.
+
+    A line over the limit is skipped in chunks, never held whole.
+    """
+    lineno = 0
+    pending = prefix
+    while True:
+        if pending:
+            line, pending = pending, b""
+            if not line.endswith(b"\n"):
+                line += stream.readline(max(limit + 1 - len(line), 1))
+        else:
+            line = stream.readline(limit + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > limit and not line.endswith(b"\n"):
+            size = len(line)
+            while True:
+                chunk = stream.readline(_SKIP_CHUNK)
+                size += len(chunk)
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            yield lineno, b"", size
+            continue
+        yield lineno, line, 0
+
+
+def iter_rows(path: Path, *, progress: Progress = no_progress,
+              max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[RawRow]:
+    """Yield every record of `path`, reporting progress in bytes of the file as stored."""
+    with RowReader(path, max_row_bytes=max_row_bytes) as reader:
+        for i, row in enumerate(reader):
+            if i % 1024 == 0:
+                progress(reader.bytes_read, reader.size, "bytes")
+            yield row
+        progress(reader.bytes_read, reader.size, "bytes")
+

@@ -1,0 +1,284 @@
+"""Issue codes, row accounting and the escalation policy.
+
+This is the one place that decides whether an issue rejects a row, warns, or fails a job.
+Every pipeline (scan, convert, tokenize) counts what it sees in a :class:`Report` and asks a
+:class:`Policy` for the verdict at the end (and, for early stops, on the way).
+
+The invariant every report keeps::
+
+    rows_in + rows_expanded == rows_out + sum(rejected.values())
+
+``rows_expanded`` counts the extra output rows that one input row produced (a message tree with
+three leaves gives one input row and three output rows: ``rows_expanded`` grows by two).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from draftdeck.errors import AccountingError, PolicyError
+
+MAX_EXAMPLES_PER_CODE = 5
+
+
+class Action(StrEnum):
+    """What an issue does to its row and to the job."""
+
+    REJECT = "reject"  # the row is dropped and counted under `rejected`
+    WARN = "warn"  # the row is kept and the issue counted under `warnings`
+    FAIL = "fail"  # the job fails as soon as the issue is seen
+
+
+@dataclass(frozen=True)
+class IssueCode:
+    name: str
+    action: Action
+    description: str
+
+
+def _codes(*items: tuple[str, Action, str]) -> dict[str, IssueCode]:
+    return {name: IssueCode(name, action, text) for name, action, text in items}
+
+
+CODES: dict[str, IssueCode] = _codes(
+    ("json_error", Action.REJECT, "the row is not valid JSON"),
+    ("encoding_error", Action.REJECT, "the row is not valid UTF-8"),
+    ("oversize_row", Action.REJECT, "the row is larger than the configured limit"),
+    ("not_an_object", Action.REJECT, "the row is valid JSON but not an object"),
+    ("unknown_format", Action.REJECT, "no known chat shape matches the row's keys"),
+    ("empty_conversation", Action.REJECT, "the conversation has no messages"),
+    ("empty_turn", Action.WARN, "a message has neither text, reasoning nor tool calls"),
+    ("no_user_turn", Action.REJECT, "the conversation has no user message"),
+    ("no_assistant_turn", Action.REJECT, "the conversation has no assistant message (prompt-only)"),
+    ("trailing_user_turn", Action.WARN, "the conversation ends on a user message"),
+    ("non_alternating", Action.WARN, "user and assistant turns do not alternate"),
+    ("unknown_role", Action.REJECT, "a message has a role no chat template knows"),
+    ("invalid_tool_arguments", Action.WARN, "a tool call's arguments are not valid JSON (kept as text)"),
+    ("orphan_tool_result", Action.WARN, "a tool result answers no earlier tool call"),
+    ("placeholder_response", Action.REJECT, "the same short answer (such as 'OK.') on many rows"),
+    ("duplicate_conversation", Action.WARN, "the conversation appeared earlier in the input"),
+    ("unrepresentable_field", Action.WARN, "the target format cannot hold a field; it was left out"),
+    ("template_error", Action.REJECT, "the chat template raised on the conversation"),
+    ("no_trained_tokens", Action.REJECT, "the row has no token with loss"),
+    ("truncated", Action.WARN, "the row was cut at the sequence length"),
+    ("no_dflash_anchor", Action.WARN, "the row has no two consecutive trained tokens"),
+    ("mask_mismatch", Action.FAIL, "decoding the trained tokens did not give the assistant text"),
+    ("encoder_mismatch", Action.WARN, "the fast encoder disagreed with the model's tokenizer"),
+)
+
+
+def code(name: str) -> IssueCode:
+    try:
+        return CODES[name]
+    except KeyError:
+        raise KeyError(f"unknown issue code {name!r}; known codes: {', '.join(sorted(CODES))}") from None
+
+
+@dataclass
+class Example:
+    file: str
+    line: int | None
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "reason": self.reason}
+
+
+@dataclass
+class Output:
+    path: str
+    rows: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
+
+
+@dataclass
+class Report:
+    """Counts of one job's rows and issues. Merge reports of chunks with :meth:`merge`."""
+
+    rows_in: int = 0
+    rows_out: int = 0
+    rows_expanded: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    warnings: Counter[str] = field(default_factory=Counter)
+    formats: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[Example]] = field(default_factory=dict)
+    outputs: list[Output] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- counting -------------------------------------------------------------------------
+    def _example(self, name: str, file: str, line: int | None, reason: str) -> None:
+        kept = self.examples.setdefault(name, [])
+        if len(kept) < MAX_EXAMPLES_PER_CODE:
+            kept.append(Example(file, line, reason))
+
+    def reject(self, name: str, file: str, line: int | None, reason: str) -> None:
+        """Count one input row as rejected for `name`."""
+        code(name)
+        self.rejected[name] += 1
+        self._example(name, file, line, reason)
+
+    def warn(self, name: str, file: str, line: int | None, reason: str, n: int = 1) -> None:
+        code(name)
+        self.warnings[name] += n
+        self._example(name, file, line, reason)
+
+    @property
+    def rows_rejected(self) -> int:
+        return sum(self.rejected.values())
+
+    def merge(self, other: Report) -> None:
+        self.rows_in += other.rows_in
+        self.rows_out += other.rows_out
+        self.rows_expanded += other.rows_expanded
+        self.rejected.update(other.rejected)
+        self.warnings.update(other.warnings)
+        self.formats.update(other.formats)
+        for name, items in other.examples.items():
+            for ex in items:
+                self._example(name, ex.file, ex.line, ex.reason)
+        self.outputs.extend(other.outputs)
+
+    # -- checking -------------------------------------------------------------------------
+    def check_accounting(self) -> None:
+        """Raise :class:`AccountingError` unless every input row is accounted for."""
+        lhs = self.rows_in + self.rows_expanded
+        rhs = self.rows_out + self.rows_rejected
+        if lhs != rhs:
+            raise AccountingError(
+                f"row accounting does not balance: rows_in {self.rows_in} + expanded {self.rows_expanded}"
+                f" = {lhs}, but rows_out {self.rows_out} + rejected {self.rows_rejected} = {rhs}"
+            )
+        written = sum(o.rows for o in self.outputs)
+        if self.outputs and written != self.rows_out:
+            raise AccountingError(f"outputs hold {written} rows but the report counts rows_out {self.rows_out}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows_in": self.rows_in,
+            "rows_out": self.rows_out,
+            "rows_expanded": self.rows_expanded,
+            "accounting": "rows_in + rows_expanded == rows_out + sum(rejected); rows_expanded counts the "
+            "extra conversations that trees and trajectories yield beyond one per input row",
+            "rejected": dict(sorted(self.rejected.items())),
+            "warnings": dict(sorted(self.warnings.items())),
+            "formats": dict(sorted(self.formats.items())),
+            "outputs": [o.to_dict() for o in self.outputs],
+            "examples": {k: [e.to_dict() for e in v] for k, v in sorted(self.examples.items())},
+            **self.extra,
+        }
+
+    def write_json(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A per-code override. `max_count`/`max_fraction` fail the job once a warned code passes them."""
+
+    action: Action
+    max_count: int | None = None
+    max_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    code: str
+    reason: str
+
+
+@dataclass
+class Policy:
+    """Decides, per code, reject / warn / fail, and whether a finished report passes.
+
+    - `rules` override the default action of a code and add thresholds.
+    - `strict` turns every warning into a job failure.
+    - `max_rejected` fails the job when more than this fraction of input rows was rejected.
+    - An empty output always fails the job: this is not configurable.
+    """
+
+    rules: dict[str, Rule] = field(default_factory=dict)
+    strict: bool = False
+    max_rejected: float | None = None
+
+    def action(self, name: str) -> Action:
+        rule = self.rules.get(name)
+        return rule.action if rule else code(name).action
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Policy:
+        """Build from `{"strict": bool, "max_rejected": float, "codes": {code: action | {action, ...}}}`."""
+        rules: dict[str, Rule] = {}
+        for name, spec in (data.get("codes") or {}).items():
+            code(name)
+            if isinstance(spec, str):
+                spec = {"action": spec}
+            try:
+                rules[name] = Rule(
+                    action=Action(spec["action"]),
+                    max_count=spec.get("max_count"),
+                    max_fraction=spec.get("max_fraction"),
+                )
+            except (KeyError, ValueError) as exc:
+                raise PolicyError(f"policy for {name!r} is not valid: {spec!r} ({exc})") from exc
+        unknown = set(data) - {"codes", "strict", "max_rejected"}
+        if unknown:
+            raise PolicyError(f"unknown policy keys: {', '.join(sorted(unknown))}")
+        return cls(rules=rules, strict=bool(data.get("strict", False)), max_rejected=data.get("max_rejected"))
+
+    @classmethod
+    def from_file(cls, path: Path) -> Policy:
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PolicyError(f"cannot read policy file {path}: {exc}") from exc
+
+    def severity(self, name: str) -> str:
+        """How the job page labels a code: error (fails the job), rejected, or warning."""
+        act = self.action(name)
+        if act is Action.FAIL or (self.strict and act is Action.WARN):
+            return "error"
+        return "rejected" if act is Action.REJECT else "warning"
+
+    def failures(self, report: Report) -> list[Failure]:
+        """Every reason the finished `report` fails the job (empty list: it passes)."""
+        out: list[Failure] = []
+        if report.rows_out == 0:
+            out.append(Failure("empty_output", f"no rows were written out of {report.rows_in} read"))
+        counted = Counter(report.rejected) + Counter(report.warnings)
+        for name, n in sorted(counted.items()):
+            act = self.action(name)
+            if act is Action.FAIL:
+                out.append(Failure(name, f"{n} rows with {name}, which this policy makes an error"))
+                continue
+            if self.strict and act is Action.WARN:
+                out.append(Failure(name, f"{n} rows with {name}; --strict turns warnings into errors"))
+                continue
+            rule = self.rules.get(name)
+            if rule and rule.max_count is not None and n > rule.max_count:
+                out.append(Failure(name, f"{n} rows with {name}, above the limit of {rule.max_count}"))
+            if rule and rule.max_fraction is not None and report.rows_in:
+                frac = n / report.rows_in
+                if frac > rule.max_fraction:
+                    out.append(
+                        Failure(name, f"{frac:.1%} of rows with {name}, above the limit of {rule.max_fraction:.1%}")
+                    )
+        if self.max_rejected is not None and report.rows_in:
+            frac = report.rows_rejected / report.rows_in
+            if frac > self.max_rejected:
+                out.append(
+                    Failure(
+                        "max_rejected",
+                        f"{report.rows_rejected} of {report.rows_in} rows rejected ({frac:.1%}),"
+                        f" above --max-rejected {self.max_rejected:.1%}",
+                    )
+                )
+        return out
