@@ -338,6 +338,16 @@ def scan(file: Path, report: Annotated[Path | None, typer.Option("--report", hel
         result.write_json(report)
 
 
+def _register_areas() -> None:
+    from draftdeck import cli_convert, cli_tokenize
+
+    cli_convert.register(app)
+    cli_tokenize.register(app)
+
+
+_register_areas()
+
+
 def main() -> None:
     try:
         app()

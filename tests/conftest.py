@@ -1,0 +1,55 @@
+"""Shared fixtures. Every test runs with its own DraftDeck home (SQLite + file broker) unless it asks
+for the services (Redis + PostgreSQL) through the fixtures in tests/integration/."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHARED = REPO_ROOT.parent / "shared"
+REAL_DATA = SHARED / "datasets" / "real"
+
+
+def real_file(name: str) -> Path:
+    """A file from ../shared/datasets/real/, or skip the test saying why."""
+    path = REAL_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent: ../shared/datasets/real/ is not beside this checkout")
+    return path
+
+
+@pytest.fixture
+def dd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh DraftDeck home with embedded defaults; data roots = the home and ../shared."""
+    from app.db import get_engine
+    from app.settings import get_settings
+
+    home = tmp_path / "home"
+    (home / "data").mkdir(parents=True)
+    monkeypatch.setenv("DRAFTDECK_HOME", str(home))
+    roots = [str(home)] + ([str(SHARED)] if SHARED.exists() else [])
+    monkeypatch.setenv("DRAFTDECK_DATA_ROOTS", ":".join(roots))
+    for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
+        monkeypatch.delenv(var, raising=False)
+    get_settings.cache_clear()
+    get_engine.cache_clear()
+    yield home
+    get_engine().dispose()
+    get_settings.cache_clear()
+    get_engine.cache_clear()
+
+
+@pytest.fixture
+def migrated(dd_home: Path) -> Path:
+    from app.db import upgrade
+
+    upgrade()
+    return dd_home
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"shared data: {'present' if REAL_DATA.exists() else 'absent'} ({REAL_DATA}); cwd={os.getcwd()}"
