@@ -21,7 +21,7 @@ SQLModel.metadata = MetaData(
 
 
 def utcnow() -> datetime:
-    return datetime.now(UTC).replace(tzinfo=None)
+    return datetime.now(UTC)
 
 
 class JobStatus(StrEnum):

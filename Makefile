@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make up` runs DraftDeck, `make test` passes the tests.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: up test lint typecheck services install bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+up: $(STAMP)  ## install and start DraftDeck on embedded defaults (SQLite + file broker, http://127.0.0.1:8000)
+	$(BIN)/draftdeck up
+
+services:  ## start PostgreSQL and Redis if they are down; install chromium if missing
+	scripts/services.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check draftdeck app workers tests benchmarks migrations
+	$(BIN)/ruff format --check draftdeck app workers tests benchmarks migrations
+
+typecheck: $(STAMP)
+	$(BIN)/mypy draftdeck app
+
+test: $(STAMP) services lint typecheck  ## everything CI runs
+	$(BIN)/pytest -q --cov --cov-report=term:skip-covered -p no:cacheprovider
+
+bench: $(STAMP)
+	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .coverage
