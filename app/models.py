@@ -113,3 +113,16 @@ class Alert(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, index=True)
     acknowledged: bool = Field(default=False, index=True)
     acknowledged_at: datetime | None = None
+
+
+class Dataset(SQLModel, table=True):
+    """A tokenized dataset directory the pages browse: made by a job, or registered by path."""
+
+    __tablename__ = "datasets"
+
+    id: int | None = Field(default=None, primary_key=True)
+    path: str = Field(unique=True)
+    name: str
+    job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
+    origin: str = "registered"  # registered | job
+    created_at: datetime = Field(default_factory=utcnow)
