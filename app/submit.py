@@ -56,11 +56,11 @@ def retry(session: Session, job_id: int, settings: Settings) -> Job:
 
 
 def enqueue(session: Session, job: Job) -> None:
-    from workers.tasks import run_job_task
+    from workers.celery_app import RUN_JOB, get_celery
 
     assert job.id is not None
     try:
-        result = run_job_task.apply_async(args=[job.id], queue=job.queue)
+        result = get_celery().send_task(RUN_JOB, args=[job.id], queue=job.queue)
     except Exception as exc:  # the broker is down: say so on the job, never leave it queued forever
         log.exception("could not enqueue job %s", job.id)
         jobs.transition(session, job.id, JobStatus.FAILED, error=f"could not enqueue: {exc}")

@@ -35,12 +35,16 @@ def dd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("DRAFTDECK_DATA_ROOTS", ":".join(roots))
     for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
         monkeypatch.delenv(var, raising=False)
+    from workers.celery_app import get_celery
+
     get_settings.cache_clear()
     get_engine.cache_clear()
+    get_celery.cache_clear()
     yield home
     get_engine().dispose()
     get_settings.cache_clear()
     get_engine.cache_clear()
+    get_celery.cache_clear()
 
 
 @pytest.fixture

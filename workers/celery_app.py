@@ -7,12 +7,15 @@ DraftDeck never needs it (cancellation goes through the job row in SQL).
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from celery import Celery
 from kombu import Queue
 
 from app.settings import get_settings
 
 QUEUES = ("cpu", "gpu")
+RUN_JOB = "draftdeck.run_job"
 
 
 def make_celery() -> Celery:
@@ -45,4 +48,11 @@ def make_celery() -> Celery:
     return app
 
 
-celery_app = make_celery()
+@lru_cache
+def get_celery() -> Celery:
+    """The app for the current settings (tests clear this cache when they switch brokers)."""
+    return make_celery()
+
+
+# What `celery -A workers.celery_app:celery_app worker` loads in a worker process.
+celery_app = get_celery()
