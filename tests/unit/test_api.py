@@ -1,0 +1,165 @@
+"""The JSON API and page security on the embedded stack (no worker needed: jobs stay queued)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.settings import Settings
+
+
+@pytest.fixture
+def client(migrated: Path) -> Iterator[TestClient]:
+    from app.main import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def _file(home: Path, name: str = "a.jsonl") -> Path:
+    path = home / "data" / name
+    path.write_text('{"messages": []}\n')
+    return path
+
+
+def test_submit_list_show_cancel(client: TestClient, migrated: Path) -> None:
+    _file(migrated)
+    r = client.post("/api/jobs", json={"kind": "scan", "params": {"path": "data/a.jsonl"}})
+    assert r.status_code == 201
+    job_id = r.json()["id"]
+    job = client.get(f"/api/jobs/{job_id}").json()
+    assert job["status"] == "queued" and job["params"]["path"] == str((migrated / "data" / "a.jsonl").resolve())
+    assert job["events"][0]["message"] == "queued on cpu"
+    assert [j["id"] for j in client.get("/api/jobs").json()] == [job_id]
+    assert client.post(f"/api/jobs/{job_id}/cancel", json={}).json()["status"] == "cancelled"
+    retry = client.post(f"/api/jobs/{job_id}/retry", json={})
+    assert retry.status_code == 201 and retry.json()["id"] != job_id
+    assert client.post(f"/api/jobs/{retry.json()['id']}/retry", json={}).status_code == 409
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        ({"kind": "nope", "params": {}}, "unknown job kind 'nope'"),
+        ({"kind": "scan", "params": {}}, "path: Field required"),
+        ({"kind": "scan", "params": {"path": "/etc/passwd"}}, "outside the data roots"),
+        ({"kind": "scan", "params": {"path": "../../../../etc/passwd"}}, "outside the data roots"),
+        ({"kind": "scan", "params": {"path": "data/missing.jsonl"}}, "no such file"),
+        ({"kind": "scan", "params": {"path": "data/a.jsonl", "colour": 1}}, "colour: Extra inputs"),
+    ],
+)
+def test_bad_submissions_are_400_with_a_reason(client: TestClient, migrated: Path, body: dict, message: str) -> None:
+    _file(migrated)
+    r = client.post("/api/jobs", json=body)
+    assert r.status_code == 400 and message in r.json()["detail"]
+
+
+def test_unknown_job_is_404(client: TestClient) -> None:
+    assert client.get("/api/jobs/999").status_code == 404
+    assert client.post("/api/jobs/999/cancel", json={}).status_code == 404
+
+
+def test_api_writes_must_be_json(client: TestClient, migrated: Path) -> None:
+    _file(migrated)
+    r = client.post("/api/jobs", data={"kind": "scan"}, headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 415
+
+
+def test_token_required_beyond_loopback(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.main import create_app
+    from app.settings import get_settings
+
+    monkeypatch.setenv("DRAFTDECK_HOST", "0.0.0.0")
+    monkeypatch.setenv("DRAFTDECK_TOKEN", "s3cret")
+    get_settings.cache_clear()
+    _file(migrated)
+    with TestClient(create_app()) as c:
+        body = {"kind": "scan", "params": {"path": "data/a.jsonl"}}
+        assert c.post("/api/jobs", json=body).status_code == 401
+        assert c.post("/api/jobs", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert c.post("/api/jobs", json=body, headers={"authorization": "Bearer s3cret"}).status_code == 201
+        assert c.get("/api/jobs").status_code == 200  # reading stays open
+
+
+def test_refuses_to_listen_beyond_loopback_without_a_token() -> None:
+    with pytest.raises(SystemExit, match="without DRAFTDECK_TOKEN"):
+        Settings(token=None).check_listen("0.0.0.0")
+    Settings(token=None).check_listen("127.0.0.1")
+    Settings(token=None).check_listen("::1")
+    Settings(token="t").check_listen("0.0.0.0")
+
+
+def test_forms_need_the_csrf_token(client: TestClient, migrated: Path) -> None:
+    _file(migrated)
+    page = client.get("/jobs/new")
+    assert page.status_code == 200
+    csrf = client.cookies.get("dd_csrf")
+    assert csrf and f'value="{csrf}"' in page.text
+    form = {"kind": "scan", "path": "data/a.jsonl"}
+    assert client.post("/jobs", data=form).status_code == 403
+    assert client.post("/jobs", data={**form, "csrf": "forged"}).status_code == 403
+    r = client.post("/jobs", data={**form, "csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"].startswith("/jobs/")
+
+
+def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> None:
+    client.get("/jobs/new")
+    csrf = client.cookies.get("dd_csrf")
+    r = client.post("/jobs", data={"kind": "scan", "path": "<script>alert(1)</script>", "csrf": csrf})
+    assert r.status_code == 400
+    assert "<script>alert(1)</script>" not in r.text and "&lt;script&gt;" in r.text
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+
+
+def test_pages_render(client: TestClient, migrated: Path) -> None:
+    _file(migrated)
+    job_id = client.post("/api/jobs", json={"kind": "scan", "params": {"path": "data/a.jsonl"}}).json()["id"]
+    for url in ("/jobs", "/jobs/table", "/jobs/new", f"/jobs/{job_id}", f"/jobs/{job_id}/live", "/alerts", "/login"):
+        assert client.get(url).status_code == 200, url
+    assert client.get("/jobs/12345").status_code == 404
+    live = client.get(f"/jobs/{job_id}/live").text
+    assert 'hx-trigger="every 1s"' in live  # queued: keeps polling
+    client.post(f"/api/jobs/{job_id}/cancel", json={})
+    assert "hx-trigger" not in client.get(f"/jobs/{job_id}/live").text  # ended: polling stops
+
+
+def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
+    from app import jobs
+    from app.db import session_scope
+    from app.models import JobStatus, utcnow
+
+    with session_scope() as s:
+        stale = jobs.create_job(s, "scan", {"path": "x"}, "cpu")
+        fresh = jobs.create_job(s, "scan", {"path": "y"}, "cpu")
+        assert jobs.transition(s, stale.id, JobStatus.RUNNING, worker="w:1",
+                               heartbeat_at=utcnow() - timedelta(seconds=120))
+        assert jobs.transition(s, fresh.id, JobStatus.RUNNING, worker="w:2")
+        assert jobs.mark_lost_jobs(s, lost_after_seconds=60) == [stale.id]
+        assert jobs.get_job(s, stale.id).error.startswith("worker lost")
+        assert jobs.get_job(s, fresh.id).status == JobStatus.RUNNING
+        # a terminal job cannot be moved again: the compare-and-set refuses
+        assert not jobs.transition(s, stale.id, JobStatus.SUCCEEDED)
+        assert jobs.mark_lost_jobs(s, lost_after_seconds=60) == []
+
+
+def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
+    from app import jobs
+    from app.db import session_scope
+    from app.models import JobStatus
+    from workers.runner import run_job
+
+    path = _file(migrated)
+    with session_scope() as s:
+        job = jobs.create_job(s, "scan", {"path": str(path)}, "cpu")
+    assert run_job(job.id) == JobStatus.SUCCEEDED
+    assert run_job(job.id) == "skipped:succeeded"
+    with session_scope() as s:
+        from sqlmodel import select
+
+        from app.models import JobOutput
+
+        assert len(s.exec(select(JobOutput).where(JobOutput.job_id == job.id)).all()) == 1
