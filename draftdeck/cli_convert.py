@@ -1,9 +1,134 @@
-"""`draftdeck convert` (registered into draftdeck.cli)."""
+"""`draftdeck convert` (registered into draftdeck.cli).
+
+    draftdeck convert INPUT... --to openai|sharegpt|parquet --out PATH [--report FILE] [--strict]
+        [--max-rejected F] [--policy FILE] [--tree-paths all|best] [--allow-prompt-only]
+
+Exit codes: 0 success, 1 the policy failed the job (an empty output always does), 2 usage errors
+(bad options, inputs outside the data roots, missing or unreadable inputs, invalid policy files).
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from draftdeck.errors import InputError, JobFailed, UsageError
+from draftdeck.quality import Policy, Report
+
+
+class Target(StrEnum):
+    openai = "openai"
+    sharegpt = "sharegpt"
+    parquet = "parquet"
+
+
+class TreePaths(StrEnum):
+    all = "all"
+    best = "best"
+
+
+def build_policy(policy_file: Path | None, strict: bool, max_rejected: float | None) -> Policy:
+    """The policy from a file (if any), with --strict and --max-rejected layered on top."""
+    policy = Policy.from_file(policy_file) if policy_file is not None else Policy()
+    if strict:
+        policy.strict = True
+    if max_rejected is not None:
+        policy.max_rejected = max_rejected
+    return policy
+
+
+def convert_command(
+    inputs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="data files (JSONL, JSON, gzip/zstd, Parquet, Arrow) or datasets save_to_disk folders"
+        ),
+    ],
+    to: Annotated[Target, typer.Option("--to", help="output format")],
+    out: Annotated[Path, typer.Option("--out", help="output file (written atomically)")],
+    report: Annotated[Path | None, typer.Option("--report", help="write the JSON report here")] = None,
+    strict: Annotated[bool, typer.Option("--strict", help="every warning fails the job")] = False,
+    max_rejected: Annotated[
+        float | None,
+        typer.Option(
+            "--max-rejected", min=0.0, max=1.0, help="fail when more than this fraction of rows is rejected"
+        ),
+    ] = None,
+    policy: Annotated[
+        Path | None, typer.Option("--policy", help="JSON policy file: {strict, max_rejected, codes}")
+    ] = None,
+    tree_paths: Annotated[
+        TreePaths, typer.Option("--tree-paths", help="message trees: every leaf or the best-ranked path")
+    ] = TreePaths.all,
+    allow_prompt_only: Annotated[
+        bool,
+        typer.Option(
+            "--allow-prompt-only", help="keep rows without an assistant turn (to regenerate answers)"
+        ),
+    ] = False,
+    max_row_bytes: Annotated[
+        int, typer.Option("--max-row-bytes", min=1, help="rows above this size are rejected as oversize_row")
+    ] = 64 * 1024 * 1024,
+) -> None:
+    """Convert chat data of any known shape (detected per row) to OpenAI, ShareGPT or Parquet."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from draftdeck.cli import _confine, _usage_exit, err, print_report
+    from draftdeck.cli import out as console
+    from draftdeck.convert import ConvertOptions, convert
+
+    paths = [_confine(p) for p in inputs]
+    try:
+        pol = build_policy(policy, strict, max_rejected)
+        options = ConvertOptions(
+            policy=pol,
+            allow_prompt_only=allow_prompt_only,
+            tree_paths=tree_paths.value,
+            max_row_bytes=max_row_bytes,
+        )
+    except UsageError as exc:
+        raise _usage_exit(str(exc)) from None
+    title = f"convert -> {to.value} {out}"
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"convert {len(paths)} input{'s' if len(paths) != 1 else ''}", total=None)
+
+        def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
+            bar.update(task, completed=done, total=total)
+
+        try:
+            result = convert(paths, out, to.value, options=options, progress=progress)
+        except JobFailed as exc:
+            bar.stop()
+            if isinstance(exc.report, Report):
+                print_report(exc.report, title)
+                if report:
+                    exc.report.write_json(report)
+            err.print(f"[bold red]failed:[/] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        except (InputError, UsageError) as exc:
+            raise _usage_exit(str(exc)) from None
+    print_report(result, title)
+    formats = ", ".join(f"{name} {n:,}" for name, n in result.formats.most_common())
+    console.print(f"formats: {formats or '-'}", highlight=False)
+    for o in result.outputs:
+        console.print(
+            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
+        )
+    if report:
+        result.write_json(report)
 
 
 def register(app: typer.Typer) -> None:
     """Add the conversion commands to `app`."""
+    app.command("convert")(convert_command)

@@ -1,0 +1,73 @@
+"""Alpaca (``instruction``, ``input``, ``output`` + ``system``, ``history`` pairs) and the
+query/response family (``query``/``response``, ``question``/``answer``, ``prompt``/``response`` or
+``prompt``/``completion``, with the same optional ``system`` and ``history``).
+
+The user turn is the instruction, then the input on the next line when there is one (LLaMA-Factory's
+joining). ``history`` is a list of ``[user, assistant]`` pairs before the final exchange.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftdeck.formats.common import ParseContext, RowRejected, finish_assistant, text_of
+from draftdeck.formats.model import Conversation, Message
+from draftdeck.formats.openai import meta_of
+
+ALPACA = "alpaca"
+QUERY_RESPONSE = "query_response"
+PAIRS = (("query", "response"), ("question", "answer"), ("prompt", "response"), ("prompt", "completion"))
+
+
+def history_messages(history: Any, ctx: ParseContext) -> list[Message]:
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        raise RowRejected(
+            "unknown_format", f"history is a JSON {type(history).__name__}, not a list of pairs"
+        )
+    out: list[Message] = []
+    for i, pair in enumerate(history):
+        if not (isinstance(pair, list | tuple) and len(pair) == 2):
+            raise RowRejected("unknown_format", f"history[{i}] is not a [user, assistant] pair")
+        out.append(Message("user", text_of(pair[0], f"history[{i}][0]", ctx)))
+        out.append(finish_assistant(Message("assistant", text_of(pair[1], f"history[{i}][1]", ctx))))
+    return out
+
+
+def _build(
+    value: dict[str, Any], user: str, answer: Any, answer_key: str, ctx: ParseContext
+) -> list[Message]:
+    messages: list[Message] = []
+    system = value.get("system")
+    if system:
+        messages.append(Message("system", text_of(system, "system", ctx)))
+    messages.extend(history_messages(value.get("history"), ctx))
+    messages.append(Message("user", user))
+    messages.append(finish_assistant(Message("assistant", text_of(answer, answer_key, ctx))))
+    return messages
+
+
+def parse_alpaca(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    instruction = text_of(value.get("instruction"), "instruction", ctx)
+    extra = text_of(value.get("input"), "input", ctx)
+    user = f"{instruction}\n{extra}" if instruction and extra else (instruction or extra)
+    messages = _build(value, user, value.get("output"), "output", ctx)
+    meta = meta_of(value, ("instruction", "input", "output", "system", "history"))
+    return [Conversation(messages, source_format=ALPACA, meta=meta)]
+
+
+def pair_of(value: dict[str, Any]) -> tuple[str, str] | None:
+    for q, a in PAIRS:
+        if q in value and a in value and isinstance(value[q], str):
+            return q, a
+    return None
+
+
+def parse_query_response(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    pair = pair_of(value)
+    assert pair is not None
+    q, a = pair
+    messages = _build(value, text_of(value[q], q, ctx), value[a], a, ctx)
+    meta = meta_of(value, (q, a, "system", "history"))
+    return [Conversation(messages, source_format=QUERY_RESPONSE, meta=meta)]

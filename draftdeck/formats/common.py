@@ -1,0 +1,218 @@
+"""Helpers every format family shares: row-level issues, content parts, tool calls, `<think>` blocks.
+
+A family parser turns one JSON object into one or more :class:`Conversation` values. It raises
+:class:`RowRejected` (an issue code and a reason) when the row cannot become a conversation, and
+records row-level warnings (kept rows) in a :class:`ParseContext`, so the caller counts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from draftdeck.formats.model import Message, ToolCall
+
+
+class RowRejected(Exception):
+    """The row cannot become a conversation: `code` is an issue code of draftdeck.quality."""
+
+    def __init__(self, code: str, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+@dataclass
+class ParseOptions:
+    """What a family parser may need to know. `tree_paths`: "all" (one conversation per leaf) or "best"."""
+
+    tree_paths: str = "all"
+
+
+@dataclass
+class ParseContext:
+    """Collects the warnings of one input row: (code, reason) pairs, each code counted once per row."""
+
+    options: ParseOptions = field(default_factory=ParseOptions)
+    warnings: dict[str, str] = field(default_factory=dict)
+
+    def warn(self, code: str, reason: str) -> None:
+        self.warnings.setdefault(code, reason)
+
+
+def keys_of(value: dict[str, Any], limit: int = 12) -> str:
+    keys = sorted(map(str, value))
+    shown = ", ".join(keys[:limit]) + (f", ... ({len(keys)} keys)" if len(keys) > limit else "")
+    return shown or "(no keys)"
+
+
+# -- text and parts --------------------------------------------------------------------------------
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+
+def split_think(text: str) -> tuple[str | None, str]:
+    """Split a leading ``<think>...</think>`` block off assistant text: (reasoning, rest).
+
+    Only a block at the start (after whitespace) counts; text without a complete block is returned
+    unchanged with reasoning None.
+    """
+    if _THINK_OPEN not in text:
+        return None, text
+    stripped = text.lstrip()
+    if not stripped.startswith(_THINK_OPEN):
+        return None, text
+    end = stripped.find(_THINK_CLOSE)
+    if end < 0:
+        return None, text
+    reasoning = stripped[len(_THINK_OPEN) : end].strip("\n")
+    rest = stripped[end + len(_THINK_CLOSE) :].lstrip("\n")
+    return reasoning, rest
+
+
+def text_of(value: Any, where: str, ctx: ParseContext) -> str:
+    """A field that should hold text: str as is, None as "", numbers as their JSON text."""
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    if isinstance(value, bool | int | float):
+        return orjson.dumps(value).decode()
+    raise RowRejected("unknown_format", f"{where} is a JSON {type(value).__name__}, not text")
+
+
+@dataclass
+class Parts:
+    text: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+
+
+def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
+    """OpenAI-style content: a string, None, or a list of typed parts.
+
+    Part types: ``text`` (``text`` or ``value``), ``reasoning``/``thinking`` (to reasoning),
+    ``tool_call`` (a call as JSON text or object). Bare strings in the list are text. Other part
+    types (images, audio) cannot be held by the canonical model: counted as unrepresentable_field.
+    """
+    if isinstance(content, str):
+        return Parts(content)
+    if content is None:
+        return Parts("")
+    if isinstance(content, dict):
+        content = [content]
+    if not isinstance(content, list):
+        raise RowRejected("unknown_format", f"{where}.content is a JSON {type(content).__name__}")
+    parts = Parts()
+    texts: list[str] = []
+    reasons: list[str] = []
+    for i, part in enumerate(content):
+        if isinstance(part, str):
+            texts.append(part)
+            continue
+        if not isinstance(part, dict):
+            raise RowRejected("unknown_format", f"{where}.content[{i}] is a JSON {type(part).__name__}")
+        kind = part.get("type", "text")
+        if kind in ("text", "input_text", "output_text"):
+            texts.append(text_of(part.get("text", part.get("value")), f"{where}.content[{i}]", ctx))
+        elif kind in ("reasoning", "thinking"):
+            reasons.append(
+                text_of(part.get("text", part.get("value", part.get(kind))), f"{where}.content[{i}]", ctx)
+            )
+        elif kind in ("tool_call", "function_call"):
+            raw = part.get("value", part.get("tool_call", part.get("function")))
+            parts.tool_calls.extend(parse_tool_call_value(raw, f"{where}.content[{i}]", ctx))
+        else:
+            ctx.warn("unrepresentable_field", f"{where}.content[{i}] has part type {kind!r}; it was left out")
+    parts.text = "".join(texts)
+    if reasons:
+        parts.reasoning = "\n".join(reasons)
+    return parts
+
+
+# -- tool calls ------------------------------------------------------------------------------------
+def parse_arguments(raw: Any, where: str, ctx: ParseContext) -> tuple[Any, str | None]:
+    """(arguments, raw_arguments): JSON text is parsed; text that is not JSON is kept as raw text."""
+    if isinstance(raw, str):
+        try:
+            return orjson.loads(raw), None
+        except orjson.JSONDecodeError as exc:
+            ctx.warn("invalid_tool_arguments", f"{where}: arguments are not valid JSON ({exc}); kept as text")
+            return None, raw
+    return raw, None
+
+
+def tool_call_from_dict(d: dict[str, Any], where: str, ctx: ParseContext) -> ToolCall:
+    """An OpenAI tool call ({id, type, function: {name, arguments}}) or a flat {name, arguments}."""
+    fn = d.get("function")
+    body = fn if isinstance(fn, dict) else d
+    name = body.get("name")
+    if not isinstance(name, str):
+        ctx.warn("invalid_tool_arguments", f"{where}: tool call without a name")
+        name = "" if name is None else str(name)
+    args, raw = parse_arguments(body.get("arguments", body.get("parameters")), where, ctx)
+    call_id = d.get("id")
+    return ToolCall(
+        name=name, arguments=args, raw_arguments=raw, id=call_id if isinstance(call_id, str) else None
+    )
+
+
+def parse_tool_call_value(raw: Any, where: str, ctx: ParseContext) -> list[ToolCall]:
+    """One call or a list of calls, as JSON text or JSON values (ShareGPT function_call, typed parts)."""
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            ctx.warn("invalid_tool_arguments", f"{where}: tool call is not valid JSON; kept as text")
+            return [ToolCall(name="", arguments=None, raw_arguments=raw)]
+    items = value if isinstance(value, list) else [value]
+    calls: list[ToolCall] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            ctx.warn("invalid_tool_arguments", f"{where}[{i}]: tool call is a JSON {type(item).__name__}")
+            calls.append(ToolCall(name="", arguments=None, raw_arguments=orjson.dumps(item).decode()))
+            continue
+        calls.append(tool_call_from_dict(item, where, ctx))
+    return calls
+
+
+def parse_tools(value: Any, where: str, ctx: ParseContext) -> list[dict[str, Any]]:
+    """Top-level tool definitions: a list, or a JSON string of a list (often ``"[]"``)."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            value = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            ctx.warn("unrepresentable_field", f"{where} is text that is not JSON; the tools were left out")
+            return []
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        ctx.warn("unrepresentable_field", f"{where} is not a list of tool objects; it was left out")
+        return []
+    return value
+
+
+def finish_assistant(msg: Message) -> Message:
+    """Move a leading ``<think>`` block of assistant text into reasoning (when reasoning is unset)."""
+    if msg.role == "assistant" and msg.reasoning is None and "<think>" in msg.content:
+        reasoning, rest = split_think(msg.content)
+        if reasoning is not None:
+            msg.reasoning = reasoning
+            msg.content = rest
+    return msg
+
+
+def reasoning_of(d: dict[str, Any], where: str, ctx: ParseContext) -> str | None:
+    value = d.get("reasoning_content")
+    if value is None:
+        value = d.get("reasoning")
+    if value is None:
+        value = d.get("thinking")
+    if value is None or value == "":
+        return None
+    return text_of(value, f"{where}.reasoning_content", ctx)

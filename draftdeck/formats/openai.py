@@ -1,0 +1,120 @@
+"""OpenAI chat messages: ``{"messages": [{"role", "content", ...}], "tools"?}``.
+
+Content may be a string or typed parts (``{type: text, text|value}``, reasoning parts, tool_call
+parts). Assistant reasoning comes from ``reasoning_content`` / ``reasoning`` / reasoning parts, or a
+leading ``<think>...</think>`` block in the text. Tool calls from ``tool_calls`` (or the legacy
+``function_call``); tool results have role ``tool`` (legacy ``function``) and ``tool_call_id``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftdeck.formats.common import (
+    ParseContext,
+    RowRejected,
+    finish_assistant,
+    parse_content,
+    parse_tool_call_value,
+    parse_tools,
+    reasoning_of,
+    text_of,
+    tool_call_from_dict,
+)
+from draftdeck.formats.model import Conversation, Message
+
+FAMILY = "openai"
+ROLE_MAP = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+}
+MESSAGE_KEYS = frozenset(
+    {
+        "role",
+        "content",
+        "reasoning_content",
+        "reasoning",
+        "thinking",
+        "tool_calls",
+        "tool_call_id",
+        "name",
+        "function_call",
+        "tool_call_ids",
+    }
+)
+ROW_KEYS = ("messages", "tools")
+
+
+def parse_message(d: Any, where: str, ctx: ParseContext, role_map: dict[str, str] = ROLE_MAP) -> Message:
+    """One OpenAI-style message dict into a :class:`Message`; raises RowRejected on an unknown role."""
+    if not isinstance(d, dict):
+        raise RowRejected("unknown_format", f"{where} is a JSON {type(d).__name__}, not a message object")
+    raw_role = d.get("role")
+    role = role_map.get(raw_role) if isinstance(raw_role, str) else None
+    if role is None:
+        if raw_role is None:
+            raise RowRejected(
+                "unknown_format", f"{where} has no role (keys: {', '.join(sorted(d)) or 'none'})"
+            )
+        raise RowRejected("unknown_role", f"{where} has role {raw_role!r}")
+    parts = parse_content(d.get("content"), where, ctx)
+    msg = Message(role=role, content=parts.text)  # type: ignore[arg-type]
+    reasoning = reasoning_of(d, where, ctx)
+    msg.reasoning = reasoning if reasoning is not None else parts.reasoning
+    calls = list(parts.tool_calls)
+    tc = d.get("tool_calls")
+    if isinstance(tc, list):
+        for i, call in enumerate(tc):
+            if isinstance(call, dict):
+                calls.append(tool_call_from_dict(call, f"{where}.tool_calls[{i}]", ctx))
+            else:
+                calls.extend(parse_tool_call_value(call, f"{where}.tool_calls[{i}]", ctx))
+    elif tc is not None:
+        calls.extend(parse_tool_call_value(tc, f"{where}.tool_calls", ctx))
+    if d.get("function_call") is not None:
+        calls.extend(parse_tool_call_value(d["function_call"], f"{where}.function_call", ctx))
+    msg.tool_calls = calls
+    call_id = d.get("tool_call_id")
+    if call_id is None and isinstance(d.get("tool_call_ids"), list) and d["tool_call_ids"]:
+        ids = d["tool_call_ids"]
+        call_id = ids[0]
+        if len(ids) > 1:
+            ctx.warn(
+                "unrepresentable_field", f"{where} answers {len(ids)} tool calls; only the first id was kept"
+            )
+    if call_id is not None:
+        msg.tool_call_id = text_of(call_id, f"{where}.tool_call_id", ctx)
+    name = d.get("name")
+    if isinstance(name, str) and name:
+        msg.name = name
+    if len(d) > 2:
+        for key, value in d.items():
+            if value is not None and key not in MESSAGE_KEYS:
+                ctx.warn(
+                    "unrepresentable_field", f"message field {key!r} has no place in the canonical model"
+                )
+    return finish_assistant(msg)
+
+
+def parse_messages(items: Any, where: str, ctx: ParseContext) -> list[Message]:
+    if not isinstance(items, list):
+        raise RowRejected(
+            "unknown_format", f"{where} is a JSON {type(items).__name__}, not a list of messages"
+        )
+    return [parse_message(d, f"{where}[{i}]", ctx) for i, d in enumerate(items)]
+
+
+def meta_of(value: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
+    """Top-level fields the model has no place for, kept verbatim (ids, categories...)."""
+    return {k: v for k, v in value.items() if k not in known}
+
+
+def parse_row(value: dict[str, Any], ctx: ParseContext, key: str = "messages") -> list[Conversation]:
+    messages = parse_messages(value[key], key, ctx)
+    tools = parse_tools(value.get("tools"), "tools", ctx)
+    return [Conversation(messages, tools=tools, source_format=FAMILY, meta=meta_of(value, (key, "tools")))]

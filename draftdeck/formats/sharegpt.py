@@ -1,0 +1,111 @@
+"""ShareGPT: ``{"conversations": [{"from": human|gpt|system|function_call|observation|tool, "value"}],
+"system"?, "tools"?}``.
+
+- A top-level ``system`` becomes the first message; ``tools`` may be a list or a JSON string (``"[]"``).
+- ``function_call`` turns hold a call ``{"name", "arguments"}`` (or a list of calls) as JSON text; they
+  attach to the assistant turn just before them when it has no calls yet, else become their own turn.
+- ``observation`` / ``tool`` turns are tool results.
+- ``reasoning_content`` on a turn is the reasoning (a leading ``<think>`` block in text too);
+  ``<tool_call>`` XML inside text stays text: it is what the model generated.
+- Turns with ``role``/``content`` under ``conversations`` (SpecForge) are read as OpenAI messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from draftdeck.formats import openai
+from draftdeck.formats.common import (
+    ParseContext,
+    RowRejected,
+    finish_assistant,
+    parse_tool_call_value,
+    parse_tools,
+    reasoning_of,
+    text_of,
+    tool_call_from_dict,
+)
+from draftdeck.formats.model import Conversation, Message
+
+FAMILY = "sharegpt"
+FROM_MAP = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "observation": "tool",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+    "function_call": "function_call",
+}
+TURN_KEYS = frozenset(
+    {"from", "value", "reasoning_content", "reasoning", "tool_calls", "tool_call_id", "name"}
+)
+ROW_KEYS = ("conversations", "system", "tools")
+
+
+def parse_turn(d: Any, where: str, ctx: ParseContext, messages: list[Message]) -> None:
+    """Append the message(s) of one ShareGPT turn to `messages`."""
+    if not isinstance(d, dict):
+        raise RowRejected("unknown_format", f"{where} is a JSON {type(d).__name__}, not a turn object")
+    if "from" not in d and "role" in d:
+        messages.append(openai.parse_message(d, where, ctx))
+        return
+    raw = d.get("from")
+    role = FROM_MAP.get(raw) if isinstance(raw, str) else None
+    if role is None:
+        if raw is None:
+            raise RowRejected(
+                "unknown_format", f"{where} has no 'from' (keys: {', '.join(sorted(d)) or 'none'})"
+            )
+        raise RowRejected("unknown_role", f"{where} has from {raw!r}")
+    value = d.get("value")
+    if role == "function_call":
+        calls = parse_tool_call_value(value, where, ctx)
+        prev = messages[-1] if messages else None
+        if prev is not None and prev.role == "assistant" and not prev.tool_calls:
+            prev.tool_calls = calls
+        else:
+            messages.append(Message(role="assistant", content="", tool_calls=calls))
+        return
+    msg = Message(role=role, content=text_of(value, f"{where}.value", ctx))  # type: ignore[arg-type]
+    msg.reasoning = reasoning_of(d, where, ctx)
+    tc = d.get("tool_calls")
+    if isinstance(tc, list):
+        msg.tool_calls = [
+            tool_call_from_dict(c, f"{where}.tool_calls[{i}]", ctx)
+            if isinstance(c, dict)
+            else parse_tool_call_value(c, f"{where}.tool_calls[{i}]", ctx)[0]
+            for i, c in enumerate(tc)
+        ]
+    if d.get("tool_call_id") is not None:
+        msg.tool_call_id = text_of(d["tool_call_id"], f"{where}.tool_call_id", ctx)
+    name = d.get("name")
+    if isinstance(name, str) and name:
+        msg.name = name
+    if len(d) > 2:
+        for key, v in d.items():
+            if v is not None and key not in TURN_KEYS:
+                ctx.warn("unrepresentable_field", f"turn field {key!r} has no place in the canonical model")
+    messages.append(finish_assistant(msg))
+
+
+def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    turns = value["conversations"]
+    if not isinstance(turns, list):
+        raise RowRejected("unknown_format", f"conversations is a JSON {type(turns).__name__}, not a list")
+    messages: list[Message] = []
+    system = value.get("system")
+    if system is not None and system != "":
+        messages.append(Message(role="system", content=text_of(system, "system", ctx)))
+    for i, turn in enumerate(turns):
+        parse_turn(turn, f"conversations[{i}]", ctx, messages)
+    tools = parse_tools(value.get("tools"), "tools", ctx)
+    fmt = FAMILY
+    return [Conversation(messages, tools=tools, source_format=fmt, meta=openai.meta_of(value, ROW_KEYS))]

@@ -1,0 +1,146 @@
+"""Columnar inputs: Parquet (streamed by record batch), Arrow IPC (file or stream format) and
+HF `datasets` ``save_to_disk`` directories (``state.json`` listing Arrow stream files, or a
+``dataset_dict.json`` with one such directory per split).
+
+Rows come out as :class:`RawRow` values like the JSON readers', so the same detection applies.
+Nested columns become Python dicts and lists; null struct fields become None (parsers treat None
+as absent). ``line`` is None and ``index`` counts rows within each file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftdeck.errors import InputError
+from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow, RowReader
+
+BATCH_ROWS = 1024
+_PARQUET_MAGIC = b"PAR1"
+_ARROW_FILE_MAGIC = b"ARROW1"
+_ARROW_STREAM_MAGIC = b"\xff\xff\xff\xff"
+
+
+def hf_dataset_files(folder: Path) -> list[Path]:
+    """The Arrow files of a ``save_to_disk`` folder (a Dataset, or a DatasetDict's splits in order)."""
+    state = folder / "state.json"
+    if state.is_file():
+        try:
+            data = json.loads(state.read_text(encoding="utf-8"))
+            files = [folder / f["filename"] for f in data["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{state}: not a datasets state.json ({exc})") from None
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise InputError(f"{folder}: state.json lists missing files: {', '.join(missing)}")
+        return files
+    ddict = folder / "dataset_dict.json"
+    if ddict.is_file():
+        try:
+            splits = json.loads(ddict.read_text(encoding="utf-8"))["splits"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(f"{ddict}: not a datasets dataset_dict.json ({exc})") from None
+        return [f for split in splits for f in hf_dataset_files(folder / split)]
+    raise InputError(
+        f"{folder}: is a directory but not a datasets save_to_disk folder"
+        " (no state.json or dataset_dict.json)"
+    )
+
+
+def sniff_table(path: Path) -> str | None:
+    """ "parquet", "arrow-file", "arrow-stream" or None (a JSON text file, maybe compressed)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    if head.startswith(_PARQUET_MAGIC):
+        return "parquet"
+    if head.startswith(_ARROW_FILE_MAGIC):
+        return "arrow-file"
+    if head.startswith(_ARROW_STREAM_MAGIC):
+        return "arrow-stream"
+    return None
+
+
+class TableRowReader:
+    """Iterates the rows of one Parquet or Arrow file batch by batch; same interface as RowReader."""
+
+    def __init__(self, path: Path, container: str, *, display_name: str | None = None):
+        self.path = path
+        self.name = display_name or str(path)
+        self.container = container
+        self.compression: str | None = None
+        self.size: int | None = path.stat().st_size
+        self._rows_done = 0
+        self._rows_total: int | None = None
+        self._source: Any = None
+        try:
+            if container == "parquet":
+                self._source = pq.ParquetFile(path)
+                self._rows_total = self._source.metadata.num_rows
+            else:
+                mm = pa.memory_map(str(path), "r")
+                self._source = pa.ipc.open_file(mm) if container == "arrow-file" else pa.ipc.open_stream(mm)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise InputError(f"{path}: cannot read as {container} ({exc})") from None
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes as an estimate from rows done (columnar files are not read front to back)."""
+        if not self.size or not self._rows_total:
+            return 0
+        return min(self.size, self.size * self._rows_done // self._rows_total)
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        if self.container == "parquet":
+            yield from self._source.iter_batches(batch_size=BATCH_ROWS)
+        elif self.container == "arrow-file":
+            for i in range(self._source.num_record_batches):
+                yield self._source.get_batch(i)
+        else:
+            yield from self._source
+
+    def __iter__(self) -> Iterator[RawRow]:
+        index = 0
+        try:
+            for batch in self._batches():
+                for start in range(0, batch.num_rows, BATCH_ROWS):
+                    for value in batch.slice(start, BATCH_ROWS).to_pylist():
+                        yield RawRow(self.name, index, None, value, 0)
+                        index += 1
+                        self._rows_done += 1
+        except (pa.ArrowInvalid, OSError) as exc:
+            yield RawRow(
+                self.name, index, None, None, 0, "json_error", f"unreadable {self.container} data: {exc}"
+            )
+
+    def close(self) -> None:
+        if self.container == "parquet" and self._source is not None:
+            self._source.close()
+
+    def __enter__(self) -> TableRowReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def expand_inputs(path: Path) -> list[Path]:
+    """A data file as is; a ``save_to_disk`` folder as its Arrow files."""
+    return hf_dataset_files(path) if path.is_dir() else [path]
+
+
+def open_reader(
+    path: Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, display_name: str | None = None
+) -> RowReader | TableRowReader:
+    """The right reader for one file: Parquet / Arrow by magic bytes, else the JSON readers."""
+    container = sniff_table(path) if path.is_file() else None
+    if container is not None:
+        return TableRowReader(path, container, display_name=display_name)
+    return RowReader(path, display_name=display_name, max_row_bytes=max_row_bytes)

@@ -1,0 +1,253 @@
+"""Writers: OpenAI messages JSONL, ShareGPT JSONL and Parquet, each written atomically.
+
+Shapes written:
+
+- ``openai``: ``{"messages": [{"role", "content", "reasoning_content"?, "tool_calls"?: [{"id"?, "type":
+  "function", "function": {"name", "arguments": JSON text}}], "tool_call_id"?, "name"?}], "tools"?, ...meta}``
+- ``sharegpt``: ``{"conversations": [{"from": system|human|gpt|tool, "value", ...same optional keys}],
+  "tools"?, ...meta}``: the shape speculators and SpecForge read (a ``conversations`` column with
+  ``from``/``value``). Tool calls stay structured on the ``gpt`` turn (``tool_calls``), reasoning as
+  ``reasoning_content``, so the chat template renders them; nothing is folded into text.
+- ``parquet``: columns ``messages`` (list of structs: role, content, reasoning, tool_calls, tool_call_id,
+  name), ``tools`` and ``meta`` (JSON text: their shapes vary per row), ``source_format``.
+
+Both JSONL shapes hold every field of the canonical model, so OpenAI -> ShareGPT -> OpenAI is lossless.
+What a target cannot hold is counted as ``unrepresentable_field`` (and left out): a kept top-level
+field (meta) whose name the target format reserves (``messages``, ``conversations``, ``tools``, ``system``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from draftdeck.fileio import atomic_output, sha256_file
+from draftdeck.formats.model import Conversation, Message, ToolCall
+from draftdeck.quality import Output, Report
+
+TARGETS = ("openai", "sharegpt", "parquet")
+RESERVED = frozenset({"messages", "conversations", "tools", "system"})
+SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
+_FLUSH_BYTES = 1 << 20
+_PARQUET_BATCH = 2048
+
+
+def arguments_text(call: ToolCall) -> str:
+    if call.raw_arguments is not None:
+        return call.raw_arguments
+    return orjson.dumps(call.arguments).decode()
+
+
+def _tool_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
+    out = []
+    for c in calls:
+        d: dict[str, Any] = {"id": c.id} if c.id is not None else {}
+        d["type"] = "function"
+        d["function"] = {"name": c.name, "arguments": arguments_text(c)}
+        out.append(d)
+    return out
+
+
+def _message_extras(d: dict[str, Any], m: Message) -> dict[str, Any]:
+    if m.reasoning is not None:
+        d["reasoning_content"] = m.reasoning
+    if m.tool_calls:
+        d["tool_calls"] = _tool_calls(m.tool_calls)
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        d["name"] = m.name
+    return d
+
+
+def _meta(conv: Conversation, out: dict[str, Any], report: Report | None) -> dict[str, Any]:
+    for k, v in conv.meta.items():
+        if k in RESERVED:
+            if report is not None:
+                where = conv.source.where if conv.source else "?"
+                src = conv.source
+                report.warn(
+                    "unrepresentable_field",
+                    src.file if src else "?",
+                    src.line if src else None,
+                    f"{where}: kept field {k!r} collides with a key the output format reserves; left out",
+                )
+            continue
+        out[k] = v
+    return out
+
+
+def to_openai(conv: Conversation, report: Report | None = None) -> dict[str, Any]:
+    msgs = []
+    for m in conv.messages:
+        d = {"role": m.role, "content": m.content}
+        msgs.append(
+            _message_extras(d, m)
+            if (m.reasoning is not None or m.tool_calls or m.tool_call_id is not None or m.name is not None)
+            else d
+        )
+    out: dict[str, Any] = {"messages": msgs}
+    if conv.tools:
+        out["tools"] = conv.tools
+    return _meta(conv, out, report) if conv.meta else out
+
+
+def to_sharegpt(conv: Conversation, report: Report | None = None) -> dict[str, Any]:
+    turns = []
+    for m in conv.messages:
+        d = {"from": SHAREGPT_FROM[m.role], "value": m.content}
+        turns.append(
+            _message_extras(d, m)
+            if (m.reasoning is not None or m.tool_calls or m.tool_call_id is not None or m.name is not None)
+            else d
+        )
+    out: dict[str, Any] = {"conversations": turns}
+    if conv.tools:
+        out["tools"] = conv.tools
+    return _meta(conv, out, report) if conv.meta else out
+
+
+PARQUET_SCHEMA = pa.schema(
+    [
+        pa.field(
+            "messages",
+            pa.list_(
+                pa.struct(
+                    [
+                        pa.field("role", pa.string()),
+                        pa.field("content", pa.string()),
+                        pa.field("reasoning", pa.string()),
+                        pa.field(
+                            "tool_calls",
+                            pa.list_(
+                                pa.struct(
+                                    [
+                                        pa.field("id", pa.string()),
+                                        pa.field("name", pa.string()),
+                                        pa.field("arguments", pa.string()),
+                                    ]
+                                )
+                            ),
+                        ),
+                        pa.field("tool_call_id", pa.string()),
+                        pa.field("name", pa.string()),
+                    ]
+                )
+            ),
+        ),
+        pa.field("tools", pa.string()),
+        pa.field("meta", pa.string()),
+        pa.field("source_format", pa.string()),
+    ]
+)
+
+
+def to_parquet_row(conv: Conversation) -> dict[str, Any]:
+    return {
+        "messages": [
+            {
+                "role": m.role,
+                "content": m.content,
+                "reasoning": m.reasoning,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": arguments_text(c)} for c in m.tool_calls
+                ],
+                "tool_call_id": m.tool_call_id,
+                "name": m.name,
+            }
+            for m in conv.messages
+        ],
+        "tools": orjson.dumps(conv.tools).decode() if conv.tools else None,
+        "meta": orjson.dumps(conv.meta).decode() if conv.meta else None,
+        "source_format": conv.source_format,
+    }
+
+
+class Writer:
+    """Writes conversations to `path` atomically: the file appears only when :meth:`close` succeeds.
+
+    Use as a context manager; an exception inside the block leaves no file behind. `output` (an
+    :class:`Output` with rows, bytes and sha256) is set after a successful exit.
+    """
+
+    def __init__(self, path: Path, to: str, report: Report | None = None):
+        if to not in TARGETS:
+            raise ValueError(f"unknown target format {to!r}; known: {', '.join(TARGETS)}")
+        self.path = path
+        self.to = to
+        self.report = report
+        self.rows = 0
+        self.output: Output | None = None
+        self._ctx = atomic_output(path, "wb")
+        self._f: IO[bytes] | None = None
+        self._buf: list[bytes] = []
+        self._buf_bytes = 0
+        self._hash = hashlib.sha256()
+        self._bytes = 0
+        self._pq: pq.ParquetWriter | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._conv = to_openai if to == "openai" else to_sharegpt
+
+    def __enter__(self) -> Writer:
+        self._f = self._ctx.__enter__()
+        if self.to == "parquet":
+            self._pq = pq.ParquetWriter(self._f, PARQUET_SCHEMA, compression="zstd")
+        return self
+
+    def write(self, conv: Conversation) -> None:
+        self.rows += 1
+        if self._pq is not None:
+            self._rows.append(to_parquet_row(conv))
+            if len(self._rows) >= _PARQUET_BATCH:
+                self._flush_parquet()
+            return
+        line = orjson.dumps(self._conv(conv, self.report), option=orjson.OPT_APPEND_NEWLINE)
+        self._buf.append(line)
+        self._buf_bytes += len(line)
+        if self._buf_bytes >= _FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buf:
+            data = b"".join(self._buf)
+            self._hash.update(data)
+            self._bytes += len(data)
+            assert self._f is not None
+            self._f.write(data)
+            self._buf.clear()
+            self._buf_bytes = 0
+
+    def _flush_parquet(self) -> None:
+        if self._rows:
+            assert self._pq is not None
+            self._pq.write_table(pa.Table.from_pylist(self._rows, schema=PARQUET_SCHEMA))
+            self._rows.clear()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if exc_type is None:
+            try:
+                if self._pq is not None:
+                    self._flush_parquet()
+                    self._pq.close()
+                else:
+                    self._flush()
+            except BaseException as err:
+                self._ctx.__exit__(type(err), err, err.__traceback__)
+                raise
+            self._ctx.__exit__(None, None, None)
+            if self._pq is not None:
+                size, digest = self.path.stat().st_size, sha256_file(self.path)
+            else:
+                size, digest = self._bytes, self._hash.hexdigest()
+            self.output = Output(str(self.path), self.rows, size, digest)
+            return False
+        if self._pq is not None:
+            with contextlib.suppress(Exception):  # the temporary file is removed below either way
+                self._pq.close()
+        return bool(self._ctx.__exit__(exc_type, exc, tb))
