@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
 from app import jobs, submit
-from app.deps import SessionDep, SettingsDep
 from app.auth import require_api_write
+from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
 from draftdeck.errors import UsageError
 from workers.kinds import KINDS
@@ -90,8 +90,10 @@ def get_or_404(session: Session, job_id: int) -> Job:
 
 @router.get("/kinds")
 def list_kinds() -> dict[str, Any]:
-    return {k.name: {"queue": k.queue, "summary": k.summary, "params": k.params.model_json_schema()}
-            for k in KINDS.values()}
+    return {
+        k.name: {"queue": k.queue, "summary": k.summary, "params": k.params.model_json_schema()}
+        for k in KINDS.values()
+    }
 
 
 @router.post("/jobs", status_code=201, response_model=JobCreated, dependencies=[WriteDep])
@@ -105,8 +107,9 @@ def create_job(body: JobCreate, session: SessionDep, settings: SettingsDep) -> J
 
 
 @router.get("/jobs", response_model=list[JobPublic])
-def list_jobs(session: SessionDep, status: str | None = None,
-              limit: Annotated[int, Query(ge=1, le=500)] = 50) -> list[Job]:
+def list_jobs(
+    session: SessionDep, status: str | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 50
+) -> list[Job]:
     query = select(Job).order_by(col(Job.id).desc()).limit(limit)
     if status:
         query = query.where(Job.status == status)
@@ -117,9 +120,14 @@ def list_jobs(session: SessionDep, status: str | None = None,
 def show_job(job_id: int, session: SessionDep) -> dict[str, Any]:
     job = get_or_404(session, job_id)
     events = session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))).all()
-    outputs = session.exec(select(JobOutput).where(JobOutput.job_id == job_id).order_by(col(JobOutput.id))).all()
-    return {**job.model_dump(), "events": [e.model_dump() for e in events],
-            "outputs": [o.model_dump() for o in outputs]}
+    outputs = session.exec(
+        select(JobOutput).where(JobOutput.job_id == job_id).order_by(col(JobOutput.id))
+    ).all()
+    return {
+        **job.model_dump(),
+        "events": [e.model_dump() for e in events],
+        "outputs": [o.model_dump() for o in outputs],
+    }
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteDep])
@@ -145,8 +153,9 @@ def retry_job(job_id: int, session: SessionDep, settings: SettingsDep) -> JobCre
 
 
 @router.get("/alerts", response_model=list[AlertPublic])
-def list_alerts(session: SessionDep, acknowledged: bool | None = None,
-                limit: Annotated[int, Query(ge=1, le=500)] = 100) -> list[Alert]:
+def list_alerts(
+    session: SessionDep, acknowledged: bool | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[Alert]:
     query = select(Alert).order_by(col(Alert.id).desc()).limit(limit)
     if acknowledged is not None:
         query = query.where(Alert.acknowledged == acknowledged)

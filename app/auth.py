@@ -37,7 +37,10 @@ def _token_ok(request: Request, settings: Settings) -> bool:
 
 
 def require_api_write(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
-    if not request.headers.get("content-type", "").startswith("application/json") and request.method == "POST":
+    if (
+        not request.headers.get("content-type", "").startswith("application/json")
+        and request.method == "POST"
+    ):
         # Empty-bodied POSTs (cancel, retry) must still declare JSON: it forces a CORS preflight cross-site.
         raise HTTPException(415, "send Content-Type: application/json")
     if not _token_ok(request, settings):

@@ -48,7 +48,7 @@ def transition(session: Session, job_id: int, to: JobStatus, **fields: Any) -> b
     )
     result = session.execute(stmt)  # type: ignore[call-overload]
     session.commit()
-    return bool(result.rowcount == 1)
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def get_job(session: Session, job_id: int) -> Job | None:
@@ -58,25 +58,47 @@ def get_job(session: Session, job_id: int) -> Job | None:
     return job
 
 
-def create_job(session: Session, kind: str, params: dict[str, Any], queue: str, *,
-               attempt: int = 1, retry_of: int | None = None) -> Job:
+def create_job(
+    session: Session,
+    kind: str,
+    params: dict[str, Any],
+    queue: str,
+    *,
+    attempt: int = 1,
+    retry_of: int | None = None,
+) -> Job:
     job = Job(kind=kind, params=params, queue=queue, attempt=attempt, retry_of=retry_of)
     session.add(job)
     session.commit()
     session.refresh(job)
-    add_event(session, job.id or 0, "info", f"queued on {queue}" + (f" (retry of job {retry_of})" if retry_of else ""))
+    add_event(
+        session,
+        job.id or 0,
+        "info",
+        f"queued on {queue}" + (f" (retry of job {retry_of})" if retry_of else ""),
+    )
     return job
 
 
-def add_event(session: Session, job_id: int, level: str, message: str, *, code: str | None = None,
-              count: int = 1, examples: list[dict[str, Any]] | None = None) -> None:
-    session.add(JobEvent(job_id=job_id, level=level, message=message, code=code, count=count,
-                         examples=examples or []))
+def add_event(
+    session: Session,
+    job_id: int,
+    level: str,
+    message: str,
+    *,
+    code: str | None = None,
+    count: int = 1,
+    examples: list[dict[str, Any]] | None = None,
+) -> None:
+    session.add(
+        JobEvent(job_id=job_id, level=level, message=message, code=code, count=count, examples=examples or [])
+    )
     session.commit()
 
 
-def raise_alert(session: Session, kind: str, message: str, *, job_id: int | None = None,
-                dataset: str | None = None) -> Alert:
+def raise_alert(
+    session: Session, kind: str, message: str, *, job_id: int | None = None, dataset: str | None = None
+) -> Alert:
     alert = Alert(kind=kind, message=message, job_id=job_id, dataset=dataset)
     session.add(alert)
     session.commit()
@@ -89,12 +111,14 @@ def acknowledge_alert(session: Session, alert_id: int) -> bool:
         update(Alert).where(col(Alert.id) == alert_id).values(acknowledged=True, acknowledged_at=utcnow())
     )
     session.commit()
-    return bool(result.rowcount == 1)
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def heartbeat(session: Session, job_id: int) -> None:
     session.execute(  # type: ignore[call-overload]
-        update(Job).where(col(Job.id) == job_id, col(Job.status) == JobStatus.RUNNING).values(heartbeat_at=utcnow())
+        update(Job)
+        .where(col(Job.id) == job_id, col(Job.status) == JobStatus.RUNNING)
+        .values(heartbeat_at=utcnow())
     )
     session.commit()
 
@@ -121,7 +145,9 @@ def record_outputs(session: Session, job_id: int, outputs: list[Output]) -> None
     known = set(session.exec(select(JobOutput.path).where(JobOutput.job_id == job_id)).all())
     for out in outputs:
         if out.path not in known:
-            session.add(JobOutput(job_id=job_id, path=out.path, rows=out.rows, bytes=out.bytes, sha256=out.sha256))
+            session.add(
+                JobOutput(job_id=job_id, path=out.path, rows=out.rows, bytes=out.bytes, sha256=out.sha256)
+            )
             known.add(out.path)
     session.commit()
 
@@ -130,8 +156,15 @@ def record_report(session: Session, job_id: int, report: Report, policy: Policy)
     """One event per issue code, with its count, severity and examples; then the outputs."""
     for name, n in sorted((report.rejected + report.warnings).items()):
         examples = [e.to_dict() for e in report.examples.get(name, [])]
-        add_event(session, job_id, policy.severity(name), f"{n:,} rows: {name}", code=name, count=n,
-                  examples=examples)
+        add_event(
+            session,
+            job_id,
+            policy.severity(name),
+            f"{n:,} rows: {name}",
+            code=name,
+            count=n,
+            examples=examples,
+        )
     record_outputs(session, job_id, report.outputs)
 
 
@@ -169,6 +202,8 @@ def fail_lost(session: Session, job_id: int, detail: str) -> bool:
     if not transition(session, job_id, JobStatus.FAILED, error=reason):
         return False
     add_event(session, job_id, "error", reason, code="worker_lost")
-    raise_alert(session, "worker_lost", f"job {job_id}: {reason}; retry it to run a new attempt", job_id=job_id)
+    raise_alert(
+        session, "worker_lost", f"job {job_id}: {reason}; retry it to run a new attempt", job_id=job_id
+    )
     log.warning("job %s: %s", job_id, reason)
     return True

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 
-from app import api, pages
+from app import api, datasets, pages
 from app.auth import CSRF_COOKIE
 from app.db import REPO_ROOT
 from app.settings import get_settings
@@ -33,8 +33,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app() -> FastAPI:
-    app = FastAPI(title="DraftDeck", version="0.1.0", lifespan=lifespan,
-                  description="Jobs and data for speculative-decoding drafters.")
+    app = FastAPI(
+        title="DraftDeck",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Jobs and data for speculative-decoding drafters.",
+    )
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -51,6 +55,7 @@ def create_app() -> FastAPI:
     app.mount("/static", StaticFiles(directory=str(REPO_ROOT / "static")), name="static")
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.include_router(datasets.router)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:

@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, validation_alias=AliasChoices("DATABASE_URL", "DRAFTDECK_DATABASE_URL")
     )
-    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("REDIS_URL", "DRAFTDECK_REDIS_URL"))
+    redis_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("REDIS_URL", "DRAFTDECK_REDIS_URL")
+    )
     data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     token: str | None = None
     host: str = "127.0.0.1"

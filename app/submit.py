@@ -20,7 +20,9 @@ from workers.kinds import get_kind
 log = logging.getLogger(__name__)
 
 
-def validate(kind_name: str, raw_params: dict[str, Any], settings: Settings) -> tuple[str, dict[str, Any], str]:
+def validate(
+    kind_name: str, raw_params: dict[str, Any], settings: Settings
+) -> tuple[str, dict[str, Any], str]:
     """Return (kind, confined params, queue) or raise UsageError saying what is wrong."""
     try:
         kind = get_kind(kind_name)
@@ -48,7 +50,9 @@ def retry(session: Session, job_id: int, settings: Settings) -> Job:
     if old is None:
         raise LookupError(job_id)
     if old.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
-        raise jobs.JobStateError(f"job {job_id} is {old.status}; only failed or cancelled jobs can be retried")
+        raise jobs.JobStateError(
+            f"job {job_id} is {old.status}; only failed or cancelled jobs can be retried"
+        )
     kind, params, queue = validate(old.kind, old.params, settings)
     job = jobs.create_job(session, kind, params, queue, attempt=old.attempt + 1, retry_of=old.id)
     enqueue(session, job)

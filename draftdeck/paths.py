@@ -23,7 +23,9 @@ def resolve_in_roots(path: str | os.PathLike[str], roots: Iterable[Path], *, mus
     resolved = candidate.resolve()
     if not any(resolved == root or resolved.is_relative_to(root) for root in roots):
         shown = ", ".join(str(r) for r in roots)
-        raise PathNotAllowedError(f"{path}: outside the data roots ({shown}); set DRAFTDECK_DATA_ROOTS to allow it")
+        raise PathNotAllowedError(
+            f"{path}: outside the data roots ({shown}); set DRAFTDECK_DATA_ROOTS to allow it"
+        )
     if must_exist and not resolved.exists():
         raise PathNotAllowedError(f"{path}: no such file or directory")
     return resolved

@@ -159,7 +159,9 @@ class Report:
             )
         written = sum(o.rows for o in self.outputs)
         if self.outputs and written != self.rows_out:
-            raise AccountingError(f"outputs hold {written} rows but the report counts rows_out {self.rows_out}")
+            raise AccountingError(
+                f"outputs hold {written} rows but the report counts rows_out {self.rows_out}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -269,7 +271,10 @@ class Policy:
                 frac = n / report.rows_in
                 if frac > rule.max_fraction:
                     out.append(
-                        Failure(name, f"{frac:.1%} of rows with {name}, above the limit of {rule.max_fraction:.1%}")
+                        Failure(
+                            name,
+                            f"{frac:.1%} of rows with {name}, above the limit of {rule.max_fraction:.1%}",
+                        )
                     )
         if self.max_rejected is not None and report.rows_in:
             frac = report.rows_rejected / report.rows_in

@@ -24,16 +24,23 @@ def scan_file(
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     display_name: str | None = None,
 ) -> Report:
-    """Scan `path` and return its report; raise :class:`JobFailed` (carrying the report) when no row parsed."""
+    """Scan `path` and return its report.
+
+    Raises :class:`JobFailed` (carrying the report) when no row parsed.
+    """
     report = Report()
     keysets: Counter[tuple[str, ...]] = Counter()
     with RowReader(path, display_name=display_name, max_row_bytes=max_row_bytes) as reader:
         for i, row in enumerate(reader):
             report.rows_in += 1
             if row.error:
-                report.reject(row.error, row.file, row.line if row.line is not None else row.index, row.reason or "")
+                report.reject(
+                    row.error, row.file, row.line if row.line is not None else row.index, row.reason or ""
+                )
             elif not isinstance(row.value, dict):
-                report.reject("not_an_object", row.file, row.line, f"a JSON {type(row.value).__name__}, not an object")
+                report.reject(
+                    "not_an_object", row.file, row.line, f"a JSON {type(row.value).__name__}, not an object"
+                )
             else:
                 report.rows_out += 1
                 keysets[tuple(sorted(row.value))] += 1
@@ -54,7 +61,9 @@ def scan_file(
     report.check_accounting()
     failures = Policy().failures(report)
     if report.rows_in == 0:
-        raise JobFailed(f"{report.extra['file']}: empty input ({report.extra['bytes']} bytes, no rows)", report)
+        raise JobFailed(
+            f"{report.extra['file']}: empty input ({report.extra['bytes']} bytes, no rows)", report
+        )
     if failures and report.rows_out == 0:
         top = ", ".join(f"{n} {c}" for c, n in report.rejected.most_common(3))
         raise JobFailed(f"{report.extra['file']}: no row parsed out of {report.rows_in} ({top})", report)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import engine_from_config, pool
+from sqlmodel import SQLModel
 
 import app.models  # noqa: F401  (registers the tables)
 from app.settings import get_settings
-from sqlmodel import SQLModel
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -15,8 +15,9 @@ url = config.get_main_option("sqlalchemy.url") or get_settings().db_url
 
 
 def run_offline() -> None:
-    context.configure(url=url, target_metadata=target_metadata, literal_binds=True,
-                      render_as_batch=url.startswith("sqlite"))
+    context.configure(
+        url=url, target_metadata=target_metadata, literal_binds=True, render_as_batch=url.startswith("sqlite")
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -24,8 +25,11 @@ def run_offline() -> None:
 def run_online() -> None:
     connectable = engine_from_config({"sqlalchemy.url": url}, prefix="sqlalchemy.", poolclass=pool.NullPool)
     with connectable.connect() as connection:
-        context.configure(connection=connection, target_metadata=target_metadata,
-                          render_as_batch=connection.dialect.name == "sqlite")
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
         with context.begin_transaction():
             context.run_migrations()
 

@@ -66,29 +66,52 @@ def run_job(job_id: int, *, task_id: str | None = None) -> str:
             return JobStatus.FAILED
         except Exception as exc:
             log.exception("job %s crashed", job_id)
-            _fail(job_id, f"internal error: {type(exc).__name__}: {exc}", None, policy,
-                  detail=traceback.format_exc(limit=8))
+            _fail(
+                job_id,
+                f"internal error: {type(exc).__name__}: {exc}",
+                None,
+                policy,
+                detail=traceback.format_exc(limit=8),
+            )
             return JobStatus.FAILED
 
     with session_scope() as session:
         jobs.record_report(session, job_id, report, policy)
-        ok = jobs.transition(session, job_id, JobStatus.SUCCEEDED, result=report.to_dict(),
-                             progress_done=report.rows_in, progress_total=report.rows_in, progress_unit="rows")
+        ok = jobs.transition(
+            session,
+            job_id,
+            JobStatus.SUCCEEDED,
+            result=report.to_dict(),
+            progress_done=report.rows_in,
+            progress_total=report.rows_in,
+            progress_unit="rows",
+        )
         if ok:
-            jobs.add_event(session, job_id, "info",
-                           f"succeeded: {report.rows_in:,} rows in, {report.rows_out:,} out, "
-                           f"{report.rows_rejected:,} rejected")
+            jobs.add_event(
+                session,
+                job_id,
+                "info",
+                f"succeeded: {report.rows_in:,} rows in, {report.rows_out:,} out, "
+                f"{report.rows_rejected:,} rejected",
+            )
             return JobStatus.SUCCEEDED
         jobs.add_event(session, job_id, "warning", "finished, but the job had already left 'running'")
         return "lost-race"
 
 
-def _fail(job_id: int, message: str, report: Report | None, policy: object, *, detail: str | None = None) -> None:
+def _fail(
+    job_id: int, message: str, report: Report | None, policy: object, *, detail: str | None = None
+) -> None:
     with session_scope() as session:
         if report is not None:
             jobs.record_report(session, job_id, report, policy)  # type: ignore[arg-type]
-        jobs.transition(session, job_id, JobStatus.FAILED, error=message[:2000],
-                        result=report.to_dict() if report is not None else None)
+        jobs.transition(
+            session,
+            job_id,
+            JobStatus.FAILED,
+            error=message[:2000],
+            result=report.to_dict() if report is not None else None,
+        )
         jobs.add_event(session, job_id, "error", message if not detail else f"{message}\n{detail}")
         if report is not None and report.rows_out == 0:
             jobs.raise_alert(session, "empty_output", f"job {job_id}: {message}", job_id=job_id)

@@ -50,7 +50,11 @@ class SourceRef:
 
     @property
     def where(self) -> str:
-        loc = f":{self.line}" if self.line is not None else (f"[{self.index}]" if self.index is not None else "")
+        loc = (
+            f":{self.line}"
+            if self.line is not None
+            else (f"[{self.index}]" if self.index is not None else "")
+        )
         return f"{self.file}{loc}" + (f"#{self.path}" if self.path else "")
 
 
@@ -59,7 +63,9 @@ class Conversation:
     messages: list[Message]
     tools: list[dict[str, Any]] = field(default_factory=list)
     source: SourceRef | None = None
-    source_format: str = "unknown"  # detected family: openai, sharegpt, alpaca, query_response, prompt, tree, trajectory
+    source_format: str = (
+        "unknown"  # detected family: openai, sharegpt, alpaca, query_response, prompt, tree, trajectory
+    )
     meta: dict[str, Any] = field(default_factory=dict)  # fields kept verbatim that the model has no place for
 
     @property

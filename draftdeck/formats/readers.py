@@ -93,7 +93,7 @@ class _PrefixedReader(io.RawIOBase):
 
 @dataclass
 class OpenedFile:
-    stream: io.BufferedReader
+    stream: io.BufferedReader  # type: ignore[type-arg]
     counter: _CountingReader
     size: int | None
     compression: str | None
@@ -118,14 +118,14 @@ def open_data_file(path: Path) -> OpenedFile:
     magic = buffered.peek(4)[:4]
     size = st.st_size if stat.S_ISREG(st.st_mode) else None
     if magic.startswith(_GZIP_MAGIC):
-        inner: IO[bytes] = gzip.GzipFile(fileobj=buffered, mode="rb")
+        inner: Any = gzip.GzipFile(fileobj=buffered, mode="rb")
         return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "gzip")  # type: ignore[arg-type]
     if magic == _ZSTD_MAGIC:
         import zstandard
 
         inner = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
         return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "zstd")  # type: ignore[arg-type]
-    return OpenedFile(buffered, counter, size, None)
+    return OpenedFile(buffered, counter, size, None)  # type: ignore[arg-type]
 
 
 def _classify_error(data: bytes, exc: Exception) -> tuple[str, str]:
@@ -162,14 +162,18 @@ def _sniff_container(stream: io.BufferedReader, suffix: str) -> tuple[str, bytes
 class RowReader:
     """Iterates the records of one file; `bytes_read`, `size` and `container` describe it."""
 
-    def __init__(self, path: Path, *, display_name: str | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES):
+    def __init__(
+        self, path: Path, *, display_name: str | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    ):
         self.path = path
         self.name = display_name or str(path)
         self.max_row_bytes = max_row_bytes
         self._opened = open_data_file(path)
         self.size = self._opened.size
         self.compression = self._opened.compression
-        self.container, self._consumed = _sniff_container(self._opened.stream, path.name.lower().removesuffix(".gz").removesuffix(".zst"))
+        self.container, self._consumed = _sniff_container(
+            self._opened.stream, path.name.lower().removesuffix(".gz").removesuffix(".zst")
+        )
 
     @property
     def bytes_read(self) -> int:
@@ -198,8 +202,15 @@ class RowReader:
             if lineno == 1 and line.startswith(_BOM):
                 line = line[3:]
             if overflow:
-                yield RawRow(self.name, index, lineno, None, overflow, "oversize_row",
-                             f"row of {overflow:,} bytes exceeds the limit of {limit:,} bytes")
+                yield RawRow(
+                    self.name,
+                    index,
+                    lineno,
+                    None,
+                    overflow,
+                    "oversize_row",
+                    f"row of {overflow:,} bytes exceeds the limit of {limit:,} bytes",
+                )
                 index += 1
                 continue
             if not line.strip():
@@ -216,7 +227,9 @@ class RowReader:
             index += 1
 
     def _incremental(self) -> Iterator[RawRow]:
-        source = _PrefixedReader(self._consumed, self._opened.stream) if self._consumed else self._opened.stream
+        source = (
+            _PrefixedReader(self._consumed, self._opened.stream) if self._consumed else self._opened.stream
+        )
         if self.container == "json-array":
             items = ijson.items(source, "item", use_float=True)
         else:
@@ -233,14 +246,23 @@ class RowReader:
                 yield RawRow(self.name, index, None, None, 0, code, reason)
                 return
             except UnicodeDecodeError as exc:
-                yield RawRow(self.name, index, None, None, 0, "encoding_error",
-                             f"not valid UTF-8 after record {index}: {exc.reason}")
+                yield RawRow(
+                    self.name,
+                    index,
+                    None,
+                    None,
+                    0,
+                    "encoding_error",
+                    f"not valid UTF-8 after record {index}: {exc.reason}",
+                )
                 return
             yield RawRow(self.name, index, None, value, 0)
             index += 1
 
 
-def _lines_with_prefix(prefix: bytes, stream: io.BufferedReader, limit: int) -> Iterator[tuple[int, bytes, int]]:
+def _lines_with_prefix(
+    prefix: bytes, stream: io.BufferedReader, limit: int
+) -> Iterator[tuple[int, bytes, int]]:
     """Yield (line number, line, overflow) where overflow is the full size of a line over `limit`.
 
     A line over the limit is skipped in chunks, never held whole.
@@ -269,8 +291,9 @@ def _lines_with_prefix(prefix: bytes, stream: io.BufferedReader, limit: int) -> 
         yield lineno, line, 0
 
 
-def iter_rows(path: Path, *, progress: Progress = no_progress,
-              max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[RawRow]:
+def iter_rows(
+    path: Path, *, progress: Progress = no_progress, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> Iterator[RawRow]:
     """Yield every record of `path`, reporting progress in bytes of the file as stored."""
     with RowReader(path, max_row_bytes=max_row_bytes) as reader:
         for i, row in enumerate(reader):
@@ -278,4 +301,3 @@ def iter_rows(path: Path, *, progress: Progress = no_progress,
                 progress(reader.bytes_read, reader.size, "bytes")
             yield row
         progress(reader.bytes_read, reader.size, "bytes")
-

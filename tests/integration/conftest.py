@@ -30,7 +30,9 @@ def _require_services() -> None:
         psycopg.connect(PG_ADMIN, connect_timeout=3).close()
         redis.Redis.from_url(REDIS, socket_connect_timeout=3).ping()
     except Exception as exc:  # fail loudly: CI starts both (scripts/services.sh)
-        pytest.fail(f"PostgreSQL ({PG_ADMIN}) and Redis ({REDIS}) must run: `make services` starts them ({exc})")
+        pytest.fail(
+            f"PostgreSQL ({PG_ADMIN}) and Redis ({REDIS}) must run: `make services` starts them ({exc})"
+        )
 
 
 @pytest.fixture
@@ -77,10 +79,29 @@ class Stack:
     def start_worker(self, queues: str = "cpu,gpu") -> subprocess.Popen[bytes]:
         log = open(self.home / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - kept for the process's life
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app", "worker", "-Q", queues,
-             "-c", "1", "--loglevel", "INFO", "-n", f"test-{uuid.uuid4().hex[:6]}@%h",
-             "--without-mingle", "--without-gossip"],
-            cwd=REPO_ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "workers.celery_app:celery_app",
+                "worker",
+                "-Q",
+                queues,
+                "-c",
+                "1",
+                "--loglevel",
+                "INFO",
+                "-n",
+                f"test-{uuid.uuid4().hex[:6]}@%h",
+                "--without-mingle",
+                "--without-gossip",
+            ],
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.workers.append(proc)
         return proc
@@ -96,7 +117,9 @@ class Stack:
                 os.killpg(proc.pid, signal.SIGKILL)
 
     def worker_logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted(self.home.glob("worker-*.log")))
+        return "\n".join(
+            p.read_text(errors="replace")[-3000:] for p in sorted(self.home.glob("worker-*.log"))
+        )
 
 
 @pytest.fixture(params=["embedded", "services"])
@@ -107,14 +130,16 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN")}
-    env.update({
-        "DRAFTDECK_HOME": str(home),
-        "DRAFTDECK_DATA_ROOTS": ":".join([str(home)] + ([str(SHARED)] if SHARED.exists() else [])),
-        "DRAFTDECK_HEARTBEAT_SECONDS": "2",
-        "DRAFTDECK_LOST_AFTER_SECONDS": "12",
-        "DRAFTDECK_SWEEP_SECONDS": "2",
-        "PYTHONPATH": str(REPO_ROOT),
-    })
+    env.update(
+        {
+            "DRAFTDECK_HOME": str(home),
+            "DRAFTDECK_DATA_ROOTS": ":".join([str(home)] + ([str(SHARED)] if SHARED.exists() else [])),
+            "DRAFTDECK_HEARTBEAT_SECONDS": "2",
+            "DRAFTDECK_LOST_AFTER_SECONDS": "12",
+            "DRAFTDECK_SWEEP_SECONDS": "2",
+            "PYTHONPATH": str(REPO_ROOT),
+        }
+    )
     if request.param == "services":
         env["DATABASE_URL"] = request.getfixturevalue("pg_url")
         env["REDIS_URL"] = request.getfixturevalue("redis_url")

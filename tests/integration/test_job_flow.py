@@ -47,7 +47,8 @@ def _ended(client: TestClient, job_id: int):  # type: ignore[no-untyped-def]
 
 def test_scan_job_succeeds_through_a_real_worker(stack: Stack, client: TestClient) -> None:
     (stack.data / "chat.jsonl").write_text(
-        '{"messages": [{"role": "user", "content": "hi"}]}\n\n{"conversations": []}\nnot json\n', encoding="utf-8"
+        '{"messages": [{"role": "user", "content": "hi"}]}\n\n{"conversations": []}\nnot json\n',
+        encoding="utf-8",
     )
     stack.start_worker()
     job_id = _submit(client, "data/chat.jsonl")
@@ -127,15 +128,23 @@ def test_killed_worker_is_detected_and_retry_succeeds(stack: Stack, client: Test
     threading.Thread(target=writer, daemon=True).start()
     stack.start_worker()
     job_id = _submit(client, "data/long.jsonl")
-    job = wait_for(lambda: (j := _job(client, job_id))["status"] == "running" and j["worker"] and j, 60,
-                   "the job to run", stack)
+    job = wait_for(
+        lambda: (j := _job(client, job_id))["status"] == "running" and j["worker"] and j,
+        60,
+        "the job to run",
+        stack,
+    )
     pid = int(job["worker"].rsplit(":", 1)[1])
     os.kill(pid, signal.SIGKILL)
     killed_at = _job(client, job_id)
     assert killed_at["status"] == "running"
 
-    lost = wait_for(lambda: (j := _job(client, job_id))["status"] != "running" and j, 60, "the job to be marked lost",
-                    stack)
+    lost = wait_for(
+        lambda: (j := _job(client, job_id))["status"] != "running" and j,
+        60,
+        "the job to be marked lost",
+        stack,
+    )
     stop.set()
     assert lost["status"] == "failed" and lost["error"].startswith("worker lost"), lost
     assert lost["outputs"] == []

@@ -32,7 +32,9 @@ def test_submit_list_show_cancel(client: TestClient, migrated: Path) -> None:
     assert r.status_code == 201
     job_id = r.json()["id"]
     job = client.get(f"/api/jobs/{job_id}").json()
-    assert job["status"] == "queued" and job["params"]["path"] == str((migrated / "data" / "a.jsonl").resolve())
+    assert job["status"] == "queued" and job["params"]["path"] == str(
+        (migrated / "data" / "a.jsonl").resolve()
+    )
     assert job["events"][0]["message"] == "queued on cpu"
     assert [j["id"] for j in client.get("/api/jobs").json()] == [job_id]
     assert client.post(f"/api/jobs/{job_id}/cancel", json={}).json()["status"] == "cancelled"
@@ -52,7 +54,9 @@ def test_submit_list_show_cancel(client: TestClient, migrated: Path) -> None:
         ({"kind": "scan", "params": {"path": "data/a.jsonl", "colour": 1}}, "colour: Extra inputs"),
     ],
 )
-def test_bad_submissions_are_400_with_a_reason(client: TestClient, migrated: Path, body: dict, message: str) -> None:
+def test_bad_submissions_are_400_with_a_reason(
+    client: TestClient, migrated: Path, body: dict, message: str
+) -> None:
     _file(migrated)
     r = client.post("/api/jobs", json=body)
     assert r.status_code == 400 and message in r.json()["detail"]
@@ -65,7 +69,9 @@ def test_unknown_job_is_404(client: TestClient) -> None:
 
 def test_api_writes_must_be_json(client: TestClient, migrated: Path) -> None:
     _file(migrated)
-    r = client.post("/api/jobs", data={"kind": "scan"}, headers={"content-type": "application/x-www-form-urlencoded"})
+    r = client.post(
+        "/api/jobs", data={"kind": "scan"}, headers={"content-type": "application/x-www-form-urlencoded"}
+    )
     assert r.status_code == 415
 
 
@@ -118,7 +124,15 @@ def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> No
 def test_pages_render(client: TestClient, migrated: Path) -> None:
     _file(migrated)
     job_id = client.post("/api/jobs", json={"kind": "scan", "params": {"path": "data/a.jsonl"}}).json()["id"]
-    for url in ("/jobs", "/jobs/table", "/jobs/new", f"/jobs/{job_id}", f"/jobs/{job_id}/live", "/alerts", "/login"):
+    for url in (
+        "/jobs",
+        "/jobs/table",
+        "/jobs/new",
+        f"/jobs/{job_id}",
+        f"/jobs/{job_id}/live",
+        "/alerts",
+        "/login",
+    ):
         assert client.get(url).status_code == 200, url
     assert client.get("/jobs/12345").status_code == 404
     live = client.get(f"/jobs/{job_id}/live").text
@@ -135,8 +149,9 @@ def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
     with session_scope() as s:
         stale = jobs.create_job(s, "scan", {"path": "x"}, "cpu")
         fresh = jobs.create_job(s, "scan", {"path": "y"}, "cpu")
-        assert jobs.transition(s, stale.id, JobStatus.RUNNING, worker="w:1",
-                               heartbeat_at=utcnow() - timedelta(seconds=120))
+        assert jobs.transition(
+            s, stale.id, JobStatus.RUNNING, worker="w:1", heartbeat_at=utcnow() - timedelta(seconds=120)
+        )
         assert jobs.transition(s, fresh.id, JobStatus.RUNNING, worker="w:2")
         assert jobs.mark_lost_jobs(s, lost_after_seconds=60) == [stale.id]
         assert jobs.get_job(s, stale.id).error.startswith("worker lost")

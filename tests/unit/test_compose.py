@@ -35,6 +35,11 @@ def test_docker_compose_config_where_the_client_exists() -> None:
         import pytest
 
         pytest.skip("no `docker compose` client on this machine")
-    out = subprocess.run([docker, "compose", "config", "--quiet"], cwd=REPO_ROOT, capture_output=True, text=True,
-                         env={"DRAFTDECK_TOKEN": "x", "PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [docker, "compose", "config", "--quiet"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        env={"DRAFTDECK_TOKEN": "x", "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr

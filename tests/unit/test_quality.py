@@ -40,7 +40,12 @@ class TestAccounting:
         a, b = _report(10, 0, json_error=10), _report(3, 1, unknown_format=2)
         assert len(a.examples["json_error"]) == 5
         a.merge(b)
-        assert (a.rows_in, a.rows_out, a.rejected["unknown_format"], a.rejected["json_error"]) == (13, 1, 2, 10)
+        assert (a.rows_in, a.rows_out, a.rejected["unknown_format"], a.rejected["json_error"]) == (
+            13,
+            1,
+            2,
+            10,
+        )
 
     def test_report_shape(self, tmp_path: Path) -> None:
         r = _report(2, 1, json_error=1)
@@ -83,8 +88,16 @@ class TestPolicy:
 
     def test_thresholds_from_a_policy_file(self, tmp_path: Path) -> None:
         path = tmp_path / "policy.json"
-        path.write_text(json.dumps({"codes": {"truncated": {"action": "warn", "max_fraction": 0.1},
-                                              "duplicate_conversation": "fail"}}))
+        path.write_text(
+            json.dumps(
+                {
+                    "codes": {
+                        "truncated": {"action": "warn", "max_fraction": 0.1},
+                        "duplicate_conversation": "fail",
+                    }
+                }
+            )
+        )
         policy = Policy.from_file(path)
         assert policy.action("duplicate_conversation") is Action.FAIL
         r = _report(10, 10)

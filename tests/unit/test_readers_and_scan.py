@@ -29,7 +29,11 @@ def _jsonl(rows: list[dict]) -> bytes:
         ("crlf.jsonl", b"\xef\xbb\xbf" + _jsonl(ROWS).replace(b"\n", b"\r\n\r\n"), "jsonl"),
         ("nofinal.jsonl", _jsonl(ROWS).rstrip(b"\n"), "jsonl"),
         ("a.json", json.dumps(ROWS, indent=2).encode(), "json-array"),
-        ("one.json", json.dumps(ROWS[0], indent=2).encode() + b"\n" + json.dumps(ROWS[1], indent=2).encode(), "json"),
+        (
+            "one.json",
+            json.dumps(ROWS[0], indent=2).encode() + b"\n" + json.dumps(ROWS[1], indent=2).encode(),
+            "json",
+        ),
         ("a.jsonl.gz", gzip.compress(_jsonl(ROWS)), "jsonl"),
         ("a.json.zst", zstandard.ZstdCompressor().compress(json.dumps(ROWS).encode()), "json-array"),
         ("bare.json", _jsonl(ROWS), "jsonl"),  # JSONL content under a .json name
@@ -50,7 +54,12 @@ def test_jsonl_errors_name_file_line_and_reason(tmp_path: Path) -> None:
     path.write_bytes(b'{"a": 1}\n{"a": \n\xff\xfe{"b"}\n{"a": 2}\n{"trunc')
     rows = list(iter_rows(path))
     assert [(r.line, r.error) for r in rows] == [
-        (1, None), (2, "json_error"), (3, "encoding_error"), (4, None), (5, "json_error")]
+        (1, None),
+        (2, "json_error"),
+        (3, "encoding_error"),
+        (4, None),
+        (5, "json_error"),
+    ]
     assert "truncated" in (rows[-1].reason or "")
     assert rows[1].where == f"{path}:2"
 
@@ -79,7 +88,10 @@ class TestScan:
         report = scan_file(path)
         assert (report.rows_in, report.rows_out) == (4, 2)
         assert report.rejected == {"not_an_object": 1, "json_error": 1}
-        assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 1}, {"keys": ["conversations", "id"], "rows": 1}]
+        assert report.extra["keysets"] == [
+            {"keys": ["messages"], "rows": 1},
+            {"keys": ["conversations", "id"], "rows": 1},
+        ]
         assert report.extra["bytes"] == path.stat().st_size
 
     def test_empty_file_fails_with_a_clear_message(self, tmp_path: Path) -> None:
@@ -89,7 +101,9 @@ class TestScan:
 
     def test_binary_file_fails_naming_the_reasons(self, tmp_path: Path) -> None:
         (tmp_path / "b.bin").write_bytes(bytes(range(256)) * 64)
-        with pytest.raises(JobFailed, match=r"no row parsed out of \d+ \(\d+ (encoding_error|json_error)") as info:
+        with pytest.raises(
+            JobFailed, match=r"no row parsed out of \d+ \(\d+ (encoding_error|json_error)"
+        ) as info:
             scan_file(tmp_path / "b.bin")
         assert info.value.report.rows_out == 0
 
