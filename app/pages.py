@@ -14,6 +14,7 @@ from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write,
 from app.db import REPO_ROOT
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
+from app.settings import Settings
 from draftdeck.errors import UsageError
 from workers.kinds import KINDS
 
@@ -21,6 +22,7 @@ router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(REPO_ROOT / "templates"))
 WriteDep = Depends(require_page_write)
 LOG_TAIL = 200
+JOBS_SHOWN = 100
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -38,15 +40,24 @@ templates.env.filters["bytes"] = _fmt_bytes
 templates.env.filters["thousands"] = lambda n: f"{n:,}" if isinstance(n, int) else n
 
 
-def render(request: Request, name: str, session: Session | None = None, status_code: int = 200,
-           **context: Any) -> HTMLResponse:
-    if session is not None:
-        context["open_alerts"] = session.exec(
+def _open_alerts(session: Session) -> int:
+    return int(
+        session.exec(
             select(func.count()).select_from(Alert).where(Alert.acknowledged == False)  # noqa: E712
         ).one()
-    response = templates.TemplateResponse(request, name, {"csrf": csrf_token(request), **context},
-                                          status_code=status_code)
-    return response
+    )
+
+
+def render(
+    request: Request, name: str, session: Session | None = None, status_code: int = 200, **context: Any
+) -> HTMLResponse:
+    """Render a page or partial. With a session, the nav's open-alert count comes along (partials
+    refresh it out of band, so a job that fails while you watch lights the badge without a reload)."""
+    if session is not None:
+        context["open_alerts"] = _open_alerts(session)
+    return templates.TemplateResponse(
+        request, name, {"csrf": csrf_token(request), **context}, status_code=status_code
+    )
 
 
 @router.get("/")
@@ -56,46 +67,78 @@ def home() -> RedirectResponse:
 
 @router.get("/jobs", response_class=HTMLResponse)
 def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
-    rows = session.exec(select(Job).order_by(col(Job.id).desc()).limit(100)).all()
-    return render(request, "jobs.html", session, jobs=rows)
+    return render(request, "jobs.html", session, jobs=_recent_jobs(session))
 
 
 @router.get("/jobs/table", response_class=HTMLResponse)
 def jobs_table(request: Request, session: SessionDep) -> HTMLResponse:
-    rows = session.exec(select(Job).order_by(col(Job.id).desc()).limit(100)).all()
-    return render(request, "partials/jobs_table.html", jobs=rows)
+    return render(request, "partials/jobs_table.html", session, jobs=_recent_jobs(session), partial=True)
+
+
+def _recent_jobs(session: Session) -> list[Job]:
+    return list(session.exec(select(Job).order_by(col(Job.id).desc()).limit(JOBS_SHOWN)).all())
 
 
 def _form_fields(kind_name: str) -> list[dict[str, Any]]:
     schema = KINDS[kind_name].params.model_json_schema()
     required = set(schema.get("required", []))
     return [
-        {"name": name, "type": spec.get("type", "string"), "description": spec.get("description", ""),
-         "default": spec.get("default"), "required": name in required}
+        {
+            "name": name,
+            "type": spec.get("type", "string"),
+            "description": spec.get("description", ""),
+            "default": spec.get("default"),
+            "required": name in required,
+        }
         for name, spec in schema.get("properties", {}).items()
     ]
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def new_job_page(request: Request, session: SessionDep, settings: SettingsDep, kind: str = "scan",
-                 error: str | None = None, values: dict[str, Any] | None = None) -> HTMLResponse:
+def new_job_page(
+    request: Request, session: SessionDep, settings: SettingsDep, kind: str = "scan"
+) -> HTMLResponse:
     if kind not in KINDS:
         raise HTTPException(404, f"unknown job kind {kind!r}")
-    return render(request, "job_new.html", session, kinds=KINDS, kind=kind, fields=_form_fields(kind),
-                  roots=settings.roots, error=error, values=values or {},
-                  status_code=400 if error else 200)
+    return _new_job_form(request, session, settings, kind)
+
+
+def _new_job_form(
+    request: Request,
+    session: Session,
+    settings: Settings,
+    kind: str,
+    *,
+    error: str | None = None,
+    values: dict[str, str] | None = None,
+) -> HTMLResponse:
+    """The form, blank or (with `error`) as HTTP 400 with the message and what the user typed."""
+    return render(
+        request,
+        "job_new.html",
+        session,
+        kinds=KINDS,
+        kind=kind,
+        fields=_form_fields(kind),
+        roots=settings.roots,
+        error=error,
+        values=values or {},
+        status_code=400 if error else 200,
+    )
 
 
 @router.post("/jobs", dependencies=[WriteDep])
-async def create_job_form(request: Request, session: SessionDep, settings: SettingsDep,
-                          kind: Annotated[str, Form()]) -> Response:
+async def create_job_form(
+    request: Request, session: SessionDep, settings: SettingsDep, kind: Annotated[str, Form()]
+) -> Response:
     form = await request.form()
     raw = {k: str(v) for k, v in form.items() if k not in ("kind", "csrf") and str(v).strip() != ""}
     try:
         job = submit.submit(session, kind, raw, settings)
     except UsageError as exc:
-        return new_job_page(request, session, settings, kind=kind if kind in KINDS else "scan",
-                            error=str(exc), values=raw)
+        return _new_job_form(
+            request, session, settings, kind if kind in KINDS else "scan", error=str(exc), values=raw
+        )
     return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
 
@@ -106,11 +149,18 @@ def _job_context(session: Session, job_id: int) -> dict[str, Any]:
     events = session.exec(
         select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id).desc()).limit(LOG_TAIL)
     ).all()
-    outputs = session.exec(select(JobOutput).where(JobOutput.job_id == job_id).order_by(col(JobOutput.id))).all()
+    outputs = session.exec(
+        select(JobOutput).where(JobOutput.job_id == job_id).order_by(col(JobOutput.id))
+    ).all()
     issues = [e for e in events if e.code]
     issues.sort(key=lambda e: ({"error": 0, "rejected": 1, "warning": 2}.get(e.level, 3), -e.count))
-    return {"job": job, "log": list(reversed(events)), "issues": issues, "outputs": outputs,
-            "terminal": job.status in ("succeeded", "failed", "cancelled")}
+    return {
+        "job": job,
+        "log": list(reversed(events)),
+        "issues": issues,
+        "outputs": outputs,
+        "terminal": job.status in ("succeeded", "failed", "cancelled"),
+    }
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
@@ -120,7 +170,7 @@ def job_page(request: Request, job_id: int, session: SessionDep) -> HTMLResponse
 
 @router.get("/jobs/{job_id}/live", response_class=HTMLResponse)
 def job_live(request: Request, job_id: int, session: SessionDep) -> HTMLResponse:
-    return render(request, "partials/job_live.html", **_job_context(session, job_id))
+    return render(request, "partials/job_live.html", session, partial=True, **_job_context(session, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel", dependencies=[WriteDep])
@@ -147,7 +197,9 @@ def retry_job_form(job_id: int, session: SessionDep, settings: SettingsDep) -> R
 
 @router.get("/alerts", response_class=HTMLResponse)
 def alerts_page(request: Request, session: SessionDep) -> HTMLResponse:
-    rows = session.exec(select(Alert).order_by(col(Alert.acknowledged), col(Alert.id).desc()).limit(200)).all()
+    rows = session.exec(
+        select(Alert).order_by(col(Alert.acknowledged), col(Alert.id).desc()).limit(200)
+    ).all()
     return render(request, "alerts.html", session, alerts=rows)
 
 

@@ -1,0 +1,310 @@
+"""The job pages in a real Chromium against a real `draftdeck up`: start, watch, fail, cancel, escape.
+
+Every test also fails (in the `page` fixture) on a dialog, a CSP violation, a script error or a server
+traceback while it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.harness import REAL_DATA, Server
+
+pytestmark = pytest.mark.browser
+
+sync_api = pytest.importorskip("playwright.sync_api")
+expect = sync_api.expect
+
+JOB_URL = re.compile(r"/jobs/(\d+)$")
+
+
+def start_from_form(page: Any, path: str | Path, **fields: str) -> None:
+    page.goto("/jobs/new")
+    page.fill("#new-job input[name=path]", str(path))
+    for name, value in fields.items():
+        page.fill(f"#new-job input[name={name}]", value)
+    page.click("#new-job button[type=submit]")
+
+
+def job_id_of(page: Any) -> int:
+    page.wait_for_url(JOB_URL)
+    m = JOB_URL.search(page.url)
+    assert m
+    return int(m.group(1))
+
+
+def mark_document(page: Any) -> None:
+    """A marker that survives htmx swaps but not a reload: proves an update came without one."""
+    page.evaluate("window.__ddNoReload = 'still here'")
+
+
+def assert_not_reloaded(page: Any) -> None:
+    assert page.evaluate("window.__ddNoReload") == "still here", "the page reloaded"
+
+
+def count(page: Any, name: str) -> Any:
+    return page.locator(f'#job-live [data-count="{name}"] .num')
+
+
+# -- (a) a scan from the form -------------------------------------------------------------------
+def test_scan_from_form_shows_rows_keysets_issues_outputs(page: Any, server: Server, data_file: Any) -> None:
+    path = data_file(
+        [
+            {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+            {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]},
+            {"prompt": "write a haiku", "id": 7},
+            '{"messages": [broken',
+        ]
+    )
+    start_from_form(page, path)
+    job_id = job_id_of(page)
+    mark_document(page)
+
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    assert_not_reloaded(page)
+    expect(count(page, "in")).to_have_text("4")
+    expect(count(page, "out")).to_have_text("3")
+    expect(count(page, "rejected")).to_have_text("1")
+    keysets = page.locator("#keysets tbody tr")
+    expect(keysets).to_have_count(2)
+    expect(keysets.nth(0)).to_contain_text("messages")
+    expect(keysets.nth(0).locator("td.num")).to_have_text("2")
+    expect(keysets.nth(1)).to_contain_text("id, prompt")
+    issue = page.locator("#issues tbody tr")
+    expect(issue).to_have_count(1)
+    expect(issue).to_contain_text("json_error")
+    expect(issue).to_contain_text(f"{path}:4")
+    outputs = page.locator("#outputs tbody tr")
+    expect(outputs).to_have_count(1)
+    expect(outputs).to_contain_text(f"jobs/{job_id}/scan-report.json")
+    expect(outputs.locator("td.num").first).to_have_text("3")
+    # The page shows what the job recorded, and the report file on disk says the same.
+    report = json.loads(Path(server.job(job_id)["outputs"][0]["path"]).read_text())
+    assert (report["rows_in"], report["rows_out"], report["rejected"]) == (4, 3, {"json_error": 1})
+    expect(page.locator("#job-live")).not_to_have_attribute("hx-trigger", re.compile("."))
+
+
+def _expected_scan(path: Path) -> tuple[int, str]:
+    """Rows and the most common key set, computed here independently of DraftDeck's reader."""
+    text = path.read_text(encoding="utf-8-sig")
+    if path.suffix == ".jsonl":
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    else:
+        data = json.loads(text)
+        records = data if isinstance(data, list) else [data]
+    keysets = Counter(", ".join(sorted(r)) for r in records)
+    return len(records), keysets.most_common(1)[0][0]
+
+
+@pytest.mark.parametrize("name", ["LLaMA-Factory__training_data.jsonl", "LLaMA-Factory__identity.json"])
+def test_scan_of_a_real_file_from_form(page: Any, name: str) -> None:
+    path = REAL_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} is absent: ../shared/datasets/real/ is not beside this checkout")
+    rows, top_keys = _expected_scan(path)
+    start_from_form(page, path)
+    job_id_of(page)
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    expect(count(page, "in")).to_have_text(f"{rows:,}")
+    expect(count(page, "out")).to_have_text(f"{rows:,}")
+    expect(count(page, "rejected")).to_have_text("0")
+    expect(page.locator("#keysets tbody tr").first.locator("code")).to_have_text(top_keys)
+    expect(page.locator("#outputs")).to_contain_text("scan-report.json")
+    expect(page.locator("#issues")).to_have_count(0)
+
+
+def test_job_page_goes_live_from_running_to_succeeded(page: Any, server: Server, slow_file: Any) -> None:
+    pipe = slow_file()
+    start_from_form(page, pipe.path)
+    job_id = job_id_of(page)
+    mark_document(page)
+    pipe.open()
+    pipe.write_rows([{"prompt": f"q{i}"} for i in range(3)])
+    expect(page.locator("#job-status")).to_have_text("running")
+    expect(page.locator("#job-live .status-line")).to_contain_text("B")  # bytes read so far
+    pipe.write_rows([{"prompt": "last", "answer": "a"}])
+    pipe.close()
+
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    assert_not_reloaded(page)
+    expect(count(page, "in")).to_have_text("4")
+    expect(page.locator("#job-log")).to_contain_text("succeeded: 4 rows in, 4 out, 0 rejected")
+    # Terminal: polling stops. No request for the live partial in the next 2.5 s.
+    polled: list[str] = []
+    page.on("request", lambda r: polled.append(r.url) if "/live" in r.url else None)
+    page.wait_for_timeout(2500)
+    assert polled == []
+    assert server.job(job_id)["status"] == "succeeded"
+
+
+# -- (b) an empty file fails, with an alert ------------------------------------------------------
+def test_empty_file_fails_and_raises_an_alert_that_can_be_acknowledged(
+    page: Any, server: Server, data_file: Any
+) -> None:
+    path = data_file([], name="empty.jsonl")
+    before = len(server.open_alerts())
+    start_from_form(page, path)
+    job_id = job_id_of(page)
+    mark_document(page)
+
+    expect(page.locator("#job-status")).to_have_text("failed")
+    expect(page.locator("#job-error")).to_contain_text(f"{path}: empty input (0 bytes, no rows)")
+    expect(count(page, "in")).to_have_text("0")
+    expect(page.locator("#job-live form[action$='/retry'] button")).to_be_visible()
+    # The nav badge lit up without a reload (sent out of band with the last live update).
+    badge = page.locator("#alert-count")
+    expect(badge).to_be_visible()
+    expect(badge).to_have_text(str(before + 1))
+    assert_not_reloaded(page)
+
+    page.click("header nav a[href='/alerts']")
+    alert = page.locator("li.alert.open", has=page.locator(f"a[href='/jobs/{job_id}']"))
+    expect(alert).to_have_count(1)
+    expect(alert.locator(".alert-kind")).to_have_text("empty output")
+    expect(alert.locator(".alert-msg")).to_contain_text(f"job {job_id}: {path}: empty input")
+    alert.locator("button", has_text="Acknowledge").click()
+    page.wait_for_url("**/alerts")
+    acked = page.locator("li.alert.acked", has=page.locator(f"a[href='/jobs/{job_id}']"))
+    expect(acked).to_contain_text("acknowledged")
+    expect(acked.locator("button")).to_have_count(0)
+    assert len(server.open_alerts()) == before
+    if before == 0:
+        expect(page.locator("#alert-count")).to_be_hidden()
+    else:
+        expect(page.locator("#alert-count")).to_have_text(str(before))
+
+
+# -- (c) a path outside the data roots ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ("/etc/passwd", "/etc/passwd: outside the data roots"),
+        ("../../outside.jsonl", "outside the data roots"),
+        ("data/missing.jsonl", "data/missing.jsonl: no such file or directory"),
+    ],
+)
+def test_bad_path_gives_a_clear_error_on_the_form(
+    page: Any, server: Server, given: str, message: str
+) -> None:
+    jobs_before = len(server.api("GET", "/api/jobs?limit=500"))
+    page.goto("/jobs/new")
+    page.fill("#new-job input[name=path]", given)
+    with page.expect_response(lambda r: r.url.endswith("/jobs") and r.request.method == "POST") as resp:
+        page.click("#new-job button[type=submit]")
+    assert resp.value.status == 400
+    assert resp.value.headers["content-type"].startswith("text/html")
+    notice = page.locator(".notice-error[role=alert]")
+    expect(notice).to_contain_text(message)
+    expect(page.locator("h1")).to_have_text("New job")
+    expect(page.locator("#new-job input[name=path]")).to_have_value(given)  # what the user typed stays
+    assert len(server.api("GET", "/api/jobs?limit=500")) == jobs_before
+    # Nothing crashed: fix the path on the same form and it runs.
+    good = server.data_dir / "fixed.jsonl"
+    good.write_text('{"a": 1}\n')
+    page.fill("#new-job input[name=path]", str(good))
+    page.click("#new-job button[type=submit]")
+    job_id_of(page)
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+
+
+def test_invalid_number_parameter_is_refused_with_its_name(page: Any, data_file: Any) -> None:
+    path = data_file([{"a": 1}])
+    start_from_form(page, path, max_row_bytes="0")
+    expect(page.locator(".notice-error")).to_contain_text("max_row_bytes")
+    expect(page.locator(".notice-error")).to_contain_text("greater than 0")
+    expect(page.locator("#new-job input[name=max_row_bytes]")).to_have_value("0")
+
+
+# -- (d) hostile text is shown as text ---------------------------------------------------------
+SCRIPT = "<script>alert(1)</script>"
+IMG = "<img src=x onerror=alert(1)>"
+
+
+def test_hostile_keys_values_and_file_names_are_shown_as_text(
+    page: Any, server: Server, data_file: Any, watch: Any
+) -> None:
+    path = data_file([{SCRIPT: IMG, "ok": 1}, {SCRIPT: IMG, "ok": 2}, IMG], name=f"{IMG}.jsonl")
+    start_from_form(page, path)
+    job_id = job_id_of(page)
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    expect(page.locator("#keysets tbody tr").first.locator("code")).to_have_text(f"{SCRIPT}, ok")
+    expect(page.locator(".params dd").first).to_have_text(str(path))
+    expect(page.locator("#issues")).to_contain_text(f"{path}:3")
+    # A failing job with the same kind of name: the error, the log and the alert show it as text too.
+    empty = data_file([], name=f"{SCRIPT.replace('/', '')}.jsonl")
+    start_from_form(page, empty)
+    failed_id = job_id_of(page)
+    expect(page.locator("#job-error")).to_contain_text(f"{empty}: empty input")
+    page.goto("/alerts")
+    expect(page.locator(f"li.alert:has(a[href='/jobs/{failed_id}']) .alert-msg")).to_contain_text(str(empty))
+    page.goto("/jobs")
+    expect(page.locator(f"tr[data-job='{job_id}']")).to_be_visible()
+    page.wait_for_timeout(300)  # give any injected handler (onerror fires on load) its chance
+    for url in (f"/jobs/{job_id}", f"/jobs/{failed_id}", "/alerts", "/jobs"):
+        page.goto(url)
+        assert page.locator("main img").count() == 0, url
+        assert page.locator("script").count() == 1, url  # only htmx
+        assert page.locator("script").get_attribute("src") == "/static/vendor/htmx-2.0.11.min.js"
+    assert watch.dialogs == []
+
+
+# -- (e) the jobs list is live ------------------------------------------------------------------
+def test_jobs_list_updates_when_a_job_finishes(
+    page: Any, server: Server, slow_file: Any, data_file: Any
+) -> None:
+    pipe = slow_file()
+    job_id = server.submit("scan", path=str(pipe.path))
+    pipe.open()
+    pipe.write_rows([{"q": 1}])
+    server.wait_status(job_id, ("running",))
+    page.goto("/jobs")
+    mark_document(page)
+    row = page.locator(f"#jobs-table tr[data-job='{job_id}']")
+    expect(row.locator(".status")).to_have_text("running")
+    # A job queued elsewhere (the API) shows up while we watch; it waits behind the running one.
+    other = server.submit("scan", path=str(data_file([{"q": 3}])))
+    other_row = page.locator(f"#jobs-table tr[data-job='{other}']")
+    expect(other_row.locator(".status")).to_have_text("queued")
+    pipe.write_rows([{"q": 2}])
+    pipe.close()
+    expect(row.locator(".status")).to_have_text("succeeded")
+    expect(row).to_contain_text("100% of 2 rows")
+    expect(other_row.locator(".status")).to_have_text("succeeded")
+    assert_not_reloaded(page)
+    expect(page.locator("#jobs-table")).to_have_attribute("hx-trigger", "every 10s")  # idle again: slower
+
+
+# -- (f) cancel a running job ------------------------------------------------------------------
+def test_cancel_a_running_job_from_its_page(page: Any, server: Server, slow_file: Any) -> None:
+    pipe = slow_file()
+    start_from_form(page, pipe.path)
+    job_id = job_id_of(page)
+    pipe.open()
+    pipe.write_rows([{"q": i} for i in range(5)])
+    expect(page.locator("#job-status")).to_have_text("running")
+    first_progress = time.monotonic()
+    page.click("#job-live button:has-text('Cancel')")
+    page.wait_for_url(f"**/jobs/{job_id}")
+    expect(page.locator("#job-log")).to_contain_text("cancellation requested")
+    expect(page.locator("#job-status")).to_have_text("running")  # the reader is still blocked on the pipe
+    assert server.job(job_id)["status"] == "running"
+    # JobContext writes progress at most every 0.5 s: let the next call through, then finish the file.
+    time.sleep(max(0.0, 0.6 - (time.monotonic() - first_progress)))
+    mark_document(page)
+    pipe.write_rows([{"q": 99}])
+    pipe.close()
+    expect(page.locator("#job-status")).to_have_text("cancelled")
+    assert_not_reloaded(page)
+    expect(page.locator("#job-log")).to_contain_text("cancelled while running")
+    expect(page.locator("#job-live button:has-text('Cancel')")).to_have_count(0)
+    expect(page.locator("#job-live button:has-text('Retry')")).to_be_visible()
+    job = server.job(job_id)
+    assert job["status"] == "cancelled"
+    assert job["outputs"] == []  # a cancelled scan writes no report
