@@ -39,6 +39,7 @@ def make_celery() -> Celery:
             "data_folder_in": folder,
             "data_folder_out": folder,
             "processed_folder": str(settings.broker_dir / "processed"),
+            "control_folder": str(settings.broker_dir / "control"),
             "store_processed": False,
         }
         app.conf.worker_enable_remote_control = False
