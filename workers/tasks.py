@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from celery import Task
+from typing import Any
 
+from celery import Task
+from celery.signals import worker_ready
+
+from app.settings import get_settings
+from app.sweeper import start_sweeper
 from workers.celery_app import RUN_JOB, celery_app
 from workers.runner import run_job
 
@@ -11,3 +16,9 @@ from workers.runner import run_job
 @celery_app.task(name=RUN_JOB, bind=True)
 def run_job_task(self: Task, job_id: int) -> str:
     return run_job(job_id, task_id=self.request.id)
+
+
+@worker_ready.connect
+def _sweep_from_workers_too(**_: Any) -> None:
+    """Workers sweep too, so lost jobs are caught even while no web process runs."""
+    start_sweeper(get_settings())
