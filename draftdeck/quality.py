@@ -66,6 +66,7 @@ CODES: dict[str, IssueCode] = _codes(
     ("template_error", Action.REJECT, "the chat template raised on the conversation"),
     ("no_trained_tokens", Action.REJECT, "the row has no token with loss"),
     ("truncated", Action.WARN, "the row was cut at the sequence length"),
+    ("too_long", Action.REJECT, "the row is longer than the sequence length and truncation is 'drop'"),
     ("no_dflash_anchor", Action.WARN, "the row has no two consecutive trained tokens"),
     ("mask_mismatch", Action.FAIL, "decoding the trained tokens did not give the assistant text"),
     ("encoder_mismatch", Action.WARN, "the fast encoder disagreed with the model's tokenizer"),
