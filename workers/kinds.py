@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.paths import resolve_in_roots
@@ -26,8 +26,16 @@ class JobParams(BaseModel):
     input_paths: ClassVar[tuple[str, ...]] = ()
 
     def confined(self, roots: list[Path]) -> JobParams:
-        """Return a copy whose input paths are resolved inside `roots` (raises PathNotAllowedError)."""
-        updates = {name: str(resolve_in_roots(getattr(self, name), roots)) for name in self.input_paths}
+        """Return a copy whose input paths are resolved inside `roots` (raises PathNotAllowedError).
+
+        An input path field holds one path, a list of paths, or None (an optional path left unset)."""
+        updates: dict[str, Any] = {}
+        for name in self.input_paths:
+            value = getattr(self, name)
+            if isinstance(value, list):
+                updates[name] = [str(resolve_in_roots(v, roots)) for v in value]
+            elif value is not None:
+                updates[name] = str(resolve_in_roots(value, roots))
         return self.model_copy(update=updates)
 
     def policy(self) -> Policy:
@@ -48,6 +56,61 @@ def run_scan(params: ScanParams, ctx: JobContext) -> Report:
     return report
 
 
+class ConvertParams(JobParams):
+    """The parameters of `draftdeck convert`: the same names as its options."""
+
+    paths: list[str] = Field(min_length=1, description="data files or save_to_disk folders to convert")
+    to: Literal["openai", "sharegpt", "parquet"] = Field(default="sharegpt", description="output format")
+    out: str | None = Field(default=None, description="output file in the data roots (default: job folder)")
+    strict: bool = Field(default=False, description="every warning fails the job")
+    max_rejected: float | None = Field(default=None, ge=0, le=1, description="fail above this rejected share")
+    policy_file: str | None = Field(default=None, description="JSON policy: {strict, max_rejected, codes}")
+    tree_paths: Literal["all", "best"] = Field(default="all", description="trees: every leaf or best path")
+    allow_prompt_only: bool = Field(default=False, description="keep rows without an assistant turn")
+    max_row_bytes: int = Field(default=DEFAULT_MAX_ROW_BYTES, gt=0, description="larger rows are rejected")
+    input_paths: ClassVar[tuple[str, ...]] = ("paths", "policy_file")
+
+    @field_validator("paths", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value  # `jobs submit -p paths=FILE` gives one string
+
+    def confined(self, roots: list[Path]) -> JobParams:
+        params = super().confined(roots)
+        if self.out is not None:
+            out = resolve_in_roots(self.out, roots, must_exist=False)
+            params = params.model_copy(update={"out": str(out)})
+        return params
+
+    def _policy(self) -> Policy:
+        from draftdeck.cli_convert import build_policy
+
+        policy_file = Path(self.policy_file) if self.policy_file else None
+        return build_policy(policy_file, self.strict, self.max_rejected)
+
+    def policy(self) -> Policy:
+        from draftdeck.errors import PolicyError
+
+        try:
+            return self._policy()
+        except PolicyError:  # run_convert raises it again, failing the job with the reason
+            return Policy(strict=self.strict, max_rejected=self.max_rejected)
+
+
+def run_convert(params: ConvertParams, ctx: JobContext) -> Report:
+    from draftdeck.convert import ConvertOptions, convert
+
+    options = ConvertOptions(
+        policy=params._policy(),
+        allow_prompt_only=params.allow_prompt_only,
+        tree_paths=params.tree_paths,
+        max_row_bytes=params.max_row_bytes,
+    )
+    suffix = ".parquet" if params.to == "parquet" else ".jsonl"
+    out = Path(params.out) if params.out else ctx.out_dir / f"converted-{params.to}{suffix}"
+    return convert([Path(p) for p in params.paths], out, params.to, options=options, progress=ctx.progress)
+
+
 @dataclass(frozen=True)
 class JobKind:
     name: str
@@ -61,6 +124,8 @@ KINDS: dict[str, JobKind] = {
     k.name: k
     for k in (
         JobKind("scan", "cpu", ScanParams, run_scan, "Pre-flight: rows, bytes, parse errors and key sets of one file"),
+        JobKind("convert", "cpu", ConvertParams, run_convert,
+                "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
     )
 }
 

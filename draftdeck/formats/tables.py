@@ -97,6 +97,10 @@ class TableRowReader:
             return 0
         return min(self.size, self.size * self._rows_done // self._rows_total)
 
+    def _is_own(self) -> bool:
+        schema = self._source.schema_arrow if self.container == "parquet" else self._source.schema
+        return (schema.metadata or {}).get(b"draftdeck") == b"conversations/1"
+
     def _batches(self) -> Iterator[pa.RecordBatch]:
         if self.container == "parquet":
             yield from self._source.iter_batches(batch_size=BATCH_ROWS)
@@ -108,11 +112,12 @@ class TableRowReader:
 
     def __iter__(self) -> Iterator[RawRow]:
         index = 0
+        own = self._is_own()
         try:
             for batch in self._batches():
                 for start in range(0, batch.num_rows, BATCH_ROWS):
                     for value in batch.slice(start, BATCH_ROWS).to_pylist():
-                        yield RawRow(self.name, index, None, value, 0)
+                        yield RawRow(self.name, index, None, _own_row(value) if own else value, 0)
                         index += 1
                         self._rows_done += 1
         except (pa.ArrowInvalid, OSError) as exc:
@@ -129,6 +134,22 @@ class TableRowReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _own_row(value: dict[str, Any]) -> dict[str, Any]:
+    """A row of DraftDeck's own Parquet: JSON text columns back to values, kept fields back on top."""
+    row: dict[str, Any] = {}
+    meta = value.get("meta")
+    if isinstance(meta, str):
+        try:
+            row.update(json.loads(meta))
+        except ValueError:
+            row["meta"] = meta
+    row["messages"] = value.get("messages")
+    tools = value.get("tools")
+    if tools is not None:
+        row["tools"] = tools  # JSON text: the readers parse it
+    return row
 
 
 def expand_inputs(path: Path) -> list[Path]:
