@@ -1,0 +1,159 @@
+"""Loading a model's tokenizer and chat template, offline, and rendering conversations with it.
+
+Rendering uses the same compiled Jinja environment as HF ``apply_chat_template`` (sandboxed,
+``raise_exception``, ``tojson``, ``{% generation %}`` tags) with the same variables (the tokenizer's
+special tokens, ``tools``, ``add_generation_prompt`` and the template kwargs such as
+``enable_thinking``), so the text is exactly what ``apply_chat_template(..., tokenize=False)`` gives,
+without its per-call overhead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from draftdeck.errors import InputError, UsageError
+from draftdeck.formats.model import Conversation, Message, ToolCall
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+
+
+class TemplateError(Exception):
+    """The chat template raised on a conversation (the row is rejected with `template_error`)."""
+
+
+def load_tokenizer(path: Path | str, chat_template: Path | str | None = None) -> Any:
+    """Load a HF fast tokenizer from a local folder, never from the network.
+
+    `chat_template` is a file whose text replaces the tokenizer's own template.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    path = Path(path)
+    if not path.is_dir():
+        raise InputError(f"tokenizer folder {path} does not exist (pass a local folder with tokenizer.json)")
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as exc:
+        raise InputError(f"cannot load a tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
+    if not getattr(tok, "is_fast", False):
+        raise UsageError(f"{path}: DraftDeck needs a fast (Rust) tokenizer with tokenizer.json")
+    if chat_template is not None:
+        try:
+            tok.chat_template = Path(chat_template).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"cannot read chat template {chat_template}: {exc}") from exc
+    if not isinstance(tok.chat_template, str) or not tok.chat_template.strip():
+        raise UsageError(f"{path}: the tokenizer has no chat template; pass --chat-template FILE")
+    return tok
+
+
+def tokenizer_fingerprint(
+    path: Path | str, template: str, template_kwargs: dict[str, Any] | None = None
+) -> str:
+    """sha256 over the tokenizer's files, the chat template text and the template kwargs."""
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        f = Path(path) / name
+        if f.is_file():
+            h.update(name.encode() + b"\0")
+            h.update(f.read_bytes())
+    h.update(b"template\0" + template.encode())
+    h.update(b"kwargs\0" + json.dumps(template_kwargs or {}, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _tool_call_dict(tc: ToolCall) -> dict[str, Any]:
+    args = tc.arguments if tc.arguments_valid else tc.raw_arguments
+    out: dict[str, Any] = {"type": "function", "function": {"name": tc.name, "arguments": args}}
+    if tc.id is not None:
+        out["id"] = tc.id
+    return out
+
+
+def message_dict(m: Message) -> dict[str, Any]:
+    """A canonical message as chat templates expect it (OpenAI shape; reasoning under its usual names)."""
+    d: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.reasoning is not None:
+        d["reasoning_content"] = m.reasoning
+        d["thinking"] = m.reasoning
+    if m.tool_calls:
+        d["tool_calls"] = [_tool_call_dict(tc) for tc in m.tool_calls]
+    if m.tool_call_id is not None:
+        d["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        d["name"] = m.name
+    return d
+
+
+def conversation_dicts(conv: Conversation) -> list[dict[str, Any]]:
+    return [message_dict(m) for m in conv.messages]
+
+
+@dataclass
+class ChatRenderer:
+    """Renders message lists with one template; picklable (the template is compiled lazily)."""
+
+    template: str
+    special_tokens: dict[str, Any] = field(default_factory=dict)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    control_tokens: tuple[str, ...] = ()
+    _compiled: Any = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_tokenizer(cls, tok: Any, kwargs: dict[str, Any] | None = None) -> ChatRenderer:
+        template = tok.chat_template
+        specials = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str | list)}
+        return cls(template, specials, dict(kwargs or {}), tuple(tok._get_control_tokens(template)))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_compiled"] = None
+        return state
+
+    @property
+    def compiled(self) -> Any:
+        if self._compiled is None:
+            from transformers.utils.chat_template_utils import _compile_jinja_template
+
+            self._compiled = _compile_jinja_template(self.template)
+        return self._compiled
+
+    @property
+    def has_generation_tags(self) -> bool:
+        import re
+
+        return re.search(r"\{%-?\s*generation\s*-?%\}", self.template) is not None
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+    ) -> str:
+        """Render; raise :class:`TemplateError` with the template's message when it raises."""
+        try:
+            return str(
+                self.compiled.render(
+                    messages=messages,
+                    tools=tools or None,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **{**self.special_tokens, **self.kwargs},
+                )
+            )
+        except Exception as exc:  # jinja2 TemplateError, and whatever a template's own code raises
+            msg = str(exc) or type(exc).__name__
+            raise TemplateError(msg) from exc

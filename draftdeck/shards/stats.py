@@ -1,0 +1,86 @@
+"""Whole-dataset statistics, accumulated row by row while shards are written.
+
+``stats.json`` holds: a histogram of row lengths (tokens), a histogram of the trained fraction of
+each row, rows / tokens / trained tokens per source file, and the most frequent trained tokens.
+The full frequency of every token id over trained tokens goes to ``trained_token_counts.npy``
+(int64, one entry per id of the tokenizer), which ``draftdeck vocab`` reads to build a draft
+vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from draftdeck.fileio import atomic_output
+
+LENGTH_EDGES = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 1 << 62]
+FRACTION_BINS = 10
+TOKEN_COUNTS = "trained_token_counts.npy"
+STATS = "stats.json"
+
+
+class Stats:
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.lengths = np.zeros(len(LENGTH_EDGES) - 1, dtype=np.int64)
+        self.fractions = np.zeros(FRACTION_BINS, dtype=np.int64)
+        self.token_counts = np.zeros(vocab_size, dtype=np.int64)
+        self.sources: dict[str, dict[str, int]] = {}
+        self.rows = 0
+        self.tokens = 0
+        self.trained = 0
+
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, source: str) -> None:
+        n = len(input_ids)
+        k = int(loss_mask.sum())
+        self.rows += 1
+        self.tokens += n
+        self.trained += k
+        self.lengths[np.searchsorted(LENGTH_EDGES, n, side="right") - 1] += 1
+        frac = k / n if n else 0.0
+        self.fractions[min(int(frac * FRACTION_BINS), FRACTION_BINS - 1)] += 1
+        src = self.sources.setdefault(source, {"rows": 0, "tokens": 0, "trained_tokens": 0})
+        src["rows"] += 1
+        src["tokens"] += n
+        src["trained_tokens"] += k
+        trained_ids = input_ids[loss_mask.astype(bool)]
+        if len(trained_ids):
+            self.token_counts += np.bincount(trained_ids, minlength=self.vocab_size)[: self.vocab_size]
+
+    def to_dict(self, top: int = 50) -> dict[str, Any]:
+        order = np.argsort(-self.token_counts, kind="stable")[:top]
+        return {
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "trained_tokens": self.trained,
+            "trained_fraction": self.trained / self.tokens if self.tokens else 0.0,
+            "length_histogram": [
+                {
+                    "min": LENGTH_EDGES[i],
+                    "max": LENGTH_EDGES[i + 1] - 1 if i + 2 < len(LENGTH_EDGES) else None,
+                    "rows": int(c),
+                }
+                for i, c in enumerate(self.lengths)
+                if c
+            ],
+            "trained_fraction_histogram": [
+                {"min": i / FRACTION_BINS, "max": (i + 1) / FRACTION_BINS, "rows": int(c)}
+                for i, c in enumerate(self.fractions)
+            ],
+            "sources": dict(sorted(self.sources.items())),
+            "distinct_trained_tokens": int(np.count_nonzero(self.token_counts)),
+            "top_trained_tokens": [
+                {"id": int(i), "count": int(self.token_counts[i])} for i in order if self.token_counts[i]
+            ],
+            "token_counts_file": TOKEN_COUNTS,
+        }
+
+    def write(self, out_dir: Path) -> None:
+        with atomic_output(out_dir / TOKEN_COUNTS) as f:
+            np.save(f, self.token_counts)
+        with atomic_output(out_dir / STATS, "w") as f:
+            json.dump(self.to_dict(), f, indent=2, ensure_ascii=False)

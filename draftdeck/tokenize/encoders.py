@@ -1,0 +1,252 @@
+"""Encoders: rendered text in, token ids and each token's start character out.
+
+:class:`HFEncoder` is the reference: the model's own HF fast tokenizer, one batched call per batch
+of rows, offsets from that same call.
+
+:class:`TiktokenEncoder` is the fast path for byte-level BPE vocabularies that tiktoken can
+represent (the Qwen family). It is built from the HF tokenizer's own ``tokenizer.json`` (vocabulary,
+merges, split pattern, added tokens) and only when the structure is provably the same algorithm:
+
+- BPE model, byte-level alphabet, no dropout / unk / byte-fallback / subword prefixes;
+- pre-tokenizer ``Split(pattern, isolated) + ByteLevel(use_regex=False)`` or GPT-2's ``ByteLevel``;
+- merge order equals token-id order (tiktoken merges by the rank of the merged token, HF by merge
+  index: the same when ranks are the ids);
+- normaliser none or NFC (rows whose text is not already NFC go to the HF encoder);
+- added tokens without lstrip / rstrip / single-word options.
+
+Token ids are then checked against HF on a sample of every job's rows (all rows with
+``--verify-all``); a mismatch makes the job start again on the HF encoder (see the pipeline).
+
+Offsets: tiktoken returns ids only. The bytes of every token are known, so a token's start byte is
+the running sum of the byte lengths of the tokens before it (their concatenation is the UTF-8 text,
+exactly, for a byte-level BPE); start bytes map to characters through the UTF-8 lead bytes. A token
+that starts inside a multi-byte character starts at that character, as in HF's offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+Encoded = tuple[np.ndarray, np.ndarray]  # (ids int32, char starts int64)
+Literal = list[tuple[int, int]]
+
+
+class EncoderUnsupported(Exception):
+    """The tokenizer cannot be represented by the fast encoder (the reason says why)."""
+
+
+def pieces(text: str, literal: Literal) -> list[tuple[int, int, bool]]:
+    """Split `text` at the literal ranges: (start, end, as_text) pieces covering the whole text."""
+    out: list[tuple[int, int, bool]] = []
+    pos = 0
+    for a, b in literal:
+        if a > pos:
+            out.append((pos, a, False))
+        out.append((a, b, True))
+        pos = b
+    if pos < len(text) or not out:
+        out.append((pos, len(text), False))
+    return out
+
+
+def char_starts_from_bytes(text: str, byte_starts: np.ndarray) -> np.ndarray:
+    if text.isascii():
+        return byte_starts
+    raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+    char_of_byte = np.cumsum((raw & 0xC0) != 0x80) - 1
+    return char_of_byte[byte_starts]
+
+
+class HFEncoder:
+    name = "hf"
+
+    def __init__(self, tok: Any):
+        self.tok = tok
+        self.backend = tok.backend_tokenizer
+        self.normalizer = self.backend.normalizer
+
+    def _as_text(self, text: str) -> Encoded:
+        """Encode ignoring every added token (as HF's `_encode_without_added_tokens`), with offsets."""
+        norm = self.normalizer.normalize_str(text) if self.normalizer is not None else text
+        if len(norm) != len(text):
+            raise EncoderUnsupported("normalisation changed the length of a literal piece")
+        pre = self.backend.pre_tokenizer
+        splits = [p for p, _ in pre.pre_tokenize_str(norm)] if pre is not None else [norm]
+        ids = [t.id for piece in splits for t in self.backend.model.tokenize(piece)]
+        return np.asarray(ids, dtype=np.int32), self._fix_byte_starts(text, ids)
+
+    def _fix_byte_starts(self, text: str, ids: list[int]) -> np.ndarray:
+        lens = np.fromiter((len(self.token_bytes(i)) for i in ids), dtype=np.int64, count=len(ids))
+        return char_starts_from_bytes(text, np.cumsum(lens) - lens)
+
+    def token_bytes(self, i: int) -> bytes:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        if not hasattr(self, "_byte_decoder"):
+            self._byte_decoder = {v: k for k, v in bytes_to_unicode().items()}
+        tok = self.backend.id_to_token(i)
+        try:
+            return bytes(self._byte_decoder[c] for c in tok)
+        except KeyError:
+            return tok.encode("utf-8")
+
+    def encode(self, texts: Sequence[str], literals: Sequence[Literal]) -> list[Encoded]:
+        plain = [i for i, lit in enumerate(literals) if not lit]
+        out: list[Encoded | None] = [None] * len(texts)
+        if plain:
+            encs = self.backend.encode_batch([texts[i] for i in plain], add_special_tokens=False)
+            for i, enc in zip(plain, encs, strict=True):
+                offs = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+                out[i] = (np.asarray(enc.ids, dtype=np.int32), offs[:, 0].copy())
+        for i, lit in enumerate(literals):
+            if lit:
+                out[i] = self._encode_pieces(texts[i], lit)
+        return out  # type: ignore[return-value]
+
+    def _encode_pieces(self, text: str, literal: Literal) -> Encoded:
+        ids: list[np.ndarray] = []
+        starts: list[np.ndarray] = []
+        for a, b, as_text in pieces(text, literal):
+            if as_text:
+                pid, pst = self._as_text(text[a:b])
+            else:
+                enc = self.backend.encode(text[a:b], add_special_tokens=False)
+                pid = np.asarray(enc.ids, dtype=np.int32)
+                pst = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+            ids.append(pid)
+            starts.append(pst + a)
+        return np.concatenate(ids).astype(np.int32), np.concatenate(starts).astype(np.int64)
+
+
+def _byte_decoder() -> dict[str, int]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {v: k for k, v in bytes_to_unicode().items()}
+
+
+class TiktokenEncoder:
+    name = "tiktoken"
+
+    def __init__(self, tok: Any):
+        import tiktoken
+
+        spec = json.loads(tok.backend_tokenizer.to_str())
+        self.nfc = _check_structure(spec)
+        pattern = _pattern(spec)
+        model = spec["model"]
+        dec = _byte_decoder()
+        ranks: dict[bytes, int] = {}
+        for token, rank in model["vocab"].items():
+            try:
+                ranks[bytes(dec[c] for c in token)] = rank
+            except KeyError as exc:
+                raise EncoderUnsupported(f"vocabulary token {token!r} is not byte-level") from exc
+        if len(ranks) != len(model["vocab"]):
+            raise EncoderUnsupported("two vocabulary entries decode to the same bytes")
+        if any(bytes([b]) not in ranks for b in range(256)):
+            raise EncoderUnsupported("the vocabulary lacks some single bytes")
+        _check_merge_order(model, ranks, dec)
+        self.specials: dict[str, int] = {}
+        for added in spec.get("added_tokens") or []:
+            if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
+                raise EncoderUnsupported(f"added token {added['content']!r} has strip/single-word options")
+            self.specials[added["content"]] = added["id"]
+        # an added token whose text is also a vocabulary entry at the same id is fine; at another id it is not
+        for content, i in self.specials.items():
+            r = ranks.get(content.encode("utf-8"))
+            if r is not None and r != i:
+                raise EncoderUnsupported(f"added token {content!r} shadows vocabulary id {r}")
+            if r is not None:
+                del ranks[content.encode("utf-8")]
+        self.enc = tiktoken.Encoding(
+            "draftdeck", pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
+        )
+        self.allowed = set(self.specials)
+        n = max(max(ranks.values()), max(self.specials.values(), default=0)) + 1
+        lens = np.zeros(n, dtype=np.int64)
+        for b, r in ranks.items():
+            lens[r] = len(b)
+        for s, i in self.specials.items():
+            lens[i] = len(s.encode("utf-8"))
+        self.token_len = lens
+
+    def usable(self, text: str) -> bool:
+        return not self.nfc or unicodedata.is_normalized("NFC", text)
+
+    def encode_one(self, text: str, literal: Literal) -> Encoded:
+        if not literal:
+            ids = self.enc.encode(text, allowed_special=self.allowed, disallowed_special=())
+        else:
+            ids = []
+            for a, b, as_text in pieces(text, literal):
+                if as_text:
+                    ids.extend(self.enc.encode_ordinary(text[a:b]))
+                else:
+                    ids.extend(
+                        self.enc.encode(text[a:b], allowed_special=self.allowed, disallowed_special=())
+                    )
+        arr = np.asarray(ids, dtype=np.int32)
+        lens = self.token_len[arr]
+        return arr, char_starts_from_bytes(text, np.cumsum(lens) - lens)
+
+
+def _check_structure(spec: dict[str, Any]) -> bool:
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise EncoderUnsupported(f"model type {model.get('type')!r} is not BPE")
+    for key in ("dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            raise EncoderUnsupported(f"BPE option {key}={model.get(key)!r} is not supported")
+    if model.get("byte_fallback"):
+        raise EncoderUnsupported("byte_fallback BPE is not byte-level")
+    norm = spec.get("normalizer")
+    if norm is not None and norm.get("type") != "NFC":
+        raise EncoderUnsupported(f"normalizer {norm.get('type')!r} is not supported")
+    dec = spec.get("decoder") or {}
+    if dec.get("type") != "ByteLevel":
+        raise EncoderUnsupported(f"decoder {dec.get('type')!r} is not ByteLevel")
+    return norm is not None
+
+
+def _pattern(spec: dict[str, Any]) -> str:
+    pre = spec.get("pre_tokenizer") or {}
+    if pre.get("type") == "ByteLevel":
+        if pre.get("add_prefix_space") or not pre.get("use_regex", True):
+            raise EncoderUnsupported("ByteLevel pre-tokenizer with add_prefix_space or without regex")
+        return GPT2_PATTERN
+    if pre.get("type") == "Sequence":
+        items = pre.get("pretokenizers") or []
+        if (
+            len(items) == 2
+            and items[0].get("type") == "Split"
+            and items[1].get("type") == "ByteLevel"
+            and not items[1].get("use_regex", True)
+            and not items[1].get("add_prefix_space")
+            and str(items[0].get("behavior", "")).lower() == "isolated"
+            and not items[0].get("invert")
+            and "Regex" in (items[0].get("pattern") or {})
+        ):
+            return str(items[0]["pattern"]["Regex"])
+    raise EncoderUnsupported(
+        f"pre-tokenizer {json.dumps(pre)[:200]} is not a byte-level split tiktoken can run"
+    )
+
+
+def _check_merge_order(model: dict[str, Any], ranks: dict[bytes, int], dec: dict[str, int]) -> None:
+    last = -1
+    for merge in model.get("merges") or []:
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        merged = bytes(dec[c] for c in left + right)
+        r = ranks.get(merged)
+        if r is None:
+            raise EncoderUnsupported("a merge produces a token outside the vocabulary")
+        if r < last:
+            raise EncoderUnsupported("merge order differs from token-id order")
+        last = r

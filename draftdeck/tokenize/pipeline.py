@@ -1,0 +1,441 @@
+"""The tokenize job: conversations in, Arrow shards with exact assistant loss masks out.
+
+Per conversation: render (see :mod:`draftdeck.chat.spans`: assistant spans, split rows when the
+template is not prefix-stable), encode ONCE with offsets (batched per chunk), mask, check.
+
+Mask rule: a token is trained iff its first character lies inside an assistant span. A token that
+straddles the start of a span (e.g. the ``\\n\\n`` that merges the generation prompt's ``<think>\\n``
+with the first ``\\n`` of an empty think block) begins in the prompt, so it is not trained: no
+trained token ever holds a character of the prompt. HF's ``return_assistant_tokens_mask`` marks
+every token that overlaps a span instead; the two agree wherever span edges fall on token edges.
+
+Per-row checks (issue codes in :mod:`draftdeck.quality`):
+
+- ``mask_mismatch``: the decoded ids of each trained run differ from the rendered text those tokens
+  cover (ids and offsets disagree: an encoder or offset bug). Fails the job.
+- ``no_trained_tokens`` (rejected), ``truncated`` (warned; ``too_long`` rejects with
+  ``truncation="drop"``), ``no_dflash_anchor`` (warned: no two consecutive trained tokens),
+  ``template_error`` (rejected with the template's message), ``no_assistant_turn``
+  (``on_missing="error"`` fails the job pointing to regeneration; ``"drop"`` rejects the rows).
+
+Speed: chunks of conversations go to a process pool (one process per core, forked so the tokenizer
+is loaded once); the main process writes shards and statistics. The fast encoder (tiktoken) is
+checked against the HF tokenizer on a sample of rows (all rows of the first chunk, then one row in
+``verify_every``; every row with ``verify_all``): any mismatch discards the output and runs the job
+again on the HF encoder, with ``encoder_mismatch`` in the report.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from draftdeck.chat.render import (
+    ChatRenderer,
+    TemplateError,
+    conversation_dicts,
+    load_tokenizer,
+    tokenizer_fingerprint,
+)
+from draftdeck.chat.spans import RenderedRow, render_rows
+from draftdeck.errors import JobFailed, UsageError
+from draftdeck.formats.model import Conversation
+from draftdeck.progress import Progress, no_progress
+from draftdeck.quality import Output, Policy, Report
+from draftdeck.shards.stats import Stats
+from draftdeck.shards.store import MANIFEST, ShardRow, ShardWriter, write_metadata
+from draftdeck.tokenize.encoders import Encoded, EncoderUnsupported, HFEncoder, TiktokenEncoder
+
+MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
+
+
+@dataclass
+class TokenizeOptions:
+    tokenizer: Path
+    chat_template: Path | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    seq_length: int | None = None
+    truncation: Literal["right", "drop"] = "right"
+    on_missing: Literal["error", "drop"] = "error"
+    shard_rows: int = 10_000
+    verify_all: bool = False
+    verify_every: int = 32
+    strict: bool = False
+    encoder: Literal["auto", "hf", "tiktoken"] = "auto"
+    workers: int = 0  # 0: one per CPU core
+    chunk_size: int = 256
+
+    def check(self) -> None:
+        if self.seq_length is not None and self.seq_length < 2:
+            raise UsageError("--seq-length must be at least 2")
+        if self.truncation not in ("right", "drop"):
+            raise UsageError(f"--truncation must be right or drop, not {self.truncation!r}")
+        if self.on_missing not in ("error", "drop"):
+            raise UsageError(f"--on-missing must be error or drop, not {self.on_missing!r}")
+        if self.shard_rows < 1:
+            raise UsageError("--shard-rows must be at least 1")
+        if self.encoder not in ("auto", "hf", "tiktoken"):
+            raise UsageError(f"encoder must be auto, hf or tiktoken, not {self.encoder!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tokenizer"] = str(self.tokenizer)
+        d["chat_template"] = str(self.chat_template) if self.chat_template else None
+        return d
+
+
+class EncoderMismatch(Exception):
+    def __init__(self, rows: int, example: str):
+        super().__init__(f"{rows} rows differ from the HF tokenizer, e.g. {example}")
+        self.rows = rows
+        self.example = example
+
+
+# -- worker side ----------------------------------------------------------------------------------
+@dataclass
+class _State:
+    opts: TokenizeOptions
+    tok: Any
+    renderer: ChatRenderer
+    hf: HFEncoder
+    fast: TiktokenEncoder | None
+
+
+_STATE: _State | None = None
+
+
+@dataclass
+class ChunkResult:
+    report: Report
+    rows: list[ShardRow]
+    fast_rows: int = 0
+    hf_rows: int = 0
+    verified: int = 0
+
+
+def _where(conv: Conversation) -> tuple[str, int | None, int]:
+    src = conv.source
+    if src is None:
+        return "(memory)", None, -1
+    row = src.line if src.line is not None else src.index
+    return src.file, row, row if row is not None else -1
+
+
+def _encode(
+    st: _State, rendered: list[RenderedRow], first_chunk: bool
+) -> tuple[list[Encoded], int, int, int]:
+    out: list[Encoded | None] = [None] * len(rendered)
+    hf_idx: list[int] = []
+    fast_n = verified = 0
+    mismatches: list[str] = []
+    for i, r in enumerate(rendered):
+        if st.fast is not None and st.fast.usable(r.text):
+            out[i] = st.fast.encode_one(r.text, r.literal)
+            fast_n += 1
+        else:
+            hf_idx.append(i)
+    if hf_idx:
+        encs = st.hf.encode([rendered[i].text for i in hf_idx], [rendered[i].literal for i in hf_idx])
+        for i, e in zip(hf_idx, encs, strict=True):
+            out[i] = e
+    if st.fast is not None and fast_n:
+        every = 1 if (st.opts.verify_all or first_chunk) else max(1, st.opts.verify_every)
+        check = [i for i in range(len(rendered)) if i not in set(hf_idx) and i % every == 0]
+        refs = st.hf.encode([rendered[i].text for i in check], [rendered[i].literal for i in check])
+        for i, (ids, starts) in zip(check, refs, strict=True):
+            got = out[i]
+            assert got is not None
+            verified += 1
+            if not (np.array_equal(got[0], ids) and np.array_equal(got[1], starts)):
+                mismatches.append(repr(rendered[i].text[:80]))
+        if mismatches:
+            raise EncoderMismatch(len(mismatches), mismatches[0])
+    return out, fast_n, len(hf_idx), verified  # type: ignore[return-value]
+
+
+def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    bounds = np.asarray([x for span in spans for x in span], dtype=np.int64)
+    return (np.searchsorted(bounds, starts, side="right") % 2 == 1).astype(np.uint8)
+
+
+def process_chunk(convs: list[Conversation], first_chunk: bool = False) -> ChunkResult:
+    st = _STATE
+    assert st is not None, "worker state not initialised"
+    opts = st.opts
+    report = Report()
+    rendered: list[RenderedRow] = []
+    owners: list[Conversation] = []
+    for conv in convs:
+        report.rows_in += 1
+        file, line, _ = _where(conv)
+        if not conv.has_assistant:
+            report.reject(
+                "no_assistant_turn", file, line, "no assistant message: the conversation is prompt-only"
+            )
+            continue
+        try:
+            rows = render_rows(conversation_dicts(conv), conv.tools, st.renderer)
+        except TemplateError as exc:
+            report.reject("template_error", file, line, str(exc)[:500])
+            continue
+        report.rows_expanded += len(rows) - 1
+        rendered.extend(rows)
+        owners.extend([conv] * len(rows))
+
+    encoded, fast_n, hf_n, verified = _encode(st, rendered, first_chunk)
+
+    # Masks, then one batched decode of every trained run for the mask check.
+    masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
+    runs: list[list[int]] = []
+    expected: list[str] = []
+    run_row: list[int] = []
+    for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
+        n = len(ids)
+        for a, b in r.spans:
+            lo = int(np.searchsorted(starts, a, side="left"))
+            hi = int(np.searchsorted(starts, b, side="left"))
+            if lo >= hi:
+                continue
+            end = int(starts[hi]) if hi < n else len(r.text)
+            runs.append(ids[lo:hi].tolist())
+            expected.append(r.text[int(starts[lo]) : end])
+            run_row.append(k)
+    bad_rows: dict[int, str] = {}
+    if runs:
+        decoded = st.hf.backend.decode_batch(runs, skip_special_tokens=False)
+        norm = st.hf.normalizer
+        for k, got, want in zip(run_row, decoded, expected, strict=True):
+            if got != want and (norm is None or got != norm.normalize_str(want)):
+                bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
+
+    out: list[ShardRow] = []
+    for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
+        conv = owners[k]
+        file, line, row_no = _where(conv)
+        mask = masks[k]
+        if k in bad_rows:
+            report.reject("mask_mismatch", file, line, bad_rows[k])
+            continue
+        truncated = False
+        if opts.seq_length is not None and len(ids) > opts.seq_length:
+            if opts.truncation == "drop":
+                report.reject("too_long", file, line, f"{len(ids)} tokens > --seq-length {opts.seq_length}")
+                continue
+            ids, mask = ids[: opts.seq_length], mask[: opts.seq_length]
+            truncated = True
+        if not mask.any():
+            why = (
+                "after truncation at --seq-length" if truncated else "the assistant turns render to no token"
+            )
+            report.reject("no_trained_tokens", file, line, why)
+            continue
+        if truncated:
+            report.warn("truncated", file, line, f"cut to {opts.seq_length} tokens")
+        if not (mask[:-1] & mask[1:]).any():
+            report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
+        report.rows_out += 1
+        out.append(ShardRow(np.ascontiguousarray(ids, dtype=np.int32), mask, file, row_no, r.turn, truncated))
+    return ChunkResult(report, out, fast_n, hf_n, verified)
+
+
+def _process_indexed(item: tuple[int, list[Conversation]]) -> ChunkResult:
+    return process_chunk(item[1], first_chunk=item[0] == 0)
+
+
+# -- main side ------------------------------------------------------------------------------------
+def _chunks(it: Iterable[Conversation], size: int) -> Iterator[tuple[int, list[Conversation]]]:
+    iterator = iter(it)
+    i = 0
+    while chunk := list(islice(iterator, size)):
+        yield i, chunk
+        i += 1
+
+
+def combine(read: Report, tok: Report) -> Report:
+    """The job's report: the reading stage's rows in, the tokenize stage's rows out."""
+    if read.rows_in == 0 and read.rows_out == 0 and not read.rejected:
+        return tok
+    final = Report()
+    final.merge(read)
+    final.merge(tok)
+    final.rows_in = read.rows_in
+    final.rows_out = tok.rows_out
+    final.outputs = list(tok.outputs)
+    return final
+
+
+def _workers(opts: TokenizeOptions) -> int:
+    n = opts.workers or (os.cpu_count() or 1)
+    if mp.current_process().daemon:  # e.g. inside a Celery prefork child: no children allowed
+        return 1
+    return max(1, n)
+
+
+def _attempt(
+    source: Callable[[Report], Iterable[Conversation]], out_dir: Path, st: _State, progress: Progress
+) -> tuple[Report, Report, ShardWriter, Stats, dict[str, int]]:
+    global _STATE
+    _STATE = st
+    read_report = Report()
+    tok_report = Report()
+    writer = ShardWriter(out_dir, st.opts.shard_rows)
+    stats = Stats(len(st.tok))
+    counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
+    chunks = _chunks(source(read_report), st.opts.chunk_size)
+    workers = _workers(st.opts)
+    pool = None
+    try:
+        if workers > 1:
+            pool = mp.get_context("fork").Pool(workers)
+            results: Iterable[ChunkResult] = pool.imap(_process_indexed, chunks)
+        else:
+            results = (_process_indexed(c) for c in chunks)
+        for res in results:
+            tok_report.merge(res.report)
+            counts["fast_rows"] += res.fast_rows
+            counts["hf_rows"] += res.hf_rows
+            counts["verified_rows"] += res.verified
+            for row in res.rows:
+                writer.add(row)
+                stats.add(row.input_ids, row.loss_mask, row.source)
+            progress(tok_report.rows_in, None, "rows")
+    except BaseException:
+        writer.discard()
+        raise
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    return read_report, tok_report, writer, stats, counts
+
+
+def tokenize(
+    source: Callable[[Report], Iterable[Conversation]],
+    out_dir: Path,
+    opts: TokenizeOptions,
+    *,
+    progress: Progress = no_progress,
+    inputs: list[str] | None = None,
+) -> Report:
+    """Run the tokenize job; return its report or raise :class:`JobFailed` (carrying the report).
+
+    `source(report)` yields the conversations and counts the reading stage into `report`; it is
+    called again if the job restarts on the HF encoder.
+    """
+    opts.check()
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"output folder {out_dir} is not empty; choose a new folder")
+    started = time.monotonic()
+    tok = load_tokenizer(opts.tokenizer, opts.chat_template)
+    renderer = ChatRenderer.from_tokenizer(tok, opts.template_kwargs)
+    hf = HFEncoder(tok)
+    fast: TiktokenEncoder | None = None
+    encoder_note = ""
+    if opts.encoder in ("auto", "tiktoken"):
+        try:
+            fast = TiktokenEncoder(tok)
+        except EncoderUnsupported as exc:
+            if opts.encoder == "tiktoken":
+                raise UsageError(f"the tiktoken encoder cannot run this tokenizer: {exc}") from exc
+            encoder_note = f"tiktoken not used: {exc}"
+    mismatch: EncoderMismatch | None = None
+    try:
+        read_report, tok_report, writer, stats, counts = _attempt(
+            source, out_dir, _State(opts, tok, renderer, hf, fast), progress
+        )
+    except EncoderMismatch as exc:
+        mismatch = exc
+        encoder_note = (
+            f"tiktoken disagreed with the HF tokenizer ({exc}); the job ran again on the HF tokenizer"
+        )
+        read_report, tok_report, writer, stats, counts = _attempt(
+            source, out_dir, _State(opts, tok, renderer, hf, None), progress
+        )
+    if mismatch is not None:
+        tok_report.warn("encoder_mismatch", "(encoder)", None, encoder_note, n=mismatch.rows)
+    report = combine(read_report, tok_report)
+    report.extra["encoder"] = {
+        "used": "tiktoken" if fast is not None and mismatch is None else "hf",
+        "note": encoder_note,
+        **counts,
+    }
+    report.extra["mask_rule"] = MASK_RULE
+    report.extra["tokens"] = stats.tokens
+    report.extra["trained_tokens"] = stats.trained
+    report.extra["seconds"] = round(time.monotonic() - started, 3)
+
+    failures = Policy(strict=opts.strict).failures(report)
+    missing = report.rejected.get("no_assistant_turn", 0)
+    if missing and opts.on_missing == "error":
+        writer.discard()
+        raise JobFailed(
+            f"{missing} conversations have no assistant turn (prompt-only). Drafters train on the target "
+            "model's own answers: generate the responses with the target model first (regeneration), or pass "
+            "--on-missing drop to leave these rows out.",
+            report,
+        )
+    if failures:
+        writer.discard()
+        raise JobFailed("; ".join(f.reason for f in failures), report)
+
+    shards = writer.close()
+    report.outputs = [Output(str(out_dir / s.filename), s.rows, s.bytes, s.sha256) for s in shards]
+    report.check_accounting()
+    stats.write(out_dir)
+    write_metadata(
+        out_dir,
+        shards,
+        {
+            "tokenizer": {
+                "path": str(opts.tokenizer),
+                "fingerprint": tokenizer_fingerprint(opts.tokenizer, renderer.template, opts.template_kwargs),
+                "vocab_size": len(tok),
+                "chat_template": renderer.template,
+            },
+            "inputs": inputs or [],
+            "parameters": opts.to_dict(),
+            "mask_rule": MASK_RULE,
+            "report": report.to_dict(),
+        },
+    )
+    return report
+
+
+def tokenize_conversations(
+    convs: list[Conversation], out_dir: Path, opts: TokenizeOptions, progress: Progress = no_progress
+) -> Report:
+    """Tokenize conversations already in memory (tests, notebooks)."""
+    return tokenize(lambda _report: iter(convs), out_dir, opts, progress=progress)
+
+
+def tokenize_files(
+    paths: list[Path], out_dir: Path, opts: TokenizeOptions, progress: Progress = no_progress
+) -> Report:
+    from draftdeck.tokenize.inputs import read_inputs
+
+    return tokenize(
+        lambda report: read_inputs(paths, report, progress),
+        out_dir,
+        opts,
+        progress=progress,
+        inputs=[str(p) for p in paths],
+    )
+
+
+__all__ = [
+    "MANIFEST",
+    "TokenizeOptions",
+    "process_chunk",
+    "tokenize",
+    "tokenize_conversations",
+    "tokenize_files",
+]
