@@ -145,7 +145,7 @@ def _sniff_container(stream: io.BufferedReader, suffix: str) -> tuple[str, bytes
     head = stream.peek(1 << 16)[: 1 << 16]
     body = head[3:] if head.startswith(_BOM) else head
     first = body.lstrip()[:1]
-    if first == b"[":
+    if first == b"[" and not suffix.endswith(".jsonl"):  # a .jsonl line may be an array: a (bad) row
         return "json-array", b""
     if first == b"{" and not suffix.endswith(".jsonl"):
         # A JSONL file's first line is a complete object; a pretty-printed object's is not.
