@@ -364,10 +364,13 @@ def read_conversations(
                         yield from state.placeholder(conv)
                 done_before += reader.size or 0
                 progress(done_before, total, "bytes")
-    except JobFailed:
         yield from state.drain()
+    except JobFailed:
+        # Rows still held for the placeholder check are handed over unchecked (the job fails anyway),
+        # so that the failed job's report still balances.
+        while state.pending:
+            yield state.pending.popleft()[1]
         raise
-    yield from state.drain()
     report.extra["placeholder"] = {
         "answers": [" / ".join(k) for k in sorted(state.flagged)][:20],
         "min_rows": opts.placeholder_min_rows,
