@@ -111,6 +111,60 @@ def run_convert(params: ConvertParams, ctx: JobContext) -> Report:
     return convert([Path(p) for p in params.paths], out, params.to, options=options, progress=ctx.progress)
 
 
+class TokenizeParams(JobParams):
+    """The parameters of `draftdeck tokenize`: the same names as its options."""
+
+    inputs: list[str] = Field(min_length=1, description="chat data files (any shape `convert` reads)")
+    tokenizer: str = Field(description="local folder of the target model's tokenizer")
+    out: str | None = Field(default=None, description="new dataset folder (default: in the job folder)")
+    chat_template: str | None = Field(default=None, description="Jinja file to use as template")
+    template_kwargs: dict[str, Any] = Field(default_factory=dict, description="e.g. enable_thinking")
+    seq_length: int | None = Field(default=None, ge=2, description="maximum tokens per row")
+    truncation: Literal["right", "drop"] = Field(default="right", description="rows too long: cut or drop")
+    on_missing: Literal["error", "drop"] = Field(default="error", description="prompt-only rows")
+    shard_rows: int = Field(default=10_000, ge=1, description="rows per Arrow shard")
+    verify_all: bool = Field(default=False, description="check every fast-encoder row against HF")
+    strict: bool = Field(default=False, description="every warning fails the job")
+    encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
+    workers: int = Field(default=0, ge=0, description="processes (0: one per core)")
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "tokenizer", "chat_template")
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+    def confined(self, roots: list[Path]) -> JobParams:
+        params = super().confined(roots)
+        if self.out is not None:
+            out = resolve_in_roots(self.out, roots, must_exist=False)
+            params = params.model_copy(update={"out": str(out)})
+        return params
+
+    def policy(self) -> Policy:
+        return Policy(strict=self.strict)
+
+
+def run_tokenize(params: TokenizeParams, ctx: JobContext) -> Report:
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+
+    opts = TokenizeOptions(
+        tokenizer=Path(params.tokenizer),
+        chat_template=Path(params.chat_template) if params.chat_template else None,
+        template_kwargs=params.template_kwargs,
+        seq_length=params.seq_length,
+        truncation=params.truncation,
+        on_missing=params.on_missing,
+        shard_rows=params.shard_rows,
+        verify_all=params.verify_all,
+        strict=params.strict,
+        encoder=params.encoder,
+        workers=params.workers,
+    )
+    out = Path(params.out) if params.out else ctx.out_dir / "dataset"
+    return tokenize_files([Path(p) for p in params.inputs], out, opts, progress=ctx.progress)
+
+
 @dataclass(frozen=True)
 class JobKind:
     name: str
@@ -126,6 +180,8 @@ KINDS: dict[str, JobKind] = {
         JobKind("scan", "cpu", ScanParams, run_scan, "Pre-flight: rows, bytes, parse errors and key sets of one file"),
         JobKind("convert", "cpu", ConvertParams, run_convert,
                 "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
+        JobKind("tokenize", "cpu", TokenizeParams, run_tokenize,
+                "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
     )
 }
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from itertools import islice
@@ -259,6 +260,20 @@ def _chunks(it: Iterable[Conversation], size: int) -> Iterator[tuple[int, list[C
         i += 1
 
 
+def _bounded(
+    pool: Any, chunks: Iterator[tuple[int, list[Conversation]]], window: int
+) -> Iterator[ChunkResult]:
+    """Results in order, with at most `window` chunks in flight: the input is read as fast as it is
+    processed, never ahead into memory, and in this thread (progress and cancellation stay here)."""
+    pending: deque[Any] = deque()
+    for item in chunks:
+        pending.append(pool.apply_async(_process_indexed, (item,)))
+        if len(pending) >= window:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
 def combine(read: Report, tok: Report) -> Report:
     """The job's report: the reading stage's rows in, the tokenize stage's rows out."""
     if read.rows_in == 0 and read.rows_out == 0 and not read.rejected:
@@ -280,7 +295,7 @@ def _workers(opts: TokenizeOptions) -> int:
 
 
 def _attempt(
-    source: Callable[[Report], Iterable[Conversation]], out_dir: Path, st: _State, progress: Progress
+    source: Callable[[Report], Iterable[Conversation]], out_dir: Path, st: _State, progress: Progress | None
 ) -> tuple[Report, Report, ShardWriter, Stats, dict[str, int]]:
     global _STATE
     _STATE = st
@@ -295,7 +310,7 @@ def _attempt(
     try:
         if workers > 1:
             pool = mp.get_context("fork").Pool(workers)
-            results: Iterable[ChunkResult] = pool.imap(_process_indexed, chunks)
+            results: Iterable[ChunkResult] = _bounded(pool, chunks, 2 * workers)
         else:
             results = (_process_indexed(c) for c in chunks)
         for res in results:
@@ -306,7 +321,8 @@ def _attempt(
             for row in res.rows:
                 writer.add(row)
                 stats.add(row.input_ids, row.loss_mask, row.source)
-            progress(tok_report.rows_in, None, "rows")
+            if progress is not None:
+                progress(tok_report.rows_in, None, "rows")
     except BaseException:
         writer.discard()
         raise
@@ -322,13 +338,14 @@ def tokenize(
     out_dir: Path,
     opts: TokenizeOptions,
     *,
-    progress: Progress = no_progress,
+    progress: Progress | None = no_progress,
     inputs: list[str] | None = None,
 ) -> Report:
     """Run the tokenize job; return its report or raise :class:`JobFailed` (carrying the report).
 
     `source(report)` yields the conversations and counts the reading stage into `report`; it is
-    called again if the job restarts on the HF encoder.
+    called again if the job restarts on the HF encoder. `progress` gets rows done (None: the source
+    reports progress itself, e.g. in bytes).
     """
     opts.check()
     out_dir = Path(out_dir)
@@ -423,10 +440,10 @@ def tokenize_files(
     from draftdeck.tokenize.inputs import read_inputs
 
     return tokenize(
-        lambda report: read_inputs(paths, report, progress),
+        lambda report: read_inputs(paths, report, progress, strict=opts.strict),
         out_dir,
         opts,
-        progress=progress,
+        progress=None,
         inputs=[str(p) for p in paths],
     )
 
