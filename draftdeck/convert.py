@@ -85,7 +85,12 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
             has_user = True
         elif m.role == "assistant":
             has_assistant = True
-        if not m.content.strip() and not m.tool_calls and not (m.reasoning and m.reasoning.strip()):
+        content = m.content
+        if (
+            (not content or content.isspace())
+            and not m.tool_calls
+            and (not m.reasoning or m.reasoning.isspace())
+        ):
             empty_at.append(i)
     if len(empty_at) == len(messages):
         return [("empty_conversation", f"all {len(messages)} messages are empty")]
@@ -166,10 +171,12 @@ def placeholder_key(conv: Conversation, max_chars: int) -> tuple[str, ...] | Non
 
 def duplicate_key(conv: Conversation) -> int:
     parts: list[object] = []
+    append = parts.append
     for m in conv.messages:
-        parts.append(m.role)
-        parts.append(m.content.strip())
-        parts.append(m.reasoning)
+        c = m.content
+        append(m.role)
+        append(c.strip() if c and (c[0].isspace() or c[-1].isspace()) else c)  # strip without copying
+        append(m.reasoning)
         if m.tool_calls:
             parts.append(tuple((c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls))
     return hash(tuple(parts))

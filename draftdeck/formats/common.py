@@ -31,12 +31,14 @@ class ParseOptions:
     tree_paths: str = "all"
 
 
-@dataclass
 class ParseContext:
     """Collects the warnings of one input row: (code, reason) pairs, each code counted once per row."""
 
-    options: ParseOptions = field(default_factory=ParseOptions)
-    warnings: dict[str, str] = field(default_factory=dict)
+    __slots__ = ("options", "warnings")
+
+    def __init__(self, options: ParseOptions | None = None):
+        self.options = options if options is not None else ParseOptions()
+        self.warnings: dict[str, str] = {}
 
     def warn(self, code: str, reason: str) -> None:
         self.warnings.setdefault(code, reason)

@@ -106,7 +106,22 @@ def parse_messages(items: Any, where: str, ctx: ParseContext) -> list[Message]:
         raise RowRejected(
             "unknown_format", f"{where} is a JSON {type(items).__name__}, not a list of messages"
         )
-    return [parse_message(d, f"{where}[{i}]", ctx) for i, d in enumerate(items)]
+    out: list[Message] = []
+    append = out.append
+    role_map = ROLE_MAP
+    for i, d in enumerate(items):
+        # Fast path, most rows: {"role": str, "content": str} and nothing else.
+        if type(d) is dict and len(d) == 2:
+            role = d.get("role")
+            content = d.get("content")
+            if type(role) is str and type(content) is str:
+                mapped = role_map.get(role)
+                if mapped is not None:
+                    msg = Message(mapped, content)  # type: ignore[arg-type]
+                    append(finish_assistant(msg) if mapped == "assistant" and "<think>" in content else msg)
+                    continue
+        append(parse_message(d, f"{where}[{i}]", ctx))
+    return out
 
 
 def meta_of(value: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:

@@ -104,7 +104,19 @@ def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
     system = value.get("system")
     if system is not None and system != "":
         messages.append(Message(role="system", content=text_of(system, "system", ctx)))
+    append = messages.append
+    from_map = FROM_MAP
     for i, turn in enumerate(turns):
+        # Fast path, most rows: {"from": str, "value": str} and nothing else.
+        if type(turn) is dict and len(turn) == 2:
+            src = turn.get("from")
+            text = turn.get("value")
+            if type(src) is str and type(text) is str:
+                role = from_map.get(src)
+                if role is not None and role != "function_call":
+                    msg = Message(role, text)  # type: ignore[arg-type]
+                    append(finish_assistant(msg) if role == "assistant" and "<think>" in text else msg)
+                    continue
         parse_turn(turn, f"conversations[{i}]", ctx, messages)
     tools = parse_tools(value.get("tools"), "tools", ctx)
     fmt = FAMILY

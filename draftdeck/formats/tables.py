@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING, Any
 
 from draftdeck.errors import InputError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow, RowReader
+
+if TYPE_CHECKING:  # pyarrow is imported only when a columnar file is read
+    import pyarrow as pa
 
 BATCH_ROWS = 1024
 _PARQUET_MAGIC = b"PAR1"
@@ -80,6 +80,9 @@ class TableRowReader:
         self._rows_done = 0
         self._rows_total: int | None = None
         self._source: Any = None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         try:
             if container == "parquet":
                 self._source = pq.ParquetFile(path)
@@ -111,6 +114,8 @@ class TableRowReader:
             yield from self._source
 
     def __iter__(self) -> Iterator[RawRow]:
+        import pyarrow as pa
+
         index = 0
         own = self._is_own()
         try:

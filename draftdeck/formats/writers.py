@@ -20,16 +20,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from functools import cache
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.model import Conversation, Message, ToolCall
 from draftdeck.quality import Output, Report
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
 TARGETS = ("openai", "sharegpt", "parquet")
 RESERVED = frozenset({"messages", "conversations", "tools", "system"})
@@ -113,40 +116,45 @@ def to_sharegpt(conv: Conversation, report: Report | None = None) -> dict[str, A
     return _meta(conv, out, report) if conv.meta else out
 
 
-PARQUET_SCHEMA = pa.schema(
-    [
-        pa.field(
-            "messages",
-            pa.list_(
-                pa.struct(
-                    [
-                        pa.field("role", pa.string()),
-                        pa.field("content", pa.string()),
-                        pa.field("reasoning", pa.string()),
-                        pa.field(
-                            "tool_calls",
-                            pa.list_(
-                                pa.struct(
-                                    [
-                                        pa.field("id", pa.string()),
-                                        pa.field("name", pa.string()),
-                                        pa.field("arguments", pa.string()),
-                                    ]
-                                )
+@cache
+def parquet_schema() -> pa.Schema:
+    """The Parquet output schema (pyarrow is imported only when Parquet is used)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field(
+                "messages",
+                pa.list_(
+                    pa.struct(
+                        [
+                            pa.field("role", pa.string()),
+                            pa.field("content", pa.string()),
+                            pa.field("reasoning", pa.string()),
+                            pa.field(
+                                "tool_calls",
+                                pa.list_(
+                                    pa.struct(
+                                        [
+                                            pa.field("id", pa.string()),
+                                            pa.field("name", pa.string()),
+                                            pa.field("arguments", pa.string()),
+                                        ]
+                                    )
+                                ),
                             ),
-                        ),
-                        pa.field("tool_call_id", pa.string()),
-                        pa.field("name", pa.string()),
-                    ]
-                )
+                            pa.field("tool_call_id", pa.string()),
+                            pa.field("name", pa.string()),
+                        ]
+                    )
+                ),
             ),
-        ),
-        pa.field("tools", pa.string()),
-        pa.field("meta", pa.string()),
-        pa.field("source_format", pa.string()),
-    ],
-    metadata={b"draftdeck": b"conversations/1"},  # readers undo the JSON text columns of such files
-)
+            pa.field("tools", pa.string()),
+            pa.field("meta", pa.string()),
+            pa.field("source_format", pa.string()),
+        ],
+        metadata={b"draftdeck": b"conversations/1"},  # readers undo the JSON text columns of such files
+    )
 
 
 def to_parquet_row(conv: Conversation) -> dict[str, Any]:
@@ -198,7 +206,9 @@ class Writer:
     def __enter__(self) -> Writer:
         self._f = self._ctx.__enter__()
         if self.to == "parquet":
-            self._pq = pq.ParquetWriter(self._f, PARQUET_SCHEMA, compression="zstd")
+            import pyarrow.parquet as pq
+
+            self._pq = pq.ParquetWriter(self._f, parquet_schema(), compression="zstd")
         return self
 
     def write(self, conv: Conversation) -> None:
@@ -227,7 +237,9 @@ class Writer:
     def _flush_parquet(self) -> None:
         if self._rows:
             assert self._pq is not None
-            self._pq.write_table(pa.Table.from_pylist(self._rows, schema=PARQUET_SCHEMA))
+            import pyarrow as pa
+
+            self._pq.write_table(pa.Table.from_pylist(self._rows, schema=parquet_schema()))
             self._rows.clear()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
