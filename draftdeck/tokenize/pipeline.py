@@ -252,6 +252,45 @@ def _process_indexed(item: tuple[int, list[Conversation]]) -> ChunkResult:
 
 
 # -- main side ------------------------------------------------------------------------------------
+_LOADED: dict[tuple[str, ...], tuple[Any, HFEncoder, TiktokenEncoder | None, str]] = {}
+
+
+def _load(opts: TokenizeOptions) -> tuple[Any, ChatRenderer, HFEncoder, TiktokenEncoder | None, str]:
+    """Tokenizer, renderer and encoders for `opts`; the last two loads are kept for the process."""
+    import json
+
+    tj = Path(opts.tokenizer) / "tokenizer.json"
+    key = (str(Path(opts.tokenizer).resolve()), str(tj.stat().st_mtime_ns) if tj.exists() else "",
+           str(opts.chat_template), opts.encoder)  # fmt: skip
+    if key not in _LOADED:
+        tok = load_tokenizer(opts.tokenizer, opts.chat_template)
+        fast: TiktokenEncoder | None = None
+        note = ""
+        if opts.encoder in ("auto", "tiktoken"):
+            try:
+                fast = TiktokenEncoder(tok)
+            except EncoderUnsupported as exc:
+                if opts.encoder == "tiktoken":
+                    raise UsageError(f"the tiktoken encoder cannot run this tokenizer: {exc}") from exc
+                note = f"tiktoken not used: {exc}"
+        while len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = (tok, HFEncoder(tok), fast, note)
+    tok, hf, fast, note = _LOADED[key]
+    json.dumps(opts.template_kwargs)  # template kwargs must be plain JSON (they go into the manifest)
+    return tok, ChatRenderer.from_tokenizer(tok, opts.template_kwargs), hf, fast, note
+
+
+def tokenize_rows(convs: list[Conversation], opts: TokenizeOptions) -> ChunkResult:
+    """Render, encode, mask and check conversations in memory (no shards): for tests and previews.
+    Every row is checked against the HF tokenizer when the fast encoder is used."""
+    global _STATE
+    opts.check()
+    tok, renderer, hf, fast, _ = _load(opts)
+    _STATE = _State(opts, tok, renderer, hf, fast)
+    return process_chunk(convs, first_chunk=True)
+
+
 def _chunks(it: Iterable[Conversation], size: int) -> Iterator[tuple[int, list[Conversation]]]:
     iterator = iter(it)
     i = 0
@@ -352,18 +391,7 @@ def tokenize(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"output folder {out_dir} is not empty; choose a new folder")
     started = time.monotonic()
-    tok = load_tokenizer(opts.tokenizer, opts.chat_template)
-    renderer = ChatRenderer.from_tokenizer(tok, opts.template_kwargs)
-    hf = HFEncoder(tok)
-    fast: TiktokenEncoder | None = None
-    encoder_note = ""
-    if opts.encoder in ("auto", "tiktoken"):
-        try:
-            fast = TiktokenEncoder(tok)
-        except EncoderUnsupported as exc:
-            if opts.encoder == "tiktoken":
-                raise UsageError(f"the tiktoken encoder cannot run this tokenizer: {exc}") from exc
-            encoder_note = f"tiktoken not used: {exc}"
+    tok, renderer, hf, fast, encoder_note = _load(opts)
     mismatch: EncoderMismatch | None = None
     try:
         read_report, tok_report, writer, stats, counts = _attempt(
