@@ -53,7 +53,7 @@ report = convert([Path(sys.argv[1])], Path(sys.argv[2]), "sharegpt")
 print(report.rows_in, report.rows_out, sum(report.rejected.values()), file=sys.stderr)
 """
 
-WORDS = (
+WORDS = (  # noqa: SIM905 - a word list reads better as text
     "the of and to in is that for it as with was on be by this are from at or an have not but can which "
     "function return value error data model training token sequence batch layer loss gradient memory "
     "request response server client latency cache index query table column schema file path config"
@@ -222,10 +222,11 @@ def main() -> None:
             results.append((mb, nbytes, rows, name, secs, rss, err))
     print()
     print(
-        f"{'input':>8} {'rows':>9} {'tool':<19} {'seconds':>8} {'MB/s':>8} {'rows/s':>9} {'peak RSS':>9} {'speedup':>8}"
+        f"{'input':>8} {'rows':>9} {'tool':<19} {'seconds':>8} {'MB/s':>8} {'rows/s':>9}"
+        f" {'peak RSS':>9} {'speedup':>8}"
     )
     plain_secs: dict[int, float] = {}
-    for mb, nbytes, rows, name, secs, rss, err in results:
+    for mb, nbytes, rows, name, secs, rss, _ in results:
         if name.startswith("plain"):
             plain_secs[mb] = secs
         speed = f"{plain_secs[mb] / secs:.2f}x" if mb in plain_secs else ""

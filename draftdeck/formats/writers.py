@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 from functools import cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -218,7 +219,11 @@ class Writer:
             if len(self._rows) >= _PARQUET_BATCH:
                 self._flush_parquet()
             return
-        line = orjson.dumps(self._conv(conv, self.report), option=orjson.OPT_APPEND_NEWLINE)
+        row = self._conv(conv, self.report)
+        try:
+            line = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError:  # integers beyond 64 bits (JSON arrays are parsed by ijson)
+            line = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
         self._buf.append(line)
         self._buf_bytes += len(line)
         if self._buf_bytes >= _FLUSH_BYTES:

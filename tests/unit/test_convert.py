@@ -40,14 +40,23 @@ def _read(paths: list[Path], **opts: Any) -> tuple[list[Conversation], Report]:
 class TestFixtures:
     def test_all_fixture_shapes_in_one_run(self, tmp_path: Path) -> None:
         paths = sorted(p for p in FIXTURES.iterdir() if p.name not in ("unknown_keys.jsonl",))
-        report = convert(paths, tmp_path / "o.jsonl", "openai", options=ConvertOptions(allow_prompt_only=True))
+        report = convert(
+            paths, tmp_path / "o.jsonl", "openai", options=ConvertOptions(allow_prompt_only=True)
+        )
         # 4 alpaca + 5 bad_bytes + 9 openai + 4 prompts + 3 query/response + 9 sharegpt + 1 traj + 1 tree
         assert report.rows_in == 36
         # the tree gives 2 conversations, the trajectory 2 (two agents)
         assert report.rows_expanded == 2
         assert dict(report.rejected) == {"encoding_error": 1, "json_error": 2, "not_an_object": 1}
-        assert dict(report.formats) == {"alpaca": 4, "openai": 11, "prompt": 4, "query_response": 3,
-                                        "sharegpt": 8, "trajectory": 1, "tree": 1}
+        assert dict(report.formats) == {
+            "alpaca": 4,
+            "openai": 11,
+            "prompt": 4,
+            "query_response": 3,
+            "sharegpt": 8,
+            "trajectory": 1,
+            "tree": 1,
+        }
         assert report.rows_out == 34
         assert report.outputs[0].rows == 34
 
@@ -83,25 +92,37 @@ class TestChecks:
         assert check_conversation(self._conv(Message("user", "a"), Message("user", "b")), True) == []
 
     def test_trailing_user_and_non_alternating(self) -> None:
-        conv = self._conv(Message("user", "q"), Message("assistant", "a"), Message("assistant", "b"),
-                          Message("user", "q2"))
+        conv = self._conv(
+            Message("user", "q"), Message("assistant", "a"), Message("assistant", "b"), Message("user", "q2")
+        )
         assert [c for c, _ in check_conversation(conv, False)] == ["trailing_user_turn", "non_alternating"]
 
     def test_tool_flow_is_clean_and_orphan_detected(self) -> None:
         call = ToolCall("f", {}, id="c1")
-        ok = self._conv(Message("user", "q"), Message("assistant", "", tool_calls=[call]),
-                        Message("tool", "r", tool_call_id="c1"), Message("assistant", "done"))
+        ok = self._conv(
+            Message("user", "q"),
+            Message("assistant", "", tool_calls=[call]),
+            Message("tool", "r", tool_call_id="c1"),
+            Message("assistant", "done"),
+        )
         assert check_conversation(ok, False) == []
-        orphan = self._conv(Message("user", "q"), Message("assistant", "a"), Message("tool", "r", tool_call_id="zz"),
-                            Message("assistant", "b"))
+        orphan = self._conv(
+            Message("user", "q"),
+            Message("assistant", "a"),
+            Message("tool", "r", tool_call_id="zz"),
+            Message("assistant", "b"),
+        )
         issues = dict(check_conversation(orphan, False))
         assert "zz" in issues["orphan_tool_result"]
 
     def test_empty_turn_and_empty_conversation(self) -> None:
-        conv = self._conv(Message("user", "q"), Message("assistant", " "), Message("user", "q"),
-                          Message("assistant", "a"))
+        conv = self._conv(
+            Message("user", "q"), Message("assistant", " "), Message("user", "q"), Message("assistant", "a")
+        )
         assert [c for c, _ in check_conversation(conv, False)] == ["empty_turn"]
-        assert [c for c, _ in check_conversation(self._conv(Message("user", "")), False)] == ["empty_conversation"]
+        assert [c for c, _ in check_conversation(self._conv(Message("user", "")), False)] == [
+            "empty_conversation"
+        ]
         assert [c for c, _ in check_conversation(self._conv(), False)] == ["empty_conversation"]
 
 
@@ -212,19 +233,54 @@ class TestInputs:
         gz = tmp_path / "a.jsonl.gz"
         gz.write_bytes(gzip.compress(orjson.dumps(_chat("q", "gz answer")) + b"\n"))
         obj = tmp_path / "b.json"
-        obj.write_text(json.dumps({"conversations": [{"from": "human", "value": "q"},
-                                                     {"from": "gpt", "value": "obj answer"}]}, indent=2))
+        obj.write_text(
+            json.dumps(
+                {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "obj answer"}]},
+                indent=2,
+            )
+        )
         convs, _ = _read([gz, obj])
         assert [c.messages[1].content for c in convs] == ["gz answer", "obj answer"]
 
 
 # -- property tests: nothing crashes, every row is accounted ------------------------------------------
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=8),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(
-        st.sampled_from(["messages", "conversations", "role", "content", "from", "value", "tool_calls",
-                         "instruction", "output", "prompt", "replies", "text", "history", "turns", "tools",
-                         "system", "function", "arguments", "name", "x"]), children, max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(
+                [
+                    "messages",
+                    "conversations",
+                    "role",
+                    "content",
+                    "from",
+                    "value",
+                    "tool_calls",
+                    "instruction",
+                    "output",
+                    "prompt",
+                    "replies",
+                    "text",
+                    "history",
+                    "turns",
+                    "tools",
+                    "system",
+                    "function",
+                    "arguments",
+                    "name",
+                    "x",
+                ]
+            ),
+            children,
+            max_size=5,
+        )
+    ),
     max_leaves=20,
 )
 
@@ -244,7 +300,9 @@ def test_random_json_rows_accounted(rows: list[Any], tmp_path: Path) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_corrupted_files_accounted(data: st.DataObject, tmp_path: Path) -> None:
-    base = (FIXTURES / data.draw(st.sampled_from(["openai_mixed.jsonl", "sharegpt.json", "tree.jsonl"]))).read_bytes()
+    base = (
+        FIXTURES / data.draw(st.sampled_from(["openai_mixed.jsonl", "sharegpt.json", "tree.jsonl"]))
+    ).read_bytes()
     raw = bytearray(base)
     for _ in range(data.draw(st.integers(0, 5))):
         pos = data.draw(st.integers(0, len(raw) - 1))

@@ -18,21 +18,30 @@ def _parse(row: dict[str, Any], **opts: Any) -> tuple[str, list, dict[str, str]]
 
 class TestOpenAI:
     def test_string_content(self) -> None:
-        family, [conv], warnings = _parse({"messages": [{"role": "user", "content": "hi"},
-                                                        {"role": "assistant", "content": "hello"}], "id": 3})
+        family, [conv], warnings = _parse(
+            {
+                "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                "id": 3,
+            }
+        )
         assert family == "openai"
         assert [(m.role, m.content) for m in conv.messages] == [("user", "hi"), ("assistant", "hello")]
         assert conv.meta == {"id": 3}
         assert warnings == {}
 
     def test_typed_parts_text_value_reasoning_and_tool_call(self) -> None:
-        row = {"messages": [
-            {"role": "user", "content": [{"type": "text", "value": "a"}, {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": [
-                {"type": "reasoning", "value": "think"},
-                {"type": "tool_call", "value": '{"name": "f", "arguments": {"x": 1}}'},
-            ]},
-        ]}
+        row = {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "value": "a"}, {"type": "text", "text": "b"}]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "reasoning", "value": "think"},
+                        {"type": "tool_call", "value": '{"name": "f", "arguments": {"x": 1}}'},
+                    ],
+                },
+            ]
+        }
         _, [conv], _ = _parse(row)
         assert conv.messages[0].content == "ab"
         msg = conv.messages[1]
@@ -41,13 +50,24 @@ class TestOpenAI:
         assert [(c.name, c.arguments) for c in msg.tool_calls] == [("f", {"x": 1})]
 
     def test_tool_calls_ids_and_tool_role(self) -> None:
-        row = {"messages": [
-            {"role": "user", "content": "go"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": "a"}'}}]},
-            {"role": "tool", "tool_call_id": "c1", "content": "data"},
-            {"role": "assistant", "content": "done"},
-        ]}
+        row = {
+            "messages": [
+                {"role": "user", "content": "go"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "read", "arguments": '{"p": "a"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "data"},
+                {"role": "assistant", "content": "done"},
+            ]
+        }
         _, [conv], _ = _parse(row)
         call = conv.messages[1].tool_calls[0]
         assert (call.id, call.name, call.arguments, call.raw_arguments) == ("c1", "read", {"p": "a"}, None)
@@ -55,8 +75,16 @@ class TestOpenAI:
         assert conv.messages[2].tool_call_id == "c1"
 
     def test_invalid_arguments_kept_as_text_and_warned(self) -> None:
-        row = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [
-            {"function": {"name": "f", "arguments": '{"a": '}}]}]}
+        row = {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"function": {"name": "f", "arguments": '{"a": '}}],
+                },
+            ]
+        }
         _, [conv], warnings = _parse(row)
         call = conv.messages[1].tool_calls[0]
         assert call.arguments is None
@@ -65,24 +93,39 @@ class TestOpenAI:
 
     @pytest.mark.parametrize("key", ["reasoning_content", "reasoning"])
     def test_reasoning_fields(self, key: str) -> None:
-        row = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", key: "why"}]}
+        row = {
+            "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", key: "why"}]
+        }
         _, [conv], _ = _parse(row)
         assert conv.messages[1].reasoning == "why"
 
     def test_empty_reasoning_content_is_none(self) -> None:
-        row = {"messages": [{"role": "user", "content": "x"},
-                            {"role": "assistant", "content": "y", "reasoning_content": ""}]}
+        row = {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "y", "reasoning_content": ""},
+            ]
+        }
         _, [conv], _ = _parse(row)
         assert conv.messages[1].reasoning is None
 
     def test_inline_think_moves_to_reasoning(self) -> None:
-        row = {"messages": [{"role": "user", "content": "x"},
-                            {"role": "assistant", "content": "<think>\nstep 1\n</think>\n\nanswer"}]}
+        row = {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "<think>\nstep 1\n</think>\n\nanswer"},
+            ]
+        }
         _, [conv], _ = _parse(row)
         assert (conv.messages[1].reasoning, conv.messages[1].content) == ("step 1", "answer")
 
     def test_think_in_user_text_stays(self) -> None:
-        row = {"messages": [{"role": "user", "content": "<think>a</think>b"}, {"role": "assistant", "content": "c"}]}
+        row = {
+            "messages": [
+                {"role": "user", "content": "<think>a</think>b"},
+                {"role": "assistant", "content": "c"},
+            ]
+        }
         _, [conv], _ = _parse(row)
         assert conv.messages[0].content == "<think>a</think>b"
 
@@ -97,26 +140,47 @@ class TestOpenAI:
         assert "loss_weight" in warnings["unrepresentable_field"]
 
     def test_image_part_is_reported_not_dropped_silently(self) -> None:
-        _, [conv], warnings = _parse({"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "what?"}]}]})
+        _, [conv], warnings = _parse(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "x"}},
+                            {"type": "text", "text": "what?"},
+                        ],
+                    }
+                ]
+            }
+        )
         assert conv.messages[0].content == "what?"
         assert "image_url" in warnings["unrepresentable_field"]
 
 
 class TestShareGPT:
     def test_roles_and_top_level_system(self) -> None:
-        row = {"system": "S", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+        row = {
+            "system": "S",
+            "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+        }
         family, [conv], _ = _parse(row)
         assert family == "sharegpt"
-        assert [(m.role, m.content) for m in conv.messages] == [("system", "S"), ("user", "q"), ("assistant", "a")]
+        assert [(m.role, m.content) for m in conv.messages] == [
+            ("system", "S"),
+            ("user", "q"),
+            ("assistant", "a"),
+        ]
 
     def test_function_call_observation_and_tools_string(self) -> None:
-        row = {"conversations": [
-            {"from": "human", "value": "q"},
-            {"from": "function_call", "value": '{"name": "s", "arguments": {"k": [1]}}'},
-            {"from": "observation", "value": "{}"},
-            {"from": "gpt", "value": "a"},
-        ], "tools": '[{"name": "s"}]'}
+        row = {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "function_call", "value": '{"name": "s", "arguments": {"k": [1]}}'},
+                {"from": "observation", "value": "{}"},
+                {"from": "gpt", "value": "a"},
+            ],
+            "tools": '[{"name": "s"}]',
+        }
         _, [conv], _ = _parse(row)
         assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "assistant"]
         assert conv.messages[1].tool_calls[0].arguments == {"k": [1]}
@@ -128,8 +192,13 @@ class TestShareGPT:
         assert warnings == {}
 
     def test_function_call_after_gpt_attaches_to_it(self) -> None:
-        row = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "Let me check."},
-                                 {"from": "function_call", "value": '{"name": "s", "arguments": {}}'}]}
+        row = {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "gpt", "value": "Let me check."},
+                {"from": "function_call", "value": '{"name": "s", "arguments": {}}'},
+            ]
+        }
         _, [conv], _ = _parse(row)
         assert len(conv.messages) == 2
         assert conv.messages[1].content == "Let me check."
@@ -137,8 +206,12 @@ class TestShareGPT:
 
     def test_reasoning_content_on_turn_and_tool_call_xml_left_as_text(self) -> None:
         xml = '<tool_call>\n{"name": "dim", "arguments": {}}\n</tool_call>'
-        row = {"conversations": [{"from": "human", "value": "q"},
-                                 {"from": "gpt", "value": xml, "reasoning_content": "plan"}]}
+        row = {
+            "conversations": [
+                {"from": "human", "value": "q"},
+                {"from": "gpt", "value": xml, "reasoning_content": "plan"},
+            ]
+        }
         _, [conv], _ = _parse(row)
         assert conv.messages[1].content == xml
         assert conv.messages[1].reasoning == "plan"
@@ -163,13 +236,26 @@ class TestShareGPT:
 
 class TestAlpacaAndQueryResponse:
     def test_alpaca_joins_input_and_keeps_history(self) -> None:
-        row = {"instruction": "Do", "input": "this", "output": "done", "system": "S", "history": [["q0", "a0"]]}
+        row = {
+            "instruction": "Do",
+            "input": "this",
+            "output": "done",
+            "system": "S",
+            "history": [["q0", "a0"]],
+        }
         family, [conv], _ = _parse(row)
         assert family == "alpaca"
         assert [(m.role, m.content) for m in conv.messages] == [
-            ("system", "S"), ("user", "q0"), ("assistant", "a0"), ("user", "Do\nthis"), ("assistant", "done")]
+            ("system", "S"),
+            ("user", "q0"),
+            ("assistant", "a0"),
+            ("user", "Do\nthis"),
+            ("assistant", "done"),
+        ]
 
-    @pytest.mark.parametrize(("q", "a"), [("query", "response"), ("question", "answer"), ("prompt", "completion")])
+    @pytest.mark.parametrize(
+        ("q", "a"), [("query", "response"), ("question", "answer"), ("prompt", "completion")]
+    )
     def test_query_response_pairs(self, q: str, a: str) -> None:
         family, [conv], _ = _parse({q: "Q", a: "A"})
         assert family == "query_response"
@@ -177,7 +263,9 @@ class TestAlpacaAndQueryResponse:
 
 
 class TestPromptOnly:
-    @pytest.mark.parametrize("row", [{"prompt": "p"}, {"question": "p"}, {"instruction": "p"}, {"turns": ["p"]}])
+    @pytest.mark.parametrize(
+        "row", [{"prompt": "p"}, {"question": "p"}, {"instruction": "p"}, {"turns": ["p"]}]
+    )
     def test_prompt_shapes(self, row: dict[str, Any]) -> None:
         family, [conv], _ = _parse(row)
         assert family == "prompt"
@@ -191,11 +279,27 @@ class TestPromptOnly:
 
 
 class TestTree:
-    ROW = {"prompt": {"role": "prompter", "text": "Q", "replies": [
-        {"role": "assistant", "text": "A1", "rank": 1, "replies": [
-            {"role": "prompter", "text": "Q2", "replies": [{"role": "assistant", "text": "A3", "replies": []}]}]},
-        {"role": "assistant", "text": "A2", "rank": 0, "replies": []},
-    ]}}
+    ROW = {
+        "prompt": {
+            "role": "prompter",
+            "text": "Q",
+            "replies": [
+                {
+                    "role": "assistant",
+                    "text": "A1",
+                    "rank": 1,
+                    "replies": [
+                        {
+                            "role": "prompter",
+                            "text": "Q2",
+                            "replies": [{"role": "assistant", "text": "A3", "replies": []}],
+                        }
+                    ],
+                },
+                {"role": "assistant", "text": "A2", "rank": 0, "replies": []},
+            ],
+        }
+    }
 
     def test_one_conversation_per_leaf(self) -> None:
         family, convs, _ = _parse(self.ROW)
@@ -210,14 +314,20 @@ class TestTree:
 
 class TestTrajectory:
     def test_history_with_tool_call_ids_split_by_agent(self) -> None:
-        row = {"history": [
-            {"role": "user", "content": "fix", "agent": "main"},
-            {"role": "assistant", "content": "look", "agent": "main", "tool_calls": [
-                {"id": "t1", "function": {"name": "bash", "arguments": '{"c": "ls"}'}}]},
-            {"role": "tool", "content": "a.py", "agent": "main", "tool_call_ids": ["t1"]},
-            {"role": "user", "content": "review", "agent": "reviewer"},
-            {"role": "assistant", "content": "ok", "agent": "reviewer"},
-        ]}
+        row = {
+            "history": [
+                {"role": "user", "content": "fix", "agent": "main"},
+                {
+                    "role": "assistant",
+                    "content": "look",
+                    "agent": "main",
+                    "tool_calls": [{"id": "t1", "function": {"name": "bash", "arguments": '{"c": "ls"}'}}],
+                },
+                {"role": "tool", "content": "a.py", "agent": "main", "tool_call_ids": ["t1"]},
+                {"role": "user", "content": "review", "agent": "reviewer"},
+                {"role": "assistant", "content": "ok", "agent": "reviewer"},
+            ]
+        }
         family, convs, _ = _parse(row)
         assert family == "trajectory"
         assert len(convs) == 2
@@ -244,11 +354,14 @@ class TestUnknown:
         assert exc.value.code == "not_an_object"
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("<think>a</think>b", ("a", "b")),
-    ("  <think>\na\n</think>\n\nb", ("a", "b")),
-    ("<think>unclosed", (None, "<think>unclosed")),
-    ("b <think>a</think>", (None, "b <think>a</think>")),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>a</think>b", ("a", "b")),
+        ("  <think>\na\n</think>\n\nb", ("a", "b")),
+        ("<think>unclosed", (None, "<think>unclosed")),
+        ("b <think>a</think>", (None, "b <think>a</think>")),
+    ],
+)
 def test_split_think(text: str, expected: tuple[str | None, str]) -> None:
     assert split_think(text) == expected

@@ -27,16 +27,26 @@ EXPECTED: dict[str, tuple[int, int, dict[str, int], dict[str, int], dict[str, in
     # 999 alpaca records, 14 repeated (instruction+input, output) pairs.
     "LLaMA-Factory__alpaca_en_demo.json": (999, 999, {"alpaca": 999}, {}, {"duplicate_conversation": 14}),
     # 300 records, tools as JSON text (109 of them "[]"), 153 with function_call turns; 38 repeated.
-    "LLaMA-Factory__glaive_toolcall_en_demo.json": (300, 300, {"sharegpt": 300}, {},
-                                                    {"duplicate_conversation": 38}),
+    "LLaMA-Factory__glaive_toolcall_en_demo.json": (
+        300,
+        300,
+        {"sharegpt": 300},
+        {},
+        {"duplicate_conversation": 38},
+    ),
     "LLaMA-Factory__identity.json": (91, 91, {"alpaca": 91}, {}, {}),
     # 50 records of typed parts (text/reasoning/tool_call); 11 end on a tool call with no result: kept.
     "LLaMA-Factory__reason_tool_use_demo_50.jsonl": (50, 50, {"openai": 50}, {}, {}),
     # 10 records separated by blank lines, no final newline.
     "LLaMA-Factory__training_data.jsonl": (10, 10, {"openai": 10}, {}, {}),
     # 500 records, every message has `loss_weight` (no place in the model: reported); 1 repeated.
-    "LLaMA-Factory__v1_sft_demo.jsonl": (500, 500, {"openai": 500}, {},
-                                         {"unrepresentable_field": 500, "duplicate_conversation": 1}),
+    "LLaMA-Factory__v1_sft_demo.jsonl": (
+        500,
+        500,
+        {"openai": 500},
+        {},
+        {"unrepresentable_field": 500, "duplicate_conversation": 1},
+    ),
     # 1 record, OpenAI messages under `conversations`; call_222's arguments are cut JSON.
     "SpecForge__tool_use_conversation.jsonl": (1, 1, {"openai": 1}, {}, {"invalid_tool_arguments": 1}),
     "axolotl__alpaca.json": (2, 2, {"alpaca": 2}, {}, {}),
