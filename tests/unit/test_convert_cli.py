@@ -1,0 +1,210 @@
+"""`draftdeck convert` exit codes and files, and the `convert` job kind run through workers.runner."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+from typer.testing import CliRunner
+
+from draftdeck.cli import app
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "formats"
+
+
+@pytest.fixture
+def data(dd_home: Path) -> Path:
+    """The fixtures copied inside the data roots (dd_home/data)."""
+    target = dd_home / "data"
+    for f in FIXTURES.iterdir():
+        shutil.copy(f, target / f.name)
+    return target
+
+
+def _run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["convert", *args])
+    return result.exit_code, result.output
+
+
+class TestCli:
+    def test_success_writes_output_and_report(self, data: Path) -> None:
+        out, rep = data / "o.jsonl", data / "r.json"
+        code, text = _run(
+            str(data / "sharegpt.json"),
+            str(data / "alpaca.json"),
+            "--to",
+            "openai",
+            "--out",
+            str(out),
+            "--report",
+            str(rep),
+        )
+        assert code == 0, text
+        assert len(out.read_bytes().splitlines()) == 13
+        report = json.loads(rep.read_text())
+        assert {"rows_in", "rows_out", "rejected", "warnings", "formats", "outputs", "examples"} <= set(
+            report
+        )
+        assert report["formats"] == {"alpaca": 4, "openai": 1, "sharegpt": 8}
+        [output] = report["outputs"]
+        assert (output["path"], output["rows"]) == (str(out), 13)
+        assert len(output["sha256"]) == 64
+        assert "formats: sharegpt 8" in text
+
+    def test_unknown_keys_fail_with_exit_1_naming_keys(self, data: Path) -> None:
+        out, rep = data / "o.jsonl", data / "r.json"
+        code, text = _run(
+            str(data / "unknown_keys.jsonl"), "--to", "sharegpt", "--out", str(out), "--report", str(rep)
+        )
+        assert code == 1
+        assert "empty output" in text
+        assert "bar, baz, foo" in " ".join(text.split())
+        assert not out.exists()
+        assert json.loads(rep.read_text())["rejected"] == {"unknown_format": 2}
+
+    def test_strict_and_max_rejected(self, data: Path) -> None:
+        args = [str(data / "openai_mixed.jsonl"), "--to", "sharegpt", "--out", str(data / "o.jsonl")]
+        assert _run(*args)[0] == 0
+        code, text = _run(*args, "--strict")
+        assert code == 1
+        assert "--strict" in " ".join(text.split())
+        bad = [str(data / "bad_bytes.jsonl"), "--to", "sharegpt", "--out", str(data / "o.jsonl")]
+        assert _run(*bad)[0] == 0
+        assert _run(*bad, "--max-rejected", "0.5")[0] == 1
+
+    def test_policy_file(self, data: Path) -> None:
+        pol = data / "policy.json"
+        pol.write_text(json.dumps({"codes": {"invalid_tool_arguments": "reject"}}))
+        rep = data / "r.json"
+        code, _ = _run(
+            str(data / "openai_mixed.jsonl"),
+            "--to",
+            "openai",
+            "--out",
+            str(data / "o.jsonl"),
+            "--policy",
+            str(pol),
+            "--report",
+            str(rep),
+        )
+        assert code == 0
+        assert json.loads(rep.read_text())["rejected"] == {"invalid_tool_arguments": 1}
+        pol.write_text("{not json")
+        assert (
+            _run(
+                str(data / "openai_mixed.jsonl"),
+                "--to",
+                "openai",
+                "--out",
+                str(data / "o.jsonl"),
+                "--policy",
+                str(pol),
+            )[0]
+            == 2
+        )
+
+    def test_tree_paths_and_prompt_only(self, data: Path) -> None:
+        out = data / "o.jsonl"
+        assert _run(str(data / "tree.jsonl"), "--to", "openai", "--out", str(out))[0] == 0
+        assert len(out.read_bytes().splitlines()) == 2
+        assert (
+            _run(str(data / "tree.jsonl"), "--to", "openai", "--out", str(out), "--tree-paths", "best")[0]
+            == 0
+        )
+        [row] = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+        assert row["messages"][-1]["content"] == "Red, the color of fire."
+        assert _run(str(data / "prompts.jsonl"), "--to", "openai", "--out", str(out))[0] == 1
+        assert (
+            _run(str(data / "prompts.jsonl"), "--to", "openai", "--out", str(out), "--allow-prompt-only")[0]
+            == 0
+        )
+        assert len(out.read_bytes().splitlines()) == 4
+
+    def test_usage_errors_exit_2(self, data: Path, tmp_path: Path) -> None:
+        outside = tmp_path / "outside.jsonl"
+        outside.write_text('{"prompt": "x"}\n')
+        code, text = _run(str(outside), "--to", "openai", "--out", str(data / "o.jsonl"))
+        assert code == 2
+        assert "outside the data roots" in text
+        assert _run(str(data / "missing.jsonl"), "--to", "openai", "--out", str(data / "o.jsonl"))[0] == 2
+        assert _run(str(data / "alpaca.json"), "--to", "csv", "--out", str(data / "o.jsonl"))[0] == 2
+        assert _run(str(data / "alpaca.json"), "--out", str(data / "o.jsonl"))[0] == 2
+        assert (
+            _run(
+                str(data / "alpaca.json"), "--to", "openai", "--out", str(data / "o"), "--tree-paths", "some"
+            )[0]
+            == 2
+        )
+
+
+class TestJobKind:
+    def _job(self, params: dict) -> int:
+        from app import jobs, submit
+        from app.db import session_scope
+        from app.settings import get_settings
+
+        with session_scope() as session:
+            kind, confined, queue = submit.validate("convert", params, get_settings())
+            return jobs.create_job(session, kind, confined, queue).id or 0
+
+    def _get(self, job_id: int):  # type: ignore[no-untyped-def]
+        from sqlmodel import select
+
+        from app import jobs
+        from app.db import session_scope
+        from app.models import JobEvent, JobOutput
+
+        with session_scope() as session:
+            job = jobs.get_job(session, job_id)
+            events = list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id)))
+            outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job_id)))
+        return job, events, outputs
+
+    def test_convert_job_succeeds_into_job_folder(self, migrated: Path) -> None:
+        from workers.runner import run_job
+
+        data = migrated / "data"
+        shutil.copy(FIXTURES / "openai_mixed.jsonl", data / "a.jsonl")
+        shutil.copy(FIXTURES / "tree.jsonl", data / "t.jsonl")
+        job_id = self._job({"paths": [str(data / "a.jsonl"), "data/t.jsonl"], "to": "parquet"})
+        assert run_job(job_id) == "succeeded"
+        job, events, outputs = self._get(job_id)
+        assert job.result["rows_in"] == 10 and job.result["rows_out"] == 11
+        assert job.result["formats"] == {"openai": 9, "tree": 1}
+        [output] = outputs
+        assert output.path.endswith(f"jobs/{job_id}/converted-parquet.parquet")
+        assert output.rows == 11 and Path(output.path).exists()
+        sev = {e.code: e.level for e in events if e.code}
+        assert sev == {"invalid_tool_arguments": "warning", "unrepresentable_field": "warning"}
+
+    def test_strict_job_fails_with_severity_error(self, migrated: Path) -> None:
+        from workers.runner import run_job
+
+        shutil.copy(FIXTURES / "openai_mixed.jsonl", migrated / "data" / "a.jsonl")
+        out = migrated / "data" / "out" / "x.jsonl"
+        job_id = self._job({"paths": "data/a.jsonl", "to": "sharegpt", "strict": True, "out": str(out)})
+        assert run_job(job_id) == "failed"
+        job, events, _ = self._get(job_id)
+        assert "--strict" in job.error
+        assert {e.code: e.level for e in events if e.code}["invalid_tool_arguments"] == "error"
+        assert not out.exists()
+
+    def test_empty_output_job_fails(self, migrated: Path) -> None:
+        from workers.runner import run_job
+
+        shutil.copy(FIXTURES / "unknown_keys.jsonl", migrated / "data" / "u.jsonl")
+        job_id = self._job({"paths": ["data/u.jsonl"]})
+        assert run_job(job_id) == "failed"
+        job, _, _ = self._get(job_id)
+        assert "empty output" in job.error and "bar, baz, foo" in job.error
+
+    def test_paths_outside_roots_refused(self, migrated: Path, tmp_path: Path) -> None:
+        from draftdeck.errors import UsageError
+
+        with pytest.raises(UsageError, match="outside the data roots"):
+            self._job({"paths": [str(tmp_path / "x.jsonl")]})
+        with pytest.raises(UsageError, match="outside the data roots"):
+            self._job({"paths": ["data"], "out": str(tmp_path / "o.jsonl")})
