@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
@@ -14,7 +16,7 @@ from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write,
 from app.db import REPO_ROOT
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
-from app.settings import Settings
+from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
 from workers.kinds import KINDS
 
@@ -36,8 +38,47 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def _short_path(value: object) -> str:
+    """`value` relative to the data root that holds it (pages keep the full path in a title)."""
+    text = str(value)
+    path = Path(text)
+    if path.is_absolute():
+        for root in sorted(get_settings().roots, key=lambda r: len(r.parts), reverse=True):
+            if path.is_relative_to(root) and path != root:
+                return str(path.relative_to(root))
+    return text
+
+
+def _job_inputs(job: Job) -> list[str]:
+    """The input paths of a job, in order: what identifies it in a list."""
+    kind = KINDS.get(job.kind)
+    names = kind.params.input_paths if kind else ()
+    found: list[str] = []
+    for name in names:
+        value = job.params.get(name)
+        found.extend(str(v) for v in (value if isinstance(value, list) else [value]) if v is not None)
+    return found
+
+
+def _duration(job: Job) -> str | None:
+    if job.started_at is None or job.finished_at is None:
+        return None
+    seconds = (job.finished_at - job.started_at).total_seconds()
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(seconds), 60)
+    return f"{minutes} min {sec} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
 templates.env.filters["bytes"] = _fmt_bytes
-templates.env.filters["thousands"] = lambda n: f"{n:,}" if isinstance(n, int) else n
+templates.env.filters["thousands"] = lambda n: (
+    f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else n
+)
+templates.env.filters["short_path"] = _short_path
+templates.env.globals["job_inputs"] = _job_inputs
+templates.env.globals["duration"] = _duration
 
 
 def _open_alerts(session: Session) -> int:
@@ -80,18 +121,66 @@ def _recent_jobs(session: Session) -> list[Job]:
 
 
 def _form_fields(kind_name: str) -> list[dict[str, Any]]:
-    schema = KINDS[kind_name].params.model_json_schema()
+    """One form field per parameter, from the kind's JSON schema: text, number, checkbox, a select
+    for enums and a textarea (one value a line) for lists. Optional (`X | None`) fields are X fields
+    that may stay empty."""
+    kind = KINDS[kind_name]
+    schema = kind.params.model_json_schema()
     required = set(schema.get("required", []))
-    return [
-        {
-            "name": name,
-            "type": spec.get("type", "string"),
-            "description": spec.get("description", ""),
-            "default": spec.get("default"),
-            "required": name in required,
-        }
-        for name, spec in schema.get("properties", {}).items()
-    ]
+    fields = []
+    for name, spec in schema.get("properties", {}).items():
+        options = [o for o in spec.get("anyOf", [spec]) if o.get("type") != "null"]
+        base = options[0] if len(options) == 1 else {"type": "string"}
+        ftype = base.get("type", "string")
+        widget = {"boolean": "checkbox", "array": "textarea", "integer": "number", "number": "number"}.get(
+            ftype, "text"
+        )
+        if "enum" in base:
+            widget = "select"
+        elif ftype == "object":
+            widget = "json"
+        fields.append(
+            {
+                "name": name,
+                "widget": widget,
+                "type": ftype,
+                "options": base.get("enum", []),
+                "min": base.get("minimum"),
+                "max": base.get("maximum"),
+                "description": spec.get("description", ""),
+                "default": spec.get("default"),
+                "required": name in required,
+                "path": name in kind.params.input_paths,
+            }
+        )
+    return fields
+
+
+class FormError(UsageError):
+    """A form value that cannot even be read (its field and what was typed come back to the user)."""
+
+    def __init__(self, message: str, raw: dict[str, str]):
+        super().__init__(message)
+        self.raw = raw
+
+
+def _form_params(kind_name: str, form: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """(parameters for the kind, the raw text to show again on an error) from a submitted form."""
+    widgets = {f["name"]: f["widget"] for f in _form_fields(kind_name)}
+    raw = {k: str(v) for k, v in form.items() if k not in ("kind", "csrf") and str(v).strip() != ""}
+    params: dict[str, Any] = {}
+    for name, text in raw.items():
+        widget = widgets.get(name)
+        if widget == "textarea":
+            params[name] = [line.strip() for line in text.splitlines() if line.strip()]
+        elif widget == "json":
+            try:
+                params[name] = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise FormError(f"{name}: not valid JSON ({exc.msg} at character {exc.pos})", raw) from None
+        else:
+            params[name] = text.strip()
+    return params, raw
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
@@ -132,9 +221,12 @@ async def create_job_form(
     request: Request, session: SessionDep, settings: SettingsDep, kind: Annotated[str, Form()]
 ) -> Response:
     form = await request.form()
-    raw = {k: str(v) for k, v in form.items() if k not in ("kind", "csrf") and str(v).strip() != ""}
+    raw: dict[str, str] = {}
     try:
-        job = submit.submit(session, kind, raw, settings)
+        params, raw = _form_params(kind, form) if kind in KINDS else ({}, {})
+        job = submit.submit(session, kind, params, settings)
+    except FormError as exc:
+        return _new_job_form(request, session, settings, kind, error=str(exc), values=exc.raw)
     except UsageError as exc:
         return _new_job_form(
             request, session, settings, kind if kind in KINDS else "scan", error=str(exc), values=raw
