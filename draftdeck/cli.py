@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
@@ -36,7 +37,7 @@ err = Console(stderr=True)
 
 
 def _usage_exit(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(2)
 
 
@@ -279,7 +280,9 @@ def jobs_retry(job_id: int) -> None:
 # -- in-process jobs ----------------------------------------------------------------------------
 def print_report(report: Report, title: str) -> None:
     """The summary table every in-process command prints at the end."""
-    table = Table(title=title, show_edge=False, header_style="bold", title_justify="left")
+    # The title (often a long path) is its own line: as a Table title rich wraps it to the table's width.
+    out.print(f"[bold]{escape(title)}[/]", highlight=False, overflow="fold")
+    table = Table(show_edge=False, header_style="bold")
     table.add_column("", style="dim")
     table.add_column("rows", justify="right")
     table.add_row("in", f"{report.rows_in:,}")
@@ -294,7 +297,7 @@ def print_report(report: Report, title: str) -> None:
     for name, examples in sorted(report.examples.items()):
         for ex in examples[:3]:
             where = f"{ex.file}:{ex.line}" if ex.line is not None else ex.file
-            out.print(f"  [yellow]{name}[/] {where}: {ex.reason}", highlight=False)
+            out.print(f"  [yellow]{name}[/] {escape(str(where))}: {escape(ex.reason)}", highlight=False)
 
 
 @app.command()
@@ -307,8 +310,8 @@ def scan(file: Path, report: Annotated[Path | None, typer.Option("--report", hel
 
     path = _confine(file)
     with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True) as bar:
-        task = bar.add_task(f"scan {file.name}", total=None)
+                  TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task(f"scan {escape(file.name)}", total=None)
 
         def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
             bar.update(task, completed=done, total=total)
@@ -321,12 +324,13 @@ def scan(file: Path, report: Annotated[Path | None, typer.Option("--report", hel
                 print_report(exc.report, f"scan {file}")
                 if report:
                     exc.report.write_json(report)
-            err.print(f"[bold red]failed:[/] {exc}", highlight=False)
+            err.print(f"[bold red]failed:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
         except InputError as exc:
             raise _usage_exit(str(exc)) from None
     print_report(result, f"scan {file}")
-    keys = Table(title="key sets", show_edge=False, header_style="bold", title_justify="left")
+    out.print("[bold]key sets[/]", highlight=False)
+    keys = Table(show_edge=False, header_style="bold")
     keys.add_column("top-level keys")
     keys.add_column("rows", justify="right")
     for ks in result.extra["keysets"]:
@@ -352,7 +356,7 @@ def main() -> None:
     try:
         app()
     except DraftDeckError as exc:  # a core error no command caught: still a clear message, never a traceback
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
         sys.exit(2 if isinstance(exc, UsageError) else 1)
 
 
