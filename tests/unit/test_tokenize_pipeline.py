@@ -1,0 +1,283 @@
+# ruff: noqa: F811 - pytest fixtures imported from tokenize_helpers
+"""The tokenize job end to end: files in, shards + report out; CLI commands; the job kind."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from draftdeck.errors import JobFailed, UsageError
+from draftdeck.shards.store import ShardDataset
+from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_conversations, tokenize_files
+from tests.conftest import real_file
+from tests.unit.tokenize_helpers import (  # noqa: F401
+    FIXTURES,
+    a,
+    conv,
+    qwen_dir,
+    qwen_tok,
+    small_dir,
+    small_tok,
+    trained_runs,
+    u,
+)
+
+CHAT = FIXTURES / "chat.jsonl"
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    ds = ShardDataset(path)
+    return [ds.row(i) for i in range(len(ds))]
+
+
+def _id_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    prev = 0
+    for i, m in zip(ids, mask, strict=True):
+        if m and not prev:
+            runs.append([])
+        if m:
+            runs[-1].append(i)
+        prev = m
+    return runs
+
+
+def _check_qwen_rows(tok: Any, rows: list[dict[str, Any]]) -> None:
+    """Independent of our offsets: every trained run is one assistant output that ends with the
+    end-of-turn token (and holds it once), holds no role header, and counts match the mask."""
+    im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    for r in rows:
+        runs = _id_runs(r["input_ids"], r["loss_mask"])
+        assert runs, r
+        assert r["n_trained"] == sum(r["loss_mask"]) > 0
+        assert r["seq_len"] == len(r["input_ids"]) == len(r["loss_mask"])
+        for run in runs:
+            assert im_start not in run
+            if not r["truncated"]:
+                assert run[-1] == im_end and run.count(im_end) == 1, tok.decode(run)
+        if r["turn"] >= 0:
+            assert len(runs) == 1
+
+
+def test_fixture_file_to_shards(tmp_path: Path, qwen_dir: Path, qwen_tok: Any) -> None:
+    out = tmp_path / "ds"
+    report = tokenize_files([CHAT], out, TokenizeOptions(qwen_dir, workers=1, verify_all=True, shard_rows=3))
+    report.check_accounting()
+    assert report.rows_in == 8
+    assert report.rejected == {"no_user_turn": 1}  # conversion rejects the row with no user message
+    assert report.rows_expanded == 1  # the two-turn reasoning conversation is split
+    assert report.rows_out == 8
+    assert report.extra["encoder"]["used"] == "tiktoken" and report.extra["encoder"]["verified_rows"] == 8
+    assert report.formats["openai"] == 8
+    rows = _rows(out)
+    assert len(rows) == 8 and [len(o.path) > 0 for o in report.outputs] == [True] * 3
+    assert [o.rows for o in report.outputs] == [3, 3, 2]
+    _check_qwen_rows(qwen_tok, rows)
+    assert {r["source"] for r in rows} == {str(CHAT)}
+    assert [r["turn"] for r in rows if r["source_row"] == 2] == [0, 1]
+    cjk = next(r for r in rows if r["source_row"] == 4)
+    assert trained_runs(qwen_tok, cjk["input_ids"], cjk["loss_mask"]) == [
+        "</think>\n\n你好！我是一个乐于助人的助手。🎉👍🏽<|im_end|>"  # noqa: RUF001
+    ]
+    look = next(r for r in rows if r["source_row"] == 5)
+    assert look["input_ids"].count(qwen_tok.convert_tokens_to_ids("<|im_end|>")) == 2
+
+
+def test_real_files_masks_check_out(tmp_path: Path, qwen_dir: Path, qwen_tok: Any) -> None:
+    names = ["speculators__ultrachat_messages.jsonl", "SpecForge__tool_use_conversation.jsonl",
+             "speculators__dolphin_reasoning.jsonl", "speculators__hermes_toolcall.jsonl",
+             "speculators__sharegpt_multiturn.jsonl", "LLaMA-Factory__reason_tool_use_demo_50.jsonl",
+             "torchtune__chat_tiny.json", "axolotl__conversation.json"]  # fmt: skip
+    paths = [real_file(n) for n in names]
+    report = tokenize_files(paths, tmp_path / "ds", TokenizeOptions(qwen_dir, workers=1, verify_all=True))
+    report.check_accounting()
+    assert "mask_mismatch" not in report.rejected
+    assert report.warnings.get("encoder_mismatch", 0) == 0
+    assert report.rows_out > 100
+    rows = _rows(tmp_path / "ds")
+    assert len(rows) == report.rows_out
+    _check_qwen_rows(qwen_tok, rows)
+    reasoning = [r for r in rows if "dolphin" in r["source"]]
+    assert reasoning and all(
+        len(trained_runs(qwen_tok, r["input_ids"], r["loss_mask"])[0].split("</think>")[0].strip()) > 0
+        for r in reasoning
+    )  # the reasoning trace is trained, not an empty think block
+
+
+def test_truncation_right_and_drop(tmp_path: Path, small_dir: Path) -> None:
+    long = conv(u("write"), a(" ".join(["word"] * 300)), line=1)
+    short = conv(u("hi"), a("hello"), line=2)
+    cut = conv(u(" ".join(["context"] * 200)), a("late answer"), line=3)  # the answer is past the limit
+    r = tokenize_conversations(
+        [long, short, cut], tmp_path / "right", TokenizeOptions(small_dir, seq_length=64)
+    )
+    assert r.warnings["truncated"] == 1 and r.rejected["no_trained_tokens"] == 1 and r.rows_out == 2
+    rows = _rows(tmp_path / "right")
+    assert rows[0]["seq_len"] == 64 and rows[0]["truncated"] and rows[0]["n_trained"] > 0
+    assert not rows[1]["truncated"]
+    d = tokenize_conversations(
+        [long, short, cut], tmp_path / "drop", TokenizeOptions(small_dir, seq_length=64, truncation="drop")
+    )
+    assert d.rejected == {"too_long": 2} and d.rows_out == 1
+    d.check_accounting()
+
+
+def test_prompt_only_rows_fail_by_default_pointing_to_regeneration(tmp_path: Path, qwen_dir: Path) -> None:
+    with pytest.raises(JobFailed, match="generate the responses with the target model") as exc:
+        tokenize_files(
+            [FIXTURES / "prompt_only.jsonl"], tmp_path / "ds", TokenizeOptions(qwen_dir, workers=1)
+        )
+    assert exc.value.report.rejected["no_assistant_turn"] == 1  # type: ignore[union-attr]
+    assert not (tmp_path / "ds" / "manifest.json").exists() and not list((tmp_path / "ds").glob("*.arrow"))
+    report = tokenize_files(
+        [FIXTURES / "prompt_only.jsonl"],
+        tmp_path / "ds2",
+        TokenizeOptions(qwen_dir, workers=1, on_missing="drop"),
+    )
+    assert report.rejected == {"no_assistant_turn": 1} and report.rows_out == 1
+
+
+def test_strict_turns_warnings_into_failure(tmp_path: Path, small_dir: Path) -> None:
+    convs = [conv(u("hi"), a(" ".join(["w"] * 100)))]
+    with pytest.raises(JobFailed, match="truncated"):
+        tokenize_conversations(convs, tmp_path / "ds", TokenizeOptions(small_dir, seq_length=16, strict=True))
+
+
+def test_empty_output_fails(tmp_path: Path, qwen_dir: Path) -> None:
+    with pytest.raises(JobFailed, match="no rows were written"):
+        tokenize_conversations([conv(Message_system(), a("x"))], tmp_path / "ds", TokenizeOptions(qwen_dir))
+
+
+def Message_system() -> Any:
+    from draftdeck.formats.model import Message
+
+    return Message("system", "s")
+
+
+def test_non_empty_output_folder_is_refused(tmp_path: Path, small_dir: Path) -> None:
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "x").write_text("x")
+    with pytest.raises(UsageError, match="not empty"):
+        tokenize_conversations([conv(u("a"), a("b"))], tmp_path / "ds", TokenizeOptions(small_dir))
+
+
+def test_two_workers_give_the_same_rows_as_one(tmp_path: Path, qwen_dir: Path) -> None:
+    convs = [conv(u(f"question {i} " * (i % 7)), a(f"answer {i} " * (i % 5 + 1), f"why {i}"), line=i)
+             for i in range(600)]  # fmt: skip
+    one = tokenize_conversations(convs, tmp_path / "one", TokenizeOptions(qwen_dir, workers=1, chunk_size=50))
+    two = tokenize_conversations(convs, tmp_path / "two", TokenizeOptions(qwen_dir, workers=2, chunk_size=50))
+    assert one.rows_out == two.rows_out == 600
+    a_rows, b_rows = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    assert a_rows == b_rows
+    s1 = json.loads((tmp_path / "one" / "stats.json").read_text())
+    s2 = json.loads((tmp_path / "two" / "stats.json").read_text())
+    assert s1 == s2
+
+
+# -- CLI ------------------------------------------------------------------------------------------
+@pytest.fixture
+def cli_env(dd_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    from app.settings import get_settings
+
+    monkeypatch.setenv("DRAFTDECK_DATA_ROOTS", f"{dd_home}:{FIXTURES}")
+    get_settings.cache_clear()
+    return dd_home
+
+
+def test_cli_tokenize_inspect_vocab_export(
+    cli_env: Path, tmp_path: Path, qwen_dir: Path, qwen_tok: Any
+) -> None:
+    from draftdeck.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    rep = tmp_path / "report.json"
+    res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", str(qwen_dir), "--out", str(out),
+                              "--report", str(rep), "--shard-rows", "4", "--workers", "1", "-k",
+                              "enable_thinking=true"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "rejected: no_user_turn" in res.output and "encoder: tiktoken" in res.output
+    report = json.loads(rep.read_text())
+    assert report["rows_out"] == 8 and len(report["outputs"]) == 2
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["parameters"]["template_kwargs"] == {"enable_thinking": True}
+
+    ds = ShardDataset(out)
+    first = next(i for i in range(len(ds)) if ds.row(i)["source_row"] == 1)  # conversion may reorder rows
+    res = runner.invoke(app, ["inspect", str(out), "--row", str(first)])
+    assert res.exit_code == 0, res.output
+    assert "[<|im_start|>]" in res.output and "↵" in res.output and "2·+·2·=·4." in res.output
+
+    res = runner.invoke(app, ["inspect", str(out), "--row", "99"])
+    assert res.exit_code == 2 and "out of range" in res.output
+
+    vocab = tmp_path / "vocab.npz"
+    res = runner.invoke(app, ["vocab", str(out), "--top", "32", "--out", str(vocab)])
+    assert res.exit_code == 0, res.output
+    v = np.load(vocab)
+    assert v["d2t"].shape == (32,) and v["t2d"].shape == (len(qwen_tok),) and int(v["t2d"].sum()) == 32
+    assert np.array_equal(np.arange(32) + v["d2t"], np.flatnonzero(v["t2d"]))
+    im_end = qwen_tok.convert_tokens_to_ids("<|im_end|>")
+    assert v["t2d"][im_end]  # trained once per assistant turn: among the most frequent
+
+    jl = tmp_path / "rows.jsonl"
+    res = runner.invoke(app, ["export", str(out), "--format", "speculators-jsonl", "--out", str(jl)])
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in jl.read_text().splitlines()]
+    assert len(lines) == len(ds) and lines[3] == {k: ds.row(3)[k] for k in ("input_ids", "loss_mask")}
+
+
+def test_cli_tokenize_failure_exit_codes(cli_env: Path, tmp_path: Path, qwen_dir: Path) -> None:
+    from draftdeck.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["tokenize", str(FIXTURES / "prompt_only.jsonl"), "--tokenizer", str(qwen_dir),
+                              "--out", str(tmp_path / "ds"), "--workers", "1"])  # fmt: skip
+    assert res.exit_code == 1 and "regeneration" in res.output.replace("\n", " ")
+    res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", str(tmp_path / "nope"), "--out",
+                              str(tmp_path / "ds3")])  # fmt: skip
+    assert res.exit_code == 2 and "does not exist" in " ".join(res.output.split())
+    res = runner.invoke(
+        app, ["tokenize", "/etc/hostname", "--tokenizer", str(qwen_dir), "--out", str(tmp_path / "x")]
+    )
+    assert res.exit_code == 2
+
+
+# -- job kind -------------------------------------------------------------------------------------
+def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   small_dir: Path) -> None:  # fmt: skip
+    from sqlmodel import select
+
+    from app import jobs
+    from app.db import session_scope
+    from app.models import JobOutput
+    from app.settings import get_settings
+    from workers.kinds import get_kind
+    from workers.runner import run_job
+
+    data = migrated / "data"
+    (data / "chat.jsonl").write_bytes(CHAT.read_bytes())
+    tok = data / "tok"
+    tok.mkdir()
+    for f in small_dir.iterdir():
+        (tok / f.name).write_bytes(f.read_bytes())
+    kind = get_kind("tokenize")
+    assert kind.queue == "cpu"
+    raw = {"inputs": str(data / "chat.jsonl"), "tokenizer": str(tok), "shard_rows": 5, "workers": 1}
+    params = kind.params.model_validate(raw).confined(get_settings().roots)
+    with session_scope() as session:
+        job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)
+    assert run_job(job.id or 0) == "succeeded"
+    with session_scope() as session:
+        done = jobs.get_job(session, job.id or 0)
+        outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job.id)))
+    assert done is not None and done.result is not None
+    assert done.result["rows_in"] == 8 and done.result["rows_out"] == 7  # prefix-stable ChatML: no split
+    assert len(outputs) == 2 and sum(o.rows for o in outputs) == 7
+    ds = ShardDataset(Path(outputs[0].path).parent)
+    assert len(ds) == 7 and ds.manifest["parameters"]["shard_rows"] == 5
