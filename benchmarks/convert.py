@@ -10,14 +10,15 @@ of non-ASCII text, a few dummy "OK." answers), then times, each in its own subpr
   It only knows `messages` rows and skips the others (the seed crashed on them).
 - `draftdeck`: `draftdeck.convert.convert(..., to="sharegpt")`: every row detected, checked, counted,
   written atomically with its sha256.
+- `orjson floor` (reference): orjson parse + serialize of every row, sha256 and write, and nothing else:
+  the ceiling for any single-process Python converter of the same data.
 
-MB/s and rows/s are over the input size and the input rows; peak RSS is the child's ru_maxrss.
+MB/s and rows/s are over the input size and the input rows; peak RSS is the child's VmHWM.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
@@ -29,7 +30,16 @@ import orjson
 ROOT = Path(__file__).resolve().parent
 WORK = ROOT / ".work"
 
-PLAIN = r"""
+# Peak RSS of the child's own address space (VmHWM): unlike ru_maxrss it does not inherit the
+# resident pages of the parent that forked it.
+FOOTER = r"""
+import sys
+with open("/proc/self/status") as _f:
+    print([l.split()[1] for l in _f if l.startswith("VmHWM")][0], file=sys.stderr)
+"""
+
+PLAIN = (
+    r"""
 import json, sys
 role_map = {"user": "human", "assistant": "gpt", "system": "system"}
 with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
@@ -44,14 +54,37 @@ with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
             conversations.append({"from": role_map.get(msg["role"], msg["role"]), "value": msg["content"]})
         out.write(json.dumps({"conversations": conversations}) + "\n")
 """
+    + FOOTER
+)
 
-DRAFTDECK = r"""
+# Reference, not a converter: orjson parse + serialize of every row, sha256 and write, no logic at all.
+# It bounds what any single-process Python converter of this data can reach.
+FLOOR = (
+    r"""
+import sys, orjson, hashlib
+h = hashlib.sha256()
+with open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as out:
+    buf = []
+    for line in f:
+        if line.strip():
+            buf.append(orjson.dumps(orjson.loads(line), option=orjson.OPT_APPEND_NEWLINE))
+        if len(buf) >= 1000:
+            data = b"".join(buf); h.update(data); out.write(data); buf.clear()
+    data = b"".join(buf); h.update(data); out.write(data)
+"""
+    + FOOTER
+)
+
+DRAFTDECK = (
+    r"""
 import sys
 from pathlib import Path
 from draftdeck.convert import convert
 report = convert([Path(sys.argv[1])], Path(sys.argv[2]), "sharegpt")
 print(report.rows_in, report.rows_out, sum(report.rejected.values()), file=sys.stderr)
 """
+    + FOOTER
+)
 
 WORDS = (  # noqa: SIM905 - a word list reads better as text
     "the of and to in is that for it as with was on be by this are from at or an have not but can which "
@@ -180,15 +213,13 @@ def generate(path: Path, megabytes: int, seed: int = 7) -> int:
 def run(code: str, src: Path, dst: Path) -> tuple[float, int, str]:
     """(seconds, peak RSS in MB, stderr) of one child process."""
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(dst)], stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc = subprocess.run([sys.executable, "-c", code, str(src), str(dst)], capture_output=True, check=False)
     elapsed = time.perf_counter() - start
+    err = proc.stderr.decode()
     if proc.returncode != 0:
         raise SystemExit(f"child failed ({proc.returncode}):\n{err}")
-    return elapsed, usage.ru_maxrss // 1024, err.strip()
+    *rest, hwm_kb = err.strip().splitlines()
+    return elapsed, int(hwm_kb) // 1024, "\n".join(rest)
 
 
 def main() -> None:
@@ -211,7 +242,11 @@ def main() -> None:
             rows = sum(1 for line in f if line.strip())
         best: dict[str, tuple[float, int, str]] = {}
         for _ in range(args.repeat):
-            for name, code in (("plain json script", PLAIN), ("draftdeck convert", DRAFTDECK)):
+            for name, code in (
+                ("plain json script", PLAIN),
+                ("orjson floor", FLOOR),
+                ("draftdeck convert", DRAFTDECK),
+            ):
                 out = WORK / f"out-{name.split()[0]}-{mb}.jsonl"
                 r = run(code, src, out)
                 if name not in best or r[0] < best[name][0]:

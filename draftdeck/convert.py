@@ -237,23 +237,18 @@ class _Reader:
             self.report.warn(code, file, line, f"{where}{reason}")
         return True
 
-    def release(self, conv: Conversation) -> Iterator[Conversation]:
-        """Last checks before a kept conversation leaves: duplicates."""
+    def release(self, conv: Conversation) -> bool:
+        """Last check before a kept conversation leaves (duplicates); True when it leaves."""
         if self.options.check_duplicates:
             key = duplicate_key(conv)
             if key in self.seen:
-                if not self.verdict(conv, [("duplicate_conversation", "the same messages appeared earlier")]):
-                    return
-            else:
-                self.seen.add(key)
-        yield conv
+                return self.verdict(conv, [("duplicate_conversation", "the same messages appeared earlier")])
+            self.seen.add(key)
+        return True
 
-    def placeholder(self, conv: Conversation) -> Iterator[Conversation]:
+    def placeholder(self, conv: Conversation, key: tuple[str, ...]) -> Iterator[Conversation]:
+        """A candidate placeholder (all answers short): hold it, or flag its key and judge the held rows."""
         opts = self.options
-        key = placeholder_key(conv, opts.placeholder_max_chars)
-        if key is None:
-            yield from self.release(conv)
-            return
         n = self.counts[key] = self.counts.get(key, 0) + 1
         if key in self.flagged or n >= opts.placeholder_min_rows:
             if key not in self.flagged:
@@ -263,28 +258,29 @@ class _Reader:
                 if held:
                     self.pending = deque((k, c) for k, c in self.pending if k != key)
                 for c in held:
-                    yield from self._placeholder_verdict(c, key, n)
-            yield from self._placeholder_verdict(conv, key, n)
+                    if self._placeholder_verdict(c, key, n):
+                        yield c
+            if self._placeholder_verdict(conv, key, n):
+                yield conv
             return
         self.pending.append((key, conv))
         if len(self.pending) > opts.placeholder_buffer:
             k, c = self.pending.popleft()
             self.released_keys[k] = self.released_keys.get(k, 0) + 1
-            yield from self.release(c)
+            if self.release(c):
+                yield c
 
-    def _placeholder_verdict(
-        self, conv: Conversation, key: tuple[str, ...], n: int
-    ) -> Iterator[Conversation]:
+    def _placeholder_verdict(self, conv: Conversation, key: tuple[str, ...], n: int) -> bool:
         shown = " / ".join(repr(k) for k in key[:3])
         limit = self.options.placeholder_min_rows
         reason = f"assistant answer {shown} is on {n}+ rows (placeholder threshold {limit})"
-        if self.verdict(conv, [("placeholder_response", reason)]):
-            yield from self.release(conv)
+        return self.verdict(conv, [("placeholder_response", reason)]) and self.release(conv)
 
     def drain(self) -> Iterator[Conversation]:
         while self.pending:
             _, c = self.pending.popleft()
-            yield from self.release(c)
+            if self.release(c):
+                yield c
 
 
 def read_conversations(
@@ -320,6 +316,8 @@ def read_conversations(
     total = sum(f.stat().st_size for f in files) or None
     done_before = 0
     parse_row = parse
+    release = state.release
+    max_chars = opts.placeholder_max_chars
     reject = report.reject
     formats = report.formats
     try:
@@ -368,7 +366,12 @@ def read_conversations(
                             issues.extend(row_warnings)
                         if issues and not state.verdict(conv, issues):
                             continue
-                        yield from state.placeholder(conv)
+                        pkey = placeholder_key(conv, max_chars)
+                        if pkey is None:
+                            if release(conv):
+                                yield conv
+                        else:
+                            yield from state.placeholder(conv, pkey)
                 done_before += reader.size or 0
                 progress(done_before, total, "bytes")
         yield from state.drain()
