@@ -5,6 +5,10 @@ When the messages carry an ``agent`` field with several values (a main agent and
 each agent's messages form their own conversation: one input row, several output rows (counted
 under rows_expanded). A ``trajectory`` of steps without roles (``{response|action, observation}``)
 becomes assistant turns answered by user turns holding the observations.
+
+Per-message bookkeeping fields (``agent``, ``message_type``, ``thought``, ``action``, ``is_demo``,
+``cache_control``) are not kept: ``thought`` and ``action`` repeat what ``content`` and ``tool_calls``
+already hold, the others describe the agent run rather than the conversation.
 """
 
 from __future__ import annotations

@@ -158,6 +158,13 @@ def parquet_schema() -> pa.Schema:
     )
 
 
+def _json_text(value: Any) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:  # integers beyond 64 bits
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def to_parquet_row(conv: Conversation) -> dict[str, Any]:
     return {
         "messages": [
@@ -173,8 +180,8 @@ def to_parquet_row(conv: Conversation) -> dict[str, Any]:
             }
             for m in conv.messages
         ],
-        "tools": orjson.dumps(conv.tools).decode() if conv.tools else None,
-        "meta": orjson.dumps(conv.meta).decode() if conv.meta else None,
+        "tools": _json_text(conv.tools) if conv.tools else None,
+        "meta": _json_text(conv.meta) if conv.meta else None,
         "source_format": conv.source_format,
     }
 

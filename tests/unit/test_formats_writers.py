@@ -146,6 +146,12 @@ def test_integers_beyond_64_bits_are_written(tmp_path: Path) -> None:
     with Writer(tmp_path / "o.jsonl", "sharegpt") as w:
         w.write(conv)
     assert b'"id":123456789012345678901234567890' in (tmp_path / "o.jsonl").read_bytes()
+    with Writer(tmp_path / "o.parquet", "parquet") as w:
+        w.write(conv)
+    assert (
+        pq.read_table(tmp_path / "o.parquet").column("meta")[0].as_py()
+        == '{"id":123456789012345678901234567890}'
+    )
 
 
 def test_writer_is_atomic(tmp_path: Path) -> None:
