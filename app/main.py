@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import api, datasets, pages
 from app.auth import CSRF_COOKIE
@@ -55,6 +56,7 @@ def create_app() -> FastAPI:
     app.mount("/static", StaticFiles(directory=str(REPO_ROOT / "static")), name="static")
     app.include_router(api.router)
     app.include_router(pages.router)
+    app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)
 
     @app.get("/healthz", include_in_schema=False)

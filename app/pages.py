@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from sqlmodel import Session, col, func, select
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import jobs, submit
 from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write, token_required
@@ -98,6 +100,33 @@ def render(
         context["open_alerts"] = _open_alerts(session)
     return templates.TemplateResponse(
         request, name, {"csrf": csrf_token(request), **context}, status_code=status_code
+    )
+
+
+ERROR_TITLES = {
+    400: "Bad request",
+    401: "Sign in needed",
+    403: "Not allowed",
+    404: "Not found",
+    409: "Not possible now",
+    415: "Unsupported request",
+}
+
+
+async def http_error_page(request: Request, exc: Exception) -> Response:
+    """HTTP errors of the pages as a page; the API, htmx and non-HTML clients keep FastAPI's JSON."""
+    assert isinstance(exc, StarletteHTTPException)
+    wants_html = "text/html" in request.headers.get("accept", "")
+    if request.url.path.startswith("/api/") or request.headers.get("hx-request") or not wants_html:
+        return await http_exception_handler(request, exc)
+    title = ERROR_TITLES.get(exc.status_code, "Something went wrong")
+    return render(
+        request,
+        "error.html",
+        status_code=exc.status_code,
+        title=title,
+        status=exc.status_code,
+        message=str(exc.detail),
     )
 
 
@@ -271,8 +300,8 @@ def cancel_job_form(job_id: int, session: SessionDep) -> RedirectResponse:
         jobs.request_cancel(session, job_id)
     except LookupError:
         raise HTTPException(404, f"no job {job_id}") from None
-    except jobs.JobStateError as exc:
-        raise HTTPException(409, str(exc)) from None
+    except jobs.JobStateError:
+        pass  # it ended between the page and the click: its page shows how
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
 

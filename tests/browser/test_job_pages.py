@@ -355,3 +355,61 @@ def test_json_field_that_is_not_json_is_refused_on_the_form(page: Any, server: S
     expect(page.locator("#form-error")).to_contain_text("template_kwargs: not valid JSON")
     expect(page.locator("#new-job input[name=template_kwargs]")).to_have_value("{enable_thinking: false")
     expect(page.locator("#new-job textarea[name=inputs]")).to_have_value("x.jsonl")
+
+
+# -- errors and retries --------------------------------------------------------------------------
+def test_retry_from_a_failed_job_page_runs_a_new_attempt(page: Any, server: Server, data_file: Any) -> None:
+    path = data_file([])
+    start_from_form(page, path)
+    first = job_id_of(page)
+    expect(page.locator("#job-status")).to_have_text("failed")
+    path.write_text('{"fixed": true}\n')  # the user fixes the file, then retries
+    page.click("#job-live button:has-text('Retry')")
+    page.wait_for_url(re.compile(rf"/jobs/(?!{first}$)\d+$"))
+    second = job_id_of(page)
+    expect(page.locator("#job-status")).to_have_text("succeeded")
+    expect(page.locator(".params")).to_contain_text(f"job {first} (attempt 2)")
+    assert server.job(second)["retry_of"] == first
+
+
+def test_page_errors_are_pages_and_api_errors_stay_json(page: Any, server: Server) -> None:
+    resp = page.goto("/jobs/987654")
+    assert resp is not None and resp.status == 404
+    expect(page.locator("h1")).to_contain_text("Not found")
+    expect(page.locator("#error-message")).to_have_text("no job 987654")
+    expect(page.locator("header nav a[href='/jobs']")).to_be_visible()
+    resp = page.goto("/no/such/page")
+    assert resp is not None and resp.status == 404
+    expect(page.locator("h1")).to_contain_text("Not found")
+    api = page.request.get("/api/jobs/987654")
+    assert api.status == 404 and api.json() == {"detail": "no job 987654"}
+    # A form posted with a stale CSRF token gets a page that says what to do.
+    page.goto("/jobs/new")
+    page.context.clear_cookies()
+    page.fill("#new-job input[name=path]", "x.jsonl")
+    with page.expect_response(lambda r: r.url.endswith("/jobs") and r.request.method == "POST") as posted:
+        page.click("#new-job button[type=submit]")
+    assert posted.value.status == 403
+    expect(page.locator("#error-message")).to_contain_text("reload the page and try again")
+
+
+def test_cancel_of_a_job_that_already_ended_just_shows_the_job(
+    page: Any, server: Server, slow_file: Any
+) -> None:
+    pipe = slow_file()
+    job_id = server.submit("scan", path=str(pipe.path))
+    pipe.open()
+    pipe.write_rows([{"q": 1}])
+    server.wait_status(job_id, ("running",))
+    page.goto(f"/jobs/{job_id}")
+    expect(page.locator("#job-status")).to_have_text("running")
+    # Freeze the page as it is (its polls get "204 No Content", which htmx leaves alone), finish the job
+    # behind its back, then click the stale Cancel.
+    page.route("**/jobs/*/live", lambda route: route.fulfill(status=204))
+    pipe.close()
+    server.wait_status(job_id)
+    with page.expect_response(lambda r: r.url.endswith("/cancel")) as cancelled:
+        page.click("#job-live button:has-text('Cancel')")
+    assert cancelled.value.status == 303
+    page.wait_for_url(f"**/jobs/{job_id}")
+    expect(page.locator("#job-status")).to_have_text("succeeded")
