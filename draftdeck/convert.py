@@ -112,6 +112,7 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
     if last.role == "user":
         issues.append(("trailing_user_turn", f"the last of {len(messages)} messages is a user message"))
     prev: str | None = None
+    prev_at = 0
     prev_calls = False
     pending_ids: set[str] = set()
     pending_anon = 0
@@ -134,7 +135,7 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
                     f" (tool_call_id {cid!r})" if cid else ""
                 )
         elif role == prev and non_alt is None and not (role == "assistant" and prev_calls):
-            non_alt = f"messages {i - 1} and {i} are both {role}"
+            non_alt = f"messages {prev_at} and {i} are both {role}"
         if role == "assistant" and m.tool_calls:
             pending_ids = {c.id for c in m.tool_calls if c.id}
             pending_anon = sum(1 for c in m.tool_calls if not c.id)
@@ -143,7 +144,7 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
         elif role == "user":
             pending_ids, pending_anon = set(), 0
         if role != "tool":
-            prev = role
+            prev, prev_at = role, i
             prev_calls = bool(m.tool_calls) or (role == "assistant" and pending_anon > 0)
     if non_alt:
         issues.append(("non_alternating", non_alt))

@@ -96,6 +96,10 @@ class TestChecks:
             Message("user", "q"), Message("assistant", "a"), Message("assistant", "b"), Message("user", "q2")
         )
         assert [c for c, _ in check_conversation(conv, False)] == ["trailing_user_turn", "non_alternating"]
+        conv = self._conv(
+            Message("user", "q"), Message("system", "s"), Message("user", "q2"), Message("assistant", "a")
+        )
+        assert dict(check_conversation(conv, False))["non_alternating"] == "messages 0 and 2 are both user"
 
     def test_tool_flow_is_clean_and_orphan_detected(self) -> None:
         call = ToolCall("f", {}, id="c1")
