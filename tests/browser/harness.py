@@ -74,6 +74,7 @@ class Server:
 
     home: Path
     port: int = field(default_factory=free_port)
+    extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
     _groups: set[int] = field(default_factory=set)
@@ -97,6 +98,7 @@ class Server:
         }
         roots = [str(self.home)] + ([str(SHARED)] if SHARED.exists() else [])
         env.update(DRAFTDECK_HOME=str(self.home), DRAFTDECK_DATA_ROOTS=":".join(roots), PYTHONUNBUFFERED="1")
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 60.0) -> Server:
@@ -131,12 +133,15 @@ class Server:
         raise RuntimeError(f"draftdeck up did not answer /healthz within {timeout:.0f} s:\n{self.log_tail()}")
 
     def stop(self) -> None:
-        """SIGTERM every process group we started (web + worker), then SIGKILL what is left."""
+        """SIGTERM every process group we started (web + worker), then SIGKILL what is left.
+
+        An idle Celery worker takes ~6 s for its warm shutdown; a test home is thrown away, so after
+        2 s the rest is killed."""
         if self.proc is None:
             return
         for kid in _children(self.proc.pid):
             self._groups.add(kid)
-        for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        for sig, wait in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
             for pgid in self._groups:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, sig)
@@ -162,9 +167,10 @@ class Server:
     # -- the JSON API, for setting up state and cross-checking what pages show --------------------
     def api(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-        req = urllib.request.Request(
-            self.url + path, data=data, method=method, headers={"content-type": "application/json"}
-        )
+        headers = {"content-type": "application/json"}
+        if "DRAFTDECK_TOKEN" in self.extra_env:
+            headers["authorization"] = f"Bearer {self.extra_env['DRAFTDECK_TOKEN']}"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read() or b"null")
 

@@ -100,6 +100,8 @@ def take(out: Path) -> list[Path]:
             snap("job-succeeded", f"/jobs/{ids['succeeded']}")
             snap("job-failed", f"/jobs/{ids['failed']}")
             snap("alerts", "/alerts")
+            snap("error-404", "/jobs/987654")
+            snap("login", "/login")
             pipe.close()
             server.wait_status(running)
             browser.close()

@@ -413,3 +413,34 @@ def test_cancel_of_a_job_that_already_ended_just_shows_the_job(
     assert cancelled.value.status == 303
     page.wait_for_url(f"**/jobs/{job_id}")
     expect(page.locator("#job-status")).to_have_text("succeeded")
+
+
+# -- a server with a token ---------------------------------------------------------------------
+def test_token_server_asks_to_sign_in_then_runs_the_job(browser: Any, tmp_path: Path, watch: Any) -> None:
+    server = Server(tmp_path / "home", extra_env={"DRAFTDECK_TOKEN": "s3cret-token"}).start()
+    context = browser.new_context(base_url=server.url)
+    try:
+        page = context.new_page()
+        page.on("dialog", lambda d: (watch.dialogs.append(d.message), d.dismiss()))
+        target = server.data_dir / "a.jsonl"
+        target.write_text('{"a": 1}\n')
+        start_from_form(page, target)
+        expect(page.locator("h1")).to_contain_text("Sign in needed")
+        expect(page.locator("#error-message")).to_contain_text("sign in at /login")
+        page.click("main a[href='/login']")
+        for token, works in (("wrong", False), ("s3cret-token", True)):
+            page.fill("input[name=token]", token)
+            page.click("main form button[type=submit]")
+            page.wait_for_url("**/jobs")
+            start_from_form(page, target)
+            if works:
+                job_id_of(page)
+                expect(page.locator("#job-status")).to_have_text("succeeded")
+            else:
+                expect(page.locator("#error-message")).to_contain_text("sign in at /login")
+                page.goto("/login")
+        assert watch.dialogs == []
+    finally:
+        context.close()
+        server.stop()
+    assert "Traceback" not in server.log_text()
