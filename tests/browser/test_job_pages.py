@@ -444,3 +444,29 @@ def test_token_server_asks_to_sign_in_then_runs_the_job(browser: Any, tmp_path: 
         context.close()
         server.stop()
     assert "Traceback" not in server.log_text()
+
+
+# -- layout: nothing sticks out of a phone screen -------------------------------------------------
+def test_pages_fit_a_narrow_screen_with_long_paths(browser: Any, server: Server, data_file: Any) -> None:
+    deep = server.data_dir / ("a-rather-long-folder-name-" * 3) / "and_an_even_longer_file_name_for_a_dataset"
+    deep.mkdir(parents=True)
+    good = data_file(
+        [{"messages": []}, "{bad", {"k" * 120: 1}], name=str(deep.relative_to(server.data_dir) / "x.jsonl")
+    )
+    empty = data_file([], name=str(deep.relative_to(server.data_dir) / "empty.jsonl"))
+    ok_id, failed_id = server.submit("scan", path=str(good)), server.submit("scan", path=str(empty))
+    server.wait_status(ok_id)
+    server.wait_status(failed_id)
+    context = browser.new_context(base_url=server.url, viewport={"width": 390, "height": 844})
+    try:
+        page = context.new_page()
+        for url in ("/jobs", "/jobs/new", f"/jobs/{ok_id}", f"/jobs/{failed_id}", "/alerts"):
+            page.goto(url)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{url} is {width} px wide on a 390 px screen"
+        page.goto(f"/jobs/{ok_id}")
+        # Wide content scrolls inside its table, not the page.
+        wrap = page.locator("#keysets").locator("xpath=..")
+        assert wrap.evaluate("e => getComputedStyle(e).overflowX") == "auto"
+    finally:
+        context.close()
