@@ -105,6 +105,75 @@ def conversation_dicts(conv: Conversation) -> list[dict[str, Any]]:
     return [message_dict(m) for m in conv.messages]
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+# str methods that neither format (str.format is the sandbox's known escape) nor mutate anything
+_STR_METHODS = frozenset(
+    [
+        "split",
+        "rsplit",
+        "splitlines",
+        "strip",
+        "lstrip",
+        "rstrip",
+        "startswith",
+        "endswith",
+        "replace",
+        "lower",
+        "upper",
+        "title",
+        "capitalize",
+        "find",
+        "rfind",
+        "count",
+        "join",
+        "partition",
+        "rpartition",
+        "isspace",
+        "isdigit",
+        "isalpha",
+        "removeprefix",
+        "removesuffix",
+    ]
+)
+
+
+def compile_template(template: str) -> Any:
+    """Compile `template` in HF's sandboxed chat-template environment (a fresh one, not HF's cached one),
+    with a fast path for reading keys of plain dicts (``m.role``, ``m['content']``) and for plain
+    string methods (``content.split``).
+
+    The sandbox checks every attribute access; for a key of a plain ``dict`` that is not a dict method
+    name, Jinja's own lookup ends at ``obj[key]`` anyway, so returning it directly gives the same value
+    without the checks. The listed ``str`` methods are ones the sandbox allows too (it refuses only
+    ``format``/``format_map`` and private names on strings). Everything else goes through the
+    sandbox unchanged.
+    """
+    from transformers.utils.chat_template_utils import _cached_compile_jinja_template
+
+    compiled = _cached_compile_jinja_template(template)
+    env = compiled.environment
+    sandbox_getattr, sandbox_getitem = env.getattr, env.getitem
+
+    def getattr_(obj: Any, attribute: Any) -> Any:
+        if (
+            type(obj) is dict
+            and type(attribute) is str
+            and attribute not in _DICT_ATTRIBUTES
+            and attribute in obj
+        ):
+            return obj[attribute]
+        return sandbox_getattr(obj, attribute)
+
+    def getitem(obj: Any, argument: Any) -> Any:
+        if type(obj) is dict and type(argument) is str and argument in obj:
+            return obj[argument]
+        return sandbox_getitem(obj, argument)
+
+    env.getattr = getattr_
+    env.getitem = getitem
+    return compiled
+
+
 @dataclass
 class ChatRenderer:
     """Renders message lists with one template; picklable (the template is compiled lazily)."""
@@ -129,9 +198,7 @@ class ChatRenderer:
     @property
     def compiled(self) -> Any:
         if self._compiled is None:
-            from transformers.utils.chat_template_utils import _compile_jinja_template
-
-            self._compiled = _compile_jinja_template(self.template)
+            self._compiled = compile_template(self.template)
         return self._compiled
 
     @property

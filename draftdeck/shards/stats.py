@@ -33,6 +33,8 @@ class Stats:
         self.rows = 0
         self.tokens = 0
         self.trained = 0
+        self._pending: list[np.ndarray] = []  # trained ids not yet counted (one bincount per batch)
+        self._pending_n = 0
 
     def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, source: str) -> None:
         n = len(input_ids)
@@ -49,9 +51,50 @@ class Stats:
         src["trained_tokens"] += k
         trained_ids = input_ids[loss_mask.astype(bool)]
         if len(trained_ids):
-            self.token_counts += np.bincount(trained_ids, minlength=self.vocab_size)[: self.vocab_size]
+            self._pending.append(trained_ids)
+            self._pending_n += len(trained_ids)
+            if self._pending_n >= 1 << 20:
+                self._count()
+
+    def add_block(self, block: Any) -> None:
+        """Add every row of a :class:`draftdeck.shards.store.Block` (vectorised)."""
+        n = len(block)
+        if not n:
+            return
+        lengths = block.lengths
+        trained = block.n_trained()
+        self.rows += n
+        self.tokens += int(lengths.sum())
+        self.trained += int(trained.sum())
+        self.lengths += np.bincount(np.searchsorted(LENGTH_EDGES, lengths, side="right") - 1,
+                                    minlength=len(self.lengths))[: len(self.lengths)]  # fmt: skip
+        frac = np.minimum(
+            (trained / np.maximum(lengths, 1) * FRACTION_BINS).astype(np.int64), FRACTION_BINS - 1
+        )
+        self.fractions += np.bincount(frac, minlength=FRACTION_BINS)
+        for source, length, k in zip(block.sources, lengths.tolist(), trained.tolist(), strict=True):
+            src = self.sources.get(source)
+            if src is None:
+                src = self.sources[source] = {"rows": 0, "tokens": 0, "trained_tokens": 0}
+            src["rows"] += 1
+            src["tokens"] += length
+            src["trained_tokens"] += k
+        ids = block.ids[block.masks.astype(bool)]
+        if len(ids):
+            self._pending.append(ids)
+            self._pending_n += len(ids)
+            if self._pending_n >= 1 << 20:
+                self._count()
+
+    def _count(self) -> None:
+        if self._pending:
+            ids = np.concatenate(self._pending)
+            self.token_counts += np.bincount(ids, minlength=self.vocab_size)[: self.vocab_size]
+        self._pending = []
+        self._pending_n = 0
 
     def to_dict(self, top: int = 50) -> dict[str, Any]:
+        self._count()
         order = np.argsort(-self.token_counts, kind="stable")[:top]
         return {
             "rows": self.rows,
@@ -80,6 +123,7 @@ class Stats:
         }
 
     def write(self, out_dir: Path) -> None:
+        self._count()
         with atomic_output(out_dir / TOKEN_COUNTS) as f:
             np.save(f, self.token_counts)
         with atomic_output(out_dir / STATS, "w") as f:

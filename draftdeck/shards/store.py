@@ -73,6 +73,66 @@ class ShardRow:
 
 
 @dataclass
+class Block:
+    """Rows in columns: token ids and masks of all rows concatenated, with their lengths. This is what
+    workers send back (cheap to pickle) and what shards are cut from."""
+
+    ids: np.ndarray  # int32, all rows concatenated
+    masks: np.ndarray  # uint8, all rows concatenated
+    lengths: np.ndarray  # int64, tokens per row
+    sources: list[str]
+    source_rows: list[int]
+    turns: list[int]
+    truncated: list[bool]
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        off = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=off[1:])
+        return off
+
+    @classmethod
+    def from_rows(cls, rows: list[ShardRow]) -> Block:
+        return cls(
+            np.concatenate([r.input_ids for r in rows]).astype(np.int32) if rows else np.zeros(0, np.int32),
+            np.concatenate([r.loss_mask for r in rows]).astype(np.uint8) if rows else np.zeros(0, np.uint8),
+            np.asarray([len(r.input_ids) for r in rows], dtype=np.int64),
+            [r.source for r in rows],
+            [r.source_row for r in rows],
+            [r.turn for r in rows],
+            [r.truncated for r in rows],
+        )
+
+    def slice(self, a: int, b: int) -> Block:
+        off = self.offsets
+        ids, masks = self.ids[off[a] : off[b]], self.masks[off[a] : off[b]]
+        return Block(ids, masks, self.lengths[a:b], self.sources[a:b], self.source_rows[a:b], self.turns[a:b],
+                     self.truncated[a:b])  # fmt: skip
+
+    @classmethod
+    def concat(cls, blocks: list[Block]) -> Block:
+        if len(blocks) == 1:
+            return blocks[0]
+        return cls(
+            np.concatenate([b.ids for b in blocks]),
+            np.concatenate([b.masks for b in blocks]),
+            np.concatenate([b.lengths for b in blocks]),
+            [x for b in blocks for x in b.sources],
+            [x for b in blocks for x in b.source_rows],
+            [x for b in blocks for x in b.turns],
+            [x for b in blocks for x in b.truncated],
+        )
+
+    def n_trained(self) -> np.ndarray:
+        csum = np.concatenate([[0], np.cumsum(self.masks, dtype=np.int64)])
+        off = self.offsets
+        return csum[off[1:]] - csum[off[:-1]]
+
+
+@dataclass
 class ShardInfo:
     filename: str
     rows: int
@@ -81,14 +141,6 @@ class ShardInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"filename": self.filename, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
-
-
-def _list_array(arrays: list[np.ndarray], dtype: Any) -> pa.ListArray:
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype=dtype)
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
 class ShardWriter:
@@ -100,36 +152,54 @@ class ShardWriter:
         self.out_dir = out_dir
         self.shard_rows = shard_rows
         self.shards: list[ShardInfo] = []
-        self._buf: list[ShardRow] = []
+        self._buf: list[Block] = []
+        self._buffered = 0
         self._schema = schema()
         out_dir.mkdir(parents=True, exist_ok=True)
 
     def add(self, row: ShardRow) -> None:
-        self._buf.append(row)
-        if len(self._buf) >= self.shard_rows:
-            self._flush()
+        self.add_block(Block.from_rows([row]))
+
+    def add_block(self, block: Block) -> None:
+        if not len(block):
+            return
+        self._buf.append(block)
+        self._buffered += len(block)
+        while self._buffered >= self.shard_rows:
+            whole = Block.concat(self._buf)
+            self._write(whole.slice(0, self.shard_rows))
+            rest = whole.slice(self.shard_rows, len(whole))
+            self._buf = [rest] if len(rest) else []
+            self._buffered = len(rest)
 
     def _flush(self) -> None:
-        rows, self._buf = self._buf, []
-        if not rows:
-            return
+        if self._buf:
+            self._write(Block.concat(self._buf))
+        self._buf = []
+        self._buffered = 0
+
+    def _write(self, b: Block) -> None:
+        off = b.offsets
+        if off[-1] > np.iinfo(np.int32).max:
+            raise ValueError("a shard would hold more than 2**31 tokens; use a smaller --shard-rows")
+        off32 = pa.array(off.astype(np.int32))
         batch = pa.record_batch(
             [
-                _list_array([r.input_ids for r in rows], np.int32),
-                _list_array([r.loss_mask for r in rows], np.int64),
-                pa.array([len(r.input_ids) for r in rows], pa.int64()),
-                pa.array([r.source for r in rows], pa.string()),
-                pa.array([r.source_row for r in rows], pa.int64()),
-                pa.array([r.turn for r in rows], pa.int32()),
-                pa.array([r.n_trained for r in rows], pa.int64()),
-                pa.array([r.truncated for r in rows], pa.bool_()),
+                pa.ListArray.from_arrays(off32, pa.array(b.ids.astype(np.int32, copy=False))),
+                pa.ListArray.from_arrays(off32, pa.array(b.masks.astype(np.int64))),
+                pa.array(b.lengths, pa.int64()),
+                pa.array(b.sources, pa.string()),
+                pa.array(b.source_rows, pa.int64()),
+                pa.array(b.turns, pa.int32()),
+                pa.array(b.n_trained(), pa.int64()),
+                pa.array(b.truncated, pa.bool_()),
             ],
             schema=self._schema,
         )
         path = self.out_dir / f"part-{len(self.shards):05d}.arrow"
         with atomic_output(path) as f, pa.ipc.new_stream(f, self._schema) as w:
             w.write_batch(batch)
-        self.shards.append(ShardInfo(path.name, len(rows), path.stat().st_size, sha256_file(path)))
+        self.shards.append(ShardInfo(path.name, len(b), path.stat().st_size, sha256_file(path)))
 
     def close(self) -> list[ShardInfo]:
         """Write the last partial shard and give the shards their final `data-i-of-n` names."""
@@ -144,6 +214,7 @@ class ShardWriter:
     def discard(self) -> None:
         """Remove every shard written so far (a failed or restarted job)."""
         self._buf = []
+        self._buffered = 0
         for info in self.shards:
             (self.out_dir / info.filename).unlink(missing_ok=True)
         self.shards = []

@@ -176,6 +176,29 @@ class TiktokenEncoder:
         for s, i in self.specials.items():
             lens[i] = len(s.encode("utf-8"))
         self.token_len = lens
+        # every token's bytes in one array, for decoding runs without a Python loop per token
+        self.byte_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=self.byte_off[1:])
+        flat = bytearray(int(self.byte_off[-1]))
+        for b, r in ranks.items():
+            flat[self.byte_off[r] : self.byte_off[r] + len(b)] = b
+        for s, i in self.specials.items():
+            raw = s.encode("utf-8")
+            flat[self.byte_off[i] : self.byte_off[i] + len(raw)] = raw
+        self.token_bytes = np.frombuffer(bytes(flat), dtype=np.uint8)
+
+    def decode_bytes(self, ids: Sequence[int] | np.ndarray) -> bytes:
+        """The byte-level decoder: the concatenated bytes of `ids`."""
+        arr = np.asarray(ids, dtype=np.int64)
+        lens = self.token_len[arr]
+        total = int(lens.sum())
+        if not total:
+            return b""
+        # index of every output byte in the flat table: each token's start, then +0, +1, ...
+        starts = self.byte_off[arr]
+        run_start = np.cumsum(lens) - lens
+        index = np.repeat(starts - run_start, lens) + np.arange(total)
+        return self.token_bytes[index].tobytes()
 
     def usable(self, text: str) -> bool:
         return not self.nfc or unicodedata.is_normalized("NFC", text)

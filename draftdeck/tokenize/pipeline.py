@@ -52,7 +52,7 @@ from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import MANIFEST, ShardRow, ShardWriter, write_metadata
+from draftdeck.shards.store import MANIFEST, Block, ShardRow, ShardWriter, write_metadata
 from draftdeck.tokenize.encoders import Encoded, EncoderUnsupported, HFEncoder, TiktokenEncoder
 
 MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
@@ -116,40 +116,61 @@ _STATE: _State | None = None
 @dataclass
 class ChunkResult:
     report: Report
-    rows: list[ShardRow]
+    block: Block
     fast_rows: int = 0
     hf_rows: int = 0
     verified: int = 0
 
+    @property
+    def rows(self) -> list[ShardRow]:
+        b, off = self.block, self.block.offsets
+        return [
+            ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
+                     b.turns[i], b.truncated[i])
+            for i in range(len(b))
+        ]  # fmt: skip
 
-def _where(conv: Conversation) -> tuple[str, int | None, int]:
+
+@dataclass(slots=True)
+class Item:
+    """One conversation as workers get it: template-ready dicts (cheap to pickle) and where it came from."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    file: str
+    line: int | None
+    row: int
+    has_assistant: bool
+
+
+def to_item(conv: Conversation) -> Item:
     src = conv.source
-    if src is None:
-        return "(memory)", None, -1
-    row = src.line if src.line is not None else src.index
-    return src.file, row, row if row is not None else -1
+    line = None if src is None else (src.line if src.line is not None else src.index)
+    return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
+                line if line is not None else -1, conv.has_assistant)  # fmt: skip
 
 
 def _encode(
     st: _State, rendered: list[RenderedRow], first_chunk: bool
-) -> tuple[list[Encoded], int, int, int]:
+) -> tuple[list[Encoded], set[int], int, int]:
     out: list[Encoded | None] = [None] * len(rendered)
     hf_idx: list[int] = []
-    fast_n = verified = 0
+    fast_set: set[int] = set()
+    verified = 0
     mismatches: list[str] = []
     for i, r in enumerate(rendered):
         if st.fast is not None and st.fast.usable(r.text):
             out[i] = st.fast.encode_one(r.text, r.literal)
-            fast_n += 1
+            fast_set.add(i)
         else:
             hf_idx.append(i)
     if hf_idx:
         encs = st.hf.encode([rendered[i].text for i in hf_idx], [rendered[i].literal for i in hf_idx])
         for i, e in zip(hf_idx, encs, strict=True):
             out[i] = e
-    if st.fast is not None and fast_n:
+    if st.fast is not None and fast_set:
         every = 1 if (st.opts.verify_all or first_chunk) else max(1, st.opts.verify_every)
-        check = [i for i in range(len(rendered)) if i not in set(hf_idx) and i % every == 0]
+        check = [i for i in sorted(fast_set) if i % every == 0]
         refs = st.hf.encode([rendered[i].text for i in check], [rendered[i].literal for i in check])
         for i, (ids, starts) in zip(check, refs, strict=True):
             got = out[i]
@@ -159,7 +180,7 @@ def _encode(
                 mismatches.append(repr(rendered[i].text[:80]))
         if mismatches:
             raise EncoderMismatch(len(mismatches), mismatches[0])
-    return out, fast_n, len(hf_idx), verified  # type: ignore[return-value]
+    return out, fast_set, len(hf_idx), verified  # type: ignore[return-value]
 
 
 def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
@@ -167,31 +188,31 @@ def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     return (np.searchsorted(bounds, starts, side="right") % 2 == 1).astype(np.uint8)
 
 
-def process_chunk(convs: list[Conversation], first_chunk: bool = False) -> ChunkResult:
+def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     st = _STATE
     assert st is not None, "worker state not initialised"
     opts = st.opts
     report = Report()
     rendered: list[RenderedRow] = []
-    owners: list[Conversation] = []
-    for conv in convs:
+    owners: list[Item] = []
+    for item in items:
         report.rows_in += 1
-        file, line, _ = _where(conv)
-        if not conv.has_assistant:
+        file, line = item.file, item.line
+        if not item.has_assistant:
             report.reject(
                 "no_assistant_turn", file, line, "no assistant message: the conversation is prompt-only"
             )
             continue
         try:
-            rows = render_rows(conversation_dicts(conv), conv.tools, st.renderer)
+            rows = render_rows(item.messages, item.tools, st.renderer)
         except TemplateError as exc:
             report.reject("template_error", file, line, str(exc)[:500])
             continue
         report.rows_expanded += len(rows) - 1
         rendered.extend(rows)
-        owners.extend([conv] * len(rows))
+        owners.extend([item] * len(rows))
 
-    encoded, fast_n, hf_n, verified = _encode(st, rendered, first_chunk)
+    encoded, fast_set, hf_n, verified = _encode(st, rendered, first_chunk)
 
     # Masks, then one batched decode of every trained run for the mask check.
     masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
@@ -210,17 +231,36 @@ def process_chunk(convs: list[Conversation], first_chunk: bool = False) -> Chunk
             expected.append(r.text[int(starts[lo]) : end])
             run_row.append(k)
     bad_rows: dict[int, str] = {}
-    if runs:
-        decoded = st.hf.backend.decode_batch(runs, skip_special_tokens=False)
+    # Byte-level rows of the fast encoder decode through its byte table (the byte-level decoder:
+    # concatenate the tokens' bytes); the others through the HF tokenizer's decoder.
+    hf_runs = [j for j, k in enumerate(run_row) if k not in fast_set]
+    if hf_runs:
+        decoded = st.hf.backend.decode_batch([runs[j] for j in hf_runs], skip_special_tokens=False)
         norm = st.hf.normalizer
-        for k, got, want in zip(run_row, decoded, expected, strict=True):
+        for j, got in zip(hf_runs, decoded, strict=True):
+            want = expected[j]
             if got != want and (norm is None or got != norm.normalize_str(want)):
-                bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
+                bad_rows.setdefault(
+                    run_row[j], f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}"
+                )
+    if st.fast is not None:
+        for j, k in enumerate(run_row):
+            if k in fast_set:
+                got_bytes = st.fast.decode_bytes(runs[j])
+                if got_bytes != expected[j].encode("utf-8"):
+                    got = got_bytes.decode("utf-8", "replace")
+                    bad_rows.setdefault(
+                        k, f"decoded {got[:60]!r} but the rendered text is {expected[j][:60]!r}"
+                    )
 
-    out: list[ShardRow] = []
+    keep: list[tuple[np.ndarray, np.ndarray]] = []
+    sources: list[str] = []
+    source_rows: list[int] = []
+    turns: list[int] = []
+    truncs: list[bool] = []
     for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
-        conv = owners[k]
-        file, line, row_no = _where(conv)
+        owner = owners[k]
+        file, line, row_no = owner.file, owner.line, owner.row
         mask = masks[k]
         if k in bad_rows:
             report.reject("mask_mismatch", file, line, bad_rows[k])
@@ -243,11 +283,21 @@ def process_chunk(convs: list[Conversation], first_chunk: bool = False) -> Chunk
         if not (mask[:-1] & mask[1:]).any():
             report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
         report.rows_out += 1
-        out.append(ShardRow(np.ascontiguousarray(ids, dtype=np.int32), mask, file, row_no, r.turn, truncated))
-    return ChunkResult(report, out, fast_n, hf_n, verified)
+        keep.append((ids, mask))
+        sources.append(file)
+        source_rows.append(row_no)
+        turns.append(r.turn)
+        truncs.append(truncated)
+    block = Block(
+        np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
+        np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
+        np.asarray([len(i) for i, _ in keep], dtype=np.int64),
+        sources, source_rows, turns, truncs,
+    )  # fmt: skip
+    return ChunkResult(report, block, len(fast_set), hf_n, verified)
 
 
-def _process_indexed(item: tuple[int, list[Conversation]]) -> ChunkResult:
+def _process_indexed(item: tuple[int, list[Item]]) -> ChunkResult:
     return process_chunk(item[1], first_chunk=item[0] == 0)
 
 
@@ -288,20 +338,18 @@ def tokenize_rows(convs: list[Conversation], opts: TokenizeOptions) -> ChunkResu
     opts.check()
     tok, renderer, hf, fast, _ = _load(opts)
     _STATE = _State(opts, tok, renderer, hf, fast)
-    return process_chunk(convs, first_chunk=True)
+    return process_chunk([to_item(c) for c in convs], first_chunk=True)
 
 
-def _chunks(it: Iterable[Conversation], size: int) -> Iterator[tuple[int, list[Conversation]]]:
+def _chunks(it: Iterable[Conversation], size: int) -> Iterator[tuple[int, list[Item]]]:
     iterator = iter(it)
     i = 0
-    while chunk := list(islice(iterator, size)):
+    while chunk := [to_item(c) for c in islice(iterator, size)]:
         yield i, chunk
         i += 1
 
 
-def _bounded(
-    pool: Any, chunks: Iterator[tuple[int, list[Conversation]]], window: int
-) -> Iterator[ChunkResult]:
+def _bounded(pool: Any, chunks: Iterator[tuple[int, list[Item]]], window: int) -> Iterator[ChunkResult]:
     """Results in order, with at most `window` chunks in flight: the input is read as fast as it is
     processed, never ahead into memory, and in this thread (progress and cancellation stay here)."""
     pending: deque[Any] = deque()
@@ -357,9 +405,8 @@ def _attempt(
             counts["fast_rows"] += res.fast_rows
             counts["hf_rows"] += res.hf_rows
             counts["verified_rows"] += res.verified
-            for row in res.rows:
-                writer.add(row)
-                stats.add(row.input_ids, row.loss_mask, row.source)
+            writer.add_block(res.block)
+            stats.add_block(res.block)
             if progress is not None:
                 progress(tok_report.rows_in, None, "rows")
     except BaseException:
