@@ -160,7 +160,7 @@ def record_report(session: Session, job_id: int, report: Report, policy: Policy)
             session,
             job_id,
             policy.severity(name),
-            f"{n:,} rows: {name}",
+            f"{n:,} {'row' if n == 1 else 'rows'}: {name}",
             code=name,
             count=n,
             examples=examples,

@@ -89,6 +89,16 @@ def _worker_argv(queues: str, concurrency: int) -> list[str]:
             "--without-mingle", "--without-gossip"]
 
 
+def _die_with_parent() -> None:
+    """In the worker child: ask Linux to SIGTERM it when `draftdeck up` dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not Linux: `up` still stops the worker on every normal exit
+        pass
+
+
 @app.command()
 def up(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
        port: Annotated[int, typer.Option(help="port to listen on")] = 8000) -> None:
@@ -97,7 +107,7 @@ def up(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.
     from app.settings import get_settings
 
     settings = get_settings()
-    worker = subprocess.Popen(_worker_argv("cpu,gpu", 1), start_new_session=True)
+    worker = subprocess.Popen(_worker_argv("cpu,gpu", 1), start_new_session=True, preexec_fn=_die_with_parent)
     mode = "embedded (SQLite + filesystem broker)" if settings.embedded else "Redis"
     out.print(f"DraftDeck on [bold]http://{host}:{port}[/]  ·  {mode}  ·  data roots: "
               f"{', '.join(map(str, settings.roots))}", highlight=False)
