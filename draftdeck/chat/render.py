@@ -139,8 +139,8 @@ _STR_METHODS = frozenset(
 
 def compile_template(template: str) -> Any:
     """Compile `template` in HF's sandboxed chat-template environment (a fresh one, not HF's cached one),
-    with a fast path for reading keys of plain dicts (``m.role``, ``m['content']``) and for plain
-    string methods (``content.split``).
+    with a fast path for reading keys of plain dicts (``m.role``, ``m['content']``) and for getting
+    and calling plain string methods (``content.split('x')``).
 
     The sandbox checks every attribute access; for a key of a plain ``dict`` that is not a dict method
     name, Jinja's own lookup ends at ``obj[key]`` anyway, so returning it directly gives the same value
@@ -169,8 +169,18 @@ def compile_template(template: str) -> Any:
             return obj[argument]
         return sandbox_getitem(obj, argument)
 
+    sandbox_call = env.call
+
+    def call(context: Any, obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(getattr(obj, "__self__", None)) is str and getattr(obj, "__name__", "") in _STR_METHODS:
+            kwargs.pop("_loop_vars", None)  # Jinja's own bookkeeping, dropped by Context.call too
+            kwargs.pop("_block_vars", None)
+            return obj(*args, **kwargs)
+        return sandbox_call(context, obj, *args, **kwargs)
+
     env.getattr = getattr_
     env.getitem = getitem
+    env.call = call
     return compiled
 
 
