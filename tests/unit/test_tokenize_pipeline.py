@@ -281,3 +281,24 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     assert len(outputs) == 2 and sum(o.rows for o in outputs) == 7
     ds = ShardDataset(Path(outputs[0].path).parent)
     assert len(ds) == 7 and ds.manifest["parameters"]["shard_rows"] == 5
+
+
+def test_decode_check_catches_tokens_that_do_not_give_back_the_text(tmp_path: Path, small_dir: Path) -> None:
+    """A tokenizer whose decoder does not invert its encoder (here it rewrites 'h'): the trained runs no
+    longer decode to the rendered assistant text, every such row is counted as mask_mismatch, and
+    the policy fails the job."""
+    spec = json.loads((small_dir / "tokenizer.json").read_text())
+    spec["decoder"] = {"type": "Sequence", "decoders": [spec["decoder"], {"type": "Replace", "pattern": {
+        "String": "h"}, "content": "H"}]}  # fmt: skip
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    for f in small_dir.iterdir():
+        (tok_dir / f.name).write_bytes(f.read_bytes())
+    (tok_dir / "tokenizer.json").write_text(json.dumps(spec))
+    convs = [conv(u("hi"), a("hello there"), line=1), conv(u("hi"), a("ok"), line=2)]
+    with pytest.raises(JobFailed, match="mask_mismatch") as exc:
+        tokenize_conversations(convs, tmp_path / "ds", TokenizeOptions(tok_dir, workers=1))
+    report = exc.value.report
+    assert report.rejected["mask_mismatch"] == 1 and report.rows_out == 1  # type: ignore[union-attr]
+    assert "Hello tHere" in report.examples["mask_mismatch"][0].reason  # type: ignore[union-attr]
+    assert not (tmp_path / "ds" / "manifest.json").exists()
