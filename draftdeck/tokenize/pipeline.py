@@ -216,7 +216,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
 
     # Masks, then one batched decode of every trained run for the mask check.
     masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
-    runs: list[list[int]] = []
+    runs: list[np.ndarray] = []
     expected: list[str] = []
     run_row: list[int] = []
     for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
@@ -227,7 +227,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             if lo >= hi:
                 continue
             end = int(starts[hi]) if hi < n else len(r.text)
-            runs.append(ids[lo:hi].tolist())
+            runs.append(ids[lo:hi])
             expected.append(r.text[int(starts[lo]) : end])
             run_row.append(k)
     bad_rows: dict[int, str] = {}
@@ -235,7 +235,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     # concatenate the tokens' bytes); the others through the HF tokenizer's decoder.
     hf_runs = [j for j, k in enumerate(run_row) if k not in fast_set]
     if hf_runs:
-        decoded = st.hf.backend.decode_batch([runs[j] for j in hf_runs], skip_special_tokens=False)
+        decoded = st.hf.backend.decode_batch([runs[j].tolist() for j in hf_runs], skip_special_tokens=False)
         norm = st.hf.normalizer
         for j, got in zip(hf_runs, decoded, strict=True):
             want = expected[j]
