@@ -99,6 +99,9 @@ class EncoderMismatch(Exception):
         self.rows = rows
         self.example = example
 
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in pool workers: must survive pickling
+        return (EncoderMismatch, (self.rows, self.example))
+
 
 # -- worker side ----------------------------------------------------------------------------------
 @dataclass

@@ -124,9 +124,11 @@ def _unreachable_token_tokenizer(small_dir: Path, dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.parametrize(("bad_line", "verify_all"), [(300, True), (5, False)])
+@pytest.mark.parametrize(
+    ("bad_line", "verify_all", "workers"), [(300, True, 1), (5, False, 1), (200, True, 2)]
+)
 def test_encoder_mismatch_falls_back_to_hf_and_says_so(
-    bad_line: int, verify_all: bool, tmp_path: Path, small_dir: Path
+    bad_line: int, verify_all: bool, workers: int, tmp_path: Path, small_dir: Path
 ) -> None:
     """A bad row late in the input is found by --verify-all; in the first chunk (always fully
     checked) it is found without it. Either way the whole job runs again on HF."""
@@ -135,7 +137,7 @@ def test_encoder_mismatch_falls_back_to_hf_and_says_so(
     tok_dir = _unreachable_token_tokenizer(small_dir, tmp_path / "tok")
     convs = [conv(u(f"hello {i}"), a("fine"), line=i) for i in range(300)]
     convs.insert(bad_line, conv(u("say it"), a("qqqq"), line=999))
-    opts = TokenizeOptions(tok_dir, workers=1, chunk_size=64, verify_all=verify_all)
+    opts = TokenizeOptions(tok_dir, workers=workers, chunk_size=64, verify_all=verify_all)
     report = tokenize_conversations(convs, tmp_path / "out", opts)
     assert report.warnings["encoder_mismatch"] == 1
     assert report.extra["encoder"]["used"] == "hf"
