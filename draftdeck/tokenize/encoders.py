@@ -26,6 +26,7 @@ that starts inside a multi-byte character starts at that character, as in HF's o
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from collections.abc import Sequence
 from typing import Any
@@ -169,6 +170,8 @@ class TiktokenEncoder:
             "draftdeck", pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
         )
         self.allowed = set(self.specials)
+        longest_first = sorted(self.specials, key=len, reverse=True)
+        self.special_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
         n = max(max(ranks.values()), max(self.specials.values(), default=0)) + 1
         lens = np.zeros(n, dtype=np.int64)
         for b, r in ranks.items():
@@ -203,18 +206,41 @@ class TiktokenEncoder:
     def usable(self, text: str) -> bool:
         return not self.nfc or unicodedata.is_normalized("NFC", text)
 
-    def encode_one(self, text: str, literal: Literal) -> Encoded:
+    def _segments(self, text: str, cache: dict[str, list[int]] | None) -> list[int]:
+        """Ids of `text` with added tokens matched where they occur (leftmost, longest first, as HF's
+        added-vocabulary matcher), the text between them encoded on its own: HF splits on added tokens
+        before pre-tokenising, so this is the same encoding, and a segment seen before in `cache`
+        (a system prompt, the shared turns of split rows) need not be encoded again."""
+        ids: list[int] = []
+        pos = 0
+        for m in self.special_re.finditer(text):
+            if m.start() > pos:
+                ids.extend(self._ordinary(text[pos : m.start()], cache))
+            ids.append(self.specials[m.group()])
+            pos = m.end()
+        if pos < len(text):
+            ids.extend(self._ordinary(text[pos:], cache))
+        return ids
+
+    def _ordinary(self, segment: str, cache: dict[str, list[int]] | None) -> list[int]:
+        if cache is None:
+            return self.enc.encode_ordinary(segment)
+        got = cache.get(segment)
+        if got is None:
+            got = cache[segment] = self.enc.encode_ordinary(segment)
+        return got
+
+    def encode_one(self, text: str, literal: Literal, cache: dict[str, list[int]] | None = None) -> Encoded:
+        """Ids and char starts of `text`; `literal` ranges are plain text even if they spell an added
+        token. `cache` maps text segments to their ids (reuse it across the rows of a batch)."""
         if not literal:
-            ids = self.enc.encode(text, allowed_special=self.allowed, disallowed_special=())
+            ids = self._segments(text, cache)
         else:
             ids = []
             for a, b, as_text in pieces(text, literal):
-                if as_text:
-                    ids.extend(self.enc.encode_ordinary(text[a:b]))
-                else:
-                    ids.extend(
-                        self.enc.encode(text[a:b], allowed_special=self.allowed, disallowed_special=())
-                    )
+                ids.extend(
+                    self.enc.encode_ordinary(text[a:b]) if as_text else self._segments(text[a:b], cache)
+                )
         arr = np.asarray(ids, dtype=np.int32)
         lens = self.token_len[arr]
         return arr, char_starts_from_bytes(text, np.cumsum(lens) - lens)

@@ -27,6 +27,7 @@ TRICKY = [
     "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nok<|im_end|>\n",
     "",
     "a" * 10_000,
+    "<tts_text_bos_single>x<tts_text_bos>y<tts_text_bos_singl",  # added tokens that prefix each other
 ]
 
 
@@ -53,6 +54,16 @@ def test_tiktoken_ids_and_offsets_equal_hf_on_tricky_text(
     assert starts.tolist() == [s for s, _ in ref["offset_mapping"]]
     hf_ids, hf_starts = HFEncoder(qwen_tok).encode([text], [[]])[0]
     assert np.array_equal(ids, hf_ids) and np.array_equal(starts, hf_starts)
+
+
+def test_segment_cache_gives_the_same_ids(qwen_tok: Any, qwen_fast: TiktokenEncoder) -> None:
+    cache: dict[str, list[int]] = {}
+    texts = [t for t in TRICKY if t] * 2
+    for text in texts:
+        ids, starts = qwen_fast.encode_one(text, [], cache)
+        ref_ids, ref_starts = HFEncoder(qwen_tok).encode([text], [[]])[0]
+        assert np.array_equal(ids, ref_ids) and np.array_equal(starts, ref_starts)
+    assert cache  # segments were cached and reused the second time
 
 
 def test_tiktoken_equals_hf_on_random_text(qwen_tok: Any, qwen_fast: TiktokenEncoder) -> None:
