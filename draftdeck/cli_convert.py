@@ -1,7 +1,7 @@
 """`draftdeck convert` (registered into draftdeck.cli).
 
     draftdeck convert INPUT... --to openai|sharegpt|parquet --out PATH [--report FILE] [--strict]
-        [--max-rejected F] [--policy FILE] [--tree-paths all|best] [--allow-prompt-only]
+        [--max-rejected F] [--policy FILE] [--tree-paths all|best] [--allow-prompt-only] [--workers N]
 
 Exit codes: 0 success, 1 the policy failed the job (an empty output always does), 2 usage errors
 (bad options, inputs outside the data roots, missing or unreadable inputs, invalid policy files).
@@ -9,6 +9,7 @@ Exit codes: 0 success, 1 the policy failed the job (an empty output always does)
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -28,6 +29,15 @@ class Target(StrEnum):
 class TreePaths(StrEnum):
     all = "all"
     best = "best"
+
+
+def default_workers() -> int:
+    """min(2, the CPUs this process may use)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(2, cpus))
 
 
 def build_policy(policy_file: Path | None, strict: bool, max_rejected: float | None) -> Policy:
@@ -72,6 +82,15 @@ def convert_command(
     max_row_bytes: Annotated[
         int, typer.Option("--max-row-bytes", min=1, help="rows above this size are rejected as oversize_row")
     ] = 64 * 1024 * 1024,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="processes converting large JSONL inputs in parallel (default: min(2, CPUs); 1: one"
+            " process); the output and the report are the same for any number",
+        ),
+    ] = None,
 ) -> None:
     """Convert chat data of any known shape (detected per row) to OpenAI, ShareGPT or Parquet."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -88,6 +107,7 @@ def convert_command(
             allow_prompt_only=allow_prompt_only,
             tree_paths=tree_paths.value,
             max_row_bytes=max_row_bytes,
+            workers=workers if workers is not None else default_workers(),
         )
     except UsageError as exc:
         raise _usage_exit(str(exc)) from None

@@ -37,6 +37,10 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import orjson
+from xxhash import xxh3_64_intdigest
 
 from draftdeck.errors import InputError, JobFailed, UsageError
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
@@ -63,8 +67,16 @@ class ConvertOptions:
     placeholder_max_chars: int = 24
     placeholder_buffer: int = 4096
     check_duplicates: bool = True
+    # convert only: worker processes for JSONL inputs larger than one chunk (1: all in this process);
+    # see draftdeck.convert_parallel. Output and report are the same for any number of workers.
+    workers: int = 1
+    chunk_bytes: int = 4 << 20
 
     def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise UsageError(f"workers must be at least 1, not {self.workers}")
+        if self.chunk_bytes < 1:
+            raise UsageError("chunk_bytes must be positive")
         if self.tree_paths not in ("all", "best"):
             raise UsageError(f"tree paths must be 'all' or 'best', not {self.tree_paths!r}")
         if self.placeholder_min_rows < 2:
@@ -171,6 +183,8 @@ def placeholder_key(conv: Conversation, max_chars: int) -> tuple[str, ...] | Non
 
 
 def duplicate_key(conv: Conversation) -> int:
+    """A 64-bit hash of the normalised messages, the same in every process (xxh3 of their JSON text):
+    worker processes compute it for the parent's duplicate set."""
     parts: list[object] = []
     append = parts.append
     for m in conv.messages:
@@ -179,8 +193,8 @@ def duplicate_key(conv: Conversation) -> int:
         append(c.strip() if c and (c[0].isspace() or c[-1].isspace()) else c)  # strip without copying
         append(m.reasoning)
         if m.tool_calls:
-            parts.append(tuple((c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls))
-    return hash(tuple(parts))
+            parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
+    return xxh3_64_intdigest(orjson.dumps(parts))
 
 
 def _where(line: int | None, index: int | None, path: str | None) -> str:
@@ -203,7 +217,8 @@ class _Reader:
         self.seen: set[int] = set()
         self.counts: dict[tuple[str, ...], int] = {}
         self.flagged: set[tuple[str, ...]] = set()
-        self.pending: deque[tuple[tuple[str, ...], Conversation]] = deque()
+        # (placeholder key, item, duplicate key): items are Conversations, or a worker's prepared rows
+        self.pending: deque[tuple[tuple[str, ...], Any, int | None]] = deque()
         self.released_before_flag = 0
         self.released_keys: dict[tuple[str, ...], int] = {}
 
@@ -221,8 +236,11 @@ class _Reader:
             self.report,
         )
 
-    def verdict(self, conv: Conversation, issues: list[tuple[str, str]]) -> bool:
-        """Count `issues` for a parsed conversation; True when it is kept. Raises JobFailed on a fail code."""
+    def verdict(self, conv: Any, issues: list[tuple[str, str]]) -> bool:
+        """Count `issues` for a parsed conversation; True when it is kept. Raises JobFailed on a fail code.
+
+        `conv` is anything with a ``source`` (file, line, index, path): a Conversation or a prepared row.
+        """
         src = conv.source
         assert src is not None
         file, line, where = src.file, src.line, _where(src.line, src.index, src.path)
@@ -238,16 +256,16 @@ class _Reader:
             self.report.warn(code, file, line, f"{where}{reason}")
         return True
 
-    def release(self, conv: Conversation) -> bool:
-        """Last check before a kept conversation leaves (duplicates); True when it leaves."""
-        if self.options.check_duplicates:
-            key = duplicate_key(conv)
-            if key in self.seen:
+    def release(self, conv: Any, dkey: int | None) -> bool:
+        """Last check before a kept conversation leaves (duplicates: `dkey` is its :func:`duplicate_key`,
+        None when duplicates are not checked); True when it leaves."""
+        if dkey is not None:
+            if dkey in self.seen:
                 return self.verdict(conv, [("duplicate_conversation", "the same messages appeared earlier")])
-            self.seen.add(key)
+            self.seen.add(dkey)
         return True
 
-    def placeholder(self, conv: Conversation, key: tuple[str, ...]) -> Iterator[Conversation]:
+    def placeholder(self, conv: Any, key: tuple[str, ...], dkey: int | None) -> Iterator[Any]:
         """A candidate placeholder (all answers short): hold it, or flag its key and judge the held rows."""
         opts = self.options
         n = self.counts[key] = self.counts.get(key, 0) + 1
@@ -255,33 +273,40 @@ class _Reader:
             if key not in self.flagged:
                 self.flagged.add(key)
                 self.released_before_flag += self.released_keys.pop(key, 0)
-                held = [c for k, c in self.pending if k == key]
+                held = [(c, d) for k, c, d in self.pending if k == key]
                 if held:
-                    self.pending = deque((k, c) for k, c in self.pending if k != key)
-                for c in held:
-                    if self._placeholder_verdict(c, key, n):
+                    self.pending = deque(p for p in self.pending if p[0] != key)
+                for c, d in held:
+                    if self._placeholder_verdict(c, key, n, d):
                         yield c
-            if self._placeholder_verdict(conv, key, n):
+            if self._placeholder_verdict(conv, key, n, dkey):
                 yield conv
             return
-        self.pending.append((key, conv))
+        self.pending.append((key, conv, dkey))
         if len(self.pending) > opts.placeholder_buffer:
-            k, c = self.pending.popleft()
+            k, c, d = self.pending.popleft()
             self.released_keys[k] = self.released_keys.get(k, 0) + 1
-            if self.release(c):
+            if self.release(c, d):
                 yield c
 
-    def _placeholder_verdict(self, conv: Conversation, key: tuple[str, ...], n: int) -> bool:
+    def _placeholder_verdict(self, conv: Any, key: tuple[str, ...], n: int, dkey: int | None) -> bool:
         shown = " / ".join(repr(k) for k in key[:3])
         limit = self.options.placeholder_min_rows
         reason = f"assistant answer {shown} is on {n}+ rows (placeholder threshold {limit})"
-        return self.verdict(conv, [("placeholder_response", reason)]) and self.release(conv)
+        return self.verdict(conv, [("placeholder_response", reason)]) and self.release(conv, dkey)
 
-    def drain(self) -> Iterator[Conversation]:
+    def drain(self) -> Iterator[Any]:
         while self.pending:
-            _, c = self.pending.popleft()
-            if self.release(c):
+            _, c, d = self.pending.popleft()
+            if self.release(c, d):
                 yield c
+
+    def placeholder_summary(self) -> dict[str, Any]:
+        return {
+            "answers": [" / ".join(k) for k in sorted(self.flagged)][:20],
+            "min_rows": self.options.placeholder_min_rows,
+            "released_before_flag": self.released_before_flag,
+        }
 
 
 def read_conversations(
@@ -318,6 +343,7 @@ def read_conversations(
     done_before = 0
     parse_row = parse
     release = state.release
+    dups = opts.check_duplicates
     max_chars = opts.placeholder_max_chars
     reject = report.reject
     formats = report.formats
@@ -367,12 +393,13 @@ def read_conversations(
                             issues.extend(row_warnings)
                         if issues and not state.verdict(conv, issues):
                             continue
+                        dkey = duplicate_key(conv) if dups else None
                         pkey = placeholder_key(conv, max_chars)
                         if pkey is None:
-                            if release(conv):
+                            if release(conv, dkey):
                                 yield conv
                         else:
-                            yield from state.placeholder(conv, pkey)
+                            yield from state.placeholder(conv, pkey, dkey)
                 done_before += reader.size or 0
                 progress(done_before, total, "bytes")
         yield from state.drain()
@@ -382,11 +409,7 @@ def read_conversations(
         while state.pending:
             yield state.pending.popleft()[1]
         raise
-    report.extra["placeholder"] = {
-        "answers": [" / ".join(k) for k in sorted(state.flagged)][:20],
-        "min_rows": opts.placeholder_min_rows,
-        "released_before_flag": state.released_before_flag,
-    }
+    report.extra["placeholder"] = state.placeholder_summary()
 
 
 # -- converting -----------------------------------------------------------------------------------
@@ -401,6 +424,9 @@ def convert(
     display_out: str | None = None,
 ) -> Report:
     """Convert `inputs` into one file `out` of format `to` ("openai", "sharegpt" or "parquet").
+
+    ``options.workers`` > 1 converts large JSONL inputs in that many worker processes (not for
+    Parquet output); the output bytes and the report are those of one worker.
 
     Returns the report when the policy passes. Raises :class:`JobFailed` (carrying the report) when it
     does not, and always when no row was written: then no output file is left behind.
@@ -417,10 +443,16 @@ def convert(
     started = time.monotonic()
     report.extra.update({"to": to, "inputs": [str(p) for p in inputs]})
     writer = Writer(out, to, report)
+    parallel = opts.workers > 1 and to != "parquet"
     with writer:
-        for conv in read_conversations(inputs, report, opts, progress):
-            writer.write(conv)
-            report.rows_out += 1
+        if parallel:
+            from draftdeck.convert_parallel import write_converted
+
+            write_converted(inputs, writer, report, opts, to, progress)
+        else:
+            for conv in read_conversations(inputs, report, opts, progress):
+                writer.write(conv)
+                report.rows_out += 1
         report.check_accounting()
         failures = pol.failures(report)
         if failures:

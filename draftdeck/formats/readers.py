@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -194,37 +195,8 @@ class RowReader:
         return self._incremental()
 
     def _jsonl(self) -> Iterator[RawRow]:
-        stream = self._opened.stream
-        limit = self.max_row_bytes
-        lines = _lines_with_prefix(self._consumed, stream, limit)
-        index = 0
-        for lineno, line, overflow in lines:
-            if lineno == 1 and line.startswith(_BOM):
-                line = line[3:]
-            if overflow:
-                yield RawRow(
-                    self.name,
-                    index,
-                    lineno,
-                    None,
-                    overflow,
-                    "oversize_row",
-                    f"row of {overflow:,} bytes exceeds the limit of {limit:,} bytes",
-                )
-                index += 1
-                continue
-            if not line.strip():
-                continue
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                code, reason = _classify_error(line, exc)
-                if not line.endswith(b"\n") and code == "json_error":
-                    reason += " (the last line is truncated)"
-                yield RawRow(self.name, index, lineno, None, len(line), code, reason)
-            else:
-                yield RawRow(self.name, index, lineno, value, len(line))
-            index += 1
+        lines = _lines_with_prefix(self._consumed, self._opened.stream, self.max_row_bytes)
+        return _jsonl_rows(self.name, lines, self.max_row_bytes)
 
     def _incremental(self) -> Iterator[RawRow]:
         source = (
@@ -260,14 +232,48 @@ class RowReader:
             index += 1
 
 
+def _jsonl_rows(
+    name: str, lines: Iterator[tuple[int, bytes, int]], limit: int, *, bom: bool = True
+) -> Iterator[RawRow]:
+    """The rows of JSONL `lines` (from :func:`_lines_with_prefix`); a BOM is dropped on line 1 if `bom`."""
+    index = 0
+    for lineno, line, overflow in lines:
+        if bom and lineno == 1 and line.startswith(_BOM):
+            line = line[3:]
+        if overflow:
+            yield RawRow(
+                name,
+                index,
+                lineno,
+                None,
+                overflow,
+                "oversize_row",
+                f"row of {overflow:,} bytes exceeds the limit of {limit:,} bytes",
+            )
+            index += 1
+            continue
+        if not line.strip():
+            continue
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            code, reason = _classify_error(line, exc)
+            if not line.endswith(b"\n") and code == "json_error":
+                reason += " (the last line is truncated)"
+            yield RawRow(name, index, lineno, None, len(line), code, reason)
+        else:
+            yield RawRow(name, index, lineno, value, len(line))
+        index += 1
+
+
 def _lines_with_prefix(
-    prefix: bytes, stream: io.BufferedReader, limit: int
+    prefix: bytes, stream: IO[bytes], limit: int, first_line: int = 1
 ) -> Iterator[tuple[int, bytes, int]]:
     """Yield (line number, line, overflow) where overflow is the full size of a line over `limit`.
 
-    A line over the limit is skipped in chunks, never held whole.
+    A line over the limit is skipped in chunks, never held whole. Lines are numbered from `first_line`.
     """
-    lineno = 0
+    lineno = first_line - 1
     pending = prefix
     while True:
         if pending:
@@ -289,6 +295,97 @@ def _lines_with_prefix(
             yield lineno, b"", size
             continue
         yield lineno, line, 0
+
+
+class _RangeReader(io.RawIOBase):
+    """The bytes [start, end) of a file; counts the newlines it reads."""
+
+    def __init__(self, raw: IO[bytes], start: int, end: int):
+        raw.seek(start)
+        self._raw = raw
+        self._left = end - start
+        self.newlines = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._left <= 0:
+            return 0
+        view = memoryview(buffer)[: self._left]
+        n = self._raw.readinto(view) or 0  # type: ignore[attr-defined]
+        self._left -= n
+        self.newlines += view[:n].tobytes().count(b"\n")
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+class JsonlRange:
+    """The rows of bytes [start, end) of an uncompressed JSONL file, as :class:`RowReader` yields them.
+
+    `start` must be 0 or follow a newline, and `end` must follow a newline or be the file's end (see
+    :func:`jsonl_chunks`). Lines are numbered from `first_line`; after iterating, `newlines` is the
+    number of newlines in the range (what the next range's first line number adds). `index` counts
+    the rows within the range (from 0).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        start: int,
+        end: int,
+        first_line: int = 1,
+        *,
+        display_name: str | None = None,
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    ):
+        self.path, self.start, self.end, self.first_line = path, start, end, first_line
+        self.name = display_name or str(path)
+        self.max_row_bytes = max_row_bytes
+        self.newlines = 0
+
+    def __iter__(self) -> Iterator[RawRow]:
+        raw = open(self.path, "rb", buffering=0)  # noqa: SIM115 - closed with the stream below
+        counter = _RangeReader(raw, self.start, self.end)
+        with io.BufferedReader(counter, buffer_size=1 << 20) as stream:
+            lines = _lines_with_prefix(b"", stream, self.max_row_bytes, self.first_line)
+            yield from _jsonl_rows(self.name, lines, self.max_row_bytes, bom=self.start == 0)
+            self.newlines = counter.newlines
+
+
+def jsonl_chunks(path: Path, chunk_bytes: int) -> Iterator[tuple[int, int]]:
+    """Split an uncompressed JSONL file into (start, end) byte ranges of about `chunk_bytes`.
+
+    Every range but the last ends just after a newline, so no line (and no UTF-8 character: a newline
+    byte never occurs inside one) is cut; a line longer than `chunk_bytes` makes its range longer.
+    Only a few bytes around each cut are read. Yields nothing for an empty file.
+    """
+    if chunk_bytes < 1:
+        raise ValueError("chunk_bytes must be positive")
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        start = 0
+        while start < size:
+            cut = start + chunk_bytes
+            if cut >= size:
+                yield start, size
+                return
+            f.seek(cut - 1)  # a range may end right after a newline at its last byte
+            while True:
+                window = f.read(1 << 16)
+                if not window:
+                    cut = size
+                    break
+                nl = window.find(b"\n")
+                if nl >= 0:
+                    cut += nl
+                    break
+                cut += len(window)
+            yield start, cut
+            start = cut
 
 
 def iter_rows(

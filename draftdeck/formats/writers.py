@@ -28,7 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 
 from draftdeck.fileio import atomic_output, sha256_file
-from draftdeck.formats.model import Conversation, Message, ToolCall
+from draftdeck.formats.model import Conversation, Message, SourceRef, ToolCall
 from draftdeck.quality import Output, Report
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ TARGETS = ("openai", "sharegpt", "parquet")
 RESERVED = frozenset({"messages", "conversations", "tools", "system"})
 SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
 _FLUSH_BYTES = 1 << 20
+
 _PARQUET_BATCH = 2048
 
 
@@ -70,18 +71,23 @@ def _message_extras(d: dict[str, Any], m: Message) -> dict[str, Any]:
     return d
 
 
+def meta_collision(src: SourceRef | None, key: str) -> tuple[str, str, int | None, str]:
+    """The unrepresentable_field warning (code, file, line, reason) for a kept field named `key` that
+    the output format reserves (the field is left out)."""
+    where = src.where if src else "?"
+    return (
+        "unrepresentable_field",
+        src.file if src else "?",
+        src.line if src else None,
+        f"{where}: kept field {key!r} collides with a key the output format reserves; left out",
+    )
+
+
 def _meta(conv: Conversation, out: dict[str, Any], report: Report | None) -> dict[str, Any]:
     for k, v in conv.meta.items():
         if k in RESERVED:
             if report is not None:
-                where = conv.source.where if conv.source else "?"
-                src = conv.source
-                report.warn(
-                    "unrepresentable_field",
-                    src.file if src else "?",
-                    src.line if src else None,
-                    f"{where}: kept field {k!r} collides with a key the output format reserves; left out",
-                )
+                report.warn(*meta_collision(conv.source, k))
             continue
         out[k] = v
     return out
@@ -186,6 +192,17 @@ def to_parquet_row(conv: Conversation) -> dict[str, Any]:
     }
 
 
+def encode_line(row: dict[str, Any]) -> bytes:
+    """One JSONL row as bytes, with its newline (json for integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:  # integers beyond 64 bits (JSON arrays are parsed by ijson)
+        return json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+
+
+JSONL_ENCODERS = {"openai": to_openai, "sharegpt": to_sharegpt}
+
+
 class Writer:
     """Writes conversations to `path` atomically: the file appears only when :meth:`close` succeeds.
 
@@ -226,15 +243,28 @@ class Writer:
             if len(self._rows) >= _PARQUET_BATCH:
                 self._flush_parquet()
             return
-        row = self._conv(conv, self.report)
-        try:
-            line = orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
-        except orjson.JSONEncodeError:  # integers beyond 64 bits (JSON arrays are parsed by ijson)
-            line = json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        line = encode_line(self._conv(conv, self.report))
         self._buf.append(line)
         self._buf_bytes += len(line)
         if self._buf_bytes >= _FLUSH_BYTES:
             self._flush()
+
+    def write_line(self, line: bytes) -> None:
+        """Append one row already encoded by :func:`encode_line` (JSONL targets; from a worker process)."""
+        self.rows += 1
+        self._buf.append(line)
+        self._buf_bytes += len(line)
+        if self._buf_bytes >= _FLUSH_BYTES:
+            self._flush()
+
+    def write_block(self, data: bytes | memoryview, rows: int) -> None:
+        """Append `rows` rows already encoded and joined (a worker's block of lines), without a copy."""
+        self._flush()
+        assert self._f is not None
+        self.rows += rows
+        self._hash.update(data)
+        self._bytes += len(data)
+        self._f.write(data)
 
     def _flush(self) -> None:
         if self._buf:
