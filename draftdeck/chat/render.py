@@ -137,31 +137,60 @@ _STR_METHODS = frozenset(
 )
 
 
+_LOOP_ATTRIBUTES = frozenset(
+    [
+        "index0",
+        "index",
+        "first",
+        "last",
+        "length",
+        "revindex",
+        "revindex0",
+        "depth",
+        "depth0",
+        "previtem",
+        "nextitem",
+    ]
+)
+_MISSING = object()
+
+
 def compile_template(template: str) -> Any:
     """Compile `template` in HF's sandboxed chat-template environment (a fresh one, not HF's cached one),
-    with a fast path for reading keys of plain dicts (``m.role``, ``m['content']``) and for getting
-    and calling plain string methods (``content.split('x')``).
+    with a fast path for reading keys of plain dicts (``m.role``, ``m['content']``), loop variables
+    (``loop.index0``), namespace values (``ns.last_query``), and for getting and calling plain
+    string methods (``content.split('x')``).
 
     The sandbox checks every attribute access; for a key of a plain ``dict`` that is not a dict method
     name, Jinja's own lookup ends at ``obj[key]`` anyway, so returning it directly gives the same value
-    without the checks. The listed ``str`` methods are ones the sandbox allows too (it refuses only
-    ``format``/``format_map`` and private names on strings). Everything else goes through the
+    without the checks (a missing key gives the same Undefined). The listed ``str`` methods and loop
+    attributes are ones the sandbox allows too (it refuses only ``format``/``format_map`` and private
+    names); namespace values are returned only when not callable. Everything else goes through the
     sandbox unchanged.
     """
+    from jinja2.runtime import LoopContext
+    from jinja2.utils import Namespace
     from transformers.utils.chat_template_utils import _cached_compile_jinja_template
 
     compiled = _cached_compile_jinja_template(template)
     env = compiled.environment
     sandbox_getattr, sandbox_getitem = env.getattr, env.getitem
 
+    undefined = env.undefined
+
     def getattr_(obj: Any, attribute: Any) -> Any:
-        if (
-            type(obj) is dict
-            and type(attribute) is str
-            and attribute not in _DICT_ATTRIBUTES
-            and attribute in obj
-        ):
-            return obj[attribute]
+        kind = type(obj)
+        if kind is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
+            # the sandbox would try getattr (no such attribute), then obj[key], then Undefined
+            return obj[attribute] if attribute in obj else undefined(obj=obj, name=attribute)
+        if kind is str and attribute in _STR_METHODS:
+            return getattr(obj, attribute)
+        if kind is LoopContext and attribute in _LOOP_ATTRIBUTES:
+            return getattr(obj, attribute)
+        if isinstance(obj, Namespace) and type(attribute) is str and not attribute.startswith("_"):
+            value = getattr(obj, attribute, _MISSING)
+            if value is not _MISSING and not callable(value):
+                return value
         return sandbox_getattr(obj, attribute)
 
     def getitem(obj: Any, argument: Any) -> Any:

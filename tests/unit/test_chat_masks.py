@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from draftdeck.chat.render import ChatRenderer, conversation_dicts
+from draftdeck.chat.render import ChatRenderer, TemplateError, conversation_dicts
 from draftdeck.chat.spans import render_rows
 from draftdeck.formats.model import Message, ToolCall
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_rows
@@ -198,15 +198,54 @@ def test_generation_tags_masks_agree_with_hf(gentags_dir: Path, gentags_tok: Any
     assert straddles == 1  # the tool call right after the header: "\n" + "\n<tool_call>" merge into "\n\n"
 
 
-def test_rendering_matches_hf_apply_chat_template(qwen_tok: Any) -> None:
-    renderer = ChatRenderer.from_tokenizer(qwen_tok, {"enable_thinking": True})
-    msgs = conversation_dicts(conv(u("a"), a("b", "r"), u("c"), a("d")))
-    for n in range(1, len(msgs) + 1):
-        for gen in (False, True):
-            ref = qwen_tok.apply_chat_template(
-                msgs[:n], tokenize=False, add_generation_prompt=gen, enable_thinking=True
-            )
-            assert renderer.render(msgs[:n], None, gen) == ref
+@pytest.mark.parametrize("which", ["qwen", "small", "gentags"])
+def test_rendering_matches_hf_apply_chat_template(which: str, request: pytest.FixtureRequest) -> None:
+    """DraftDeck's compiled template (with its sandbox fast paths) renders exactly as HF, on every
+    prefix of varied conversations (tools, reasoning, missing keys, loops, namespaces)."""
+    tok = request.getfixturevalue(f"{which}_tok")
+    kwargs: dict[str, Any] = {"enable_thinking": True} if which == "qwen" else {}
+    renderer = ChatRenderer.from_tokenizer(tok, kwargs)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    convs = [
+        (conv(u("a"), a("b", "r"), u("c"), a("d")), None),
+        (conv(Message("system", "s"), u("q"), a("", calls=[ToolCall("f", {"x": 1})]), Message("tool", "1"),
+              a("done")), tools),
+        (conv(u("<think>x</think> 你好"), a("y</think>z")), None),
+    ]  # fmt: skip
+    for c, tl in convs:
+        msgs = conversation_dicts(c)
+        for n in range(1, len(msgs) + 1):
+            for gen in (False, True):
+                try:
+                    ref = tok.apply_chat_template(
+                        msgs[:n], tools=tl, tokenize=False, add_generation_prompt=gen, **kwargs
+                    )
+                except Exception as exc:  # the strict template raises: ours raises the same message
+                    with pytest.raises(TemplateError, match=str(exc)):
+                        renderer.render(msgs[:n], tl, gen)
+                    continue
+                assert renderer.render(msgs[:n], tl, gen) == ref
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__.__mro__ }}",
+        "{{ messages[0].content.__class__ }}",
+        "{{ '{0.__class__}'.format(messages) }}",
+        "{{ messages.__class__ }}",
+        "{% set ns = namespace(x=1) %}{{ ns.__class__ }}",
+        "{% for m in messages %}{{ loop.__class__ }}{% endfor %}",
+    ],
+)
+def test_templates_stay_sandboxed(source: str) -> None:
+    """The fast paths never hand out private attributes: these render nothing or raise."""
+    renderer = ChatRenderer(source)
+    try:
+        out = renderer.render([{"role": "user", "content": "hi"}], None, False)
+    except TemplateError:
+        return
+    assert "class" not in out and "type" not in out
 
 
 def test_chat_template_override_file(tmp_path: Path, small_dir: Path, small_tok: Any) -> None:
