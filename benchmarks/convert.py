@@ -1,6 +1,6 @@
 """Benchmark: `draftdeck convert --to sharegpt` against the seed's plain line-by-line `json` script.
 
-    python benchmarks/convert.py [--sizes 50,200] [--keep]
+    python benchmarks/convert.py [--sizes 50,200] [--repeat 3] [--keep]
 
 Generates mixed, real-shaped chat JSONL under benchmarks/.work/ (mostly OpenAI messages and ShareGPT,
 some alpaca, query/response and tool-call rows; markdown, code with quotes/backslashes/newlines, a share
@@ -8,18 +8,28 @@ of non-ASCII text, a few dummy "OK." answers), then times, each in its own subpr
 
 - `plain`: the seed's approach: `json.loads` per line, map messages -> conversations, `json.dumps`.
   It only knows `messages` rows and skips the others (the seed crashed on them).
-- `draftdeck`: `draftdeck.convert.convert(..., to="sharegpt")`: every row detected, checked, counted,
-  written atomically with its sha256.
+- `draftdeck 1 worker` / `draftdeck 2 workers`: `draftdeck.convert.convert(..., to="sharegpt",
+  options=ConvertOptions(workers=N))`: every row detected, checked, counted, written atomically with its
+  sha256; with 2 workers, 4 MiB ranges of the file are converted in a process pool and the parent
+  keeps the cross-row decisions (duplicates, placeholders) and writes (the same bytes).
 - `orjson floor` (reference): orjson parse + serialize of every row, sha256 and write, and nothing else:
-  the ceiling for any single-process Python converter of the same data.
+  the ceiling for any single-process Python converter of the same data. `orjson floor x2`: the same
+  in 2 processes, each on one half of the file (cut at a newline), each writing its own file: the
+  ceiling for any 2-process converter.
 
-MB/s and rows/s are over the input size and the input rows; peak RSS is the child's VmHWM.
+Columns: wall seconds (best of --repeat), MB/s and rows/s over the input size and input rows, CPU
+seconds (user + sys of the child and its own children), peak RSS, speedup = the plain script's seconds
+/ the tool's, measured in the same round. Peak RSS is the child's VmHWM for one process; for several
+processes it is the peak of the *sum* of the resident sets of the child and all its descendants,
+sampled every 10 ms (forked workers share pages with their parent, so the sum overcounts a little).
+The machine may be shared: run it a few times and compare ratios from the same round.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -75,15 +85,81 @@ with open(sys.argv[1], "rb") as f, open(sys.argv[2], "wb") as out:
     + FOOTER
 )
 
-DRAFTDECK = (
-    r"""
+# Sums the resident sets of this process and all its descendants every 10 ms (workers come and go).
+TREE_RSS = r"""
+import os, threading, time
+_peak = [0]
+def _rss_tree(pid):
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            total = int([l.split()[1] for l in f if l.startswith("VmRSS")][0])
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                for child in f.read().split():
+                    total += _rss_tree(int(child))
+    except (OSError, IndexError, ValueError):
+        pass
+    return total
+def _sample():
+    while True:
+        _peak[0] = max(_peak[0], _rss_tree(os.getpid()))
+        time.sleep(0.01)
+threading.Thread(target=_sample, daemon=True).start()
+"""
+
+TREE_FOOTER = r"""
+import sys
+_peak[0] = max(_peak[0], _rss_tree(os.getpid()))
+print(_peak[0], file=sys.stderr)
+"""
+
+DRAFTDECK = r"""
 import sys
 from pathlib import Path
-from draftdeck.convert import convert
-report = convert([Path(sys.argv[1])], Path(sys.argv[2]), "sharegpt")
+from draftdeck.convert import ConvertOptions, convert
+report = convert([Path(sys.argv[1])], Path(sys.argv[2]), "sharegpt", options=ConvertOptions(workers=WORKERS))
 print(report.rows_in, report.rows_out, sum(report.rejected.values()), file=sys.stderr)
 """
-    + FOOTER
+
+DRAFTDECK_1 = DRAFTDECK.replace("WORKERS", "1") + FOOTER
+DRAFTDECK_2 = TREE_RSS + DRAFTDECK.replace("WORKERS", "2") + TREE_FOOTER
+
+# Two processes, each parsing + serializing one half of the file (cut at a newline) into its own file.
+FLOOR_2 = (
+    TREE_RSS
+    + r"""
+import sys, os, orjson, hashlib
+src, dst = sys.argv[1], sys.argv[2]
+size = os.path.getsize(src)
+with open(src, "rb") as f:
+    f.seek(size // 2)
+    f.readline()
+    mid = f.tell()
+def half(start, end, out):
+    h = hashlib.sha256()
+    with open(src, "rb") as f, open(out, "wb") as o:
+        f.seek(start)
+        buf = []
+        while f.tell() < end:
+            line = f.readline()
+            if line.strip():
+                buf.append(orjson.dumps(orjson.loads(line), option=orjson.OPT_APPEND_NEWLINE))
+            if len(buf) >= 1000:
+                data = b"".join(buf); h.update(data); o.write(data); buf.clear()
+        data = b"".join(buf); h.update(data); o.write(data)
+pids = []
+for start, end, out in ((0, mid, dst), (mid, size, dst + ".2")):
+    pid = os.fork()
+    if pid == 0:
+        half(start, end, out)
+        os._exit(0)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+os.unlink(dst + ".2")
+"""
+    + TREE_FOOTER
 )
 
 WORDS = (  # noqa: SIM905 - a word list reads better as text
@@ -210,22 +286,36 @@ def generate(path: Path, megabytes: int, seed: int = 7) -> int:
     return rows
 
 
-def run(code: str, src: Path, dst: Path) -> tuple[float, int, str]:
-    """(seconds, peak RSS in MB, stderr) of one child process."""
+TOOLS = (
+    ("plain json script", PLAIN),
+    ("orjson floor", FLOOR),
+    ("orjson floor x2", FLOOR_2),
+    ("draftdeck 1 worker", DRAFTDECK_1),
+    ("draftdeck 2 workers", DRAFTDECK_2),
+)
+
+
+def run(code: str, src: Path, dst: Path) -> tuple[float, float, int, str]:
+    """(seconds, CPU seconds, peak RSS in MB, stderr) of one child process (and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", code, str(src), str(dst)], capture_output=True, check=False)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     err = proc.stderr.decode()
     if proc.returncode != 0:
         raise SystemExit(f"child failed ({proc.returncode}):\n{err}")
     *rest, hwm_kb = err.strip().splitlines()
-    return elapsed, int(hwm_kb) // 1024, "\n".join(rest)
+    return elapsed, cpu, int(hwm_kb) // 1024, "\n".join(rest)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="50,200", help="input sizes in MB, comma-separated (default 50,200)")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per tool and size; the best is kept")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="rounds per size; the best round of each tool is kept"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the outputs under benchmarks/.work/")
     args = ap.parse_args()
     WORK.mkdir(exist_ok=True)
@@ -240,39 +330,44 @@ def main() -> None:
         nbytes = src.stat().st_size
         with open(src, "rb") as f:
             rows = sum(1 for line in f if line.strip())
-        best: dict[str, tuple[float, int, str]] = {}
+        best: dict[str, tuple[float, float, int, str]] = {}
+        ratios: dict[str, list[float]] = {name: [] for name, _ in TOOLS}
         for _ in range(args.repeat):
-            for name, code in (
-                ("plain json script", PLAIN),
-                ("orjson floor", FLOOR),
-                ("draftdeck convert", DRAFTDECK),
-            ):
-                out = WORK / f"out-{name.split()[0]}-{mb}.jsonl"
+            secs: dict[str, float] = {}
+            for name, code in TOOLS:
+                out = WORK / f"out-{name.replace(' ', '_')}-{mb}.jsonl"
                 r = run(code, src, out)
+                secs[name] = r[0]
                 if name not in best or r[0] < best[name][0]:
                     best[name] = r
                 if not args.keep:
                     out.unlink(missing_ok=True)
-        for name, (secs, rss, err) in best.items():
-            results.append((mb, nbytes, rows, name, secs, rss, err))
+            for name in secs:  # speedups within one round: the machine's load changes between rounds
+                ratios[name].append(secs["plain json script"] / secs[name])
+        for name, (wall, cpu, rss, err) in best.items():
+            results.append((mb, nbytes, rows, name, wall, cpu, rss, err, ratios[name]))
     print()
     print(
-        f"{'input':>8} {'rows':>9} {'tool':<19} {'seconds':>8} {'MB/s':>8} {'rows/s':>9}"
-        f" {'peak RSS':>9} {'speedup':>8}"
+        f"{'input':>6} {'rows':>7} {'tool':<20} {'seconds':>7} {'MB/s':>6} {'rows/s':>7} {'CPU s':>6}"
+        f" {'peak RSS':>9} {'speedup (best)':>14} {'per round':>18}"
     )
-    plain_secs: dict[int, float] = {}
-    for mb, nbytes, rows, name, secs, rss, _ in results:
+    plain: dict[int, float] = {}
+    for mb, nbytes, rows, name, wall, cpu, rss, _, rounds in results:
         if name.startswith("plain"):
-            plain_secs[mb] = secs
-        speed = f"{plain_secs[mb] / secs:.2f}x" if mb in plain_secs else ""
+            plain[mb] = wall
+        shown = " ".join(f"{r:.2f}" for r in rounds)
         print(
-            f"{nbytes / 1e6:>6.0f}MB {rows:>9,} {name:<19} {secs:>8.2f} {nbytes / 1e6 / secs:>8.1f} "
-            f"{rows / secs:>9,.0f} {rss:>6} MB {speed:>8}"
+            f"{nbytes / 1e6:>4.0f}MB {rows:>7,} {name:<20} {wall:>7.2f} {nbytes / 1e6 / wall:>6.1f} "
+            f"{rows / wall:>7,.0f} {cpu:>6.2f} {rss:>6} MB {plain[mb] / wall:>13.2f}x {shown:>18}"
         )
-    for mb, _, _, name, _, _, err in results:
+    print(
+        "\nspeedup (best): the plain script's best seconds / the tool's best; per round: the same ratio in"
+        " each round. Peak RSS of '2 workers' and 'x2': the sum over the process tree (sampled)."
+    )
+    for mb, _, _, name, _, _, _, err, _ in results:
         if err and name.startswith("draftdeck"):
             rin, rout, rej = err.split()[-3:]
-            print(f"  draftdeck {mb} MB: rows in {rin}, out {rout}, rejected {rej}")
+            print(f"  {name} {mb} MB: rows in {rin}, out {rout}, rejected {rej}")
 
 
 if __name__ == "__main__":

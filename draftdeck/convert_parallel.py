@@ -28,7 +28,7 @@ import multiprocessing
 from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -157,14 +157,7 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
 
 
 # -- worker processes -----------------------------------------------------------------------------------
-_worker_options: ConvertOptions | None = None
-_worker_to = "openai"
 _COMPLEX = 255
-
-
-def _init_worker(options: ConvertOptions, to: str) -> None:
-    global _worker_options, _worker_to
-    _worker_options, _worker_to = options, to
 
 
 class Chunk(NamedTuple):
@@ -188,9 +181,7 @@ class Chunk(NamedTuple):
     newlines: int
 
 
-def _work_chunk(path: str, name: str, start: int, end: int) -> Chunk:
-    opts = _worker_options
-    assert opts is not None
+def _work_chunk(opts: ConvertOptions, to: str, path: str, name: str, start: int, end: int) -> Chunk:
     rows = JsonlRange(Path(path), start, end, 1, display_name=name, max_row_bytes=opts.max_row_bytes)
     kinds = bytearray()
     families: list[str] = []
@@ -198,7 +189,7 @@ def _work_chunk(path: str, name: str, start: int, end: int) -> Chunk:
     lines, sizes, dkeys = array("Q"), array("Q"), array("Q")
     blob: list[bytes] = []
     others: list[Record] = []
-    for rec in prepare_rows(rows, name, opts, _worker_to):
+    for rec in prepare_rows(rows, name, opts, to):
         if rec[0] != "s":
             kinds.append(_COMPLEX)
             others.append(rec)
@@ -360,7 +351,7 @@ def write_converted(
             raise InputError(f"{f}: no such file")
     total = sum(f.stat().st_size for f in files) or None
     done_before = 0
-    pool: Pool | None = None
+    pool: _Workers | None = None
     in_flight = 2 * options.workers
     chunks = 0
     try:
@@ -385,24 +376,23 @@ def write_converted(
                     progress(done_before, total, "bytes")
                     continue
             if pool is None:
-                pool = _pool(options, to)
-            pending: deque[tuple[AsyncResult[Chunk], int]] = deque()
+                pool = _Workers(options, to)
+            pending: deque[int] = deque()  # the end offsets of the ranges sent, in order
             lines_before = 0
             for start, end in jsonl_chunks(f, options.chunk_bytes):
                 chunks += 1
-                pending.append((pool.apply_async(_work_chunk, (str(f), name, start, end)), end))
+                pool.send((str(f), name, start, end))
+                pending.append(end)
                 if len(pending) >= in_flight:
-                    result, end_at = pending.popleft()
-                    chunk = result.get()
+                    chunk = pool.receive()
                     _apply_chunk(chunk, state, name, out, lines_before)
                     lines_before += chunk.newlines
-                    progress(done_before + end_at, total, "bytes")
+                    progress(done_before + pending.popleft(), total, "bytes")
             while pending:
-                result, end_at = pending.popleft()
-                chunk = result.get()
+                chunk = pool.receive()
                 _apply_chunk(chunk, state, name, out, lines_before)
                 lines_before += chunk.newlines
-                progress(done_before + end_at, total, "bytes")
+                progress(done_before + pending.popleft(), total, "bytes")
             done_before += f.stat().st_size
         for item in state.drain():
             out.item(item)
@@ -414,12 +404,76 @@ def write_converted(
         raise
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            pool.close()
     report.extra["placeholder"] = state.placeholder_summary()
     report.extra["parallel"] = {"workers": options.workers, "chunks": chunks}
 
 
-def _pool(options: ConvertOptions, to: str) -> Pool:
-    ctx = multiprocessing.get_context(START_METHOD)
-    return ctx.Pool(options.workers, initializer=_init_worker, initargs=(options, to))
+class WorkerError(RuntimeError):
+    """A worker process failed (a bug, or it was killed): the conversion cannot go on."""
+
+
+def _worker_main(conn: Connection, options: ConvertOptions, to: str) -> None:
+    """A worker: convert the ranges it is sent, one at a time, and send back each :class:`Chunk`.
+
+    The blob of encoded lines goes as raw bytes (no pickling copy), the rest pickled.
+    """
+    try:
+        while True:
+            task = conn.recv()
+            if task is None:
+                return
+            try:
+                chunk = _work_chunk(options, to, *task)
+            except Exception as exc:  # handed to the parent, which raises it
+                conn.send(("error", f"{type(exc).__name__}: {exc}", task))
+                continue
+            conn.send(("ok", chunk._replace(blob=b""), None))
+            conn.send_bytes(chunk.blob)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return
+
+
+class _Workers:
+    """Worker processes fed in turn over one pipe each, in the parent's thread (no helper threads).
+
+    Range i goes to worker i mod N and each worker answers in order, so results come back in input
+    order by reading the workers in the same turn.
+    """
+
+    def __init__(self, options: ConvertOptions, to: str):
+        ctx: Any = multiprocessing.get_context(START_METHOD)
+        self.conns: list[Connection] = []
+        self.procs: list[Any] = []
+        self.sent = self.received = 0
+        for _ in range(options.workers):
+            mine, theirs = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_worker_main, args=(theirs, options, to), daemon=True)
+            proc.start()
+            theirs.close()
+            self.conns.append(mine)
+            self.procs.append(proc)
+
+    def send(self, task: tuple[str, str, int, int]) -> None:
+        self.conns[self.sent % len(self.conns)].send(task)
+        self.sent += 1
+
+    def receive(self) -> Chunk:
+        conn = self.conns[self.received % len(self.conns)]
+        self.received += 1
+        try:
+            status, chunk, task = conn.recv()
+            if status != "ok":
+                raise WorkerError(f"a convert worker failed on {task}: {chunk}")
+            return chunk._replace(blob=conn.recv_bytes())  # type: ignore[no-any-return]
+        except EOFError:
+            raise WorkerError("a convert worker process ended unexpectedly") from None
+
+    def close(self) -> None:
+        """Stop the workers now (they hold nothing but open input files and their pipes)."""
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            proc.join()
+        for conn in self.conns:
+            conn.close()

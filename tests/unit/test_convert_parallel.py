@@ -364,3 +364,19 @@ def test_cli_workers_option(dd_home: Path) -> None:
         .exit_code
         == 2
     )
+
+
+def test_a_failing_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    from draftdeck.convert_parallel import WorkerError, _Workers
+
+    src = _mixed_file(tmp_path / "m.jsonl", n=50, seed=4)
+    workers = _Workers(ConvertOptions(workers=2), "openai")
+    try:
+        workers.send((str(src), "m.jsonl", 0, src.stat().st_size))
+        workers.send((str(tmp_path / "gone.jsonl"), "gone.jsonl", 0, 10))
+        assert workers.receive().kinds  # the first worker converted its range
+        with pytest.raises(WorkerError, match="FileNotFoundError"):
+            workers.receive()
+    finally:
+        workers.close()
+    assert not any(p.is_alive() for p in workers.procs)
