@@ -1,0 +1,125 @@
+// Dataset pages: token tooltips, the "as DFlash trains on it" toggle, uPlot charts.
+// No inline scripts anywhere (CSP): everything is wired here, by event delegation so that htmx swaps keep working.
+(function () {
+  "use strict";
+  var ANCHORS_KEY = "dd-show-anchors";
+
+  function tip() { return document.getElementById("tok-tip"); }
+
+  function row(key, value, cls) {
+    var r = document.createElement("div");
+    r.className = "tip-row";
+    var k = document.createElement("span");
+    k.className = "tip-key";
+    k.textContent = key;
+    var v = document.createElement("span");
+    v.className = cls || "";
+    v.textContent = value; // textContent: sample text is never parsed as HTML
+    r.appendChild(k);
+    r.appendChild(v);
+    return r;
+  }
+
+  function showTip(chip, x, y) {
+    var t = tip();
+    if (!t) return;
+    var mask = chip.getAttribute("data-m");
+    t.replaceChildren(
+      row("position", chip.getAttribute("data-p")),
+      row("id", chip.getAttribute("data-id")),
+      row("text", JSON.stringify(chip.getAttribute("data-t") || ""), "tip-text"),
+      row("mask", mask + (mask === "1" ? " (trained)" : " (context)")),
+    );
+    if (chip.classList.contains("anchor")) t.appendChild(row("anchor", "valid DFlash block start"));
+    t.hidden = false;
+    var w = t.offsetWidth, h = t.offsetHeight;
+    var left = Math.min(x + 12, window.innerWidth - w - 8);
+    var top = y + 16 + h > window.innerHeight ? y - h - 10 : y + 16;
+    t.style.left = Math.max(4, left) + "px";
+    t.style.top = Math.max(4, top) + "px";
+  }
+
+  document.addEventListener("mouseover", function (e) {
+    var chip = e.target.closest && e.target.closest(".chips .tok");
+    if (chip) showTip(chip, e.clientX, e.clientY);
+  });
+  document.addEventListener("mouseout", function (e) {
+    var chip = e.target.closest && e.target.closest(".chips .tok");
+    if (chip && (!e.relatedTarget || !chip.contains(e.relatedTarget))) {
+      var t = tip();
+      if (t) t.hidden = true;
+    }
+  });
+
+  function setAnchors(button, on) {
+    button.setAttribute("aria-pressed", on ? "true" : "false");
+    var target = document.getElementById(button.getAttribute("data-target"));
+    if (target) target.classList.toggle("show-anchors", on);
+  }
+
+  function applyAnchors(root) {
+    var on = false;
+    try { on = sessionStorage.getItem(ANCHORS_KEY) === "1"; } catch (err) { on = false; }
+    (root || document).querySelectorAll(".toggle-anchors").forEach(function (b) { setAnchors(b, on); });
+  }
+
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest(".toggle-anchors");
+    if (!button) return;
+    var on = button.getAttribute("aria-pressed") !== "true";
+    try { sessionStorage.setItem(ANCHORS_KEY, on ? "1" : "0"); } catch (err) { /* private mode */ }
+    document.querySelectorAll(".toggle-anchors").forEach(function (b) { setAnchors(b, on); });
+  });
+
+  document.addEventListener("htmx:afterSwap", function () {
+    var t = tip();
+    if (t) t.hidden = true;
+    applyAnchors(document);
+  });
+
+  // -- statistics charts (uPlot), data from the JSON endpoint named in data-stats --------------------
+  function bars(el, xs, ys, xLabel, yLabel) {
+    if (typeof uPlot === "undefined") return;
+    var width = Math.max(320, el.clientWidth - 16);
+    var opts = {
+      width: width, height: 240,
+      scales: { x: { time: false } },
+      axes: [{ label: xLabel }, { label: yLabel }],
+      series: [{ label: xLabel }, { label: yLabel, fill: "rgba(47,91,211,0.35)", stroke: "#2f5bd3",
+        paths: uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.9, 60], align: 1 }) : undefined,
+        points: { show: false } }],
+      legend: { show: true },
+    };
+    el.replaceChildren();
+    new uPlot(opts, [xs, ys], el);
+  }
+
+  function drawCharts() {
+    var charts = document.querySelectorAll(".chart[data-stats]");
+    if (!charts.length) return;
+    var url = charts[0].getAttribute("data-stats");
+    fetch(url, { credentials: "same-origin" }).then(function (r) { return r.json(); }).then(function (data) {
+      charts.forEach(function (el) {
+        var key = el.getAttribute("data-key");
+        if (key === "per_source") {
+          var rows = data.per_source || [];
+          bars(el, rows.map(function (_, i) { return i; }), rows.map(function (s) { return s.rows; }),
+            "source (see table)", "rows");
+          el.setAttribute("data-drawn", String(rows.length));
+          return;
+        }
+        var h = data[key];
+        if (!h) return;
+        bars(el, h.edges.slice(0, -1), h.counts, el.getAttribute("data-label") || key, "rows");
+        el.setAttribute("data-drawn", String(h.counts.length));
+      });
+    });
+  }
+
+  function ready() {
+    applyAnchors(document);
+    drawCharts();
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", ready);
+  else ready();
+})();
