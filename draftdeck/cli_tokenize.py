@@ -114,10 +114,19 @@ def tokenize_command(
     except UsageError as exc:
         raise _usage_exit(str(exc)) from None
     title = f"tokenize -> {out}"
-    with err.status(f"tokenizing {len(paths)} input{'s' if len(paths) != 1 else ''}"):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress("[progress.description]{task.description}", *columns, console=err, transient=True) as bar:
+        task = bar.add_task(f"tokenize {len(paths)} input{'s' if len(paths) != 1 else ''}", total=None)
+
+        def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
+            bar.update(task, completed=done, total=total)
+
         try:
-            result = tokenize_files(paths, out, opts)
+            result = tokenize_files(paths, out, opts, progress=progress)
         except JobFailed as exc:
+            bar.stop()
             if isinstance(exc.report, Report):
                 print_report(exc.report, title)
                 if report:
