@@ -105,6 +105,16 @@ def conversation_dicts(conv: Conversation) -> list[dict[str, Any]]:
     return [message_dict(m) for m in conv.messages]
 
 
+def control_tokens(tok: Any, template: str) -> tuple[str, ...]:
+    """The added tokens that must stay text when typed inside a message: HF's own choice for
+    ``sanitize_control_tokens`` (special tokens, plus added tokens the template writes), or every
+    special added token with transformers versions that lack it."""
+    get = getattr(tok, "_get_control_tokens", None)
+    if callable(get):
+        return tuple(get(template))
+    return tuple(t.content for t in tok.added_tokens_decoder.values() if t.special)
+
+
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 # str methods that neither format (str.format is the sandbox's known escape) nor mutate anything
 _STR_METHODS = frozenset(
@@ -227,7 +237,7 @@ class ChatRenderer:
     def from_tokenizer(cls, tok: Any, kwargs: dict[str, Any] | None = None) -> ChatRenderer:
         template = tok.chat_template
         specials = {k: v for k, v in tok.special_tokens_map.items() if isinstance(v, str | list)}
-        return cls(template, specials, dict(kwargs or {}), tuple(tok._get_control_tokens(template)))
+        return cls(template, specials, dict(kwargs or {}), control_tokens(tok, template))
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
