@@ -416,6 +416,9 @@ def _sample_response(
         context["message"] = context["message"] or str(exc)
         if not filter_error:
             status = 404 if info.readable else 409
+    if partial:
+        # htmx swaps only 2xx answers: a message about the request is still the answer to show.
+        status = 200
     name = "partials/dataset_sample.html" if partial else "datasets_sample.html"
     response = render(
         request, name, None if partial else session, nav="datasets", status_code=status, **context
