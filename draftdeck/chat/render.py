@@ -180,9 +180,11 @@ def compile_template(template: str) -> Any:
     """
     from jinja2.runtime import LoopContext
     from jinja2.utils import Namespace
-    from transformers.utils.chat_template_utils import _cached_compile_jinja_template
+    from transformers.utils import chat_template_utils as ctu
 
-    compiled = _cached_compile_jinja_template(template)
+    # a fresh compile (its own environment, which we patch), never HF's lru-cached one
+    fresh = getattr(ctu, "_cached_compile_jinja_template", None) or ctu._compile_jinja_template.__wrapped__
+    compiled = fresh(template)
     env = compiled.environment
     sandbox_getattr, sandbox_getitem = env.getattr, env.getitem
 
