@@ -252,7 +252,7 @@ def _jsonl_rows(
             )
             index += 1
             continue
-        if not line.strip():
+        if not line or line.isspace():  # blank (isspace: no copy of the line, unlike strip)
             continue
         try:
             value = orjson.loads(line)
