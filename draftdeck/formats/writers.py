@@ -21,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -224,6 +226,8 @@ class Writer:
         self._buf_bytes = 0
         self._hash = hashlib.sha256()
         self._bytes = 0
+        self._thread: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[None]] = deque()
         self._pq: pq.ParquetWriter | None = None
         self._rows: list[dict[str, Any]] = []
         self._conv = to_openai if to == "openai" else to_sharegpt
@@ -260,21 +264,41 @@ class Writer:
     def write_block(self, data: bytes | memoryview, rows: int) -> None:
         """Append `rows` rows already encoded and joined (a worker's block of lines), without a copy."""
         self._flush()
-        assert self._f is not None
         self.rows += rows
-        self._hash.update(data)
-        self._bytes += len(data)
-        self._f.write(data)
+        self._emit(data)
 
     def _flush(self) -> None:
         if self._buf:
             data = b"".join(self._buf)
-            self._hash.update(data)
-            self._bytes += len(data)
-            assert self._f is not None
-            self._f.write(data)
             self._buf.clear()
             self._buf_bytes = 0
+            self._emit(data)
+
+    def _emit(self, data: bytes | memoryview) -> None:
+        """Hash and write `data` on the writer's thread, in order: sha256 and file writes release the
+        GIL, so they overlap with the conversion (on another core). At most two blocks wait."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="draftdeck-writer")
+        self._bytes += len(data)
+        self._pending.append(self._thread.submit(self._consume, data))
+        if len(self._pending) > 2:
+            self._pending.popleft().result()
+
+    def _consume(self, data: bytes | memoryview) -> None:
+        self._hash.update(data)
+        assert self._f is not None
+        self._f.write(data)
+
+    def _drain(self) -> None:
+        """Wait for the blocks in flight (raising the first error) and stop the thread."""
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            self._pending.clear()
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
+                self._thread = None
 
     def _flush_parquet(self) -> None:
         if self._rows:
@@ -292,7 +316,10 @@ class Writer:
                     self._pq.close()
                 else:
                     self._flush()
+                    self._drain()
             except BaseException as err:
+                with contextlib.suppress(Exception):
+                    self._drain()
                 self._ctx.__exit__(type(err), err, err.__traceback__)
                 raise
             self._ctx.__exit__(None, None, None)
@@ -305,4 +332,6 @@ class Writer:
         if self._pq is not None:
             with contextlib.suppress(Exception):  # the temporary file is removed below either way
                 self._pq.close()
+        with contextlib.suppress(Exception):  # the file is closed and removed below either way
+            self._drain()
         return bool(self._ctx.__exit__(exc_type, exc, tb))

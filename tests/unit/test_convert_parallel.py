@@ -380,3 +380,25 @@ def test_a_failing_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
     finally:
         workers.close()
     assert not any(p.is_alive() for p in workers.procs)
+
+
+def test_writer_thread_error_leaves_no_file(tmp_path: Path) -> None:
+    """The writer hashes and writes on its own thread: an error in the block still leaves nothing."""
+    from draftdeck.formats.writers import Writer
+
+    out = tmp_path / "o.jsonl"
+    line = orjson.dumps({"conversations": [{"from": "human", "value": "x" * 1000}]}) + b"\n"
+    with pytest.raises(RuntimeError), Writer(out, "sharegpt") as w:
+        for _ in range(5000):  # ~5 MB: several blocks in flight on the thread
+            w.write_line(line)
+        raise RuntimeError("stop")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert w._thread is None
+    with Writer(out, "sharegpt") as w:
+        for _ in range(5000):
+            w.write_line(line)
+    assert out.read_bytes() == line * 5000
+    assert w.output is not None and w.output.bytes == len(line) * 5000
+    import hashlib
+
+    assert w.output.sha256 == hashlib.sha256(line * 5000).hexdigest()
