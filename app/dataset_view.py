@@ -9,6 +9,7 @@ request, and says how far it looked.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -914,6 +915,20 @@ def _histogram(raw: Any) -> dict[str, list[float]] | None:
     return {"edges": [float(e) for e in edges_raw], "counts": [float(c) for c in counts_raw]}
 
 
+def _labelled(h: dict[str, list[float]] | None, integer: bool) -> dict[str, Any] | None:
+    """Add a label per bin: "64-127" for integer bins (inclusive), "0.2-0.3" for fractions."""
+    if h is None:
+        return None
+    edges = h["edges"]
+    if integer:
+        labels = [
+            f"{int(a)}-{int(b) - 1}" if b - a > 1 else f"{int(a)}" for a, b in itertools.pairwise(edges)
+        ]
+    else:
+        labels = [f"{a:g}-{b:g}" for a, b in itertools.pairwise(edges)]
+    return {**h, "labels": labels}
+
+
 def stats_payload(info: DatasetInfo) -> dict[str, Any]:
     s = info.stats
     per_source_raw = s.get("per_source") or s.get("sources") or {}
@@ -944,7 +959,9 @@ def stats_payload(info: DatasetInfo) -> dict[str, Any]:
         "rows": info.rows,
         "tokens": info.tokens,
         "trained": info.trained,
-        "length": _histogram(s.get("length_histogram") or s.get("lengths")),
-        "trained_fraction": _histogram(s.get("trained_fraction_histogram") or s.get("trained_fraction")),
+        "length": _labelled(_histogram(s.get("length_histogram") or s.get("lengths")), integer=True),
+        "trained_fraction": _labelled(
+            _histogram(s.get("trained_fraction_histogram") or s.get("trained_fraction")), integer=False
+        ),
         "per_source": sorted(per_source, key=lambda r: -r["rows"]),
     }

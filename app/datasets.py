@@ -562,7 +562,8 @@ def source_partial(
     try:
         with RowReader(path) as reader:
             for raw in reader:
-                if raw.index == int(index):
+                # the tokenizer records the 1-based line for JSONL, else the 0-based record index
+                if (raw.line if raw.line is not None else raw.index) == int(index):
                     found = raw
                     break
                 if time.monotonic() > deadline:
@@ -581,7 +582,7 @@ def source_partial(
             if context["messages"] is None:
                 context["raw"] = orjson.dumps(found.value, option=orjson.OPT_INDENT_2).decode()
     elif context["message"] is None:
-        context["message"] = f"{path.name} has no row {index}"
+        context["message"] = f"{path.name} has no line or record {index}"
     return render(request, "partials/dataset_source.html", **context)
 
 

@@ -78,17 +78,24 @@
   });
 
   // -- statistics charts (uPlot), data from the JSON endpoint named in data-stats --------------------
-  function bars(el, xs, ys, xLabel, yLabel) {
+  // Bars over categories (bin labels, source names): x is the bin's index, the axis shows its label.
+  function bars(el, labels, ys, xLabel, yLabel) {
     if (typeof uPlot === "undefined") return;
+    var xs = labels.map(function (_, i) { return i; });
     var width = Math.max(320, el.clientWidth - 16);
     var opts = {
       width: width, height: 240,
-      scales: { x: { time: false } },
-      axes: [{ label: xLabel }, { label: yLabel }],
-      series: [{ label: xLabel }, { label: yLabel, fill: "rgba(47,91,211,0.35)", stroke: "#2f5bd3",
-        paths: uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.9, 60], align: 1 }) : undefined,
-        points: { show: false } }],
-      legend: { show: true },
+      scales: { x: { time: false, range: [-0.6, Math.max(labels.length - 0.4, 0.6)] } },
+      axes: [
+        { label: xLabel, splits: function () { return xs; },
+          values: function (u, splits) { return splits.map(function (i) { return labels[i] || ""; }); } },
+        { label: yLabel },
+      ],
+      series: [
+        { label: xLabel, value: function (u, i) { return i == null ? "--" : (labels[i] || ""); } },
+        { label: yLabel, fill: "rgba(47,91,211,0.35)", stroke: "#2f5bd3", points: { show: false },
+          paths: uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.8, 80] }) : undefined },
+      ],
     };
     el.replaceChildren();
     new uPlot(opts, [xs, ys], el);
@@ -103,14 +110,14 @@
         var key = el.getAttribute("data-key");
         if (key === "per_source") {
           var rows = data.per_source || [];
-          bars(el, rows.map(function (_, i) { return i; }), rows.map(function (s) { return s.rows; }),
-            "source (see table)", "rows");
+          bars(el, rows.map(function (s) { return s.source.split("/").pop(); }),
+            rows.map(function (s) { return s.rows; }), "source file", "rows");
           el.setAttribute("data-drawn", String(rows.length));
           return;
         }
         var h = data[key];
         if (!h) return;
-        bars(el, h.edges.slice(0, -1), h.counts, el.getAttribute("data-label") || key, "rows");
+        bars(el, h.labels, h.counts, el.getAttribute("data-label") || key, "rows");
         el.setAttribute("data-drawn", String(h.counts.length));
       });
     });

@@ -167,7 +167,7 @@ def build_chat_dataset(
         cuts = [j for j, m in enumerate(conv) if m["role"] == "assistant"]
         for turn, cut in enumerate(cuts):
             row = encode_chat(tok, conv[: cut + 1], max_len)
-            row.update(source=str(src), source_row=i, turn=turn)
+            row.update(source=str(src), source_row=i + 1, turn=turn)  # JSONL: the 1-based line
             rows.append(row)
     ds_dir = write_dataset(root / "datasets" / name, rows, tok_dir)
     return {"tokenizer": tok_dir, "source": src, "dataset": ds_dir}
