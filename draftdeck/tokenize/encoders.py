@@ -171,6 +171,10 @@ class TiktokenEncoder:
         )
         self.allowed = set(self.specials)
         longest_first = sorted(self.specials, key=len, reverse=True)
+        # added tokens that are a prefix of another one: where they occur, matching order matters
+        self.ambiguous = tuple(
+            a for a in self.specials if any(b != a and b.startswith(a) for b in self.specials)
+        )
         self.special_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
         n = max(max(ranks.values()), max(self.specials.values(), default=0)) + 1
         lens = np.zeros(n, dtype=np.int64)
@@ -233,7 +237,11 @@ class TiktokenEncoder:
     def encode_one(self, text: str, literal: Literal, cache: dict[str, list[int]] | None = None) -> Encoded:
         """Ids and char starts of `text`; `literal` ranges are plain text even if they spell an added
         token. `cache` maps text segments to their ids (reuse it across the rows of a batch)."""
-        if not literal:
+        if not literal and not any(a in text for a in self.ambiguous):
+            # no added token here is a prefix of another: tiktoken's own matcher (leftmost, first
+            # alternative) then finds the same added tokens as leftmost-longest, in one call
+            ids = self.enc.encode(text, allowed_special=self.allowed, disallowed_special=())
+        elif not literal:
             ids = self._segments(text, cache)
         else:
             ids = []
