@@ -278,3 +278,13 @@ def test_rows_without_two_consecutive_trained_tokens_warn_no_dflash_anchor(
     [row] = res.rows
     assert int(row.loss_mask.sum()) == (1 if not content else 2)  # "<|im_end|>" or "x" + "<|im_end|>"
     assert res.report.warnings["no_dflash_anchor"] == anchor_warnings
+
+
+def test_text_that_is_not_nfc_goes_through_hf_with_exact_masks(qwen_dir: Path, qwen_tok: Any) -> None:
+    """The Qwen tokenizer normalises to NFC; such rows skip the fast encoder and the decode check
+    compares normalised text."""
+    decomposed = "cafe\u0301 and nai\u0308ve"
+    res = tokenize_rows([conv(u(decomposed), a(decomposed))], TokenizeOptions(qwen_dir))
+    assert res.hf_rows == 1 and res.fast_rows == 0 and not res.report.rejected
+    [(ids, mask, _)] = rows_of(res)
+    assert trained_runs(qwen_tok, ids, mask) == ["</think>\n\ncafé and naïve<|im_end|>"]
