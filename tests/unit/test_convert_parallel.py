@@ -13,6 +13,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from draftdeck.convert import ConvertOptions, convert
 from draftdeck.errors import JobFailed
@@ -402,3 +404,89 @@ def test_writer_thread_error_leaves_no_file(tmp_path: Path) -> None:
     import hashlib
 
     assert w.output.sha256 == hashlib.sha256(line * 5000).hexdigest()
+
+
+# -- the fast path for plain rows --------------------------------------------------------------------------
+_ROLES = st.sampled_from(
+    ["user", "assistant", "system", "developer", "tool", "gpt", "human", "bot", "function_call"]
+)
+_TEXTS = st.sampled_from(
+    ["", "  ", "hi", " padded answer that is long enough to not be a placeholder candidate ", "OK.",
+     "<think>r</think>a long enough answer after the reasoning block, really long", "x" * 120,
+     "<tool_call>{}</tool_call> and a long enough tail for the placeholder rule", "中文 " * 40, 7]
+)  # fmt: skip
+
+
+@st.composite
+def _plain_ish(draw: st.DrawFn) -> Any:
+    """A valid plain conversation (OpenAI or ShareGPT), then up to three perturbations of any kind."""
+    sharegpt = draw(st.booleans())
+    rk, tk = ("from", "value") if sharegpt else ("role", "content")
+    user, gpt = ("human", "gpt") if sharegpt else ("user", "assistant")
+    turns: list[dict[str, Any]] = [{rk: "system", tk: "be brief"}] if draw(st.booleans()) else []
+    for i in range(draw(st.integers(1, 3))):
+        turns += [{rk: user, tk: f"question {i}"}, {rk: gpt, tk: f"an answer long enough, number {i}"}]
+    row: dict[str, Any] = {"conversations" if sharegpt else "messages": turns}
+    for _ in range(draw(st.integers(0, 3))):
+        what = draw(st.integers(0, 4))
+        at = draw(st.integers(0, len(turns) - 1))
+        if what == 0:
+            turns[at][rk] = draw(_ROLES)
+        elif what == 1:
+            turns[at][tk] = draw(_TEXTS)
+        elif what == 2:
+            turns[at]["name"] = "n"
+        elif what == 3:
+            del turns[at]
+            if not turns:
+                break
+        else:
+            key = draw(st.sampled_from(["id", "system", "tools", "conversations", "messages", "x"]))
+            row[key] = draw(st.sampled_from(["", "s", None, "[]", 3]))
+    return row
+
+
+def _general(value: Any, to: str, max_chars: int) -> tuple[str, bytes, int] | None:
+    from draftdeck.convert import check_conversation, duplicate_key, placeholder_key
+    from draftdeck.formats.common import ParseContext, RowRejected
+    from draftdeck.formats.detect import parse
+    from draftdeck.formats.writers import JSONL_ENCODERS, RESERVED, encode_line
+
+    ctx = ParseContext()
+    try:
+        family, convs = parse(value, ctx)
+    except RowRejected:
+        return None
+    if len(convs) != 1 or ctx.warnings:
+        return None
+    conv = convs[0]
+    if check_conversation(conv, False) or placeholder_key(conv, max_chars) is not None:
+        return None
+    if not RESERVED.isdisjoint(conv.meta):
+        return None
+    return family, encode_line(JSONL_ENCODERS[to](conv)), duplicate_key(conv)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(row=_plain_ish(), to=st.sampled_from(["sharegpt", "openai"]))
+def test_plain_row_fast_path_is_the_general_path(row: Any, to: str) -> None:
+    from draftdeck.convert_parallel import plain_row
+
+    fast = plain_row(row, to, 24, True)
+    if fast is not None:  # whenever the fast path answers, it answers what the general path does
+        assert fast == _general(row, to, 24)
+
+
+def test_plain_row_fast_path_takes_the_usual_rows() -> None:
+    from draftdeck.convert_parallel import plain_row
+
+    answer = "a long enough answer " * 3
+    for row in (
+        _chat("q", answer, id=3),
+        {"system": "s", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": answer}]},
+        {"messages": [{"role": "developer", "content": "d"}, *_chat(" q ", answer)["messages"]]},
+    ):
+        for to in ("sharegpt", "openai"):
+            fast = plain_row(row, to, 24, True)
+            assert fast is not None and fast == _general(row, to, 24)
+    assert plain_row(_chat("q", "OK."), "sharegpt", 24, True) is None  # a placeholder candidate
