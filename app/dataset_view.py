@@ -116,6 +116,27 @@ def _version(path: Path) -> tuple[int, ...]:
     return tuple(stamps)
 
 
+_infos: OrderedDict[str, tuple[tuple[int, ...], DatasetInfo]] = OrderedDict()
+_infos_lock = threading.Lock()
+
+
+def cached_info(path: Path) -> DatasetInfo:
+    """:func:`load_info`, cached until the dataset's metadata files change: what the sample pages use, so
+    their cost does not grow with the number of shards (the overview pages read everything afresh)."""
+    key, version = str(path), _version(path)
+    with _infos_lock:
+        hit = _infos.get(key)
+        if hit is not None and hit[0] == version:
+            _infos.move_to_end(key)
+            return hit[1]
+    info = load_info(path)
+    with _infos_lock:
+        _infos[key] = (version, info)
+        while len(_infos) > MAX_OPEN_STORES:
+            _infos.popitem(last=False)
+    return info
+
+
 def load_info(path: Path) -> DatasetInfo:
     info = DatasetInfo(path=path)
     if not path.is_dir():

@@ -28,6 +28,7 @@ from app.dataset_view import (
     Filters,
     Step,
     alerts_for,
+    cached_info,
     chips_for,
     first_match,
     forget_store,
@@ -386,7 +387,7 @@ def _sample_response(
     push: bool = False,
 ) -> HTMLResponse:
     started = time.perf_counter()
-    info = load_info(Path(ds.path))
+    info = cached_info(Path(ds.path))
     context: dict[str, Any] = {
         "ds": ds,
         "info": info,
@@ -464,7 +465,7 @@ def go(
             )
     if error:
         return _sample_response(request, session, ds, current, f, partial=htmx, filter_error=error)
-    info = load_info(Path(ds.path))
+    info = cached_info(Path(ds.path))
     try:
         store = open_store(Path(ds.path))
         tok_dir = _tokenizer_dir(ds, info)
