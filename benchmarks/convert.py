@@ -10,8 +10,9 @@ of non-ASCII text, a few dummy "OK." answers), then times, each in its own subpr
   It only knows `messages` rows and skips the others (the seed crashed on them).
 - `draftdeck 1 worker` / `draftdeck 2 workers`: `draftdeck.convert.convert(..., to="sharegpt",
   options=ConvertOptions(workers=N))`: every row detected, checked, counted, written atomically with its
-  sha256; with 2 workers, 4 MiB ranges of the file are converted in a process pool and the parent
-  keeps the cross-row decisions (duplicates, placeholders) and writes (the same bytes).
+  sha256; with 2 workers, 4 MiB ranges of the file are converted in 2 worker processes (plain rows
+  that pass every check on a fast path) and the parent keeps the cross-row decisions (duplicates,
+  placeholders, policy) and writes the same bytes in input order.
 - `orjson floor` (reference): orjson parse + serialize of every row, sha256 and write, and nothing else:
   the ceiling for any single-process Python converter of the same data. `orjson floor x2`: the same
   in 2 processes, each on one half of the file (cut at a newline), each writing its own file: the
