@@ -516,3 +516,52 @@ def test_migration_up_down_sqlite_and_postgres_sql(
     sql = capsys.readouterr().out
     assert "CREATE TABLE datasets" in sql and "CONSTRAINT uq_datasets_path UNIQUE (path)" in sql
     assert "CREATE INDEX ix_datasets_job_id" in sql
+
+
+def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
+    """End to end with the project's own pipeline: a tokenize job's shards appear in the list under the
+    job, every row's chips match its shard row, and the source panel finds each row's conversation."""
+    import json
+
+    from sqlmodel import select
+
+    from app import jobs
+    from app.db import session_scope
+    from app.models import JobOutput
+    from app.settings import get_settings
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from tests.datasets_helpers import sample_conversations
+    from workers.kinds import get_kind
+    from workers.runner import run_job
+
+    data = migrated / "data"
+    src = data / "chats.jsonl"
+    src.write_text(
+        "".join(json.dumps({"messages": c}, ensure_ascii=False) + "\n" for c in sample_conversations())
+    )
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    kind = get_kind("tokenize")
+    raw = {"inputs": str(src), "tokenizer": str(tok), "shard_rows": 3, "workers": 1}
+    params = kind.params.model_validate(raw).confined(get_settings().roots)
+    with session_scope() as session:
+        job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)
+    assert run_job(job.id or 0) == "succeeded"
+    with session_scope() as session:
+        outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job.id)))
+    ds_dir = Path(outputs[0].path).parent
+    listing = client.get("/datasets").text
+    assert f'href="/jobs/{job.id}"' in listing and ds_dir.name in listing
+    ds_id = int(re.search(r'data-dataset="(\d+)"', listing).group(1))  # type: ignore[union-attr]
+    rows = shard_rows(ds_dir)
+    assert rows
+    for n, row in enumerate(rows):
+        page = client.get(f"/datasets/{ds_id}/rows/{n}")
+        chips = chips_of(page.text).chips
+        assert [int(c["data-id"]) for c in chips] == row["input_ids"]
+        assert len([c for c in chips if "tr" in c["class"].split()]) == row["n_trained"] > 0
+        assert "<script>alert" not in page.text and "\ufffd" not in page.text
+        source = client.get(f"/datasets/{ds_id}/rows/{n}/source").text
+        assert 'id="source-conversation"' in source and f"chats.jsonl:{row['source_row']}" in source
+    assert client.get(f"/datasets/{ds_id}").status_code == 200
+    assert client.get(f"/datasets/{ds_id}/stats.json").json()["rows"] == len(rows)
