@@ -1,4 +1,4 @@
-"""`convert` with worker processes: large JSONL inputs are cut into byte ranges and converted in a pool.
+"""`convert` with worker processes: large JSONL inputs are cut into byte ranges converted in parallel.
 
 Split of the work (design):
 
@@ -6,11 +6,15 @@ Split of the work (design):
   that depends on the row alone: parse the JSON, detect the family, build the canonical conversation,
   run :func:`draftdeck.convert.check_conversation`, encode the output line in the target format, and
   compute the duplicate hash and the placeholder key. They count nothing and decide nothing: each row
-  comes back as a record (its line number, its issues, its encoded line).
+  comes back as a record (its line number, its issues, its encoded line). Plain OpenAI / ShareGPT rows
+  that pass every check take a fast path (:func:`plain_row`) that gives the same line and hash
+  without building the canonical model.
 - **The parent** replays the records in input order through the very same state as the one-process
   path (:class:`draftdeck.convert._Reader`: policy verdicts, the placeholder buffer, the duplicate set)
   and writes the encoded lines. So the counts, the examples (the first ones in input order), the
-  output bytes and a policy failure (at the same row) are those of ``workers=1``.
+  output bytes and a policy failure (at the same row) are those of ``workers=1``. Each worker has
+  its own pipe and the parent reads them in turn in its own thread (no helper threads to contend
+  with for the GIL); the usual rows of a range come back packed (:class:`Chunk`).
 
 Ranges come from :func:`draftdeck.formats.readers.jsonl_chunks`: they end just after a newline (the
 parent reads only a few bytes around each cut). A worker numbers its lines from 1 and counts the
