@@ -490,3 +490,26 @@ def test_plain_row_fast_path_takes_the_usual_rows() -> None:
             fast = plain_row(row, to, 24, True)
             assert fast is not None and fast == _general(row, to, 24)
     assert plain_row(_chat("q", "OK."), "sharegpt", 24, True) is None  # a placeholder candidate
+
+
+def test_cancel_mid_run_stops_workers_and_leaves_no_file(tmp_path: Path) -> None:
+    import multiprocessing
+
+    from draftdeck.errors import Cancelled
+
+    src = _mixed_file(tmp_path / "m.jsonl", n=1500, seed=6)
+    seen: list[int] = []
+
+    def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
+        seen.append(done)
+        if len(seen) == 3:
+            raise Cancelled("stop")
+
+    out = tmp_path / "o.jsonl"
+    with pytest.raises(Cancelled):
+        convert(
+            [src], out, "sharegpt", options=ConvertOptions(workers=2, chunk_bytes=2000), progress=progress
+        )
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]
+    assert multiprocessing.active_children() == []
+    assert seen == sorted(seen) and seen[-1] < src.stat().st_size
