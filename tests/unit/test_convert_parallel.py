@@ -513,3 +513,14 @@ def test_cancel_mid_run_stops_workers_and_leaves_no_file(tmp_path: Path) -> None
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl"]
     assert multiprocessing.active_children() == []
     assert seen == sorted(seen) and seen[-1] < src.stat().st_size
+
+
+def test_jsonl_content_under_a_json_name(tmp_path: Path) -> None:
+    """A .json file whose first line is a whole object is JSONL (the reader sniffs it): chunked too."""
+    rows = [orjson.dumps(_chat(f"q{i}", f"answer number {i} is long enough")) + b"\n" for i in range(200)]
+    rows[120] = b"{bad\n"
+    src = tmp_path / "lines.json"
+    src.write_bytes(b"\xef\xbb\xbf" + b"".join(rows))
+    one, two = _both(tmp_path, [src], chunk_bytes=1500)
+    assert two.extra["parallel"]["chunks"] > 3
+    assert [e.line for e in one.examples["json_error"]] == [121]
