@@ -516,6 +516,7 @@ class Chip:
     anchor: bool = False
     edge: bool = False  # the mask changes here
     role: str | None = None  # a turn starts here, for this role
+    diff: bool = False  # compare view: the other dataset's mask differs at this position
 
     @property
     def cls(self) -> str:
@@ -524,6 +525,8 @@ class Chip:
             parts.append("anchor")
         if self.edge:
             parts.append("edge")
+        if self.diff:
+            parts.append("diff")
         return " ".join(parts)
 
 

@@ -164,6 +164,28 @@ def register_dataset(
     return RedirectResponse(f"/datasets/{ds.id}", status_code=303)
 
 
+def _row_diff(sides: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """How the same row differs between two datasets: token ids and loss masks, position by position."""
+    if len(sides) != 2 or not sides[0]["sample"] or not sides[1]["sample"]:
+        return None
+    a, b = sides[0]["sample"]["chips"], sides[1]["sample"]["chips"]
+    first_id = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x.id != y.id), None)
+    if first_id is None and len(a) != len(b):
+        first_id = min(len(a), len(b))
+    mask_diff = [i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x.id == y.id and x.mask != y.mask]
+    for side in sides:
+        for i in mask_diff:
+            side["sample"]["chips"][i].diff = True
+    return {
+        "same_ids": first_id is None,
+        "first_id": first_id,
+        "mask_diff": len(mask_diff),
+        "first_mask": mask_diff[0] if mask_diff else None,
+        "len_a": len(a),
+        "len_b": len(b),
+    }
+
+
 def _dataset_alerts(session: Session, ds: Dataset) -> list[Alert]:
     return list(
         session.exec(
@@ -204,6 +226,7 @@ def compare_page(
             except BrowseError as exc:
                 side["message"] = str(exc)
         sides.append(side)
+    diff = _row_diff(sides) if row_n is not None else None
     return render(
         request,
         "datasets_compare.html",
@@ -215,6 +238,7 @@ def compare_page(
         b=b,
         row=row if row is not None else "",
         error=error,
+        diff=diff,
         status_code=400 if error else 200,
     )
 

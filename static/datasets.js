@@ -71,6 +71,19 @@
     document.querySelectorAll(".toggle-anchors").forEach(function (b) { setAnchors(b, on); });
   });
 
+  // Arrow keys page through rows (not while typing in a field).
+  document.addEventListener("keydown", function (e) {
+    if (e.altKey || e.ctrlKey || e.metaKey || e.shiftKey) return;
+    var t = e.target;
+    if (t && (t.tagName === "INPUT" || t.tagName === "SELECT" || t.tagName === "TEXTAREA" || t.isContentEditable)) return;
+    var id = e.key === "ArrowLeft" ? "nav-prev" : e.key === "ArrowRight" ? "nav-next" : null;
+    var link = id && document.getElementById(id);
+    if (link) {
+      e.preventDefault();
+      link.click();
+    }
+  });
+
   document.addEventListener("htmx:afterSwap", function () {
     var t = tip();
     if (t) t.hidden = true;

@@ -166,6 +166,13 @@ def tab(chromium: Any, site: Site) -> Iterator[tuple[Any, Seen]]:
     assert "Traceback" not in new_log, new_log[-3000:]
 
 
+def _settled(pg: Any) -> None:
+    """Wait until htmx has swapped and settled (no request, swap or settle class left on the page)."""
+    pg.wait_for_function(
+        "() => !document.querySelector('.htmx-request, .htmx-swapping, .htmx-settling, .htmx-added')"
+    )
+
+
 def _trained_chips(pg: Any) -> int:
     return int(pg.locator("#chips-main .tok.tr").count())
 
@@ -189,7 +196,14 @@ def test_page_through_rows_and_count_trained_chips(tab: tuple[Any, Seen], site: 
     expect(pg.locator("#row-n")).to_have_text(str(len(rows) - 2))
     pg.go_back()  # the pushed URLs are real history entries
     expect(pg.locator("#row-n")).to_have_text(str(len(rows) - 1))
-    pg.click("#nav-random")
+    pg.goto(f"/datasets/{site.chat_id}/rows/1")
+    pg.locator("body").press("ArrowRight")
+    expect(pg.locator("#row-n")).to_have_text("2")
+    pg.locator("body").press("ArrowLeft")
+    expect(pg.locator("#row-n")).to_have_text("1")
+    with pg.expect_response(lambda r: "to=random" in r.url):
+        pg.click("#nav-random")
+    _settled(pg)
     expect(pg.locator("#row-n")).to_have_text(re.compile(r"^\d+$"))
     assert 0 <= int(pg.locator("#row-n").inner_text()) < len(rows)
     pg.fill("#jump-at", "2")

@@ -457,6 +457,17 @@ def test_compare(client: Any, chat: dict[str, Path], migrated: Path, tokenizer_d
     assert r.text.count('class="chips"') == 1 and "row 3 is out of range" in r.text
     r = client.get("/datasets/compare", params={"a": a, "b": b, "row": "x"})
     assert r.status_code == 400 and "whole number" in r.text
+    # the same row under another mask: the differing positions are counted and outlined
+    other = write_dataset(migrated / "datasets" / "small-b",
+                          [{"input_ids": [1, 70, 2], "loss_mask": [0, 0, 1]}], tokenizer_dir)  # fmt: skip
+    c = registered(client, other)
+    r = client.get("/datasets/compare", params={"a": b, "b": c, "row": 0})
+    assert (
+        "Same token ids (3 tokens)" in r.text and "differ at 1 positions" in r.text and "first at 1" in r.text
+    )
+    assert [x["data-p"] for x in chips_of(r.text).chips if "diff" in x["class"].split()] == ["1", "1"]
+    r = client.get("/datasets/compare", params={"a": a, "b": c, "row": 0})
+    assert "Token ids differ from position" in r.text
 
 
 def test_delete_needs_confirmation_and_stays_inside_roots(client: Any, chat: dict[str, Path],
@@ -528,11 +539,9 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
     from app import jobs
     from app.db import session_scope
     from app.models import JobOutput
-    from app.settings import get_settings
     from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
     from tests.datasets_helpers import sample_conversations
-    from workers.kinds import get_kind
-    from workers.runner import run_job
 
     data = migrated / "data"
     src = data / "chats.jsonl"
@@ -541,14 +550,13 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
     )
     tok = data / "tok"
     shutil.copytree(small_bpe_tokenizer(), tok)
-    kind = get_kind("tokenize")
-    raw = {"inputs": str(src), "tokenizer": str(tok), "shard_rows": 3, "workers": 1}
-    params = kind.params.model_validate(raw).confined(get_settings().roots)
-    with session_scope() as session:
-        job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)
-    assert run_job(job.id or 0) == "succeeded"
-    with session_scope() as session:
+    out_dir = migrated / "jobs" / "tok-out"
+    report = tokenize_files([src], out_dir, TokenizeOptions(tok, shard_rows=3, workers=1))
+    with session_scope() as session:  # what the worker records when the job succeeds
+        job = jobs.create_job(session, "tokenize", {"inputs": [str(src)], "tokenizer": str(tok)}, "cpu")
+        jobs.record_outputs(session, job.id or 0, report.outputs)
         outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job.id)))
+    assert len(outputs) >= 2
     ds_dir = Path(outputs[0].path).parent
     listing = client.get("/datasets").text
     assert f'href="/jobs/{job.id}"' in listing and ds_dir.name in listing
