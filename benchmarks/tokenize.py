@@ -1,7 +1,7 @@
 # ruff: noqa: E402, E501, SIM905 - imports follow the sys.path fix; data literals
 """Benchmark: DraftDeck's tokenize job against raw encoders, on the real Qwen3.6 vocabulary.
 
-    python benchmarks/tokenize.py [--conversations 20000] [--workers 0]
+    python benchmarks/tokenize.py [--conversations 20000] [--workers 0] [--no-peer] [--seq-length 65536]
 
 Input: synthetic OpenAI-shape conversations (a mix of lengths, 1-3 turns, prose and code, some with
 reasoning) plus the real files of ../shared/datasets/real/ when present, written as one JSONL file
@@ -13,13 +13,18 @@ Rows of the table:
   write shards + stats), conversations per second and input MB per second;
 - raw HF: the HF fast tokenizer's batch encode of the fully rendered conversations (rendering not
   timed), both cores (Rust threads);
-- raw tiktoken: tiktoken's encode_batch of the same texts, both cores (threads).
+- raw tiktoken: tiktoken's encode_batch of the same texts, both cores (threads);
+- speculators 0.9.0 ``prepare-data`` (the peer; ``--no-peer`` skips it): installed on demand into
+  benchmarks/.work/speculators-venv (gitignored; ~1.5 GB, reused when present) with DOMAIN.md's CPU
+  recipe. 0.9.0 tokenizes only through a vLLM server's ``POST /v1/chat/completions/render``; with no
+  vLLM here, benchmarks/_render_server.py (loopback, 127.0.0.1) serves it with the same tokenizer
+  folder and strict template (its ids are checked against HF ``apply_chat_template`` before the run).
+  The peer reads the same conversations, written as ShareGPT ``conversations`` rows (not timed); its
+  time is the whole command (process start, imports, tokenizer load, render of every turn, shuffle,
+  save), its CPU that of the command, its 2 workers and the render server.
 
 Each row gives wall-clock throughput and throughput per CPU-second (the machine is shared: other
-work lowers wall-clock numbers, not CPU-time ones).
-
-The speculators 0.9.0 peer is not run here (it needs its own 1.5 GB venv and a render server); the
-table says so.
+work lowers wall-clock numbers, not CPU-time ones), and the rows and tokens it produced.
 """
 
 from __future__ import annotations
@@ -117,10 +122,241 @@ def _cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+PEER = "speculators 0.9.0 prepare-data"
+PEER_VERSION = "0.9.0"
+PEER_VENV = WORK / "speculators-venv"
+
+
+def _tail(path: Path, n: int = 3) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])[-400:]
+
+
+def peer_install(venv: Path = PEER_VENV) -> tuple[Path | None, str]:
+    """The peer's `speculators` command, installed into `venv` with DOMAIN.md's CPU recipe when it is
+    not there yet (torch 2.13.0 from the local wheel first, then speculators 0.9.0 with torch pinned to
+    the +cpu build, then torchvision/torchaudio removed: their import fails without CUDA ops).
+    Returns (command, "") or (None, why not)."""
+    import subprocess
+
+    py, cli = venv / "bin" / "python", venv / "bin" / "speculators"
+    probe = (
+        "import importlib.metadata as m, sys; v = m.version('speculators'); "
+        f"sys.exit(0 if v == '{PEER_VERSION}' else 'speculators ' + v + ' installed, not {PEER_VERSION}'); "
+    )
+    check = probe + "import speculators.data_generation.preprocessing"
+    if py.exists() and cli.exists():
+        r = subprocess.run([str(py), "-c", check], capture_output=True, text=True)
+        if r.returncode == 0:
+            return cli, ""
+        print(
+            f"peer venv {venv} is not usable ({(r.stderr or r.stdout).strip().splitlines()[-1:]}): reinstalling"
+        )
+    WORK.mkdir(parents=True, exist_ok=True)
+    log = WORK / "speculators-install.log"
+    constraints = WORK / "speculators-constraints.txt"
+    constraints.write_text("torch==2.13.0+cpu\n")
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check"]
+    steps = [
+        ("create venv", [sys.executable, "-m", "venv", "--clear", str(venv)]),
+        ("pip install torch==2.13.0", [*pip, "torch==2.13.0"]),
+        (f"pip install speculators=={PEER_VERSION}",
+         [*pip, f"speculators=={PEER_VERSION}", "torchvision==0.28.0", "-c", str(constraints)]),
+        ("pip uninstall torchvision torchaudio", [str(py), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio"]),
+        ("import check", [str(py), "-c", check]),
+    ]  # fmt: skip
+    print(f"installing the peer ({PEER}, ~1.5 GB) into {venv}; log: {log}", flush=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        for name, cmd in steps:
+            f.write(f"$ {' '.join(cmd)}\n")
+            f.flush()
+            try:
+                r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+            except OSError as exc:
+                return None, f"install failed at {name}: {exc}"
+            if r.returncode != 0:
+                f.close()
+                return None, f"install failed at {name} (exit {r.returncode}): {_tail(log)} (log {log})"
+    print(f"peer installed in {time.perf_counter() - t0:.0f} s", flush=True)
+    return cli, ""
+
+
+def write_sharegpt(convs: list, path: Path) -> None:
+    """The conversations as ShareGPT `conversations` rows (the key prepare-data reads; it maps
+    role/content as well as from/value). Tool-call arguments become JSON strings (what HF's `tojson`
+    would print for them) and tools a JSON string column, so Arrow's schema inference across rows
+    neither fails nor adds null keys to argument objects."""
+    from draftdeck.chat.render import conversation_dicts
+
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for c in convs:
+            msgs = conversation_dicts(c)
+            for m in msgs:
+                for tc in m.get("tool_calls") or ():
+                    a = tc["function"]["arguments"]
+                    if not isinstance(a, str):
+                        tc["function"]["arguments"] = json.dumps(a, ensure_ascii=False)
+            row: dict = {"conversations": msgs}
+            if c.tools:
+                row["tools"] = json.dumps(c.tools, ensure_ascii=False)
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+class RenderServer:
+    """benchmarks/_render_server.py as a child process on 127.0.0.1."""
+
+    def __init__(self, tok_dir: Path) -> None:
+        import subprocess
+
+        script = Path(__file__).resolve().parent / "_render_server.py"
+        self.log = WORK / "render-server.log"
+        self.log_file = open(self.log, "w")  # noqa: SIM115 - the server's stderr for its lifetime
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), "--tokenizer", str(tok_dir), "--port", "0"],
+            stdout=subprocess.PIPE, stderr=self.log_file, text=True,
+        )  # fmt: skip
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not line.startswith("READY "):
+            self.close()
+            raise RuntimeError(f"render server did not start: {_tail(self.log)}")
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        import urllib.error
+        import urllib.request
+
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def render(
+        self, messages: list[dict], add_generation_prompt: bool, tools: list | None
+    ) -> tuple[int, dict]:
+        body: dict = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        if tools:
+            body["tools"] = tools
+        return self._call("POST", "/v1/chat/completions/render", body)
+
+    def stats(self) -> dict:
+        return self._call("GET", "/stats")[1]
+
+    def reset(self) -> None:
+        self._call("GET", "/reset")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait()
+        self.log_file.close()
+
+
+def check_server(server: RenderServer, tok, path: Path, n: int = 8) -> str:
+    """The stand-in's ids for every prefix speculators renders (prompt with generation prompt, turn
+    without) of the first `n` conversations of the peer's input, against HF `apply_chat_template`.
+    Returns a one-line summary; raises if any differ."""
+    done = renders = 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if done >= n:
+                break
+            row = json.loads(line)
+            msgs, tools = row["conversations"], json.loads(row["tools"]) if row.get("tools") else None
+            if not any(m["role"] == "user" for m in msgs):
+                continue
+            done += 1
+            for j, m in enumerate(msgs):
+                if m["role"] != "assistant" or j == 0:
+                    continue
+                for prefix, gen in ((msgs[:j], True), (msgs[: j + 1], False)):
+                    status, got = server.render(prefix, gen, tools)
+                    want = tok.apply_chat_template(
+                        prefix, tools=tools, add_generation_prompt=gen, tokenize=True
+                    )
+                    want = list(want["input_ids"] if hasattr(want, "keys") else want)
+                    if status != 200 or got.get("token_ids") != want:
+                        raise RuntimeError(
+                            f"render stand-in differs from HF apply_chat_template: {status} {str(got)[:200]}"
+                        )
+                    renders += 1
+    return (
+        f"render stand-in checked: {renders} renders of {done} conversations equal HF apply_chat_template ids"
+    )
+
+
+def run_peer(
+    cli: Path, tok_dir: Path, data: Path, seq_length: int, workers: int, server: RenderServer
+) -> dict:
+    """One timed `speculators prepare-data` run; its output's rows, tokens and trained tokens."""
+    import resource
+    import subprocess
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = WORK / "peer-out"
+    shutil.rmtree(out, ignore_errors=True)
+    log = WORK / "peer-prepare-data.log"
+    cmd = [str(cli), "prepare-data", "--model", str(tok_dir), "--data", str(data), "--output", str(out),
+           "--seq-length", str(seq_length), "--num-preprocessing-workers", str(workers),
+           "--render-endpoint", server.url]  # fmt: skip
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "HF_HOME": str(WORK / "peer-hf-home"),
+    }
+    s0 = server.stats()
+    k0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    wall = time.perf_counter() - t0
+    k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    s1 = server.stats()
+    if r.returncode != 0:
+        raise RuntimeError(f"exit {r.returncode}: {_tail(log)} (log {log})")
+    rows = tokens = trained = longest = 0
+    for shard in sorted(out.glob("*.arrow")):
+        with pa.memory_map(str(shard)) as src:
+            t = pa.ipc.open_stream(src).read_all()
+        rows += t.num_rows
+        if t.num_rows:
+            tokens += pc.sum(t["seq_len"]).as_py()
+            longest = max(longest, pc.max(t["seq_len"]).as_py())
+            trained += pc.sum(pc.list_flatten(t["loss_mask"])).as_py()
+    text = log.read_text(errors="replace")
+    return {
+        "wall": wall,
+        "cpu": (k1.ru_utime + k1.ru_stime - k0.ru_utime - k0.ru_stime) + (s1["cpu_s"] - s0["cpu_s"]),
+        "server_cpu": s1["cpu_s"] - s0["cpu_s"],
+        "render_span": (s1["last"] or 0) - (s1["first"] or 0) if s1["requests"] > s0["requests"] else 0.0,
+        "renders": s1["requests"] - s0["requests"],
+        "render_errors": s1["errors"] - s0["errors"],
+        "failed_convs": text.count("Failed to process conversation"),
+        "rows": rows, "tokens": tokens, "trained": trained, "longest": longest,
+        "input_mb": data.stat().st_size / 1e6,
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conversations", type=int, default=20_000)
     ap.add_argument("--workers", type=int, default=0)
+    ap.add_argument("--no-peer", action="store_true", help=f"skip {PEER} (and its on-demand install)")
+    ap.add_argument("--peer-workers", type=int, default=2, help="prepare-data --num-preprocessing-workers")
+    ap.add_argument("--seq-length", type=int, default=65536,
+                    help="prepare-data --seq-length (it needs one; DraftDeck runs without a limit)")  # fmt: skip
     args = ap.parse_args()
 
     from draftdeck.chat.render import ChatRenderer, conversation_dicts, load_tokenizer
@@ -136,13 +372,16 @@ def main() -> None:
     inputs = [synth, *real]
     mb = sum(p.stat().st_size for p in inputs) / 1e6
 
+    # The peer's install comes first so that its download/IO does not overlap the timed runs.
+    peer_cli, peer_why = (None, "skipped (--no-peer)") if args.no_peer else peer_install()
+
     # Rendered texts for the raw encoders (rendering is not timed for them).
     tok = load_tokenizer(tok_dir)
     renderer = ChatRenderer.from_tokenizer(tok)
     texts = []
-    convs = 0
-    for c in read_conversations(inputs, Report()):
-        convs += 1
+    conversations = list(read_conversations(inputs, Report()))
+    convs = len(conversations)
+    for c in conversations:
         try:
             texts.append(renderer.render(conversation_dicts(c), c.tools, False))
         except Exception:
@@ -159,33 +398,83 @@ def main() -> None:
     report = tokenize_files(inputs, out, opts)
     dd, dd_cpu = time.perf_counter() - t0, _cpu() - c0
 
+    hf_tokens = 0
     t0, c0 = time.perf_counter(), _cpu()
     for i in range(0, len(texts), 1024):
-        tok(texts[i : i + 1024], add_special_tokens=False)
+        enc = tok(texts[i : i + 1024], add_special_tokens=False)
+        hf_tokens += sum(map(len, enc["input_ids"]))
     hf, hf_cpu = time.perf_counter() - t0, _cpu() - c0
 
+    tk_tokens = 0
     t0, c0 = time.perf_counter(), _cpu()
     for i in range(0, len(texts), 1024):
-        fast.enc.encode_batch(texts[i : i + 1024], num_threads=os.cpu_count() or 2, allowed_special="all")
+        ids = fast.enc.encode_batch(
+            texts[i : i + 1024], num_threads=os.cpu_count() or 2, allowed_special="all"
+        )
+        tk_tokens += sum(map(len, ids))
     tk, tk_cpu = time.perf_counter() - t0, _cpu() - c0
 
+    peer = None
+    check = ""
+    if peer_cli is not None:
+        data = WORK / f"peer-sharegpt-{args.conversations}.jsonl"
+        write_sharegpt(conversations, data)  # not timed, like the raw encoders' rendering
+        server = None
+        try:
+            server = RenderServer(tok_dir)  # stands for the vLLM server: started and loaded before timing
+            check = check_server(server, tok, data)
+            server.reset()
+            print(f"running {PEER} on {convs:,} conversations ({args.peer_workers} workers)...", flush=True)
+            peer = run_peer(peer_cli, tok_dir, data, args.seq_length, args.peer_workers, server)
+        except Exception as exc:
+            peer_why = f"failed: {exc}"
+        finally:
+            if server is not None:
+                server.close()
+
     rows = [
-        ("DraftDeck tokenize (whole job)", convs / dd, mb / dd, convs / dd_cpu),
-        ("raw HF fast tokenizer batch encode", len(texts) / hf, mb / hf, len(texts) / hf_cpu),
-        ("raw tiktoken encode_batch", len(texts) / tk, mb / tk, len(texts) / tk_cpu),
+        (
+            "DraftDeck tokenize (whole job)",
+            convs / dd,
+            mb / dd,
+            convs / dd_cpu,
+            report.rows_out,
+            report.extra["tokens"],
+        ),
+        (
+            "raw HF fast tokenizer batch encode",
+            len(texts) / hf,
+            mb / hf,
+            len(texts) / hf_cpu,
+            len(texts),
+            hf_tokens,
+        ),
+        ("raw tiktoken encode_batch", len(texts) / tk, mb / tk, len(texts) / tk_cpu, len(texts), tk_tokens),
     ]
+    if peer is not None:
+        rows.append(
+            (PEER, convs / peer["wall"], mb / peer["wall"], convs / peer["cpu"], peer["rows"], peer["tokens"])
+        )
     print(f"\n{convs:,} conversations ({mb:.1f} MB input, {len(real)} real files + synthetic), "
           f"{report.rows_out:,} rows out ({report.rows_expanded:,} from split turns), "
           f"{report.extra['tokens']:,} tokens, encoder {report.extra['encoder']['used']}, "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'':38} {'conv/s':>9} {'MB/s':>7} {'ratio':>7}  {'conv/CPU-s':>10} {'ratio':>7}")
-    for name, cps, mbs, cpu in rows:
+    print(
+        f"{'':38} {'conv/s':>9} {'MB/s':>7} {'ratio':>7}  {'conv/CPU-s':>10} {'ratio':>7}  {'rows out':>9} {'tokens out':>12}"
+    )
+    for name, cps, mbs, cpu, n_rows, n_tokens in rows:
         print(
             f"{name:38} {cps:>9,.0f} {mbs:>7.2f} {rows[0][1] / cps:>6.2f}x  {cpu:>10,.0f} {rows[0][3] / cpu:>6.2f}x"
+            f"  {n_rows:>9,} {n_tokens:>12,}"
         )
+    if peer is None:
+        print(f"{PEER:38} not run: {peer_why}")
+    print("ratio: DraftDeck's throughput divided by the row's (DraftDeck / row)")
+    goal_peer = "not measured" if peer is None else ("met" if rows[0][1] >= 10 * rows[3][1] else "NOT met")
     print(
         f"goals (wall clock): >= 1.5x raw HF ({'met' if rows[0][1] >= 1.5 * rows[1][1] else 'NOT met'}), "
-        f">= 0.6x raw tiktoken ({'met' if rows[0][1] >= 0.6 * rows[2][1] else 'NOT met'}); "
+        f">= 0.6x raw tiktoken ({'met' if rows[0][1] >= 0.6 * rows[2][1] else 'NOT met'}), "
+        f">= 10x {PEER} ({goal_peer}); "
         f"load average before the run {load[0]:.1f} (other work on the machine lowers every wall-clock row)"
     )
     print(
@@ -196,10 +485,17 @@ def main() -> None:
         "conv/CPU-s: conversations per second of CPU time (user + system, all threads and worker processes), "
         "which other load on the machine does not change much"
     )
-    print(
-        "speculators 0.9.0 peer: not run (needs its own ~1.5 GB venv and a render-server stand-in; "
-        "DOMAIN.md reports 224 conv/s on this machine for 30K similar conversations)"
-    )
+    print(f"DraftDeck: {report.extra['trained_tokens']:,} trained tokens")
+    if peer is not None:
+        print(
+            f"peer: {peer['wall']:.1f} s wall, {peer['cpu']:.1f} CPU-s (of which the render stand-in "
+            f"{peer['server_cpu']:.1f}), {peer['renders']:,} renders ({peer['render_errors']:,} refused by the "
+            f"template), {peer['failed_convs']:,} conversations skipped, {peer['trained']:,} trained tokens, "
+            f"longest row {peer['longest']:,} tokens (--seq-length {args.seq_length:,}); "
+            f"first to last render {peer['render_span']:.1f} s (the rest: start, imports, load, shuffle, save); "
+            f"its ShareGPT input {peer['input_mb']:.1f} MB (MB/s above is over the same {mb:.1f} MB as the other rows)"
+        )
+        print(f"peer: one row per assistant turn, every earlier turn re-rendered as context; {check}")
 
 
 if __name__ == "__main__":
