@@ -368,6 +368,8 @@ def open_store(path: Path) -> RowStore:
 def forget_store(path: Path) -> None:
     with _stores_lock:
         _stores.pop(str(path), None)
+    with _infos_lock:
+        _infos.pop(str(path), None)
 
 
 def store_totals(path: Path) -> dict[str, int]:

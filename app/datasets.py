@@ -275,10 +275,13 @@ def _deletable(ds: Dataset, settings: Settings) -> tuple[bool, str]:
         resolved = resolve_in_roots(ds.path, settings.roots)
     except PathNotAllowedError as exc:
         return False, str(exc)
-    if any(resolved == Path(r).resolve() for r in settings.roots):
-        return False, f"{resolved} is a data root itself; it is never deleted"
+    roots = [Path(r).resolve() for r in settings.roots]
+    if any(root == resolved or root.is_relative_to(resolved) for root in roots):
+        return False, f"{resolved} is (or holds) a data root; it is never deleted"
     if not resolved.is_dir():
         return False, f"{resolved} is no longer on disk"
+    if not ((resolved / "manifest.json").exists() or (resolved / "state.json").exists()):
+        return False, f"{resolved} no longer looks like a dataset folder (no manifest.json or state.json)"
     return True, str(resolved)
 
 

@@ -500,6 +500,18 @@ def test_delete_needs_confirmation_and_stays_inside_roots(client: Any, chat: dic
     r = client.post(f"/datasets/{out_id}/delete", data={"csrf": csrf, "confirm": "outside-ds"},
                     follow_redirects=False)  # fmt: skip
     assert r.status_code == 303 and outside.is_dir()
+    # a data root itself (or a folder holding one), or a folder that is not a dataset: never deleted
+    home = chat["source"].parents[1]  # the DraftDeck home, a data root
+    plain = home / "data" / "plain-folder"
+    plain.mkdir()
+    for path, name, why in ((home, home.name, "data root"), (plain, "plain-folder", "no longer looks like")):
+        with session_scope() as s:
+            row = Dataset(path=str(path), name=name)
+            s.add(row)
+            s.commit()
+            s.refresh(row)
+        r = client.post(f"/datasets/{row.id}/delete", data={"csrf": csrf, "confirm": name, "files": "1"})
+        assert r.status_code == 400 and why in r.text and path.is_dir()
 
 
 def test_migration_up_down_sqlite_and_postgres_sql(
@@ -573,3 +585,61 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
         assert 'id="source-conversation"' in source and f"chats.jsonl:{row['source_row']}" in source
     assert client.get(f"/datasets/{ds_id}").status_code == 200
     assert client.get(f"/datasets/{ds_id}/stats.json").json()["rows"] == len(rows)
+
+
+@pytest.mark.services
+def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The same routes on PostgreSQL (skipped when no server answers at DRAFTDECK_TEST_PG)."""
+    import os
+    import uuid
+
+    psycopg = pytest.importorskip("psycopg")
+    admin = os.environ.get("DRAFTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+    try:
+        psycopg.connect(admin, connect_timeout=3).close()
+    except Exception as exc:
+        pytest.skip(f"no PostgreSQL at {admin}: {exc}")
+    name = f"draftdeck_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        from alembic import command
+        from alembic.config import Config
+        from fastapi.testclient import TestClient
+        from sqlalchemy import inspect
+
+        from app.db import REPO_ROOT, get_engine, upgrade
+        from app.main import create_app
+        from app.settings import get_settings
+
+        monkeypatch.setenv(
+            "DATABASE_URL", f"postgresql://{admin.split('://', 1)[1].rsplit('/', 1)[0]}/{name}"
+        )
+        get_settings.cache_clear()
+        get_engine.cache_clear()
+        upgrade()
+        made = build_chat_dataset(dd_home, tokenizer_dir=tokenizer_dir)
+        empty = write_dataset(dd_home / "datasets" / "empty", [], tokenizer_dir)
+        with TestClient(create_app()) as c:
+            c.get("/datasets")
+            ds_id = registered(c, made["dataset"])
+            empty_id = registered(c, empty)
+            assert registered(c, made["dataset"]) == ds_id
+            assert c.get(f"/datasets/{ds_id}/rows/1").status_code == 200
+            assert 'data-kind="empty_output"' in c.get(f"/datasets/{empty_id}").text
+            form = {"csrf": c.cookies.get("dd_csrf"), "confirm": "empty"}
+            r = c.post(f"/datasets/{empty_id}/delete", data=form, follow_redirects=False)
+            assert r.status_code == 303 and empty.is_dir()
+        get_engine().dispose()
+        cfg = Config(str(REPO_ROOT / "alembic.ini"))
+        cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+        cfg.set_main_option("sqlalchemy.url", get_settings().db_url)
+        command.downgrade(cfg, "0001")
+        assert "datasets" not in inspect(get_engine()).get_table_names()
+        command.upgrade(cfg, "head")
+        assert "datasets" in inspect(get_engine()).get_table_names()
+        get_engine().dispose()
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
