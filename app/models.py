@@ -126,3 +126,33 @@ class Dataset(SQLModel, table=True):
     job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
     origin: str = "registered"  # registered | job
     created_at: datetime = Field(default_factory=utcnow)
+
+
+class JobChunk(SQLModel, table=True):
+    """One chunk of a job split into tasks (tokenize): its own task, its own shard; see workers/chunks.py."""
+
+    __tablename__ = "job_chunks"
+    __table_args__ = (
+        UniqueConstraint("job_id", "chunk_index"),
+        Index("ix_job_chunks_job_status", "job_id", "status"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id")
+    chunk_index: int
+    status: str = "pending"  # pending | running | done | failed | cancelled | skipped
+    input_path: str = ""
+    conversations: int = 0
+    rows_in: int | None = None
+    rows_out: int | None = None
+    report: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    shard_path: str | None = None
+    bytes: int | None = None
+    sha256: str | None = None
+    worker: str | None = None
+    task_id: str | None = None
+    error: str | None = None
+    finalized_by: str | None = None  # set once, on chunk 0, by the task that runs the final step
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None

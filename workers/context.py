@@ -19,6 +19,11 @@ from draftdeck.quality import Output
 PROGRESS_EVERY_SECONDS = 0.5
 
 
+class Handoff(Exception):
+    """Raised by a kind's run when the job continues in other tasks (chunk tasks): the runner leaves
+    the job `running` and records nothing; the task that finishes the job records it."""
+
+
 @dataclass
 class JobContext:
     job_id: int

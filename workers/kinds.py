@@ -44,7 +44,9 @@ class JobParams(BaseModel):
 
 class ScanParams(JobParams):
     path: str = Field(description="data file to scan (JSONL, JSON array or object; gzip/zstd too)")
-    max_row_bytes: int = Field(default=DEFAULT_MAX_ROW_BYTES, gt=0, description="rows above this size are rejected")
+    max_row_bytes: int = Field(
+        default=DEFAULT_MAX_ROW_BYTES, gt=0, description="rows above this size are rejected"
+    )
     input_paths: ClassVar[tuple[str, ...]] = ("path",)
 
 
@@ -127,6 +129,9 @@ class TokenizeParams(JobParams):
     strict: bool = Field(default=False, description="every warning fails the job")
     encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
     workers: int = Field(default=0, ge=0, description="processes (0: one per core)")
+    chunk_rows: int | None = Field(
+        default=None, ge=1, description="conversations per chunk task (default: shard_rows)"
+    )
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "tokenizer", "chat_template")
 
     @field_validator("inputs", mode="before")
@@ -145,10 +150,10 @@ class TokenizeParams(JobParams):
         return Policy(strict=self.strict)
 
 
-def run_tokenize(params: TokenizeParams, ctx: JobContext) -> Report:
-    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+def tokenize_options(params: TokenizeParams) -> Any:
+    from draftdeck.tokenize.pipeline import TokenizeOptions
 
-    opts = TokenizeOptions(
+    return TokenizeOptions(
         tokenizer=Path(params.tokenizer),
         chat_template=Path(params.chat_template) if params.chat_template else None,
         template_kwargs=params.template_kwargs,
@@ -161,8 +166,17 @@ def run_tokenize(params: TokenizeParams, ctx: JobContext) -> Report:
         encoder=params.encoder,
         workers=params.workers,
     )
-    out = Path(params.out) if params.out else ctx.out_dir / "dataset"
-    return tokenize_files([Path(p) for p in params.inputs], out, opts, progress=ctx.progress)
+
+
+def tokenize_out(params: TokenizeParams, ctx: JobContext) -> Path:
+    return Path(params.out) if params.out else ctx.out_dir / "dataset"
+
+
+def run_tokenize(params: TokenizeParams, ctx: JobContext) -> Report:
+    """Splits the input into chunk tasks (workers/chunks.py): always, so that one path runs every job."""
+    from workers.chunks import plan_tokenize
+
+    return plan_tokenize(params, ctx)
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from app.db import session_scope
 from app.models import JobStatus, utcnow
 from app.settings import get_settings
 from draftdeck.errors import Cancelled, DraftDeckError, JobFailed
-from draftdeck.quality import Report
-from workers.context import Heartbeat, JobContext
+from draftdeck.quality import Policy, Report
+from workers.context import Handoff, Heartbeat, JobContext
 from workers.kinds import get_kind
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,9 @@ def run_job(job_id: int, *, task_id: str | None = None) -> str:
     with Heartbeat(job_id, settings.heartbeat_seconds):
         try:
             report = kind.run(params, ctx)
+        except Handoff as handoff:
+            log.info("job %s continues in other tasks: %s", job_id, handoff)
+            return "handed-off"
         except Cancelled:
             with session_scope() as session:
                 jobs.transition(session, job_id, JobStatus.CANCELLED, error="cancelled while running")
@@ -75,6 +78,11 @@ def run_job(job_id: int, *, task_id: str | None = None) -> str:
             )
             return JobStatus.FAILED
 
+    return record_success(job_id, report, policy)
+
+
+def record_success(job_id: int, report: Report, policy: Policy) -> str:
+    """Record the report and outputs of a job that ran to its end and move it to `succeeded`."""
     with session_scope() as session:
         jobs.record_report(session, job_id, report, policy)
         ok = jobs.transition(

@@ -10,12 +10,18 @@ from celery.signals import worker_ready
 from app.settings import get_settings
 from app.sweeper import start_sweeper
 from workers.celery_app import RUN_JOB, celery_app
+from workers.chunks import RUN_CHUNK, run_chunk
 from workers.runner import run_job
 
 
 @celery_app.task(name=RUN_JOB, bind=True)
 def run_job_task(self: Task, job_id: int) -> str:
     return run_job(job_id, task_id=self.request.id)
+
+
+@celery_app.task(name=RUN_CHUNK, bind=True)
+def run_chunk_task(self: Task, job_id: int, index: int) -> str:
+    return run_chunk(job_id, index, task_id=self.request.id)
 
 
 @worker_ready.connect

@@ -93,6 +93,44 @@ class Stats:
         self._pending = []
         self._pending_n = 0
 
+    def merge(self, other: Stats) -> None:
+        """Add the counts of `other` (e.g. one chunk's statistics) to these."""
+        if other.vocab_size != self.vocab_size:
+            raise ValueError(f"vocabulary sizes differ: {self.vocab_size} vs {other.vocab_size}")
+        other._count()
+        self._count()
+        self.rows += other.rows
+        self.tokens += other.tokens
+        self.trained += other.trained
+        self.lengths += other.lengths
+        self.fractions += other.fractions
+        self.token_counts += other.token_counts
+        for source, counts in other.sources.items():
+            src = self.sources.setdefault(source, {"rows": 0, "tokens": 0, "trained_tokens": 0})
+            for key, n in counts.items():
+                src[key] += n
+
+    def save_state(self, path: Path) -> None:
+        """Every count, to merge later (:meth:`load_state`), in one .npz file written atomically."""
+        self._count()
+        meta = json.dumps({"rows": self.rows, "tokens": self.tokens, "trained": self.trained,
+                           "sources": self.sources}, ensure_ascii=False)  # fmt: skip
+        with atomic_output(path) as f:
+            np.savez(f, lengths=self.lengths, fractions=self.fractions, token_counts=self.token_counts,
+                     meta=np.frombuffer(meta.encode("utf-8"), dtype=np.uint8))  # fmt: skip
+
+    @classmethod
+    def load_state(cls, path: Path) -> Stats:
+        with np.load(path, allow_pickle=False) as z:
+            stats = cls(len(z["token_counts"]))
+            stats.lengths = z["lengths"].copy()
+            stats.fractions = z["fractions"].copy()
+            stats.token_counts = z["token_counts"].copy()
+            meta = json.loads(z["meta"].tobytes().decode("utf-8"))
+        stats.rows, stats.tokens, stats.trained = meta["rows"], meta["tokens"], meta["trained"]
+        stats.sources = meta["sources"]
+        return stats
+
     def to_dict(self, top: int = 50) -> dict[str, Any]:
         self._count()
         order = np.argsort(-self.token_counts, kind="stable")[:top]

@@ -143,6 +143,31 @@ class ShardInfo:
         return {"filename": self.filename, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
 
 
+def write_block(path: Path, b: Block, arrow_schema: pa.Schema | None = None) -> ShardInfo:
+    """Write the rows of `b` as one shard at `path`, atomically (temporary name, fsync, rename)."""
+    sch = arrow_schema if arrow_schema is not None else schema()
+    off = b.offsets
+    if off[-1] > np.iinfo(np.int32).max:
+        raise ValueError("a shard would hold more than 2**31 tokens; use a smaller --shard-rows")
+    off32 = pa.array(off.astype(np.int32))
+    batch = pa.record_batch(
+        [
+            pa.ListArray.from_arrays(off32, pa.array(b.ids.astype(np.int32, copy=False))),
+            pa.ListArray.from_arrays(off32, pa.array(b.masks.astype(np.int64))),
+            pa.array(b.lengths, pa.int64()),
+            pa.array(b.sources, pa.string()),
+            pa.array(b.source_rows, pa.int64()),
+            pa.array(b.turns, pa.int32()),
+            pa.array(b.n_trained(), pa.int64()),
+            pa.array(b.truncated, pa.bool_()),
+        ],
+        schema=sch,
+    )
+    with atomic_output(path) as f, pa.ipc.new_stream(f, sch) as w:
+        w.write_batch(batch)
+    return ShardInfo(path.name, len(b), path.stat().st_size, sha256_file(path))
+
+
 class ShardWriter:
     """Buffers rows; writes a shard of `shard_rows` rows whenever the buffer is full."""
 
@@ -179,27 +204,8 @@ class ShardWriter:
         self._buffered = 0
 
     def _write(self, b: Block) -> None:
-        off = b.offsets
-        if off[-1] > np.iinfo(np.int32).max:
-            raise ValueError("a shard would hold more than 2**31 tokens; use a smaller --shard-rows")
-        off32 = pa.array(off.astype(np.int32))
-        batch = pa.record_batch(
-            [
-                pa.ListArray.from_arrays(off32, pa.array(b.ids.astype(np.int32, copy=False))),
-                pa.ListArray.from_arrays(off32, pa.array(b.masks.astype(np.int64))),
-                pa.array(b.lengths, pa.int64()),
-                pa.array(b.sources, pa.string()),
-                pa.array(b.source_rows, pa.int64()),
-                pa.array(b.turns, pa.int32()),
-                pa.array(b.n_trained(), pa.int64()),
-                pa.array(b.truncated, pa.bool_()),
-            ],
-            schema=self._schema,
-        )
         path = self.out_dir / f"part-{len(self.shards):05d}.arrow"
-        with atomic_output(path) as f, pa.ipc.new_stream(f, self._schema) as w:
-            w.write_batch(batch)
-        self.shards.append(ShardInfo(path.name, len(b), path.stat().st_size, sha256_file(path)))
+        self.shards.append(write_block(path, b, self._schema))
 
     def close(self) -> list[ShardInfo]:
         """Write the last partial shard and give the shards their final `data-i-of-n` names."""

@@ -52,7 +52,7 @@ from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import MANIFEST, Block, ShardRow, ShardWriter, write_metadata
+from draftdeck.shards.store import MANIFEST, Block, ShardInfo, ShardRow, ShardWriter, write_metadata
 from draftdeck.tokenize.encoders import Encoded, EncoderUnsupported, HFEncoder, TiktokenEncoder
 
 MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
@@ -458,21 +458,42 @@ def tokenize(
         )
     if mismatch is not None:
         tok_report.warn("encoder_mismatch", "(encoder)", None, encoder_note, n=mismatch.rows)
+    encoder = {"used": "tiktoken" if fast is not None and mismatch is None else "hf", "note": encoder_note,
+               **counts}  # fmt: skip
+    return conclude(
+        out_dir, opts, read_report, tok_report, stats, encoder,
+        seconds=time.monotonic() - started, inputs=inputs, close=writer.close, discard=writer.discard,
+    )  # fmt: skip
+
+
+def conclude(
+    out_dir: Path,
+    opts: TokenizeOptions,
+    read_report: Report,
+    tok_report: Report,
+    stats: Stats,
+    encoder: dict[str, Any],
+    *,
+    seconds: float,
+    inputs: list[str] | None,
+    close: Callable[[], list[ShardInfo]],
+    discard: Callable[[], None],
+) -> Report:
+    """The end of a tokenize run, shared by the in-process run and the chunked one: the job's report,
+    the policy (``discard()`` the shards and raise :class:`JobFailed`), else ``close()`` the shards
+    (their final names), the statistics and the manifest."""
+    tok, renderer, _, _, _ = _load(opts)
     report = combine(read_report, tok_report)
-    report.extra["encoder"] = {
-        "used": "tiktoken" if fast is not None and mismatch is None else "hf",
-        "note": encoder_note,
-        **counts,
-    }
+    report.extra["encoder"] = encoder
     report.extra["mask_rule"] = MASK_RULE
     report.extra["tokens"] = stats.tokens
     report.extra["trained_tokens"] = stats.trained
-    report.extra["seconds"] = round(time.monotonic() - started, 3)
+    report.extra["seconds"] = round(seconds, 3)
 
     failures = Policy(strict=opts.strict).failures(report)
     missing = report.rejected.get("no_assistant_turn", 0)
     if missing and opts.on_missing == "error":
-        writer.discard()
+        discard()
         raise JobFailed(
             f"{missing} conversations have no assistant turn (prompt-only). Drafters train on the target "
             "model's own answers: generate the responses with the target model first (regeneration), or pass "
@@ -480,10 +501,10 @@ def tokenize(
             report,
         )
     if failures:
-        writer.discard()
+        discard()
         raise JobFailed("; ".join(f.reason for f in failures), report)
 
-    shards = writer.close()
+    shards = close()
     report.outputs = [Output(str(out_dir / s.filename), s.rows, s.bytes, s.sha256) for s in shards]
     report.check_accounting()
     stats.write(out_dir)

@@ -1,0 +1,365 @@
+"""Tokenizing in chunks: how a large input becomes many independent tasks and one dataset.
+
+Three steps, each a plain function (no Celery, no SQL: ``workers/chunks.py`` runs them as tasks):
+
+1. :func:`plan_chunks` reads the inputs ONCE, in order, through the conversion reader (the same
+   reading as ``draftdeck tokenize``: detection, checks, duplicate and placeholder detection, which
+   need the whole input in order), and writes the kept conversations, template-ready, into chunk
+   files of ``chunk_rows`` conversations each (``input-00000.pkl`` ...) plus ``plan.json`` (the
+   reading stage's report and the chunk list). There is always at least one chunk (maybe empty).
+2. :func:`tokenize_chunk` renders, encodes, masks and checks one chunk (exactly the rows'
+   processing of the in-process run) and writes its rows as ONE shard ``chunk-0000i.arrow`` in the
+   dataset folder, atomically, with its statistics beside the chunk files. Chunks are independent:
+   any process, any machine, any order.
+3. :func:`finish_chunks` checks that every chunk is there and that the counts add up (the rows of
+   the chunk shards = rows out of the merged report; each shard's size is the one recorded), merges
+   reports and statistics in chunk order, applies the policy, gives the non-empty chunk shards their
+   final ``data-0000i-of-0000N`` names in chunk order, and writes statistics and the manifest
+   (:func:`draftdeck.tokenize.pipeline.conclude`, the same end as the in-process run).
+
+The rows, their order and their data are those of the in-process run for the same input and
+options; only the cut between shards differs (one shard per non-empty chunk, instead of one per
+``shard_rows`` rows). Chunk files are pickles of :class:`~draftdeck.tokenize.pipeline.Item` (what
+the process pool sends its workers): they are written and read only by DraftDeck, in its own job
+folder.
+
+Fast encoder: every chunk checks all rows of its first batch and then one row in ``verify_every``
+against the HF tokenizer; a mismatch re-runs THAT chunk on the HF tokenizer and is counted as
+``encoder_mismatch`` in the job's report (the in-process run re-runs the whole job instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from draftdeck.errors import AccountingError, UsageError
+from draftdeck.fileio import atomic_output
+from draftdeck.formats.model import Conversation
+from draftdeck.progress import Progress
+from draftdeck.quality import Example, Report
+from draftdeck.shards.stats import Stats
+from draftdeck.shards.store import Block, ShardInfo, write_block
+from draftdeck.tokenize import pipeline
+from draftdeck.tokenize.pipeline import EncoderMismatch, Item, TokenizeOptions, to_item
+
+PLAN = "plan.json"
+
+
+def input_name(index: int) -> str:
+    return f"input-{index:05d}.pkl"
+
+
+def shard_name(index: int) -> str:
+    return f"chunk-{index:05d}.arrow"
+
+
+def stats_name(index: int) -> str:
+    return f"stats-{index:05d}.npz"
+
+
+# -- reports as plain JSON ------------------------------------------------------------------------
+def report_state(report: Report) -> dict[str, Any]:
+    """A report's counts and examples as JSON (for SQL and plan.json); :func:`report_from_state`."""
+    return {
+        "rows_in": report.rows_in,
+        "rows_out": report.rows_out,
+        "rows_expanded": report.rows_expanded,
+        "rejected": dict(report.rejected),
+        "warnings": dict(report.warnings),
+        "formats": dict(report.formats),
+        "examples": {k: [e.to_dict() for e in v] for k, v in report.examples.items()},
+        "extra": report.extra,
+    }
+
+
+def report_from_state(state: dict[str, Any]) -> Report:
+    report = Report(state["rows_in"], state["rows_out"], state["rows_expanded"])
+    report.rejected.update(state["rejected"])
+    report.warnings.update(state["warnings"])
+    report.formats.update(state["formats"])
+    report.examples = {k: [Example(**e) for e in v] for k, v in state["examples"].items()}
+    report.extra = dict(state.get("extra") or {})
+    return report
+
+
+# -- 1. plan --------------------------------------------------------------------------------------
+@dataclass
+class ChunkInput:
+    index: int
+    path: str
+    conversations: int
+
+
+@dataclass
+class Plan:
+    read_report: Report
+    chunks: list[ChunkInput]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"read_report": report_state(self.read_report),
+                "chunks": [c.__dict__ for c in self.chunks]}  # fmt: skip
+
+    @classmethod
+    def load(cls, parts_dir: Path) -> Plan:
+        data = json.loads((parts_dir / PLAN).read_text(encoding="utf-8"))
+        return cls(report_from_state(data["read_report"]), [ChunkInput(**c) for c in data["chunks"]])
+
+
+def plan_chunks(source: Callable[[Report], Iterable[Conversation]], parts_dir: Path, chunk_rows: int) -> Plan:
+    """Read every conversation of `source(report)` once, in order, into chunk files in `parts_dir`."""
+    if chunk_rows < 1:
+        raise UsageError("chunk_rows must be at least 1")
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    read_report = Report()
+    chunks: list[ChunkInput] = []
+    files = _ChunkFiles(parts_dir)
+    try:
+        for conv in source(read_report):
+            if not chunks or files.count == chunk_rows:
+                chunks.append(files.start(len(chunks)))
+            files.add(to_item(conv))
+        if not chunks:
+            chunks.append(files.start(0))
+        files.finish()
+    except BaseException:
+        files.abort()
+        raise
+    for c, count in zip(chunks, files.counts, strict=True):
+        c.conversations = count
+    plan = Plan(read_report, chunks)
+    with atomic_output(parts_dir / PLAN, "w") as f:
+        json.dump(plan.to_dict(), f, ensure_ascii=False)
+    return plan
+
+
+class _ChunkFiles:
+    """Writes chunk files one after the other, each atomically (temporary name, fsync, rename)."""
+
+    def __init__(self, parts_dir: Path):
+        self.parts_dir = parts_dir
+        self.count = 0
+        self.counts: list[int] = []
+        self._ctx: Any = None
+        self._f: IO[bytes] | None = None
+
+    def start(self, index: int) -> ChunkInput:
+        self.finish()
+        path = self.parts_dir / input_name(index)
+        self._ctx = atomic_output(path)
+        self._f = self._ctx.__enter__()
+        self.count = 0
+        return ChunkInput(index, str(path), 0)
+
+    def add(self, item: Item) -> None:
+        assert self._f is not None
+        pickle.dump(item, self._f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.count += 1
+
+    def finish(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(None, None, None)
+            self.counts.append(self.count)
+            self._ctx = self._f = None
+
+    def abort(self) -> None:
+        if self._ctx is not None:
+            with contextlib.suppress(RuntimeError):
+                self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+            self._ctx = self._f = None
+
+
+def read_items(path: Path) -> Iterator[Item]:
+    with open(path, "rb") as f:
+        while True:
+            try:
+                yield pickle.load(f)  # DraftDeck's own chunk file, in its job folder
+            except EOFError:
+                return
+
+
+# -- 2. one chunk ---------------------------------------------------------------------------------
+@dataclass
+class ChunkOutcome:
+    """What one chunk produced: its report, its shard (None when every row was rejected), its stats."""
+
+    index: int
+    report: Report
+    shard: ShardInfo | None
+    stats_path: str
+    encoder: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "report": report_state(self.report),
+            "shard": self.shard.to_dict() if self.shard else None,
+            "stats_path": self.stats_path,
+            "encoder": self.encoder,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ChunkOutcome:
+        shard = ShardInfo(**d["shard"]) if d.get("shard") else None
+        return cls(d["index"], report_from_state(d["report"]), shard, d["stats_path"], d.get("encoder") or {})
+
+
+def tokenize_chunk(
+    items_path: Path,
+    index: int,
+    out_dir: Path,
+    parts_dir: Path,
+    opts: TokenizeOptions,
+    progress: Progress | None = None,
+) -> ChunkOutcome:
+    """Tokenize the conversations of one chunk file into ONE shard ``out_dir/chunk-<index>.arrow``.
+
+    Writing is atomic and idempotent: running a chunk again replaces its shard and statistics.
+    `progress(rows_done, rows_total, "rows")` is called after each batch and may raise Cancelled.
+    """
+    opts.check()
+    tok, renderer, hf, fast, note = pipeline._load(opts)
+    items = list(read_items(items_path))
+    mismatch = 0
+    try:
+        blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, fast), progress)
+    except EncoderMismatch as exc:
+        mismatch = exc.rows
+        note = f"tiktoken disagreed with the HF tokenizer ({exc}); this chunk ran again on the HF tokenizer"
+        blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, None), progress)
+    block = Block.concat(blocks) if blocks else Block.from_rows([])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shard = write_block(out_dir / shard_name(index), block) if len(block) else None
+    if shard is None:
+        (out_dir / shard_name(index)).unlink(missing_ok=True)
+    stats = Stats(len(tok))
+    stats.add_block(block)
+    stats_path = parts_dir / stats_name(index)
+    stats.save_state(stats_path)
+    used = "tiktoken" if fast is not None and not mismatch else "hf"
+    encoder = {"used": used, "note": note, "mismatch_rows": mismatch, **counts}
+    return ChunkOutcome(index, report, shard, str(stats_path), encoder)
+
+
+def _run(
+    items: list[Item], st: pipeline._State, progress: Progress | None
+) -> tuple[list[Block], Report, dict[str, int]]:
+    pipeline._STATE = st
+    report = Report()
+    blocks: list[Block] = []
+    counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
+    size = max(1, st.opts.chunk_size)
+    for k, start in enumerate(range(0, len(items), size)):
+        res = pipeline.process_chunk(items[start : start + size], first_chunk=k == 0)
+        report.merge(res.report)
+        counts["fast_rows"] += res.fast_rows
+        counts["hf_rows"] += res.hf_rows
+        counts["verified_rows"] += res.verified
+        if len(res.block):
+            blocks.append(res.block)
+        if progress is not None:
+            progress(min(start + size, len(items)), len(items), "rows")
+    return blocks, report, counts
+
+
+# -- 3. finish ------------------------------------------------------------------------------------
+def finish_chunks(
+    out_dir: Path,
+    opts: TokenizeOptions,
+    plan: Plan,
+    outcomes: list[ChunkOutcome],
+    *,
+    seconds: float,
+    inputs: list[str] | None = None,
+) -> Report:
+    """Check and merge the chunks of `plan`, then write the dataset (or raise JobFailed)."""
+    outcomes = sorted(outcomes, key=lambda o: o.index)
+    if [o.index for o in outcomes] != [c.index for c in plan.chunks]:
+        raise AccountingError(
+            f"chunks {[o.index for o in outcomes]} finished, but the plan has {len(plan.chunks)} chunks"
+        )
+    tok_report = Report()
+    tok, *_ = pipeline._load(opts)
+    stats = Stats(len(tok))
+    mismatch = 0
+    notes: list[str] = []
+    counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
+    for chunk, o in zip(plan.chunks, outcomes, strict=True):
+        if o.report.rows_in != chunk.conversations:
+            raise AccountingError(
+                f"chunk {o.index} tokenized {o.report.rows_in} conversations; "
+                f"it was given {chunk.conversations}"
+            )
+        rows = o.shard.rows if o.shard else 0
+        if rows != o.report.rows_out:
+            raise AccountingError(
+                f"chunk {o.index}: shard holds {rows} rows, its report says {o.report.rows_out}"
+            )
+        if o.shard is not None:
+            size = (out_dir / o.shard.filename).stat().st_size
+            if size != o.shard.bytes:
+                raise AccountingError(
+                    f"chunk {o.index}: {o.shard.filename} is {size} bytes, not {o.shard.bytes}"
+                )
+        tok_report.merge(o.report)
+        stats.merge(Stats.load_state(Path(o.stats_path)))
+        mismatch += int(o.encoder.get("mismatch_rows", 0))
+        for key in counts:
+            counts[key] += int(o.encoder.get(key, 0))
+        if o.encoder.get("note") and o.encoder["note"] not in notes:
+            notes.append(o.encoder["note"])
+    used = sorted({str(o.encoder.get("used", "hf")) for o in outcomes})
+    note = "; ".join(notes)
+    if mismatch:
+        tok_report.warn("encoder_mismatch", "(encoder)", None, note, n=mismatch)
+    encoder = {"used": "+".join(used), "note": note, **counts, "chunks": len(outcomes)}
+    shards = [o.shard for o in outcomes if o.shard is not None]
+
+    def close() -> list[ShardInfo]:
+        n = len(shards)
+        final: list[ShardInfo] = []
+        for i, s in enumerate(shards):
+            name = f"data-{i:05d}-of-{n:05d}.arrow"
+            os.replace(out_dir / s.filename, out_dir / name)
+            final.append(ShardInfo(name, s.rows, s.bytes, s.sha256))
+        return final
+
+    def discard() -> None:
+        for s in shards:
+            (out_dir / s.filename).unlink(missing_ok=True)
+
+    return pipeline.conclude(out_dir, opts, plan.read_report, tok_report, stats, encoder, seconds=seconds,
+                             inputs=inputs, close=close, discard=discard)  # fmt: skip
+
+
+def check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"output folder {out_dir} is not empty; choose a new folder")
+
+
+def tokenize_files_chunked(
+    paths: list[Path],
+    out_dir: Path,
+    parts_dir: Path,
+    opts: TokenizeOptions,
+    chunk_rows: int,
+    *,
+    order: Callable[[list[ChunkInput]], list[ChunkInput]] = lambda chunks: chunks,
+) -> Report:
+    """The chunked run in this process, chunks in `order` (tests; the job runs chunks as tasks)."""
+    from draftdeck.tokenize.inputs import read_inputs
+
+    opts.check()
+    check_out_dir(out_dir)
+    started = time.monotonic()
+    plan = plan_chunks(lambda r: read_inputs(paths, r, strict=opts.strict), parts_dir, chunk_rows)
+    outcomes = [tokenize_chunk(Path(c.path), c.index, out_dir, parts_dir, opts) for c in order(plan.chunks)]
+    return finish_chunks(out_dir, opts, plan, outcomes, seconds=time.monotonic() - started,
+                         inputs=[str(p) for p in paths])  # fmt: skip

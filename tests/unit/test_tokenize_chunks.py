@@ -1,0 +1,173 @@
+# ruff: noqa: F811 - pytest fixtures imported from tokenize_helpers
+"""Tokenizing in chunks: the chunked run gives the in-process run's dataset, in any chunk order; the
+job runs as chunk tasks (here called inline, in reverse order) with SQL bookkeeping, cancellation
+and failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from draftdeck.errors import JobFailed
+from draftdeck.shards.store import ShardDataset
+from draftdeck.tokenize.chunks import tokenize_files_chunked
+from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+from tests.chunk_helpers import assert_same_dataset, write_chat_input
+from tests.unit.tokenize_helpers import small_dir  # noqa: F401
+
+
+def test_chunked_run_equals_the_in_process_run_in_any_order(tmp_path: Path, small_dir: Path) -> None:
+    src = write_chat_input(tmp_path / "in.jsonl", 60)
+    opts = TokenizeOptions(
+        small_dir, workers=2, shard_rows=25, chunk_size=4, seq_length=96, on_missing="drop"
+    )
+    whole = tokenize_files([src], tmp_path / "whole", opts)
+    assert whole.warnings["duplicate_conversation"] >= 5  # across chunk boundaries too
+    assert whole.warnings["truncated"] > 0
+    chunked = tokenize_files_chunked([src], tmp_path / "chunked", tmp_path / "parts", opts, chunk_rows=9,
+                                     order=lambda cs: cs[::-1])  # fmt: skip
+    assert_same_dataset(tmp_path / "whole", tmp_path / "chunked")
+    assert chunked.to_dict()["rejected"] == whole.to_dict()["rejected"]
+    assert (chunked.rows_in, chunked.rows_out) == (whole.rows_in, whole.rows_out)
+    chunked.check_accounting()
+    ds = ShardDataset(tmp_path / "chunked")
+    n_chunks = len(json.loads((tmp_path / "parts" / "plan.json").read_text())["chunks"])
+    assert n_chunks == chunked.extra["encoder"]["chunks"] > 5
+    assert [s.filename for s in ds.shards] == [
+        f"data-{i:05d}-of-{n_chunks:05d}.arrow" for i in range(n_chunks)
+    ]
+    assert [o.rows for o in chunked.outputs] == [s.rows for s in ds.shards]
+    assert not list((tmp_path / "chunked").glob("chunk-*"))
+
+
+def test_chunked_run_fails_like_the_in_process_run_and_leaves_no_shard(
+    tmp_path: Path, small_dir: Path
+) -> None:
+    src = write_chat_input(tmp_path / "in.jsonl", 20)
+    opts = TokenizeOptions(small_dir, workers=1, on_missing="error")
+    (tmp_path / "in2.jsonl").write_text(
+        src.read_text() + json.dumps({"messages": [{"role": "user", "content": "no answer"}]}) + "\n"
+    )
+    with pytest.raises(JobFailed, match="no assistant turn") as whole:
+        tokenize_files([tmp_path / "in2.jsonl"], tmp_path / "whole", opts)
+    # the reading stage rejects prompt-only rows before tokenizing, in both runs
+    with pytest.raises(JobFailed, match="no assistant turn") as chunked:
+        tokenize_files_chunked([tmp_path / "in2.jsonl"], tmp_path / "chunked", tmp_path / "parts", opts, 4)
+    assert chunked.value.report.to_dict()["rejected"] == whole.value.report.to_dict()["rejected"]
+    assert not list((tmp_path / "chunked").glob("*.arrow"))
+
+
+# -- the job: chunk tasks with SQL bookkeeping (tasks called inline, no broker consumer) -------------
+def _submit(migrated: Path, small_dir: Path, n: int, **params: object) -> tuple[int, Path, Path]:
+    from app import jobs
+    from app.db import session_scope
+    from app.settings import get_settings
+    from workers.kinds import get_kind
+
+    data = migrated / "data"
+    src = write_chat_input(data / "chat.jsonl", n)
+    tok = data / "tok"
+    tok.mkdir()
+    for f in small_dir.iterdir():
+        (tok / f.name).write_bytes(f.read_bytes())
+    kind = get_kind("tokenize")
+    raw = {"inputs": str(src), "tokenizer": str(tok), "on_missing": "drop", **params}
+    p = kind.params.model_validate(raw).confined(get_settings().roots)
+    with session_scope() as session:
+        job = jobs.create_job(session, "tokenize", p.model_dump(), kind.queue)
+    assert job.id is not None
+    return job.id, src, tok
+
+
+def _chunks(job_id: int) -> list:  # type: ignore[type-arg]
+    from app.db import session_scope
+    from app.models import JobChunk
+
+    with session_scope() as session:
+        return list(
+            session.exec(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index))
+        )
+
+
+def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
+    migrated: Path, small_dir: Path, tmp_path: Path
+) -> None:
+    from app import jobs
+    from app.db import session_scope
+    from app.models import JobOutput
+    from app.settings import get_settings
+    from workers.chunks import run_chunk
+    from workers.runner import run_job
+
+    job_id, src, tok = _submit(migrated, small_dir, 40, chunk_rows=8, shard_rows=20)
+    assert run_job(job_id) == "handed-off"  # the job's task plans, enqueues and returns
+    chunks = _chunks(job_id)
+    assert len(chunks) == 6 and all(c.status == "pending" and c.task_id for c in chunks)
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        assert job is not None and job.status == "running"
+        assert (job.progress_done, job.progress_total, job.progress_unit) == (0, 6, "chunks")
+    results = [run_chunk(job_id, c.chunk_index) for c in reversed(chunks)]
+    assert results == ["done"] * 5 + ["succeeded"], results  # the last to finish runs the final step
+    assert run_chunk(job_id, 3) == "skipped:job-succeeded"  # a redelivered message does nothing
+    chunks = _chunks(job_id)
+    assert all(c.status == "done" and c.worker for c in chunks)
+    assert chunks[0].finalized_by and sum(c.rows_out or 0 for c in chunks) > 0
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job_id)))
+    assert job is not None and job.status == "succeeded" and job.result is not None
+    assert job.result["rows_out"] == sum(c.rows_out or 0 for c in chunks) == sum(o.rows for o in outputs)
+    assert (job.progress_done, job.progress_total) == (job.result["rows_in"], job.result["rows_in"])
+    out = get_settings().jobs_dir / str(job_id) / "dataset"
+    assert sorted(Path(o.path).name for o in outputs) == [f"data-{i:05d}-of-00006.arrow" for i in range(6)]
+    assert not (get_settings().jobs_dir / str(job_id) / "chunks").exists(), "chunk files are removed"
+
+    cli = tmp_path / "cli"
+    opts = TokenizeOptions(tok, shard_rows=20, workers=2, on_missing="drop")
+    tokenize_files([src], cli, opts)
+    assert_same_dataset(cli, out)
+
+
+def test_cancel_stops_the_chunks_and_removes_their_shards(migrated: Path, small_dir: Path) -> None:
+    from app import jobs
+    from app.db import session_scope
+    from app.settings import get_settings
+    from workers.chunks import run_chunk
+    from workers.runner import run_job
+
+    job_id, _, _ = _submit(migrated, small_dir, 30, chunk_rows=10)
+    assert run_job(job_id) == "handed-off"
+    assert run_chunk(job_id, 0) == "done"
+    out = get_settings().jobs_dir / str(job_id) / "dataset"
+    assert (out / "chunk-00000.arrow").is_file()
+    with session_scope() as session:
+        jobs.request_cancel(session, job_id)
+    assert run_chunk(job_id, 1) == "cancelled"
+    assert [c.status for c in _chunks(job_id)] == ["done", "cancelled", "skipped", "skipped"]
+    assert run_chunk(job_id, 2) == "skipped:job-cancelled"
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+    assert job is not None and job.status == "cancelled"
+    assert not list(out.glob("*.arrow")), "a cancelled job leaves no shard"
+
+
+def test_a_failing_policy_fails_the_job_in_the_final_step(migrated: Path, small_dir: Path) -> None:
+    from app import jobs
+    from app.db import session_scope
+    from app.settings import get_settings
+    from workers.chunks import run_chunk
+    from workers.runner import run_job
+
+    job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10, strict=True, seq_length=40)
+    assert run_job(job_id) == "handed-off"
+    assert [run_chunk(job_id, c.chunk_index) for c in _chunks(job_id)][-1] == "failed"
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+    assert job is not None and job.status == "failed" and "--strict" in (job.error or ""), job.error
+    assert job.result is not None and job.result["rows_out"] > 0
+    assert job.result is not None and job.result["warnings"]["truncated"] > 0
+    assert not list((get_settings().jobs_dir / str(job_id) / "dataset").glob("*.arrow"))

@@ -1,0 +1,314 @@
+"""Jobs split into chunk tasks (tokenize). Celery-free, like workers/runner.py; workers/tasks.py wraps
+:func:`run_chunk` in the ``draftdeck.run_chunk`` task.
+
+Flow:
+
+1. The job's own task (``draftdeck.run_job`` -> :func:`plan_tokenize`) reads the inputs once and
+   writes chunk files (:func:`draftdeck.tokenize.chunks.plan_chunks`), records one ``job_chunks``
+   row per chunk (``pending``), sends one ``draftdeck.run_chunk`` message per chunk on the job's queue
+   and returns: the job stays ``running`` and no worker slot waits for the chunks (a single worker
+   with concurrency 1 runs the chunks after it). It does not use chords: no result backend.
+2. Each chunk task claims its row (``pending`` -> ``running``, compare-and-set), tokenizes its chunk
+   into its own shard, and marks its row ``done`` with the chunk's report and shard (compare-and-set
+   again). Progress of the job = chunks done / chunks. While a chunk runs, the job's heartbeat is kept
+   fresh; a worker that dies in a chunk stops the beat and the sweeper marks the job lost.
+3. After marking its row done, a chunk task that sees every chunk done tries to claim the final step:
+   ``UPDATE job_chunks SET finalized_by = me WHERE job_id = J AND chunk_index = 0 AND finalized_by IS
+   NULL``. The last chunks to finish may both see all done; only one wins the update. The winner runs
+   :func:`draftdeck.tokenize.chunks.finish_chunks` (check counts, merge, final shard names, manifest),
+   records outputs and the report, and moves the job to ``succeeded`` or ``failed``.
+
+Cancellation: a chunk checks the job's cancel flag before it starts and after every batch; it then
+stops, and the job is moved to ``cancelled``. Messages of chunks whose job is no longer running are
+skipped (their rows are marked ``skipped``). A failed chunk fails the job. A job that ends without
+succeeding loses its chunk shards and chunk files.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, update
+from sqlmodel import Session, col, select
+
+from app import jobs
+from app.db import session_scope
+from app.models import Job, JobChunk, JobStatus, utcnow
+from app.settings import get_settings
+from draftdeck.errors import Cancelled, DraftDeckError, JobFailed
+from draftdeck.quality import Report
+from draftdeck.tokenize import chunks as core
+from workers.context import Handoff, Heartbeat, JobContext
+
+log = logging.getLogger(__name__)
+
+RUN_CHUNK = "draftdeck.run_chunk"
+PARTS = "chunks"  # chunk files and statistics, in the job's folder
+CHECK_CANCEL_EVERY_SECONDS = 0.5
+
+
+def _worker() -> str:
+    from workers.runner import worker_name
+
+    return worker_name()
+
+
+# -- the job's own task: plan and enqueue ----------------------------------------------------------
+def plan_tokenize(params: Any, ctx: JobContext) -> Report:
+    """The ``tokenize`` kind's run: plan the chunks, record and enqueue them, hand the job off."""
+    from draftdeck.tokenize.inputs import read_inputs
+    from workers.kinds import tokenize_options, tokenize_out
+
+    opts = tokenize_options(params)
+    opts.check()
+    out = tokenize_out(params, ctx)
+    core.check_out_dir(out)
+    parts = ctx.out_dir / PARTS
+    paths = [Path(p) for p in params.inputs]
+    try:
+        plan = core.plan_chunks(
+            lambda report: read_inputs(paths, report, ctx.progress, strict=opts.strict),
+            parts,
+            params.chunk_rows or opts.shard_rows,
+        )
+    except BaseException:
+        shutil.rmtree(parts, ignore_errors=True)
+        raise
+    with session_scope() as session:
+        for c in plan.chunks:
+            session.add(JobChunk(job_id=ctx.job_id, chunk_index=c.index, input_path=c.path,
+                                 conversations=c.conversations))  # fmt: skip
+        session.commit()
+        jobs.record_progress(session, ctx.job_id, 0, len(plan.chunks), "chunks")
+        jobs.add_event(
+            session,
+            ctx.job_id,
+            "info",
+            f"read {plan.read_report.rows_in:,} rows; {sum(c.conversations for c in plan.chunks):,} "
+            f"conversations in {len(plan.chunks)} chunk tasks",
+        )
+    enqueue_chunks(ctx.job_id, [c.index for c in plan.chunks], queue=_queue(ctx.job_id))
+    raise Handoff(f"{len(plan.chunks)} chunk tasks enqueued")
+
+
+def _queue(job_id: int) -> str:
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        return job.queue if job is not None else "cpu"
+
+
+def enqueue_chunks(job_id: int, indexes: list[int], *, queue: str) -> None:
+    from workers.celery_app import get_celery
+
+    app = get_celery()
+    for index in indexes:
+        result = app.send_task(RUN_CHUNK, args=[job_id, index], queue=queue)
+        with session_scope() as session:
+            session.execute(  # type: ignore[call-overload]
+                update(JobChunk)
+                .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
+                .values(task_id=result.id)
+            )
+            session.commit()
+
+
+# -- one chunk ------------------------------------------------------------------------------------
+def _set_chunk(session: Session, job_id: int, index: int, from_: tuple[str, ...], **values: Any) -> bool:
+    """Compare-and-set on one chunk row; commits."""
+    result = session.execute(  # type: ignore[call-overload]
+        update(JobChunk)
+        .where(
+            col(JobChunk.job_id) == job_id,
+            col(JobChunk.chunk_index) == index,
+            col(JobChunk.status).in_(from_),
+        )
+        .values(**values)
+    )
+    session.commit()
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
+
+
+class _CancelCheck:
+    """Progress callback for a chunk: raises Cancelled once the job is cancelled or has ended."""
+
+    def __init__(self, job_id: int):
+        self.job_id = job_id
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int | None = None, unit: str = "rows") -> None:
+        now = time.monotonic()
+        if now - self._last < CHECK_CANCEL_EVERY_SECONDS:
+            return
+        self._last = now
+        with session_scope() as session:
+            row = session.execute(
+                select(Job.status, Job.cancel_requested).where(col(Job.id) == self.job_id)
+            ).one_or_none()
+        if row is None or row[0] != JobStatus.RUNNING or row[1]:
+            raise Cancelled(f"job {self.job_id} was cancelled or has ended")
+
+
+def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
+    """Run chunk `index` of job `job_id` if both are still waiting for it; return what happened."""
+    settings = get_settings()
+    me = _worker()
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        if job is None:
+            return "missing"
+        if job.status != JobStatus.RUNNING:
+            _set_chunk(session, job_id, index, ("pending",), status="skipped", finished_at=utcnow())
+            return f"skipped:job-{job.status}"
+        if not _set_chunk(session, job_id, index, ("pending",), status="running", worker=me,
+                          task_id=task_id, started_at=utcnow()):  # fmt: skip
+            # A redelivered message: the chunk is done, or runs (or died) elsewhere; the job's
+            # heartbeat decides whether it is lost.
+            return "skipped:not-pending"
+        if job.cancel_requested:
+            _cancel(session, job_id, index)
+            return JobStatus.CANCELLED
+        chunk = session.exec(
+            select(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == index)
+        ).one()
+        params_raw = job.params
+        kind_name = job.kind
+
+    from workers.kinds import get_kind, tokenize_options, tokenize_out
+
+    kind = get_kind(kind_name)
+    params: Any = kind.params.model_validate(params_raw)
+    ctx = JobContext(job_id, settings.jobs_dir / str(job_id))
+    opts = tokenize_options(params)
+    out = tokenize_out(params, ctx)
+    parts = ctx.out_dir / PARTS
+    with Heartbeat(job_id, settings.heartbeat_seconds):
+        try:
+            outcome = core.tokenize_chunk(
+                Path(chunk.input_path), index, out, parts, opts, _CancelCheck(job_id)
+            )
+        except Cancelled:
+            with session_scope() as session:
+                _cancel(session, job_id, index)
+            return JobStatus.CANCELLED
+        except Exception as exc:
+            log.exception("job %s chunk %s crashed", job_id, index)
+            message = (
+                str(exc)
+                if isinstance(exc, DraftDeckError)
+                else f"internal error: {type(exc).__name__}: {exc}"
+            )
+            with session_scope() as session:
+                _set_chunk(session, job_id, index, ("running",), status="failed", error=message[:2000],
+                           finished_at=utcnow())  # fmt: skip
+            _end_failed(
+                job_id, f"chunk {index}: {message}", None, params.policy(), traceback.format_exc(limit=8)
+            )
+            return JobStatus.FAILED
+
+        shard = outcome.shard
+        with session_scope() as session:
+            done = _set_chunk(
+                session, job_id, index, ("running",), status="done", finished_at=utcnow(),
+                rows_in=outcome.report.rows_in, rows_out=outcome.report.rows_out, report=outcome.to_dict(),
+                shard_path=str(out / shard.filename) if shard else None,
+                bytes=shard.bytes if shard else 0, sha256=shard.sha256 if shard else None,
+            )  # fmt: skip
+            job = jobs.get_job(session, job_id)
+            if not done or job is None or job.status != JobStatus.RUNNING:
+                if shard is not None:  # the job ended meanwhile: leave nothing behind
+                    (out / shard.filename).unlink(missing_ok=True)
+                return "skipped:job-ended"
+            n_done, n_all = _counts(session, job_id)
+            jobs.record_progress(session, job_id, n_done, n_all, "chunks")
+            if n_done < n_all:
+                return "done"
+            claimed = session.execute(  # type: ignore[call-overload]
+                update(JobChunk)
+                .where(
+                    col(JobChunk.job_id) == job_id,
+                    col(JobChunk.chunk_index) == 0,
+                    col(JobChunk.finalized_by).is_(None),
+                )
+                .values(finalized_by=me)
+            )
+            session.commit()
+            if claimed.rowcount != 1:  # type: ignore[attr-defined]
+                return "done"
+        return _finalize(job_id, params, opts, out, parts)
+
+
+def _counts(session: Session, job_id: int) -> tuple[int, int]:
+    rows = session.execute(
+        select(JobChunk.status, func.count())
+        .where(col(JobChunk.job_id) == job_id)
+        .group_by(col(JobChunk.status))
+    ).all()
+    by = {status: n for status, n in rows}
+    return by.get("done", 0), sum(by.values())
+
+
+def _finalize(job_id: int, params: Any, opts: Any, out: Path, parts: Path) -> str:
+    from workers.runner import record_success
+
+    policy = params.policy()
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        assert job is not None
+        rows = session.exec(
+            select(JobChunk).where(JobChunk.job_id == job_id).order_by(col(JobChunk.chunk_index))
+        ).all()
+        outcomes = [core.ChunkOutcome.from_dict(r.report or {}) for r in rows]
+        started = job.started_at
+    seconds = (utcnow() - started).total_seconds() if started is not None else 0.0
+    try:
+        plan = core.Plan.load(parts)
+        report = core.finish_chunks(out, opts, plan, outcomes, seconds=seconds, inputs=list(params.inputs))
+    except JobFailed as exc:
+        _end_failed(job_id, str(exc), exc.report if isinstance(exc.report, Report) else None, policy, None)
+        return JobStatus.FAILED
+    except Exception as exc:
+        log.exception("job %s: final step crashed", job_id)
+        message = (
+            str(exc) if isinstance(exc, DraftDeckError) else f"internal error: {type(exc).__name__}: {exc}"
+        )
+        _end_failed(job_id, f"final step: {message}", None, policy, traceback.format_exc(limit=8))
+        return JobStatus.FAILED
+    shutil.rmtree(parts, ignore_errors=True)
+    return record_success(job_id, report, policy)
+
+
+def _cancel(session: Session, job_id: int, index: int) -> None:
+    _set_chunk(session, job_id, index, ("running", "pending"), status="cancelled", finished_at=utcnow())
+    if jobs.transition(session, job_id, JobStatus.CANCELLED, error="cancelled while running"):
+        jobs.add_event(session, job_id, "info", f"cancelled while running (chunk {index})")
+        _cleanup(session, job_id)
+
+
+def _end_failed(job_id: int, message: str, report: Report | None, policy: Any, detail: str | None) -> None:
+    from workers.runner import _fail
+
+    _fail(job_id, message, report, policy, detail=detail)
+    with session_scope() as session:
+        _cleanup(session, job_id)
+
+
+def _cleanup(session: Session, job_id: int) -> None:
+    """A job that ended without succeeding: remove its chunk shards and chunk files (a chunk still
+    running removes its own shard when it finds the job ended); chunks not started are skipped."""
+    session.execute(  # type: ignore[call-overload]
+        update(JobChunk)
+        .where(col(JobChunk.job_id) == job_id, col(JobChunk.status) == "pending")
+        .values(status="skipped", finished_at=utcnow())
+    )
+    session.commit()
+    for path in session.exec(
+        select(JobChunk.shard_path).where(JobChunk.job_id == job_id, col(JobChunk.shard_path).is_not(None))
+    ).all():
+        if path and Path(path).name.startswith("chunk-"):
+            Path(path).unlink(missing_ok=True)
+    shutil.rmtree(get_settings().jobs_dir / str(job_id) / PARTS, ignore_errors=True)
