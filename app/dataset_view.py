@@ -34,6 +34,7 @@ HIGH_TRUNCATION = 0.10  # alert when more than this fraction of rows was cut at 
 SEARCH_BUDGET_ROWS = 20_000
 SEARCH_BUDGET_SECONDS = 2.0
 SEARCH_BATCH = 512
+MAX_MAPPED_SHARDS = 512  # memory maps kept open per dataset (address space and one descriptor each)
 
 
 class BrowseError(Exception):
@@ -212,7 +213,9 @@ class RowStore:
             from draftdeck.shards.store import ShardDataset
 
             try:
-                self._shards = ShardDataset(path)
+                # Keep every shard mapped (up to MAX_MAPPED_SHARDS): reopening one costs ~0.5 ms, so with the
+                # reader's default LRU of 8 a random row of a 100-shard dataset would cost 10x one of 1 shard.
+                self._shards = ShardDataset(path, max_open=MAX_MAPPED_SHARDS)
                 self._n = len(self._shards)
                 names = set(self._schema_names())
             except Exception as exc:
