@@ -426,6 +426,25 @@ class TokenTable:
         for tid, added in self.tok.added_tokens_decoder.items():
             (self.special if added.special else self.added)[tid] = added.content
         self._bytes: dict[int, bytes | None] = {}
+        self._pieces: dict[int, tuple[str | None, bytes, str | None, str | None]] = {}
+
+    def piece(self, tid: int) -> tuple[str | None, bytes, str | None, str | None]:
+        """(special label, raw bytes, text when the bytes are whole UTF-8 on their own, that text made
+        visible), cached per id: the common token costs one dict lookup."""
+        hit = self._pieces.get(tid)
+        if hit is None:
+            label = self.label(tid)
+            if label is not None:
+                hit = (label, b"", None, None)
+            else:
+                data = self.piece_bytes(tid)
+                try:
+                    whole: str | None = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    whole = None
+                hit = (None, data, whole, visible(whole) if whole else None)
+            self._pieces[tid] = hit
+        return hit
 
     def label(self, tid: int) -> str | None:
         """A special token's label, or None for an ordinary piece of text."""
@@ -567,19 +586,24 @@ def chips_for(ids: list[int], mask: list[int], table: TokenTable) -> list[Chip]:
             texts[owners[0]] += ch
             del pending[:need], owners[:need]
 
+    shown: list[str | None] = [None] * n  # visible text, when known from the per-id cache
     for i, chip in enumerate(chips):
-        label = table.label(chip.id)
+        label, data, whole, vis = table.piece(chip.id)
         if label is not None:
             drain(final=True)
             chip.kind = "special"
             chip.text = chip.raw = label
             continue
-        data = table.piece_bytes(chip.id)
-        if data:
-            own[i] = data
-            pending.extend(data)
-            owners.extend([i] * len(data))
-            drain(final=False)
+        if not data:
+            continue
+        own[i] = data
+        if not pending and whole is not None:  # the usual case: the token is whole characters
+            texts[i] = whole
+            shown[i] = vis
+            continue
+        pending.extend(data)
+        owners.extend([i] * len(data))
+        drain(final=False)
     drain(final=True)
 
     role_from: int | None = None
@@ -587,7 +611,7 @@ def chips_for(ids: list[int], mask: list[int], table: TokenTable) -> list[Chip]:
         if chip.kind != "special":
             chip.raw = texts[i]
             if texts[i]:
-                chip.text = visible(texts[i])
+                chip.text = shown[i] or visible(texts[i])
                 chip.newline = texts[i].endswith("\n")
             elif own[i]:
                 chip.kind = "cont"

@@ -49,6 +49,7 @@ from draftdeck.paths import resolve_in_roots
 router = APIRouter(include_in_schema=False)
 WriteDep = Depends(require_page_write)
 SOURCE_SCAN_SECONDS = 3.0
+CHIP_WINDOW = 4096  # tokens drawn per page; longer rows get links to the next and previous windows
 _rng = random.Random()
 
 
@@ -357,7 +358,9 @@ def _tokenizer_dir(ds: Dataset, info: DatasetInfo) -> str | None:
     return str(path.resolve()) if path.is_dir() else None
 
 
-def _sample(ds: Dataset, info: DatasetInfo, n: int) -> dict[str, Any]:
+def _sample(ds: Dataset, info: DatasetInfo, n: int, window_from: int = 0) -> dict[str, Any]:
+    """Row n's facts (over the whole row) and its chips; at most CHIP_WINDOW chips are drawn, from
+    `window_from`, so a 32K-token row costs no more to draw than a 4K one."""
     store = open_store(Path(ds.path))
     row = store.row(n)
     ids = [int(t) for t in row["input_ids"]]
@@ -379,10 +382,16 @@ def _sample(ds: Dataset, info: DatasetInfo, n: int) -> dict[str, Any]:
         for i, c in enumerate(chips):
             c.edge = i > 0 and c.mask != chips[i - 1].mask
             c.anchor = bool(c.mask) and i + 1 < len(chips) and bool(chips[i + 1].mask)
+    w0 = min(max(window_from, 0), max(len(chips) - 1, 0))
+    w0 -= w0 % CHIP_WINDOW
+    w1 = min(w0 + CHIP_WINDOW, len(chips))
     return {
         "n": n,
         "total": len(store),
-        "chips": chips,
+        "chips": chips[w0:w1] if (w0, w1) != (0, len(chips)) else chips,
+        "window": (w0, w1) if (w0, w1) != (0, len(chips)) else None,
+        "window_prev": max(w0 - CHIP_WINDOW, 0) if w0 > 0 else None,
+        "window_next": w1 if w1 < len(chips) else None,
         "n_tokens": len(ids),
         "n_trained": sum(1 for m in mask if m),
         "n_anchors": sum(1 for c in chips if c.anchor),
@@ -412,6 +421,7 @@ def _sample_response(
     partial: bool,
     filter_error: str | None = None,
     push: bool = False,
+    window_from: int = 0,
 ) -> HTMLResponse:
     started = time.perf_counter()
     info = cached_info(Path(ds.path))
@@ -437,7 +447,7 @@ def _sample_response(
     }
     status = 400 if filter_error else 200
     try:
-        context["sample"] = _sample(ds, info, n)
+        context["sample"] = _sample(ds, info, n, window_from)
         pos, count = position_in(open_store(Path(ds.path)), f, n)
         context.update(position=pos, matching=count)
     except BrowseError as exc:
@@ -462,10 +472,15 @@ def _is_htmx(request: Request) -> bool:
 
 
 @router.get("/datasets/{dataset_id}/rows/{n}", response_class=HTMLResponse)
-def sample_page(request: Request, dataset_id: int, n: int, session: SessionDep) -> HTMLResponse:
+def sample_page(
+    request: Request, dataset_id: int, n: int, session: SessionDep, tokens: str = "0"
+) -> HTMLResponse:
     ds = _get(session, dataset_id)
     f, error = _filters(request)
-    return _sample_response(request, session, ds, n, f, partial=_is_htmx(request), filter_error=error)
+    window = int(tokens) if tokens.isdigit() else 0
+    return _sample_response(
+        request, session, ds, n, f, partial=_is_htmx(request), filter_error=error, window_from=window
+    )
 
 
 @router.get("/datasets/{dataset_id}/go", response_class=HTMLResponse)

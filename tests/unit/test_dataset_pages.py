@@ -643,3 +643,26 @@ def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_long_rows_are_drawn_in_windows(client: Any, migrated: Path, tokenizer_dir: Path) -> None:
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 300, 5000).tolist()
+    mask = [0] * 1000 + [1] * 4000
+    ds = write_dataset(migrated / "datasets" / "long", [{"input_ids": ids, "loss_mask": mask}], tokenizer_dir)
+    ds_id = registered(client, ds)
+    first = client.get(f"/datasets/{ds_id}/rows/0")
+    chips = chips_of(first.text).chips
+    assert (
+        len(chips) == 4096
+        and chips[0]["data-p"] == "0"
+        and "Showing tokens 0&ndash;4,095 of 5,000" in first.text
+    )
+    assert 'id="fact-n-tokens">5,000<' in first.text and 'id="fact-n-trained">4,000' in first.text
+    link = re.search(r'id="window-next"', first.text) and re.search(r'href="([^"]*tokens=4096)"', first.text)
+    assert link
+    second = client.get(link.group(1).replace("&amp;", "&"))
+    rest = chips_of(second.text).chips
+    assert [int(c["data-p"]) for c in rest] == list(range(4096, 5000))
+    trained = [c for c in chips + rest if "tr" in c["class"].split()]
+    assert len(trained) == 4000 and 'id="window-prev"' in second.text
