@@ -126,6 +126,7 @@ def test_register_list_and_overview(client: Any, chat: dict[str, Path]) -> None:
     manifest = json.loads((chat["dataset"] / "manifest.json").read_text())
     for shard in manifest["shards"]:
         assert shard["filename"] in detail.text and shard["sha256"] in detail.text
+        assert shard["filename"] in row_html and shard["sha256"][:12] in row_html  # the list unfolds them too
     assert f'id="fact-rows">{len(rows)}<' in detail.text
     assert f'id="fact-trained">{trained:,}<' in detail.text
     # registering the same folder again leads to the same dataset
