@@ -11,10 +11,10 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import exists, update
 from sqlmodel import Session, col, select
 
-from app.models import TERMINAL, Alert, Job, JobEvent, JobOutput, JobStatus, Metric, utcnow
+from app.models import TERMINAL, Alert, Job, JobChunk, JobEvent, JobOutput, JobStatus, Metric, utcnow
 from draftdeck.quality import Output, Policy, Report
 
 log = logging.getLogger(__name__)
@@ -184,10 +184,16 @@ def request_cancel(session: Session, job_id: int) -> Job:
 
 
 def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 100) -> list[int]:
-    """Fail running jobs whose heartbeat is older than `lost_after_seconds`: their worker vanished."""
+    """Fail running jobs whose heartbeat is older than `lost_after_seconds`: their worker vanished.
+
+    A job split into chunk tasks beats only while one of its chunks runs; while some of its chunks
+    still wait in the queue (``pending``, e.g. behind other jobs' work) it is waiting, not lost."""
     cutoff = utcnow() - timedelta(seconds=lost_after_seconds)
+    waiting = exists().where(col(JobChunk.job_id) == Job.id, col(JobChunk.status) == "pending")
     stale = session.exec(
-        select(Job.id).where(Job.status == JobStatus.RUNNING, col(Job.heartbeat_at) < cutoff).limit(limit)
+        select(Job.id)
+        .where(Job.status == JobStatus.RUNNING, col(Job.heartbeat_at) < cutoff, ~waiting)
+        .limit(limit)
     ).all()
     lost: list[int] = []
     for job_id in stale:
