@@ -268,6 +268,9 @@ def _finalize(job_id: int, params: Any, opts: Any, out: Path, parts: Path) -> st
     try:
         plan = core.Plan.load(parts)
         report = core.finish_chunks(out, opts, plan, outcomes, seconds=seconds, inputs=list(params.inputs))
+    except core.RerunChunks as again:
+        _rerun(job_id, again)
+        return "rerun"
     except JobFailed as exc:
         _end_failed(job_id, str(exc), exc.report if isinstance(exc.report, Report) else None, policy, None)
         return JobStatus.FAILED
@@ -280,6 +283,28 @@ def _finalize(job_id: int, params: Any, opts: Any, out: Path, parts: Path) -> st
         return JobStatus.FAILED
     shutil.rmtree(parts, ignore_errors=True)
     return record_success(job_id, report, policy)
+
+
+def _rerun(job_id: int, again: core.RerunChunks) -> None:
+    """Put chunks back to `pending`, release the final step, and enqueue them again."""
+    with session_scope() as session:
+        session.execute(  # type: ignore[call-overload]
+            update(JobChunk)
+            .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index).in_(again.indexes))
+            .values(status="pending", worker=None, started_at=None, finished_at=None)
+        )
+        session.execute(  # type: ignore[call-overload]
+            update(JobChunk)
+            .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
+            .values(finalized_by=None)
+        )
+        session.commit()
+        n_done, n_all = _counts(session, job_id)
+        jobs.record_progress(session, job_id, n_done, n_all, "chunks")
+        jobs.add_event(session, job_id, "warning", f"{len(again.indexes)} chunks run again: {again.reason}",
+                       code="encoder_mismatch")  # fmt: skip
+        queue = _queue(job_id)
+    enqueue_chunks(job_id, again.indexes, queue=queue)
 
 
 def _cancel(session: Session, job_id: int, index: int) -> None:

@@ -24,8 +24,11 @@ the process pool sends its workers): they are written and read only by DraftDeck
 folder.
 
 Fast encoder: every chunk checks all rows of its first batch and then one row in ``verify_every``
-against the HF tokenizer; a mismatch re-runs THAT chunk on the HF tokenizer and is counted as
-``encoder_mismatch`` in the job's report (the in-process run re-runs the whole job instead).
+against the HF tokenizer. A mismatch re-runs that chunk on the HF tokenizer and leaves a marker
+(``encoder-fallback``) so that chunks starting later use HF too; the final step then asks for every
+chunk that ran on the fast encoder to run again on HF (:class:`RerunChunks`), as the in-process run
+runs the whole job again on HF: the rows are the same either way. ``encoder_mismatch`` in the report
+counts the mismatched rows found.
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ from draftdeck.tokenize import pipeline
 from draftdeck.tokenize.pipeline import EncoderMismatch, Item, TokenizeOptions, to_item
 
 PLAN = "plan.json"
+FALLBACK = "encoder-fallback"  # present once a chunk found the fast encoder wrong: HF from then on
+
+
+class RerunChunks(Exception):
+    """The final step needs these chunks run again (on the HF tokenizer) before it can finish."""
+
+    def __init__(self, indexes: list[int], reason: str):
+        super().__init__(f"chunks {indexes} must run again: {reason}")
+        self.indexes = indexes
+        self.reason = reason
 
 
 def input_name(index: int) -> str:
@@ -226,13 +239,18 @@ def tokenize_chunk(
     """
     opts.check()
     tok, renderer, hf, fast, note = pipeline._load(opts)
+    if fast is not None and (parts_dir / FALLBACK).exists():
+        fast, note = None, "another chunk found tiktoken disagreeing with the HF tokenizer"
     items = list(read_items(items_path))
     mismatch = 0
     try:
         blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, fast), progress)
     except EncoderMismatch as exc:
         mismatch = exc.rows
-        note = f"tiktoken disagreed with the HF tokenizer ({exc}); this chunk ran again on the HF tokenizer"
+        note = f"tiktoken disagreed with the HF tokenizer ({exc}); the job ran again on the HF tokenizer"
+        with atomic_output(parts_dir / FALLBACK, "w") as f:
+            f.write(note)
+        fast = None
         blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, None), progress)
     block = Block.concat(blocks) if blocks else Block.from_rows([])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -279,12 +297,19 @@ def finish_chunks(
     seconds: float,
     inputs: list[str] | None = None,
 ) -> Report:
-    """Check and merge the chunks of `plan`, then write the dataset (or raise JobFailed)."""
+    """Check and merge the chunks of `plan`, then write the dataset (or raise JobFailed).
+
+    Raises :class:`RerunChunks` when a chunk found the fast encoder wrong and others used it."""
     outcomes = sorted(outcomes, key=lambda o: o.index)
     if [o.index for o in outcomes] != [c.index for c in plan.chunks]:
         raise AccountingError(
             f"chunks {[o.index for o in outcomes]} finished, but the plan has {len(plan.chunks)} chunks"
         )
+    fallback = parts_dir_of(plan) / FALLBACK
+    if fallback.exists():
+        fast = [o.index for o in outcomes if o.encoder.get("used") == "tiktoken"]
+        if fast:
+            raise RerunChunks(fast, fallback.read_text(encoding="utf-8"))
     tok_report = Report()
     tok, *_ = pipeline._load(opts)
     stats = Stats(len(tok))
@@ -316,7 +341,7 @@ def finish_chunks(
         if o.encoder.get("note") and o.encoder["note"] not in notes:
             notes.append(o.encoder["note"])
     used = sorted({str(o.encoder.get("used", "hf")) for o in outcomes})
-    note = "; ".join(notes)
+    note = fallback.read_text(encoding="utf-8") if fallback.exists() else "; ".join(notes)
     if mismatch:
         tok_report.warn("encoder_mismatch", "(encoder)", None, note, n=mismatch)
     encoder = {"used": "+".join(used), "note": note, **counts, "chunks": len(outcomes)}
@@ -337,6 +362,10 @@ def finish_chunks(
 
     return pipeline.conclude(out_dir, opts, plan.read_report, tok_report, stats, encoder, seconds=seconds,
                              inputs=inputs, close=close, discard=discard)  # fmt: skip
+
+
+def parts_dir_of(plan: Plan) -> Path:
+    return Path(plan.chunks[0].path).parent
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -360,6 +389,13 @@ def tokenize_files_chunked(
     check_out_dir(out_dir)
     started = time.monotonic()
     plan = plan_chunks(lambda r: read_inputs(paths, r, strict=opts.strict), parts_dir, chunk_rows)
-    outcomes = [tokenize_chunk(Path(c.path), c.index, out_dir, parts_dir, opts) for c in order(plan.chunks)]
-    return finish_chunks(out_dir, opts, plan, outcomes, seconds=time.monotonic() - started,
-                         inputs=[str(p) for p in paths])  # fmt: skip
+    done = {
+        c.index: tokenize_chunk(Path(c.path), c.index, out_dir, parts_dir, opts) for c in order(plan.chunks)
+    }
+    while True:
+        try:
+            return finish_chunks(out_dir, opts, plan, list(done.values()), seconds=time.monotonic() - started,
+                                 inputs=[str(p) for p in paths])  # fmt: skip
+        except RerunChunks as again:
+            for i in again.indexes:
+                done[i] = tokenize_chunk(Path(plan.chunks[i].path), i, out_dir, parts_dir, opts)

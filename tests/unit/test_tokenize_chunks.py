@@ -6,6 +6,7 @@ and failure."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,83 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
         job = jobs.get_job(session, job_id)
     assert job is not None and job.status == "failed" and (job.error or "").startswith("worker lost")
     assert run_chunk(job_id, 0) == "skipped:job-failed"
+
+
+def _unreachable_token_tokenizer(small_dir: Path, dest: Path) -> Path:
+    """The small BPE plus a vocabulary entry no merge produces: tiktoken and HF disagree on 'qqqq'."""
+    spec = json.loads((small_dir / "tokenizer.json").read_text())
+    spec["model"]["vocab"]["qqqq"] = max(spec["model"]["vocab"].values()) + 1
+    spec["model"]["ignore_merges"] = False
+    shutil.copytree(small_dir, dest)
+    (dest / "tokenizer.json").write_text(json.dumps(spec))
+    return dest
+
+
+def _mismatch_input(path: Path) -> Path:
+    """'qqqq' in the first batch of the first chunk (always checked) and deep in a later chunk, where
+    only the sampled rows are checked."""
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"hello {i}"},
+                {"role": "assistant", "content": f"fine {i}"},
+            ]
+        }
+        for i in range(60)
+    ]
+    for i in (1, 45):
+        rows[i]["messages"][1]["content"] = "qqqq"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_an_encoder_mismatch_reruns_the_fast_chunks_on_hf_like_the_in_process_run(
+    tmp_path: Path, small_dir: Path
+) -> None:
+    tok = _unreachable_token_tokenizer(small_dir, tmp_path / "tok")
+    src = _mismatch_input(tmp_path / "in.jsonl")
+    opts = TokenizeOptions(tok, workers=1, chunk_size=4, verify_every=1000)
+    whole = tokenize_files([src], tmp_path / "whole", opts)
+    assert whole.extra["encoder"]["used"] == "hf" and whole.warnings["encoder_mismatch"] == 1
+    chunked = tokenize_files_chunked([src], tmp_path / "chunked", tmp_path / "parts", opts, chunk_rows=20,
+                                     order=lambda cs: cs[::-1])  # fmt: skip
+    assert chunked.extra["encoder"]["used"] == "hf", chunked.extra["encoder"]
+    assert chunked.warnings["encoder_mismatch"] == 1
+    assert_same_dataset(tmp_path / "whole", tmp_path / "chunked")
+
+
+def test_job_reruns_fast_chunks_after_an_encoder_mismatch(
+    migrated: Path, small_dir: Path, tmp_path: Path
+) -> None:
+    from app import jobs
+    from app.db import session_scope
+    from app.settings import get_settings
+    from workers.chunks import run_chunk
+    from workers.runner import run_job
+
+    bad = _unreachable_token_tokenizer(small_dir, tmp_path / "badtok")
+    job_id, _, _ = _submit(migrated, bad, 0, chunk_rows=20)
+    src = _mismatch_input(migrated / "data" / "chat.jsonl")
+    with session_scope() as session:  # the job reads its input when it runs: give it the mismatch input
+        job = jobs.get_job(session, job_id)
+        assert job is not None
+        job.params = {**job.params, "inputs": [str(src)]}
+        session.add(job)
+        session.commit()
+    assert run_job(job_id) == "handed-off"
+    # chunk 1 (no 'qqqq') runs on tiktoken; chunk 0 finds 'qqqq' and leaves the marker; chunk 2 then
+    # runs on HF; the final step sends chunk 1 back to run on HF
+    assert [run_chunk(job_id, i) for i in (1, 0, 2)] == ["done", "done", "rerun"]
+    assert [c.status for c in _chunks(job_id)] == ["done", "pending", "done"]
+    assert run_chunk(job_id, 1) == "succeeded"
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+    assert job is not None and job.result is not None
+    assert job.result["encoder"]["used"] == "hf" and job.result["warnings"]["encoder_mismatch"] == 1
+    ref = tmp_path / "ref"
+    tokenize_files(
+        [src], ref, TokenizeOptions(migrated / "data" / "tok", workers=1, encoder="hf", on_missing="drop")
+    )
+    from tests.chunk_helpers import table
+
+    assert table(ref).equals(table(get_settings().jobs_dir / str(job_id) / "dataset"))
