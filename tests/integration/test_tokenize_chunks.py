@@ -105,3 +105,44 @@ def test_one_and_two_workers_give_the_cli_dataset(
     assert [o["sha256"] for o in one["outputs"]] == [o["sha256"] for o in two["outputs"]]
     assert one["result"]["rejected"] == two["result"]["rejected"]
     assert time.monotonic() - started < 90
+
+
+def test_a_worker_killed_in_a_chunk_marks_the_job_lost(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """kill -9 of the process running a chunk: the beat stops, the sweeper marks the job lost (never
+    left running), the redelivered chunk message does not run the chunk twice, no output is recorded."""
+    import os
+    import signal
+
+    from app.db import session_scope
+    from app.models import JobChunk
+
+    tok = stack.data / "tok"
+    shutil.copytree(small_tokenizer, tok)
+    src = write_chat_input(stack.data / "big.jsonl", 6000)
+    stack.start_worker()
+    params = {"inputs": [str(src)], "tokenizer": str(tok), "on_missing": "drop", "chunk_rows": 100_000}
+    r = client.post("/api/jobs", json={"kind": "tokenize", "params": params})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+
+    def running_chunk() -> JobChunk | None:
+        with session_scope() as session:
+            rows = list(session.exec(select(JobChunk).where(JobChunk.job_id == job_id)))
+        return next((c for c in rows if c.status == "running" and c.worker), None)
+
+    chunk = wait_for(running_chunk, 60, "the chunk to run", stack, every=0.05)
+    os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    job = wait_for(
+        lambda: (j := client.get(f"/api/jobs/{job_id}").json())["status"] != "running" and j,
+        60,
+        "the job to be marked lost",
+        stack,
+    )
+    assert job["status"] == "failed" and job["error"].startswith("worker lost"), job
+    assert job["outputs"] == []
+    with session_scope() as session:
+        [after] = list(session.exec(select(JobChunk).where(JobChunk.job_id == job_id)))
+    assert after.status == "running" and after.worker == chunk.worker, "the chunk ran once"
+    assert not (stack.home / "jobs" / str(job_id) / "dataset" / "manifest.json").exists()
