@@ -187,9 +187,12 @@ def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 
     """Fail running jobs whose heartbeat is older than `lost_after_seconds`: their worker vanished.
 
     A job split into chunk tasks beats only while one of its chunks runs; while some of its chunks
-    still wait in the queue (``pending``, e.g. behind other jobs' work) it is waiting, not lost."""
+    still wait in the queue (``pending`` and enqueued, e.g. behind other jobs' work) it is waiting,
+    not lost. A chunk recorded but never enqueued (the planning worker died) keeps nothing alive."""
     cutoff = utcnow() - timedelta(seconds=lost_after_seconds)
-    waiting = exists().where(col(JobChunk.job_id) == Job.id, col(JobChunk.status) == "pending")
+    waiting = exists().where(
+        col(JobChunk.job_id) == Job.id, col(JobChunk.status) == "pending", col(JobChunk.task_id).is_not(None)
+    )
     stale = session.exec(
         select(Job.id)
         .where(Job.status == JobStatus.RUNNING, col(Job.heartbeat_at) < cutoff, ~waiting)

@@ -285,3 +285,26 @@ def test_job_reruns_fast_chunks_after_an_encoder_mismatch(
     from tests.chunk_helpers import table
 
     assert table(ref).equals(table(get_settings().jobs_dir / str(job_id) / "dataset"))
+
+
+def test_chunks_recorded_but_never_enqueued_do_not_keep_the_job_alive(
+    migrated: Path, small_dir: Path
+) -> None:
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app import jobs
+    from app.db import session_scope
+    from app.models import Job, JobChunk, utcnow
+    from workers.runner import run_job
+
+    job_id, _, _ = _submit(migrated, small_dir, 10, chunk_rows=10)
+    assert run_job(job_id) == "handed-off"
+    with session_scope() as session:  # the planning worker died between recording and enqueueing
+        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None))  # type: ignore[call-overload,arg-type]
+        session.execute(
+            update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
+        )  # type: ignore[call-overload,arg-type]
+        session.commit()
+        assert jobs.mark_lost_jobs(session, 30) == [job_id]
