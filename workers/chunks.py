@@ -92,7 +92,11 @@ def plan_tokenize(params: Any, ctx: JobContext) -> Report:
             f"read {plan.read_report.rows_in:,} rows; {sum(c.conversations for c in plan.chunks):,} "
             f"conversations in {len(plan.chunks)} chunk tasks",
         )
-    enqueue_chunks(ctx.job_id, [c.index for c in plan.chunks], queue=_queue(ctx.job_id))
+    try:
+        enqueue_chunks(ctx.job_id, [c.index for c in plan.chunks], queue=_queue(ctx.job_id))
+    except Exception:  # the broker is down: the runner fails the job; leave no chunk files behind
+        shutil.rmtree(parts, ignore_errors=True)
+        raise
     raise Handoff(f"{len(plan.chunks)} chunk tasks enqueued")
 
 
