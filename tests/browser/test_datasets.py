@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,20 +23,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from tests.browser.harness import CHROMIUM, REPO_ROOT, free_port, launch_browser
 from tests.datasets_helpers import build_chat_dataset, load_tokenizer, write_dataset
 
 sync_api = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [
     pytest.mark.browser,
@@ -45,12 +34,6 @@ pytestmark = [
         not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is absent (apt-get install chromium)"
     ),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -90,7 +73,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     home = tmp_path_factory.mktemp("dsweb") / "home"
     made = build_chat_dataset(home, max_len=40)
     empty = write_dataset(home / "datasets" / "empty-run", [], made["tokenizer"])
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(home)}
     for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
         env.pop(var, None)
@@ -125,7 +108,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 @pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        b = launch_browser(pw)
         try:
             yield b
         finally:
