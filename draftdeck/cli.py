@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,7 +29,9 @@ from draftdeck.quality import Report
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="DraftDeck: data plumbing for drafters.")
 db_app = typer.Typer(no_args_is_help=True, help="Database migrations.")
-jobs_app = typer.Typer(no_args_is_help=True, help="Submit and inspect jobs (the same jobs as the UI and API).")
+jobs_app = typer.Typer(
+    no_args_is_help=True, help="Submit and inspect jobs (the same jobs as the UI and API)."
+)
 app.add_typer(db_app, name="db")
 app.add_typer(jobs_app, name="jobs")
 
@@ -84,9 +87,24 @@ def _prepare(host: str | None = None, port: int | None = None) -> None:
 
 
 def _worker_argv(queues: str, concurrency: int) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app", "worker",
-            "-Q", queues, "-c", str(concurrency), "--loglevel", "INFO", "-n", f"draftdeck-{queues.replace(',', '-')}@%h",
-            "--without-mingle", "--without-gossip"]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers.celery_app:celery_app",
+        "worker",
+        "-Q",
+        queues,
+        "-c",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "-n",
+        f"draftdeck-{queues.replace(',', '-')}@%h",
+        "--without-mingle",
+        "--without-gossip",
+    ]
 
 
 def _die_with_parent() -> None:
@@ -100,8 +118,10 @@ def _die_with_parent() -> None:
 
 
 @app.command()
-def up(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
-       port: Annotated[int, typer.Option(help="port to listen on")] = 8000) -> None:
+def up(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+) -> None:
     """Run DraftDeck on embedded defaults: web app + one worker, SQLite and a file broker under ./var."""
     _prepare(host, port)
     from app.settings import get_settings
@@ -109,8 +129,11 @@ def up(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.
     settings = get_settings()
     worker = subprocess.Popen(_worker_argv("cpu,gpu", 1), start_new_session=True, preexec_fn=_die_with_parent)
     mode = "embedded (SQLite + filesystem broker)" if settings.embedded else "Redis"
-    out.print(f"DraftDeck on [bold]http://{host}:{port}[/]  ·  {mode}  ·  data roots: "
-              f"{', '.join(map(str, settings.roots))}", highlight=False)
+    out.print(
+        f"DraftDeck on [bold]http://{host}:{port}[/]  ·  {mode}  ·  data roots: "
+        f"{', '.join(map(str, settings.roots))}",
+        highlight=False,
+    )
     try:
         _serve(host, port)
     finally:
@@ -122,15 +145,19 @@ def up(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.
 
 
 @app.command()
-def web(host: Annotated[str, typer.Option()] = "127.0.0.1", port: Annotated[int, typer.Option()] = 8000) -> None:
+def web(
+    host: Annotated[str, typer.Option()] = "127.0.0.1", port: Annotated[int, typer.Option()] = 8000
+) -> None:
     """Run only the web app (pair it with `draftdeck worker` processes on any machines)."""
     _prepare(host, port)
     _serve(host, port)
 
 
 @app.command()
-def worker(queues: Annotated[str, typer.Option(help="comma-separated queues: cpu, gpu")] = "cpu,gpu",
-           concurrency: Annotated[int, typer.Option(min=1)] = 1) -> None:
+def worker(
+    queues: Annotated[str, typer.Option(help="comma-separated queues: cpu, gpu")] = "cpu,gpu",
+    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+) -> None:
     """Run a Celery worker for the given queues."""
     _prepare()
     from workers.celery_app import QUEUES
@@ -165,14 +192,23 @@ def _job_table(rows: list[Any]) -> Table:
         table.add_column(col, overflow="fold")
     for j in rows:
         prog = f"{j.progress_done:,}/{j.progress_total:,} {j.progress_unit}" if j.progress_total else "-"
-        table.add_row(str(j.id), j.kind, j.status, prog, j.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      (j.error or "")[:80])
+        table.add_row(
+            str(j.id),
+            j.kind,
+            j.status,
+            prog,
+            j.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            (j.error or "")[:80],
+        )
     return table
 
 
 @jobs_app.command("submit")
-def jobs_submit(kind: str, param: Annotated[list[str] | None, typer.Option("--param", "-p", help="KEY=VALUE")] = None,
-                wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False) -> None:
+def jobs_submit(
+    kind: str,
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="KEY=VALUE")] = None,
+    wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False,
+) -> None:
     """Queue a job; print its id."""
     _prepare()
     from app import submit
@@ -204,8 +240,9 @@ def _wait(job_id: int) -> None:
 
 
 @jobs_app.command("list")
-def jobs_list(status: Annotated[str | None, typer.Option()] = None,
-              limit: Annotated[int, typer.Option(min=1)] = 20) -> None:
+def jobs_list(
+    status: Annotated[str | None, typer.Option()] = None, limit: Annotated[int, typer.Option(min=1)] = 20
+) -> None:
     """The most recent jobs."""
     _prepare()
     from sqlmodel import col, select
@@ -238,18 +275,30 @@ def jobs_show(job_id: int, as_json: Annotated[bool, typer.Option("--json")] = Fa
         job = jobs.get_job(session, job_id)
         if job is None:
             raise _usage_exit(f"no job {job_id}")
-        events = list(session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id))))
+        events = list(
+            session.exec(select(JobEvent).where(JobEvent.job_id == job_id).order_by(col(JobEvent.id)))
+        )
         outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job_id)))
     if as_json:
-        print(json.dumps({**job.model_dump(mode="json"), "events": [e.model_dump(mode="json") for e in events],
-                          "outputs": [o.model_dump(mode="json") for o in outputs]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    **job.model_dump(mode="json"),
+                    "events": [e.model_dump(mode="json") for e in events],
+                    "outputs": [o.model_dump(mode="json") for o in outputs],
+                },
+                indent=2,
+            )
+        )
         return
     out.print(_job_table([job]))
     out.print(f"params: {json.dumps(job.params)}", highlight=False)
     for e in events:
         out.print(f"  {e.at:%H:%M:%S} {e.level:<8} {e.message}", highlight=False)
     for o in outputs:
-        out.print(f"  output {o.path}  rows={o.rows:,} bytes={o.bytes:,} sha256={o.sha256[:12]}", highlight=False)
+        out.print(
+            f"  output {o.path}  rows={o.rows:,} bytes={o.bytes:,} sha256={o.sha256[:12]}", highlight=False
+        )
 
 
 @jobs_app.command("cancel")
@@ -310,35 +359,62 @@ def print_report(report: Report, title: str) -> None:
             out.print(f"  [yellow]{name}[/] {escape(str(where))}: {escape(ex.reason)}", highlight=False)
 
 
-@app.command()
-def scan(file: Path, report: Annotated[Path | None, typer.Option("--report", help="write the JSON report here")] = None,
-         max_row_bytes: Annotated[int, typer.Option(min=1)] = 64 * 1024 * 1024) -> None:
-    """Pre-flight one data file in-process: rows, bytes, parse errors and key sets."""
+def run_in_process(title: str, label: str, work: Callable[[Any], Report], report_path: Path | None) -> Report:
+    """Run a core job here with a progress bar on stderr; print its summary; write its JSON report.
+
+    Exit 1 (after printing the report) when the job fails its policy, 2 on input or usage errors.
+    """
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
-    from draftdeck.scan import scan_file
-
-    path = _confine(file)
-    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task(f"scan {escape(file.name)}", total=None)
+    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(
+        "[progress.description]{task.description}",
+        *columns,
+        console=err,
+        transient=True,
+        disable=not err.is_terminal,
+    ) as bar:
+        task = bar.add_task(escape(label), total=None)
 
         def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
             bar.update(task, completed=done, total=total)
 
         try:
-            result = scan_file(path, progress=progress, max_row_bytes=max_row_bytes, display_name=str(file))
+            result = work(progress)
         except JobFailed as exc:
             bar.stop()
             if isinstance(exc.report, Report):
-                print_report(exc.report, f"scan {file}")
-                if report:
-                    exc.report.write_json(report)
+                print_report(exc.report, title)
+                if report_path:
+                    exc.report.write_json(report_path)
             err.print(f"[bold red]failed:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
-        except InputError as exc:
+        except (InputError, UsageError) as exc:
             raise _usage_exit(str(exc)) from None
-    print_report(result, f"scan {file}")
+    print_report(result, title)
+    if report_path:
+        result.write_json(report_path)
+    return result
+
+
+@app.command()
+def scan(
+    file: Path,
+    report: Annotated[Path | None, typer.Option("--report", help="write the JSON report here")] = None,
+    max_row_bytes: Annotated[int, typer.Option(min=1)] = 64 * 1024 * 1024,
+) -> None:
+    """Pre-flight one data file in-process: rows, bytes, parse errors and key sets."""
+    from draftdeck.scan import scan_file
+
+    path = _confine(file)
+    result = run_in_process(
+        f"scan {file}",
+        f"scan {file.name}",
+        lambda progress: scan_file(
+            path, progress=progress, max_row_bytes=max_row_bytes, display_name=str(file)
+        ),
+        report,
+    )
     out.print("[bold]key sets[/]", highlight=False)
     keys = Table(show_edge=False, header_style="bold")
     keys.add_column("top-level keys")
@@ -346,10 +422,11 @@ def scan(file: Path, report: Annotated[Path | None, typer.Option("--report", hel
     for ks in result.extra["keysets"]:
         keys.add_row(", ".join(ks["keys"]) or "(none)", f"{ks['rows']:,}")
     out.print(keys)
-    out.print(f"{result.extra['bytes']:,} bytes · {result.extra['container']}"
-              + (f" · {result.extra['compression']}" if result.extra["compression"] else ""), highlight=False)
-    if report:
-        result.write_json(report)
+    out.print(
+        f"{result.extra['bytes']:,} bytes · {result.extra['container']}"
+        + (f" · {result.extra['compression']}" if result.extra["compression"] else ""),
+        highlight=False,
+    )
 
 
 def _register_areas() -> None:

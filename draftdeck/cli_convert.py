@@ -16,8 +16,8 @@ from typing import Annotated
 
 import typer
 
-from draftdeck.errors import InputError, JobFailed, UsageError
-from draftdeck.quality import Policy, Report
+from draftdeck.errors import UsageError
+from draftdeck.quality import Policy
 
 
 class Target(StrEnum):
@@ -93,9 +93,7 @@ def convert_command(
     ] = None,
 ) -> None:
     """Convert chat data of any known shape (detected per row) to OpenAI, ShareGPT or Parquet."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    from draftdeck.cli import _confine, _usage_exit, err, print_report
+    from draftdeck.cli import _confine, _usage_exit, run_in_process
     from draftdeck.cli import out as console
     from draftdeck.convert import ConvertOptions, convert
 
@@ -111,42 +109,18 @@ def convert_command(
         )
     except UsageError as exc:
         raise _usage_exit(str(exc)) from None
-    title = f"convert -> {to.value} {out}"
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
-        task = bar.add_task(f"convert {len(paths)} input{'s' if len(paths) != 1 else ''}", total=None)
-
-        def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
-            bar.update(task, completed=done, total=total)
-
-        try:
-            result = convert(paths, out, to.value, options=options, progress=progress)
-        except JobFailed as exc:
-            bar.stop()
-            if isinstance(exc.report, Report):
-                print_report(exc.report, title)
-                if report:
-                    exc.report.write_json(report)
-            err.print(f"[bold red]failed:[/] {exc}", highlight=False)
-            raise typer.Exit(1) from None
-        except (InputError, UsageError) as exc:
-            raise _usage_exit(str(exc)) from None
-    print_report(result, title)
+    result = run_in_process(
+        f"convert -> {to.value} {out}",
+        f"convert {len(paths)} input{'s' if len(paths) != 1 else ''}",
+        lambda progress: convert(paths, out, to.value, options=options, progress=progress),
+        report,
+    )
     formats = ", ".join(f"{name} {n:,}" for name, n in result.formats.most_common())
     console.print(f"formats: {formats or '-'}", highlight=False)
     for o in result.outputs:
         console.print(
             f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
         )
-    if report:
-        result.write_json(report)
 
 
 def register(app: typer.Typer) -> None:

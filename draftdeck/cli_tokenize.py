@@ -19,8 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
-from draftdeck.errors import InputError, JobFailed, UsageError
-from draftdeck.quality import Report
+from draftdeck.errors import InputError, UsageError
 
 
 class Truncation(StrEnum):
@@ -91,7 +90,7 @@ def tokenize_command(
     workers: Annotated[int, typer.Option("--workers", min=0, help="processes (0: one per core)")] = 0,
 ) -> None:
     """Tokenize conversations with the target's chat template into Arrow shards with exact loss masks."""
-    from draftdeck.cli import _confine, _usage_exit, err, print_report
+    from draftdeck.cli import _confine, _usage_exit, run_in_process
     from draftdeck.cli import out as console
     from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
 
@@ -113,29 +112,12 @@ def tokenize_command(
         opts.check()
     except UsageError as exc:
         raise _usage_exit(str(exc)) from None
-    title = f"tokenize -> {out}"
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    columns = (BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress("[progress.description]{task.description}", *columns, console=err, transient=True) as bar:
-        task = bar.add_task(f"tokenize {len(paths)} input{'s' if len(paths) != 1 else ''}", total=None)
-
-        def progress(done: int, total: int | None = None, unit: str = "rows") -> None:
-            bar.update(task, completed=done, total=total)
-
-        try:
-            result = tokenize_files(paths, out, opts, progress=progress)
-        except JobFailed as exc:
-            bar.stop()
-            if isinstance(exc.report, Report):
-                print_report(exc.report, title)
-                if report:
-                    exc.report.write_json(report)
-            err.print(f"[bold red]failed:[/] {exc}", highlight=False)
-            raise typer.Exit(1) from None
-        except (InputError, UsageError) as exc:
-            raise _usage_exit(str(exc)) from None
-    print_report(result, title)
+    result = run_in_process(
+        f"tokenize -> {out}",
+        f"tokenize {len(paths)} input{'s' if len(paths) != 1 else ''}",
+        lambda progress: tokenize_files(paths, out, opts, progress=progress),
+        report,
+    )
     enc = result.extra.get("encoder", {})
     console.print(
         f"encoder: {enc.get('used')} ({enc.get('verified_rows', 0):,} rows checked against HF)"
@@ -151,8 +133,6 @@ def tokenize_command(
         console.print(
             f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
         )
-    if report:
-        result.write_json(report)
 
 
 def _open_dataset(dataset: Path) -> Any:
