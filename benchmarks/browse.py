@@ -273,7 +273,9 @@ def main() -> int:
     total = args.readers * args.per_reader
     print(f"{args.readers} concurrent readers x {args.per_reader} random rows of the {args.large:,}-row dataset, "
           f"while {os.cpu_count()} busy processes hog the cores")  # fmt: skip
-    print(f"{'requests':>8} | {'errors':>6} | {'wall p50':>9} | {'wall p95':>9} | {'server p95':>10} | {'req/s':>6}")
+    print(
+        f"{'requests':>8} | {'errors':>6} | {'wall p50':>9} | {'wall p95':>9} | {'server p95':>10} | {'req/s':>6}"
+    )
     print(f"{'-' * 8}-+-{'-' * 6}-+-{'-' * 9}-+-{'-' * 9}-+-{'-' * 10}-+-{'-' * 6}")
     print(f"{total:>8} | {len(conc['errors']):>6} | {_pct(conc['wall'], 50):>6.0f} ms | "
           f"{_pct(conc['wall'], 95):>6.0f} ms | {_pct(conc['server'], 95):>7.1f} ms | "

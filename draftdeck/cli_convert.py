@@ -40,16 +40,6 @@ def default_workers() -> int:
     return max(1, min(2, cpus))
 
 
-def build_policy(policy_file: Path | None, strict: bool, max_rejected: float | None) -> Policy:
-    """The policy from a file (if any), with --strict and --max-rejected layered on top."""
-    policy = Policy.from_file(policy_file) if policy_file is not None else Policy()
-    if strict:
-        policy.strict = True
-    if max_rejected is not None:
-        policy.max_rejected = max_rejected
-    return policy
-
-
 def convert_command(
     inputs: Annotated[
         list[Path],
@@ -99,7 +89,7 @@ def convert_command(
 
     paths = [_confine(p) for p in inputs]
     try:
-        pol = build_policy(policy, strict, max_rejected)
+        pol = Policy.build(policy, strict, max_rejected)
         options = ConvertOptions(
             policy=pol,
             allow_prompt_only=allow_prompt_only,

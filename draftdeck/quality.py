@@ -244,6 +244,18 @@ class Policy:
         except (OSError, json.JSONDecodeError) as exc:
             raise PolicyError(f"cannot read policy file {path}: {exc}") from exc
 
+    @classmethod
+    def build(
+        cls, policy_file: Path | None, strict: bool = False, max_rejected: float | None = None
+    ) -> Policy:
+        """The policy from a file (if any), with `strict` and `max_rejected` (CLI flags) layered on top."""
+        policy = cls.from_file(policy_file) if policy_file is not None else cls()
+        if strict:
+            policy.strict = True
+        if max_rejected is not None:
+            policy.max_rejected = max_rejected
+        return policy
+
     def severity(self, name: str) -> str:
         """How the job page labels a code: error (fails the job), rejected, or warning."""
         act = self.action(name)

@@ -23,23 +23,30 @@ class JobParams(BaseModel):
     """Base of every kind's parameters: unknown keys are refused, paths are confined to the roots."""
 
     model_config = ConfigDict(extra="forbid")
-    input_paths: ClassVar[tuple[str, ...]] = ()
+    input_paths: ClassVar[tuple[str, ...]] = ()  # must exist inside the roots
+    output_paths: ClassVar[tuple[str, ...]] = ()  # may not exist yet, but must land inside the roots
 
     def confined(self, roots: list[Path]) -> JobParams:
-        """Return a copy whose input paths are resolved inside `roots` (raises PathNotAllowedError).
+        """Return a copy whose paths are resolved inside `roots` (raises PathNotAllowedError).
 
-        An input path field holds one path, a list of paths, or None (an optional path left unset)."""
+        A path field holds one path, a list of paths, or None (an optional path left unset)."""
         updates: dict[str, Any] = {}
-        for name in self.input_paths:
-            value = getattr(self, name)
-            if isinstance(value, list):
-                updates[name] = [str(resolve_in_roots(v, roots)) for v in value]
-            elif value is not None:
-                updates[name] = str(resolve_in_roots(value, roots))
+        for names, must_exist in ((self.input_paths, True), (self.output_paths, False)):
+            for name in names:
+                value = getattr(self, name)
+                if isinstance(value, list):
+                    updates[name] = [str(resolve_in_roots(v, roots, must_exist=must_exist)) for v in value]
+                elif value is not None:
+                    updates[name] = str(resolve_in_roots(value, roots, must_exist=must_exist))
         return self.model_copy(update=updates)
 
     def policy(self) -> Policy:
         return Policy()
+
+
+def one_or_many(cls: type, value: Any) -> Any:
+    """A list field given one string (`jobs submit -p paths=FILE`, a form field) holds that one path."""
+    return [value] if isinstance(value, str) else value
 
 
 class ScanParams(JobParams):
@@ -71,24 +78,13 @@ class ConvertParams(JobParams):
     allow_prompt_only: bool = Field(default=False, description="keep rows without an assistant turn")
     max_row_bytes: int = Field(default=DEFAULT_MAX_ROW_BYTES, gt=0, description="larger rows are rejected")
     input_paths: ClassVar[tuple[str, ...]] = ("paths", "policy_file")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
 
-    @field_validator("paths", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value  # `jobs submit -p paths=FILE` gives one string
-
-    def confined(self, roots: list[Path]) -> JobParams:
-        params = super().confined(roots)
-        if self.out is not None:
-            out = resolve_in_roots(self.out, roots, must_exist=False)
-            params = params.model_copy(update={"out": str(out)})
-        return params
+    one_path_is_a_list = field_validator("paths", mode="before")(one_or_many)
 
     def _policy(self) -> Policy:
-        from draftdeck.cli_convert import build_policy
-
         policy_file = Path(self.policy_file) if self.policy_file else None
-        return build_policy(policy_file, self.strict, self.max_rejected)
+        return Policy.build(policy_file, self.strict, self.max_rejected)
 
     def policy(self) -> Policy:
         from draftdeck.errors import PolicyError
@@ -133,18 +129,9 @@ class TokenizeParams(JobParams):
         default=None, ge=1, description="conversations per chunk task (default: shard_rows)"
     )
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "tokenizer", "chat_template")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
 
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, str) else value
-
-    def confined(self, roots: list[Path]) -> JobParams:
-        params = super().confined(roots)
-        if self.out is not None:
-            out = resolve_in_roots(self.out, roots, must_exist=False)
-            params = params.model_copy(update={"out": str(out)})
-        return params
+    one_path_is_a_list = field_validator("inputs", mode="before")(one_or_many)
 
     def policy(self) -> Policy:
         return Policy(strict=self.strict)
@@ -191,11 +178,27 @@ class JobKind:
 KINDS: dict[str, JobKind] = {
     k.name: k
     for k in (
-        JobKind("scan", "cpu", ScanParams, run_scan, "Pre-flight: rows, bytes, parse errors and key sets of one file"),
-        JobKind("convert", "cpu", ConvertParams, run_convert,
-                "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
-        JobKind("tokenize", "cpu", TokenizeParams, run_tokenize,
-                "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
+        JobKind(
+            "scan",
+            "cpu",
+            ScanParams,
+            run_scan,
+            "Pre-flight: rows, bytes, parse errors and key sets of one file",
+        ),
+        JobKind(
+            "convert",
+            "cpu",
+            ConvertParams,
+            run_convert,
+            "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet",
+        ),
+        JobKind(
+            "tokenize",
+            "cpu",
+            TokenizeParams,
+            run_tokenize,
+            "Tokenize with the target's chat template into Arrow shards with exact loss masks",
+        ),
     )
 }
 
