@@ -170,6 +170,7 @@ class TiktokenEncoder:
             "draftdeck", pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
         )
         self.allowed = set(self.specials)
+        self._special_ids = {s: np.asarray([i], dtype=np.uint32) for s, i in self.specials.items()}
         longest_first = sorted(self.specials, key=len, reverse=True)
         # added tokens that are a prefix of another one: where they occur, matching order matters
         self.ambiguous = tuple(
@@ -210,46 +211,59 @@ class TiktokenEncoder:
     def usable(self, text: str) -> bool:
         return not self.nfc or unicodedata.is_normalized("NFC", text)
 
-    def _segments(self, text: str, cache: dict[str, list[int]] | None) -> list[int]:
-        """Ids of `text` with added tokens matched where they occur (leftmost, longest first, as HF's
-        added-vocabulary matcher), the text between them encoded on its own: HF splits on added tokens
-        before pre-tokenising, so this is the same encoding, and a segment seen before in `cache`
-        (a system prompt, the shared turns of split rows) need not be encoded again."""
-        ids: list[int] = []
+    def _segments(self, text: str, cache: dict[str, np.ndarray] | None) -> list[int]:
+        """Ids of `text` with added tokens matched where they occur (see :meth:`_parts`)."""
+        parts: list[np.ndarray] = []
+        self._parts(text, cache, parts)
+        return np.concatenate(parts).tolist() if parts else []
+
+    def _parts(self, text: str, cache: dict[str, np.ndarray] | None, parts: list[np.ndarray]) -> None:
+        """Append the ids of `text` to `parts`, with added tokens matched where they occur (leftmost,
+        longest first, as HF's added-vocabulary matcher), the text between them encoded on its own: HF
+        splits on added tokens before pre-tokenising, so this is the same encoding, and a segment seen
+        before in `cache` (a system prompt, the shared turns of split rows) need not be encoded again."""
         pos = 0
+        special = self._special_ids
         for m in self.special_re.finditer(text):
             if m.start() > pos:
-                ids.extend(self._ordinary(text[pos : m.start()], cache))
-            ids.append(self.specials[m.group()])
+                parts.append(self._ordinary(text[pos : m.start()], cache))
+            parts.append(special[m.group()])
             pos = m.end()
         if pos < len(text):
-            ids.extend(self._ordinary(text[pos:], cache))
-        return ids
+            parts.append(self._ordinary(text[pos:] if pos else text, cache))
 
-    def _ordinary(self, segment: str, cache: dict[str, list[int]] | None) -> list[int]:
+    def _encode_ordinary(self, segment: str) -> np.ndarray:
+        """Ids of `segment` as plain text (no added token matched), as a uint32 array."""
+        core = getattr(self.enc, "_core_bpe", None)
+        if core is not None and hasattr(core, "encode_to_tiktoken_buffer"):
+            # tiktoken's own buffer (encode_to_numpy's path): no Python list of ints; with no special
+            # token allowed this is encode_ordinary
+            return np.frombuffer(core.encode_to_tiktoken_buffer(segment, set()), dtype=np.uint32)
+        return np.asarray(self.enc.encode_ordinary(segment), dtype=np.uint32)
+
+    def _ordinary(self, segment: str, cache: dict[str, np.ndarray] | None) -> np.ndarray:
         if cache is None:
-            return self.enc.encode_ordinary(segment)
+            return self._encode_ordinary(segment)
         got = cache.get(segment)
         if got is None:
-            got = cache[segment] = self.enc.encode_ordinary(segment)
+            got = cache[segment] = self._encode_ordinary(segment)
         return got
 
-    def encode_one(self, text: str, literal: Literal, cache: dict[str, list[int]] | None = None) -> Encoded:
+    def encode_one(self, text: str, literal: Literal, cache: dict[str, np.ndarray] | None = None) -> Encoded:
         """Ids and char starts of `text`; `literal` ranges are plain text even if they spell an added
-        token. `cache` maps text segments to their ids (reuse it across the rows of a batch)."""
-        if not literal and not any(a in text for a in self.ambiguous):
-            # no added token here is a prefix of another: tiktoken's own matcher (leftmost, first
-            # alternative) then finds the same added tokens as leftmost-longest, in one call
-            ids = self.enc.encode(text, allowed_special=self.allowed, disallowed_special=())
-        elif not literal:
-            ids = self._segments(text, cache)
+        token. `cache` maps text segments (between added tokens) to their ids: reuse it across the rows
+        of a batch, so that text they share (the turns split rows repeat, a system prompt) is encoded
+        once."""
+        parts: list[np.ndarray] = []
+        if not literal:
+            self._parts(text, cache, parts)
         else:
-            ids = []
             for a, b, as_text in pieces(text, literal):
-                ids.extend(
-                    self.enc.encode_ordinary(text[a:b]) if as_text else self._segments(text[a:b], cache)
-                )
-        arr = np.asarray(ids, dtype=np.int32)
+                if as_text:
+                    parts.append(self._encode_ordinary(text[a:b]))
+                else:
+                    self._parts(text[a:b], cache, parts)
+        arr = np.concatenate(parts, dtype=np.int32, casting="unsafe") if parts else np.zeros(0, np.int32)
         lens = self.token_len[arr]
         return arr, char_starts_from_bytes(text, np.cumsum(lens) - lens)
 

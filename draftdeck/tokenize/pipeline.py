@@ -161,7 +161,7 @@ def _encode(
     fast_set: set[int] = set()
     verified = 0
     mismatches: list[str] = []
-    cache: dict[str, list[int]] = {}  # text between special tokens -> ids, for this chunk
+    cache: dict[str, np.ndarray] = {}  # text between special tokens -> ids, for this chunk
     for i, r in enumerate(rendered):
         if st.fast is not None and st.fast.usable(r.text):
             out[i] = st.fast.encode_one(r.text, r.literal, cache)

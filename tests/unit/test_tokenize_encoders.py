@@ -57,7 +57,7 @@ def test_tiktoken_ids_and_offsets_equal_hf_on_tricky_text(
 
 
 def test_segment_cache_gives_the_same_ids(qwen_tok: Any, qwen_fast: TiktokenEncoder) -> None:
-    cache: dict[str, list[int]] = {}
+    cache: dict[str, np.ndarray] = {}
     texts = [t for t in TRICKY if t] * 2
     for text in texts:
         # the per-segment path (used where an added token is a prefix of another, and around literals)
