@@ -192,6 +192,57 @@ def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     return (np.searchsorted(bounds, starts, side="right") % 2 == 1).astype(np.uint8)
 
 
+def _runs(r: RenderedRow, ids: np.ndarray, starts: np.ndarray) -> Iterator[tuple[int, int, str]]:
+    """The trained runs of a row: (first token, end token, the rendered text those tokens cover)."""
+    if not r.spans:
+        return
+    n = len(ids)
+    bounds = np.searchsorted(starts, np.asarray(r.spans, dtype=np.int64).ravel(), side="left").tolist()
+    for lo, hi in zip(bounds[::2], bounds[1::2], strict=True):
+        if lo < hi:
+            end = int(starts[hi]) if hi < n else len(r.text)
+            yield lo, hi, r.text[int(starts[lo]) : end]
+
+
+def _check_runs(
+    st: _State, rendered: list[RenderedRow], encoded: list[Encoded], fast_set: set[int]
+) -> dict[int, str]:
+    """Rows whose trained runs do not decode to the rendered text they cover -> the first reason.
+
+    Rows of the fast (byte-level) encoder decode through its byte table: the bytes of all of them are
+    laid out once (the byte-level decoder: concatenate the tokens' bytes) and each run is a slice of
+    them. The other rows decode through the HF tokenizer's decoder, in one batch."""
+    bad_rows: dict[int, str] = {}
+    hf_runs: list[tuple[int, np.ndarray, str]] = []
+    fast_rows = [k for k in range(len(rendered)) if k in fast_set]
+    for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
+        if k not in fast_set:
+            hf_runs.extend((k, ids[lo:hi], want) for lo, hi, want in _runs(r, ids, starts))
+    if hf_runs:
+        decoded = st.hf.backend.decode_batch(
+            [ids.tolist() for _, ids, _ in hf_runs], skip_special_tokens=False
+        )
+        norm = st.hf.normalizer
+        for (k, _, want), got in zip(hf_runs, decoded, strict=True):
+            if got != want and (norm is None or got != norm.normalize_str(want)):
+                bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
+    if st.fast is not None and fast_rows:
+        all_ids = np.concatenate([encoded[k][0] for k in fast_rows])
+        blob = st.fast.decode_bytes(all_ids)
+        byte_at = np.zeros(len(all_ids) + 1, dtype=np.int64)  # byte offset of every token in `blob`
+        np.cumsum(st.fast.token_len[all_ids], out=byte_at[1:])
+        base = 0
+        for k in fast_rows:
+            r, (ids, starts) = rendered[k], encoded[k]
+            for lo, hi, want in _runs(r, ids, starts):
+                got_bytes = blob[byte_at[base + lo] : byte_at[base + hi]]
+                if got_bytes != want.encode("utf-8"):
+                    got = got_bytes.decode("utf-8", "replace")
+                    bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
+            base += len(ids)
+    return bad_rows
+
+
 def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     st = _STATE
     assert st is not None, "worker state not initialised"
@@ -218,44 +269,9 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
 
     encoded, fast_set, hf_n, verified = _encode(st, rendered, first_chunk)
 
-    # Masks, then one batched decode of every trained run for the mask check.
+    # Masks, then the mask check: every trained run decodes to the rendered text it covers.
     masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
-    runs: list[np.ndarray] = []
-    expected: list[str] = []
-    run_row: list[int] = []
-    for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
-        n = len(ids)
-        for a, b in r.spans:
-            lo = int(np.searchsorted(starts, a, side="left"))
-            hi = int(np.searchsorted(starts, b, side="left"))
-            if lo >= hi:
-                continue
-            end = int(starts[hi]) if hi < n else len(r.text)
-            runs.append(ids[lo:hi])
-            expected.append(r.text[int(starts[lo]) : end])
-            run_row.append(k)
-    bad_rows: dict[int, str] = {}
-    # Byte-level rows of the fast encoder decode through its byte table (the byte-level decoder:
-    # concatenate the tokens' bytes); the others through the HF tokenizer's decoder.
-    hf_runs = [j for j, k in enumerate(run_row) if k not in fast_set]
-    if hf_runs:
-        decoded = st.hf.backend.decode_batch([runs[j].tolist() for j in hf_runs], skip_special_tokens=False)
-        norm = st.hf.normalizer
-        for j, got in zip(hf_runs, decoded, strict=True):
-            want = expected[j]
-            if got != want and (norm is None or got != norm.normalize_str(want)):
-                bad_rows.setdefault(
-                    run_row[j], f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}"
-                )
-    if st.fast is not None:
-        for j, k in enumerate(run_row):
-            if k in fast_set:
-                got_bytes = st.fast.decode_bytes(runs[j])
-                if got_bytes != expected[j].encode("utf-8"):
-                    got = got_bytes.decode("utf-8", "replace")
-                    bad_rows.setdefault(
-                        k, f"decoded {got[:60]!r} but the rendered text is {expected[j][:60]!r}"
-                    )
+    bad_rows = _check_runs(st, rendered, encoded, fast_set)
 
     keep: list[tuple[np.ndarray, np.ndarray]] = []
     sources: list[str] = []

@@ -179,3 +179,48 @@ def test_added_tokens_that_prefix_each_other_match_longest_first(small_dir: Path
         ref = HFEncoder(tok).encode([text], [[]])[0]
         assert np.array_equal(ids, ref[0]) and np.array_equal(starts, ref[1]), text
     assert tok.convert_tokens_to_ids("<ab>c") in fast.encode_one("x<ab>cy", [])[0].tolist()
+
+
+def _reference_bad_rows(fast: TiktokenEncoder, rows: list[Any], encoded: list[Any]) -> dict[int, str]:
+    """The mask check as it was written first: every trained run decoded on its own."""
+    bad: dict[int, str] = {}
+    for k, (r, (ids, starts)) in enumerate(zip(rows, encoded, strict=True)):
+        for first, last in r.spans:
+            lo = int(np.searchsorted(starts, first, side="left"))
+            hi = int(np.searchsorted(starts, last, side="left"))
+            if lo >= hi:
+                continue
+            want = r.text[int(starts[lo]) : int(starts[hi]) if hi < len(ids) else len(r.text)]
+            got = fast.decode_bytes(ids[lo:hi])
+            if got != want.encode("utf-8"):
+                shown = got.decode("utf-8", "replace")[:60]
+                bad.setdefault(k, f"decoded {shown!r} but the rendered text is {want[:60]!r}")
+    return bad
+
+
+def test_run_check_on_byte_slices_equals_decoding_each_run(qwen_dir: Path) -> None:
+    """The fast rows' mask check (one byte layout per chunk, runs as slices of it) flags exactly the rows
+    that decoding every run on its own flags: runs that start inside a multi-byte character, ids that
+    do not spell the text, and good rows."""
+    from draftdeck.chat.spans import RenderedRow
+    from draftdeck.tokenize import pipeline as P
+
+    opts = TokenizeOptions(qwen_dir)
+    tok, renderer, hf, fast, _ = P._load(opts)
+    assert fast is not None
+    st = P._State(opts, tok, renderer, hf, fast)
+    rng = random.Random(3)
+    rows, encoded = [], []
+    for text in [t for t in TRICKY if t] + _random_texts(200, seed=11):
+        ids, starts = fast.encode_one(text, [])
+        cuts = sorted(rng.sample(range(len(text) + 1), k=min(len(text) + 1, 2 * rng.randint(1, 3))))
+        spans = list(zip(cuts[::2], cuts[1::2], strict=False))
+        if rng.random() < 0.2 and len(ids) > 2:  # ids that do not spell the text
+            ids = ids.copy()
+            ids[rng.randrange(len(ids))] = fast.specials["<|im_end|>"]
+        rows.append(RenderedRow(text, spans))
+        encoded.append((ids, starts))
+    want = _reference_bad_rows(fast, rows, encoded)
+    got = P._check_runs(st, rows, encoded, set(range(len(rows))))
+    assert got == want
+    assert 10 < len(want) < len(rows)  # both outcomes occur
