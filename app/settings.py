@@ -63,10 +63,10 @@ class Settings(BaseSettings):
 
     @property
     def roots(self) -> list[Path]:
-        """Data roots, resolved. By default the home folder (outputs and datasets live there) and ./data."""
+        """Data roots, resolved. By default ./data (the user's files) and the home (outputs, datasets)."""
         if self.data_roots:
             return [Path(r).expanduser().resolve() for r in self.data_roots]
-        return [self.home_dir, (Path.cwd() / "data").resolve()]
+        return [(Path.cwd() / "data").resolve(), self.home_dir]
 
     @property
     def broker_url(self) -> str:

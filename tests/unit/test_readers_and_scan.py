@@ -146,3 +146,23 @@ class TestPaths:
     def test_missing_path_inside_roots(self, tmp_path: Path) -> None:
         with pytest.raises(PathNotAllowedError, match="no such file"):
             resolve_in_roots("nope.jsonl", [tmp_path])
+
+
+def test_relative_paths_are_found_from_the_current_folder_or_any_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data, home = tmp_path / "data", tmp_path / "var"
+    data.mkdir()
+    home.mkdir()
+    (data / "train.jsonl").write_text("{}")
+    (home / "made.jsonl").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    roots = [data, home]
+    assert resolve_in_roots("data/train.jsonl", roots) == (data / "train.jsonl").resolve()  # from the cwd
+    assert resolve_in_roots("train.jsonl", roots) == (data / "train.jsonl").resolve()  # from the first root
+    assert resolve_in_roots("made.jsonl", roots) == (home / "made.jsonl").resolve()  # from a later root
+    assert (
+        resolve_in_roots("out/new.jsonl", roots, must_exist=False) == (data / "out" / "new.jsonl").resolve()
+    )
+    with pytest.raises(PathNotAllowedError, match="outside the data roots"):
+        resolve_in_roots("../../x.jsonl", roots, must_exist=False)
