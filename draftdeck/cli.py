@@ -86,25 +86,12 @@ def _prepare(host: str | None = None, port: int | None = None) -> None:
     upgrade()
 
 
-def _worker_argv(queues: str, concurrency: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "workers.celery_app:celery_app",
-        "worker",
-        "-Q",
-        queues,
-        "-c",
-        str(concurrency),
-        "--loglevel",
-        "INFO",
-        "-n",
-        f"draftdeck-{queues.replace(',', '-')}@%h",
-        "--without-mingle",
-        "--without-gossip",
-    ]
+def worker_argv(queues: str, concurrency: int, name: str | None = None) -> list[str]:
+    """The command line of a Celery worker for `queues` (also what the integration tests start)."""
+    node = name or f"draftdeck-{queues.replace(',', '-')}"
+    return [sys.executable, "-m", "celery", "-A", "workers.celery_app:celery_app", "worker", "-Q", queues,
+            "-c", str(concurrency), "--loglevel", "INFO", "-n", f"{node}@%h",
+            "--without-mingle", "--without-gossip"]  # fmt: skip
 
 
 def _die_with_parent() -> None:
@@ -127,7 +114,7 @@ def up(
     from app.settings import get_settings
 
     settings = get_settings()
-    worker = subprocess.Popen(_worker_argv("cpu,gpu", 1), start_new_session=True, preexec_fn=_die_with_parent)
+    worker = subprocess.Popen(worker_argv("cpu,gpu", 1), start_new_session=True, preexec_fn=_die_with_parent)
     mode = "embedded (SQLite + filesystem broker)" if settings.embedded else "Redis"
     out.print(
         f"DraftDeck on [bold]http://{host}:{port}[/]  ·  {mode}  ·  data roots: "
@@ -165,7 +152,7 @@ def worker(
     unknown = set(queues.split(",")) - set(QUEUES)
     if unknown:
         raise _usage_exit(f"unknown queues: {', '.join(sorted(unknown))}; known: {', '.join(QUEUES)}")
-    os.execv(sys.executable, _worker_argv(queues, concurrency))
+    os.execv(sys.executable, worker_argv(queues, concurrency))
 
 
 @db_app.command("upgrade")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,6 +309,17 @@ class _Reader:
         }
 
 
+def input_files(paths: Iterable[Path | str]) -> tuple[list[Path], int | None]:
+    """The files behind `paths` (folders expanded) and their total size; InputError for a missing one."""
+    files: list[Path] = []
+    for p in paths:
+        files.extend(expand_inputs(Path(p)))
+    for f in files:
+        if not f.exists():
+            raise InputError(f"{f}: no such file")
+    return files, sum(f.stat().st_size for f in files) or None
+
+
 def read_conversations(
     paths: Sequence[Path],
     report: Report,
@@ -333,13 +344,7 @@ def read_conversations(
     """
     opts = options or ConvertOptions()
     state = _Reader(report, opts)
-    files: list[Path] = []
-    for p in paths:
-        files.extend(expand_inputs(Path(p)))
-    for f in files:
-        if not f.exists():
-            raise InputError(f"{f}: no such file")
-    total = sum(f.stat().st_size for f in files) or None
+    files, total = input_files(paths)
     done_before = 0
     parse_row = parse
     release = state.release

@@ -47,15 +47,16 @@ from draftdeck.convert import (
     _where,
     check_conversation,
     duplicate_key,
+    input_files,
     placeholder_key,
 )
-from draftdeck.errors import InputError, JobFailed
+from draftdeck.errors import JobFailed
 from draftdeck.formats import sharegpt
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
 from draftdeck.formats.detect import parse
 from draftdeck.formats.model import SourceRef
 from draftdeck.formats.readers import JsonlRange, RawRow, RowReader, jsonl_chunks
-from draftdeck.formats.tables import expand_inputs, open_reader
+from draftdeck.formats.tables import open_reader
 from draftdeck.formats.writers import (
     JSONL_ENCODERS,
     RESERVED,
@@ -467,13 +468,7 @@ def write_converted(
     """
     state = _Reader(report, options)
     out = _Out(writer, report)
-    files: list[Path] = []
-    for p in paths:
-        files.extend(expand_inputs(Path(p)))
-    for f in files:
-        if not f.exists():
-            raise InputError(f"{f}: no such file")
-    total = sum(f.stat().st_size for f in files) or None
+    files, total = input_files(paths)
     done_before = 0
     pool: _Workers | None = None
     in_flight = 2 * options.workers

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.browser.harness import CHROMIUM, REPO_ROOT, free_port, launch_browser
+from tests.browser.harness import CHROMIUM, REPO_ROOT, free_port
 from tests.datasets_helpers import build_chat_dataset, load_tokenizer, write_dataset
 
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -105,16 +105,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             proc.wait()
 
 
-@pytest.fixture(scope="module")
-def chromium() -> Iterator[Any]:
-    with sync_api.sync_playwright() as pw:
-        b = launch_browser(pw)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 @dataclass
 class Seen:
     dialogs: list[str]
@@ -122,10 +112,10 @@ class Seen:
 
 
 @pytest.fixture
-def tab(chromium: Any, site: Site) -> Iterator[tuple[Any, Seen]]:
+def tab(browser: Any, site: Site) -> Iterator[tuple[Any, Seen]]:
     """A page that records dialogs (an executed alert() would open one), script errors and CSP reports."""
     sync_api.expect.set_options(timeout=10_000)
-    context = chromium.new_context(base_url=site.url, viewport={"width": 1300, "height": 900})
+    context = browser.new_context(base_url=site.url, viewport={"width": 1300, "height": 900})
     pg = context.new_page()
     pg.set_default_timeout(10_000)
     seen = Seen([], [])

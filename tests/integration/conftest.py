@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from draftdeck.cli import worker_argv
 from tests.conftest import REPO_ROOT, SHARED
 
 PG_ADMIN = os.environ.get("DRAFTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -79,24 +79,7 @@ class Stack:
     def start_worker(self, queues: str = "cpu,gpu") -> subprocess.Popen[bytes]:
         log = open(self.home / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - kept for the process's life
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "workers.celery_app:celery_app",
-                "worker",
-                "-Q",
-                queues,
-                "-c",
-                "1",
-                "--loglevel",
-                "INFO",
-                "-n",
-                f"test-{uuid.uuid4().hex[:6]}@%h",
-                "--without-mingle",
-                "--without-gossip",
-            ],
+            worker_argv(queues, 1, name=f"test-{uuid.uuid4().hex[:6]}"),
             cwd=REPO_ROOT,
             env=self.env,
             stdout=log,
