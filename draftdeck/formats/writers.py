@@ -95,34 +95,34 @@ def _meta(conv: Conversation, out: dict[str, Any], report: Report | None) -> dic
     return out
 
 
-def to_openai(conv: Conversation, report: Report | None = None) -> dict[str, Any]:
-    msgs = []
+def _record(
+    conv: Conversation,
+    report: Report | None,
+    key: str,
+    role_key: str,
+    text_key: str,
+    role_name: dict[str, str] | None,
+) -> dict[str, Any]:
+    """One output row: the turns under `key`, each `{role_key: role, text_key: text}` plus extras."""
+    turns = []
     for m in conv.messages:
-        d = {"role": m.role, "content": m.content}
-        msgs.append(
-            _message_extras(d, m)
-            if (m.reasoning is not None or m.tool_calls or m.tool_call_id is not None or m.name is not None)
-            else d
+        d = {role_key: role_name[m.role] if role_name else m.role, text_key: m.content}
+        has_extras = (
+            m.reasoning is not None or m.tool_calls or m.tool_call_id is not None or m.name is not None
         )
-    out: dict[str, Any] = {"messages": msgs}
+        turns.append(_message_extras(d, m) if has_extras else d)
+    out: dict[str, Any] = {key: turns}
     if conv.tools:
         out["tools"] = conv.tools
     return _meta(conv, out, report) if conv.meta else out
+
+
+def to_openai(conv: Conversation, report: Report | None = None) -> dict[str, Any]:
+    return _record(conv, report, "messages", "role", "content", None)
 
 
 def to_sharegpt(conv: Conversation, report: Report | None = None) -> dict[str, Any]:
-    turns = []
-    for m in conv.messages:
-        d = {"from": SHAREGPT_FROM[m.role], "value": m.content}
-        turns.append(
-            _message_extras(d, m)
-            if (m.reasoning is not None or m.tool_calls or m.tool_call_id is not None or m.name is not None)
-            else d
-        )
-    out: dict[str, Any] = {"conversations": turns}
-    if conv.tools:
-        out["tools"] = conv.tools
-    return _meta(conv, out, report) if conv.meta else out
+    return _record(conv, report, "conversations", "from", "value", SHAREGPT_FROM)
 
 
 @cache
