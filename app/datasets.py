@@ -290,17 +290,17 @@ def _deletable(ds: Dataset, settings: Settings) -> tuple[bool, str]:
 def delete_confirm_page(
     request: Request, dataset_id: int, session: SessionDep, settings: SettingsDep
 ) -> HTMLResponse:
-    ds = _get(session, dataset_id)
+    return _delete_page(request, session, settings, _get(session, dataset_id))
+
+
+def _delete_page(
+    request: Request, session: Session, settings: Settings, ds: Dataset, error: str | None = None
+) -> HTMLResponse:
+    """The confirmation page; with `error`, shown again as a 400 saying why nothing was deleted."""
     can_delete_files, why = _deletable(ds, settings)
-    return render(
-        request,
-        "datasets_delete.html",
-        session,
-        nav="datasets",
-        ds=ds,
-        can_delete_files=can_delete_files,
-        why=why,
-    )
+    return render(request, "datasets_delete.html", session, nav="datasets", ds=ds,
+                  can_delete_files=can_delete_files, why=why, error=error,
+                  status_code=400 if error else 200)  # fmt: skip
 
 
 @router.post("/datasets/{dataset_id}/delete", dependencies=[WriteDep])
@@ -314,31 +314,11 @@ def delete_dataset(
 ) -> Response:
     ds = _get(session, dataset_id)
     if confirm != ds.name:
-        return render(
-            request,
-            "datasets_delete.html",
-            session,
-            nav="datasets",
-            ds=ds,
-            can_delete_files=_deletable(ds, settings)[0],
-            why=_deletable(ds, settings)[1],
-            error=f"type the dataset's name ({ds.name}) to confirm",
-            status_code=400,
-        )
+        return _delete_page(request, session, settings, ds, f"type the dataset's name ({ds.name}) to confirm")
     if files:
         ok, why = _deletable(ds, settings)
         if not ok:
-            return render(
-                request,
-                "datasets_delete.html",
-                session,
-                nav="datasets",
-                ds=ds,
-                can_delete_files=False,
-                why=why,
-                error=f"the files were not deleted: {why}",
-                status_code=400,
-            )
+            return _delete_page(request, session, settings, ds, f"the files were not deleted: {why}")
         forget_store(Path(why))
         shutil.rmtree(why)
     session.delete(ds)

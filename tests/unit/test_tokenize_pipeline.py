@@ -19,6 +19,7 @@ from tests.unit.tokenize_helpers import (  # noqa: F401
     FIXTURES,
     a,
     conv,
+    id_runs,
     qwen_dir,
     qwen_tok,
     small_dir,
@@ -35,24 +36,12 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return [ds.row(i) for i in range(len(ds))]
 
 
-def _id_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    prev = 0
-    for i, m in zip(ids, mask, strict=True):
-        if m and not prev:
-            runs.append([])
-        if m:
-            runs[-1].append(i)
-        prev = m
-    return runs
-
-
 def _check_qwen_rows(tok: Any, rows: list[dict[str, Any]]) -> None:
     """Independent of our offsets: every trained run is one assistant output that ends with the
     end-of-turn token (and holds it once), holds no role header, and counts match the mask."""
     im_start, im_end = tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
     for r in rows:
-        runs = _id_runs(r["input_ids"], r["loss_mask"])
+        runs = id_runs(r["input_ids"], r["loss_mask"])
         assert runs, r
         assert r["n_trained"] == sum(r["loss_mask"]) > 0
         assert r["seq_len"] == len(r["input_ids"]) == len(r["loss_mask"])

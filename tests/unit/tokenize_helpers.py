@@ -57,8 +57,8 @@ def a(text: str, reasoning: str | None = None, calls: list[ToolCall] | None = No
     return Message("assistant", text, reasoning, calls or [])
 
 
-def trained_runs(tok: Any, ids: list[int], mask: list[int]) -> list[str]:
-    """Decode each maximal run of trained tokens."""
+def id_runs(ids: list[int], mask: list[int]) -> list[list[int]]:
+    """The ids of each maximal run of trained tokens."""
     runs: list[list[int]] = []
     prev = 0
     for i, m in zip(ids, mask, strict=True):
@@ -67,7 +67,12 @@ def trained_runs(tok: Any, ids: list[int], mask: list[int]) -> list[str]:
         if m:
             runs[-1].append(i)
         prev = m
-    return [tok.decode(r, skip_special_tokens=False) for r in runs]
+    return runs
+
+
+def trained_runs(tok: Any, ids: list[int], mask: list[int]) -> list[str]:
+    """Decode each maximal run of trained tokens."""
+    return [tok.decode(r, skip_special_tokens=False) for r in id_runs(ids, mask)]
 
 
 def untrained_text(tok: Any, ids: list[int], mask: list[int]) -> str:
