@@ -1,0 +1,1 @@
+"""Job kinds: each kind's one parameter model and run function, and the context a run gets."""
