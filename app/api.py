@@ -9,12 +9,12 @@ from fastapi import APIRouter, Depends, HTTPException, Query
 from pydantic import BaseModel
 from sqlmodel import Session, col, select
 
-from app import jobs, submit
+from app import records, state, submit
 from app.auth import require_api_write
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
 from draftdeck.errors import UsageError
-from workers.kinds import KINDS
+from draftdeck.jobs.registry import KINDS
 
 router = APIRouter(prefix="/api", tags=["api"])
 WriteDep = Depends(require_api_write)
@@ -65,10 +65,26 @@ class OutputPublic(BaseModel):
     sha256: str
 
 
+class DatasetLink(BaseModel):
+    id: int
+    path: str
+    name: str
+
+
+class TransitionPublic(BaseModel):
+    chunk_index: int | None
+    from_status: str
+    to_status: str
+    reason: str
+    at: datetime
+
+
 class JobDetail(JobPublic):
     result: dict[str, Any] | None
     events: list[EventPublic]
     outputs: list[OutputPublic]
+    datasets: list[DatasetLink]
+    history: list[TransitionPublic]
 
 
 class AlertPublic(BaseModel):
@@ -82,7 +98,7 @@ class AlertPublic(BaseModel):
 
 
 def get_or_404(session: Session, job_id: int) -> Job:
-    job = jobs.get_job(session, job_id)
+    job = records.get_job(session, job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id}")
     return job
@@ -127,15 +143,17 @@ def show_job(job_id: int, session: SessionDep) -> dict[str, Any]:
         **job.model_dump(),
         "events": [e.model_dump() for e in events],
         "outputs": [o.model_dump() for o in outputs],
+        "datasets": [d.model_dump() for d in records.datasets_of(session, job_id)],
+        "history": [h.model_dump() for h in state.history(session, job_id)],
     }
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobPublic, dependencies=[WriteDep])
-def cancel_job(job_id: int, session: SessionDep) -> Job:
+def cancel_job(job_id: int, session: SessionDep, settings: SettingsDep) -> Job:
     get_or_404(session, job_id)
     try:
-        return jobs.request_cancel(session, job_id)
-    except jobs.JobStateError as exc:
+        return submit.request_cancel(session, job_id, settings)
+    except state.JobStateError as exc:
         raise HTTPException(409, str(exc)) from None
 
 
@@ -144,7 +162,7 @@ def retry_job(job_id: int, session: SessionDep, settings: SettingsDep) -> JobCre
     get_or_404(session, job_id)
     try:
         job = submit.retry(session, job_id, settings)
-    except jobs.JobStateError as exc:
+    except state.JobStateError as exc:
         raise HTTPException(409, str(exc)) from None
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None
@@ -164,7 +182,7 @@ def list_alerts(
 
 @router.post("/alerts/{alert_id}/ack", response_model=AlertPublic, dependencies=[WriteDep])
 def ack_alert(alert_id: int, session: SessionDep) -> Alert:
-    if not jobs.acknowledge_alert(session, alert_id):
+    if not records.acknowledge_alert(session, alert_id):
         raise HTTPException(404, f"no alert {alert_id}")
     alert = session.get(Alert, alert_id)
     assert alert is not None

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlmodel import Session, col, select
 
-from app import jobs
+from app import records as jobs
 from app.auth import require_page_write
 from app.dataset_view import (
     BrowseError,

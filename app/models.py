@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index, MetaData, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Index, MetaData, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 # Named constraints so that migrations on SQLite (batch mode) and PostgreSQL stay in step.
@@ -39,16 +39,34 @@ class JobStatus(StrEnum):
 TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED})
 
 
+class ChunkStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
+def _big(nullable: bool = False) -> Any:
+    """A 64-bit count: inputs of 2 GiB and more overflow PostgreSQL's 32-bit INTEGER."""
+    return Field(default=None if nullable else 0, sa_type=BigInteger, nullable=nullable)
+
+
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
-    __table_args__ = (Index("ix_jobs_status_heartbeat", "status", "heartbeat_at"),)
+    __table_args__ = (
+        Index("ix_jobs_status_heartbeat", "status", "heartbeat_at"),
+        # One retry per attempt: a second retry of the same failed job is refused by the database too.
+        UniqueConstraint("retry_of"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     kind: str = Field(index=True)
     params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     status: str = Field(default=JobStatus.QUEUED, index=True)
-    progress_done: int = 0
-    progress_total: int | None = None
+    progress_done: int = _big()
+    progress_total: int | None = _big(nullable=True)
     progress_unit: str = "rows"
     created_at: datetime = Field(default_factory=utcnow, index=True)
     started_at: datetime | None = None
@@ -73,7 +91,7 @@ class JobEvent(SQLModel, table=True):
     level: str = "info"  # info | warning | rejected | error
     code: str | None = None
     message: str = ""
-    count: int = 1
+    count: int = Field(default=1, sa_type=BigInteger)
     examples: list[dict[str, Any]] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
 
 
@@ -84,8 +102,8 @@ class JobOutput(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="jobs.id", index=True)
     path: str
-    rows: int
-    bytes: int
+    rows: int = _big()
+    bytes: int = _big()
     sha256: str
     created_at: datetime = Field(default_factory=utcnow)
 
@@ -96,7 +114,7 @@ class Metric(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="jobs.id")
-    step: int
+    step: int = Field(sa_type=BigInteger)
     name: str
     value: float
     at: datetime = Field(default_factory=utcnow)
@@ -140,14 +158,14 @@ class JobChunk(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: int = Field(foreign_key="jobs.id")
     chunk_index: int
-    status: str = "pending"  # pending | running | done | failed | cancelled | skipped
+    status: str = ChunkStatus.PENDING
     input_path: str = ""
-    conversations: int = 0
-    rows_in: int | None = None
-    rows_out: int | None = None
+    conversations: int = _big()
+    rows_in: int | None = _big(nullable=True)
+    rows_out: int | None = _big(nullable=True)
     report: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     shard_path: str | None = None
-    bytes: int | None = None
+    bytes: int | None = _big(nullable=True)
     sha256: str | None = None
     worker: str | None = None
     task_id: str | None = None
@@ -156,3 +174,19 @@ class JobChunk(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+
+
+class JobStateHistory(SQLModel, table=True):
+    """Every accepted status change of a job (chunk_index NULL) or of one of its chunks, written in
+    the transaction that made it (app/state.py)."""
+
+    __tablename__ = "job_state_history"
+    __table_args__ = (Index("ix_job_state_history_job_at", "job_id", "at"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: int = Field(foreign_key="jobs.id")
+    chunk_index: int | None = None
+    from_status: str
+    to_status: str
+    reason: str = ""
+    at: datetime = Field(default_factory=utcnow)

@@ -13,14 +13,14 @@ from fastapi.templating import Jinja2Templates
 from sqlmodel import Session, col, func, select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import jobs, submit
+from app import records, state, submit
 from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write, token_required
 from app.db import REPO_ROOT
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
 from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
-from workers.kinds import KINDS
+from draftdeck.jobs.registry import KINDS
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=str(REPO_ROOT / "templates"))
@@ -264,7 +264,7 @@ async def create_job_form(
 
 
 def _job_context(session: Session, job_id: int) -> dict[str, Any]:
-    job = jobs.get_job(session, job_id)
+    job = records.get_job(session, job_id)
     if job is None:
         raise HTTPException(404, f"no job {job_id}")
     events = session.exec(
@@ -280,6 +280,7 @@ def _job_context(session: Session, job_id: int) -> dict[str, Any]:
         "log": list(reversed(events)),
         "issues": issues,
         "outputs": outputs,
+        "datasets": records.datasets_of(session, job_id),
         "terminal": job.status in ("succeeded", "failed", "cancelled"),
     }
 
@@ -295,12 +296,12 @@ def job_live(request: Request, job_id: int, session: SessionDep) -> HTMLResponse
 
 
 @router.post("/jobs/{job_id}/cancel", dependencies=[WriteDep])
-def cancel_job_form(job_id: int, session: SessionDep) -> RedirectResponse:
+def cancel_job_form(job_id: int, session: SessionDep, settings: SettingsDep) -> RedirectResponse:
     try:
-        jobs.request_cancel(session, job_id)
+        submit.request_cancel(session, job_id, settings)
     except LookupError:
         raise HTTPException(404, f"no job {job_id}") from None
-    except jobs.JobStateError:
+    except state.JobStateError:
         pass  # it ended between the page and the click: its page shows how
     return RedirectResponse(f"/jobs/{job_id}", status_code=303)
 
@@ -311,7 +312,7 @@ def retry_job_form(job_id: int, session: SessionDep, settings: SettingsDep) -> R
         job = submit.retry(session, job_id, settings)
     except LookupError:
         raise HTTPException(404, f"no job {job_id}") from None
-    except (jobs.JobStateError, UsageError) as exc:
+    except (state.JobStateError, UsageError) as exc:
         raise HTTPException(409, str(exc)) from None
     return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
@@ -326,7 +327,7 @@ def alerts_page(request: Request, session: SessionDep) -> HTMLResponse:
 
 @router.post("/alerts/{alert_id}/ack", dependencies=[WriteDep])
 def ack_alert_form(alert_id: int, session: SessionDep) -> RedirectResponse:
-    if not jobs.acknowledge_alert(session, alert_id):
+    if not records.acknowledge_alert(session, alert_id):
         raise HTTPException(404, f"no alert {alert_id}")
     return RedirectResponse("/alerts", status_code=303)
 

@@ -1,6 +1,8 @@
-"""Submitting and retrying jobs: validate the kind and its parameters, confine paths, enqueue.
+"""What users ask of jobs: submit, retry, cancel. Validates the kind and its parameters, confines
+paths to the data roots, enqueues by task name (app/queue.py) and changes status only through the
+state rules (app/state.py).
 
-Shared by the JSON API, the HTML form and the CLI so that all three accept exactly the same jobs.
+Shared by the JSON API and the HTML form, so that both accept exactly the same jobs.
 """
 
 from __future__ import annotations
@@ -9,13 +11,16 @@ import logging
 from typing import Any
 
 from pydantic import ValidationError
-from sqlmodel import Session
+from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
 
-from app import jobs
-from app.models import Job, JobStatus
+from app import chunks, queue, records, state
+from app.models import Job, JobStatus, utcnow
 from app.settings import Settings
+from app.state import JobStateError
 from draftdeck.errors import UsageError
-from workers.kinds import get_kind
+from draftdeck.jobs.registry import get_kind
 
 log = logging.getLogger(__name__)
 
@@ -34,41 +39,75 @@ def validate(
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
         raise UsageError(f"{kind_name}: invalid parameters: {problems}") from None
     params = params.confined(settings.roots)
+    params.check(settings.roots)
     return kind.name, params.model_dump(mode="json"), kind.queue
 
 
 def submit(session: Session, kind_name: str, raw_params: dict[str, Any], settings: Settings) -> Job:
-    kind, params, queue = validate(kind_name, raw_params, settings)
-    job = jobs.create_job(session, kind, params, queue)
+    kind, params, queue_name = validate(kind_name, raw_params, settings)
+    job = records.create_job(session, kind, params, queue_name)
     enqueue(session, job)
     return job
 
 
 def retry(session: Session, job_id: int, settings: Settings) -> Job:
-    """A new attempt of a failed or cancelled job, with the same parameters (re-validated)."""
-    old = jobs.get_job(session, job_id)
+    """A new attempt of a failed or cancelled job, with the same parameters (re-validated). One
+    retry per attempt: retrying the same job again is refused (retry the new attempt instead)."""
+    old = records.get_job(session, job_id)
     if old is None:
         raise LookupError(job_id)
     if old.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
-        raise jobs.JobStateError(
-            f"job {job_id} is {old.status}; only failed or cancelled jobs can be retried"
-        )
-    kind, params, queue = validate(old.kind, old.params, settings)
-    job = jobs.create_job(session, kind, params, queue, attempt=old.attempt + 1, retry_of=old.id)
+        raise JobStateError(f"job {job_id} is {old.status}; only failed or cancelled jobs can be retried")
+    again = session.exec(select(Job.id).where(Job.retry_of == job_id)).first()
+    if again is not None:
+        raise JobStateError(f"job {job_id} was already retried as job {again}; retry that one")
+    kind, params, queue_name = validate(old.kind, old.params, settings)
+    try:
+        job = records.create_job(session, kind, params, queue_name, attempt=old.attempt + 1, retry_of=old.id)
+    except IntegrityError:  # a concurrent retry of the same attempt won
+        session.rollback()
+        raise JobStateError(f"job {job_id} was already retried") from None
     enqueue(session, job)
     return job
 
 
 def enqueue(session: Session, job: Job) -> None:
-    from workers.celery_app import RUN_JOB, get_celery
-
     assert job.id is not None
     try:
-        result = get_celery().send_task(RUN_JOB, args=[job.id], queue=job.queue)
+        task_id = queue.send(queue.RUN_JOB, [job.id], job.queue)
     except Exception as exc:  # the broker is down: say so on the job, never leave it queued forever
         log.exception("could not enqueue job %s", job.id)
-        jobs.transition(session, job.id, JobStatus.FAILED, error=f"could not enqueue: {exc}")
+        state.propose(session, job.id, JobStatus.FAILED, f"could not enqueue: {exc}")
         return
-    job.task_id = result.id
-    session.add(job)
+    session.execute(update(Job).where(col(Job.id) == job.id).values(task_id=task_id))  # type: ignore[call-overload]
     session.commit()
+    job.task_id = task_id
+
+
+def request_cancel(session: Session, job_id: int, settings: Settings) -> Job:
+    """Cancel a queued job at once; ask a running one to stop, and cancel it at once when no live
+    worker runs it (its heartbeat is older than the lost-worker limit: nobody would read the flag)."""
+    job = records.get_job(session, job_id)
+    if job is None:
+        raise LookupError(job_id)
+    if job.status == JobStatus.QUEUED:
+        if state.propose(session, job_id, JobStatus.CANCELLED, "cancelled before it started").accepted:
+            return _reloaded(session, job_id)
+        job = _reloaded(session, job_id)  # it started meanwhile
+    if job.status != JobStatus.RUNNING:
+        raise JobStateError(f"job {job_id} is {job.status}; only queued or running jobs can be cancelled")
+    session.execute(update(Job).where(col(Job.id) == job_id).values(cancel_requested=True))  # type: ignore[call-overload]
+    records.add_event(session, job_id, "info", "cancellation requested")
+    age = (utcnow() - job.heartbeat_at).total_seconds() if job.heartbeat_at else None
+    if age is None or age > settings.lost_after_seconds:
+        beat = "no heartbeat" if age is None else f"heartbeat {age:.0f} s old"
+        reason = f"cancelled: no live worker runs it ({beat})"
+        if state.propose(session, job_id, JobStatus.CANCELLED, reason).accepted:
+            chunks.cleanup(session, job_id)
+    return _reloaded(session, job_id)
+
+
+def _reloaded(session: Session, job_id: int) -> Job:
+    job = records.get_job(session, job_id)
+    assert job is not None
+    return job

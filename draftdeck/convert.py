@@ -418,6 +418,20 @@ def read_conversations(
 
 
 # -- converting -----------------------------------------------------------------------------------
+def check_out(inputs: Sequence[Path], out: Path, roots: Sequence[Path] = ()) -> None:
+    """Refuse an output that would replace an input, a data root or a folder, before anything runs:
+    a convert writing over its own input would destroy the rows it rejected."""
+    target = out.expanduser().resolve()
+    for path in inputs:
+        source = path.expanduser().resolve()
+        if target == source or (source.is_dir() and target.is_relative_to(source)):
+            raise UsageError(f"{out}: the output is the input {path}; choose a new file")
+    if any(target == Path(r).resolve() for r in roots):
+        raise UsageError(f"{out}: the output is a data root; choose a file inside it")
+    if target.is_dir():
+        raise UsageError(f"{out}: the output is an existing folder; give a file name")
+
+
 def convert(
     inputs: Sequence[Path],
     out: Path,
@@ -440,6 +454,7 @@ def convert(
         raise UsageError(f"unknown target format {to!r}; choose one of {', '.join(TARGETS)}")
     if not inputs:
         raise UsageError("no input files given")
+    check_out(inputs, out)
     opts = options or ConvertOptions()
     if policy is not None:
         opts.policy = policy

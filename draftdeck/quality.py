@@ -92,13 +92,18 @@ class Example:
 
 @dataclass
 class Output:
+    """A file a job wrote, or (kind "dataset") the dataset folder that holds its shards: the service
+    registers each dataset output as a dataset when the job succeeds."""
+
     path: str
     rows: int
     bytes: int
     sha256: str
+    kind: str = "file"  # file | dataset
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
+        d = {"path": self.path, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
+        return d if self.kind == "file" else {**d, "kind": self.kind}
 
 
 @dataclass
@@ -158,8 +163,9 @@ class Report:
                 f"row accounting does not balance: rows_in {self.rows_in} + expanded {self.rows_expanded}"
                 f" = {lhs}, but rows_out {self.rows_out} + rejected {self.rows_rejected} = {rhs}"
             )
-        written = sum(o.rows for o in self.outputs)
-        if self.outputs and written != self.rows_out:
+        files = [o for o in self.outputs if o.kind == "file"]
+        written = sum(o.rows for o in files)
+        if files and written != self.rows_out:
             raise AccountingError(
                 f"outputs hold {written} rows but the report counts rows_out {self.rows_out}"
             )

@@ -35,7 +35,7 @@ def dd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("DRAFTDECK_DATA_ROOTS", ":".join(roots))
     for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
         monkeypatch.delenv(var, raising=False)
-    from workers.celery_app import get_celery
+    from app.queue import get_celery
 
     get_settings.cache_clear()
     get_engine.cache_clear()

@@ -1,1 +1,1 @@
-"""Celery app, queues and thin tasks: load the job row, call draftdeck, record what happened."""
+"""Celery task bodies: thin wrappers over app/runner.py and app/chunks.py. Nothing imports workers/."""

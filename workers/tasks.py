@@ -1,4 +1,7 @@
-"""Celery tasks: thin. They receive a job id only."""
+"""Celery tasks: thin. They receive a job id (and a chunk index) and call the service's runners.
+
+`celery -A workers.tasks:celery_app worker` loads this module (app/queue.py's WORKER_APP).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +10,13 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_ready
 
+from app.chunks import run_chunk
+from app.queue import RUN_CHUNK, RUN_JOB, get_celery
+from app.runner import run_job
 from app.settings import get_settings
 from app.sweeper import start_sweeper
-from workers.celery_app import RUN_JOB, celery_app
-from workers.chunks import RUN_CHUNK, run_chunk
-from workers.runner import run_job
+
+celery_app = get_celery()
 
 
 @celery_app.task(name=RUN_JOB, bind=True)

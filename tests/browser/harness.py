@@ -104,7 +104,7 @@ class Server:
     def start(self, timeout: float = 60.0) -> Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         exe = Path(sys.executable).parent / "draftdeck"
-        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "draftdeck.cli"]
+        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli_service"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed when we stop
         self.proc = subprocess.Popen(
             [*argv, "up", "--port", str(self.port)],

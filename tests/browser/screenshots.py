@@ -50,9 +50,9 @@ def _fill(server: Server) -> dict[str, Any]:
     empty = server.data_dir / "exports" / "sharegpt_export_that_came_out_empty.jsonl"
     empty.parent.mkdir()
     empty.write_text("")
-    ids = {"succeeded": server.submit("scan", path=str(good))}
+    ids = {"succeeded": server.submit("scan", inputs=str(good))}
     server.wait_status(ids["succeeded"])
-    ids["failed"] = server.submit("scan", path=str(empty))
+    ids["failed"] = server.submit("scan", inputs=str(empty))
     server.wait_status(ids["failed"])
     return ids
 
@@ -74,7 +74,7 @@ def take(out: Path) -> list[Path]:
                     page.goto(url)
                     if fill:
                         for field, value in fill.items():
-                            page.fill(f"#new-job input[name={field}]", value)
+                            page.fill(f"#new-job [name={field}]", value)
                         page.click("#new-job button[type=submit]")
                         page.wait_for_load_state()
                     path = out / f"{name}-{label}.png"
@@ -87,11 +87,11 @@ def take(out: Path) -> list[Path]:
             for kind in server.api("GET", "/api/kinds"):
                 if kind != "scan":
                     snap(f"job-new-{kind}", f"/jobs/new?kind={kind}")
-            snap("job-new-error", "/jobs/new", fill={"path": "/etc/passwd"})
+            snap("job-new-error", "/jobs/new", fill={"inputs": "/etc/passwd"})
             ids = _fill(server)
             (server.data_dir / "incoming").mkdir()
             pipe = SlowFile(server.data_dir / "incoming" / "streaming_from_generator.jsonl")
-            running = server.submit("scan", path=str(pipe.path))
+            running = server.submit("scan", inputs=str(pipe.path))
             pipe.open()
             pipe.write_rows([{"prompt": f"q{i}"} for i in range(100)])
             server.wait_status(running, ("running",))

@@ -27,7 +27,7 @@ JOB_URL = re.compile(r"/jobs/(\d+)$")
 
 def start_from_form(page: Any, path: str | Path, **fields: str) -> None:
     page.goto("/jobs/new")
-    page.fill("#new-job input[name=path]", str(path))
+    page.fill("#new-job textarea[name=inputs]", str(path))
     for name, value in fields.items():
         page.fill(f"#new-job input[name={name}]", value)
     page.click("#new-job button[type=submit]")
@@ -196,7 +196,7 @@ def test_bad_path_gives_a_clear_error_on_the_form(
 ) -> None:
     jobs_before = len(server.api("GET", "/api/jobs?limit=500"))
     page.goto("/jobs/new")
-    page.fill("#new-job input[name=path]", given)
+    page.fill("#new-job textarea[name=inputs]", given)
     with page.expect_response(lambda r: r.url.endswith("/jobs") and r.request.method == "POST") as resp:
         page.click("#new-job button[type=submit]")
     assert resp.value.status == 400
@@ -204,12 +204,12 @@ def test_bad_path_gives_a_clear_error_on_the_form(
     notice = page.locator(".notice-error[role=alert]")
     expect(notice).to_contain_text(message)
     expect(page.locator("h1")).to_have_text("New job")
-    expect(page.locator("#new-job input[name=path]")).to_have_value(given)  # what the user typed stays
+    expect(page.locator("#new-job textarea[name=inputs]")).to_have_value(given)  # what the user typed stays
     assert len(server.api("GET", "/api/jobs?limit=500")) == jobs_before
     # Nothing crashed: fix the path on the same form and it runs.
     good = server.data_dir / "fixed.jsonl"
     good.write_text('{"a": 1}\n')
-    page.fill("#new-job input[name=path]", str(good))
+    page.fill("#new-job textarea[name=inputs]", str(good))
     page.click("#new-job button[type=submit]")
     job_id_of(page)
     expect(page.locator("#job-status")).to_have_text("succeeded")
@@ -261,7 +261,7 @@ def test_jobs_list_updates_when_a_job_finishes(
     page: Any, server: Server, slow_file: Any, data_file: Any
 ) -> None:
     pipe = slow_file()
-    job_id = server.submit("scan", path=str(pipe.path))
+    job_id = server.submit("scan", inputs=str(pipe.path))
     pipe.open()
     pipe.write_rows([{"q": 1}])
     server.wait_status(job_id, ("running",))
@@ -270,7 +270,7 @@ def test_jobs_list_updates_when_a_job_finishes(
     row = page.locator(f"#jobs-table tr[data-job='{job_id}']")
     expect(row.locator(".status")).to_have_text("running")
     # A job queued elsewhere (the API) shows up while we watch; it waits behind the running one.
-    other = server.submit("scan", path=str(data_file([{"q": 3}])))
+    other = server.submit("scan", inputs=str(data_file([{"q": 3}])))
     other_row = page.locator(f"#jobs-table tr[data-job='{other}']")
     expect(other_row.locator(".status")).to_have_text("queued")
     pipe.write_rows([{"q": 2}])
@@ -323,18 +323,18 @@ def test_form_sends_lists_enums_and_checkboxes_as_typed_parameters(
     page: Any, server: Server, data_file: Any
 ) -> None:
     props = _kind_or_skip(server, "convert")
-    assert {"paths", "to", "strict"} <= set(props)
+    assert {"inputs", "to", "strict"} <= set(props)
     a = data_file([{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}])
     b = data_file([{"instruction": "say hi", "input": "", "output": "hi"}])
     page.goto("/jobs/new?kind=convert")
-    expect(page.locator("#new-job textarea[name=paths]")).to_be_visible()
-    page.fill("#new-job textarea[name=paths]", f"{a}\n\n  {b}  \n")
+    expect(page.locator("#new-job textarea[name=inputs]")).to_be_visible()
+    page.fill("#new-job textarea[name=inputs]", f"{a}\n\n  {b}  \n")
     page.select_option("#new-job select[name=to]", "openai")
     page.check("#new-job input[name=strict]")
     page.click("#new-job button[type=submit]")
     job_id = job_id_of(page)
     params = server.job(job_id)["params"]
-    assert params["paths"] == [str(a), str(b)]
+    assert params["inputs"] == [str(a), str(b)]
     assert params["to"] == "openai"
     assert params["strict"] is True
     expect(page.locator(".params dd ul.plain li")).to_have_text([str(a), str(b)])
@@ -386,7 +386,7 @@ def test_page_errors_are_pages_and_api_errors_stay_json(page: Any, server: Serve
     # A form posted with a stale CSRF token gets a page that says what to do.
     page.goto("/jobs/new")
     page.context.clear_cookies()
-    page.fill("#new-job input[name=path]", "x.jsonl")
+    page.fill("#new-job textarea[name=inputs]", "x.jsonl")
     with page.expect_response(lambda r: r.url.endswith("/jobs") and r.request.method == "POST") as posted:
         page.click("#new-job button[type=submit]")
     assert posted.value.status == 403
@@ -397,7 +397,7 @@ def test_cancel_of_a_job_that_already_ended_just_shows_the_job(
     page: Any, server: Server, slow_file: Any
 ) -> None:
     pipe = slow_file()
-    job_id = server.submit("scan", path=str(pipe.path))
+    job_id = server.submit("scan", inputs=str(pipe.path))
     pipe.open()
     pipe.write_rows([{"q": 1}])
     server.wait_status(job_id, ("running",))
@@ -454,7 +454,7 @@ def test_pages_fit_a_narrow_screen_with_long_paths(browser: Any, server: Server,
         [{"messages": []}, "{bad", {"k" * 120: 1}], name=str(deep.relative_to(server.data_dir) / "x.jsonl")
     )
     empty = data_file([], name=str(deep.relative_to(server.data_dir) / "empty.jsonl"))
-    ok_id, failed_id = server.submit("scan", path=str(good)), server.submit("scan", path=str(empty))
+    ok_id, failed_id = server.submit("scan", inputs=str(good)), server.submit("scan", path=str(empty))
     server.wait_status(ok_id)
     server.wait_status(failed_id)
     context = browser.new_context(base_url=server.url, viewport={"width": 390, "height": 844})

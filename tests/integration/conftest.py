@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from draftdeck.cli import worker_argv
+from app.queue import worker_argv
 from tests.conftest import REPO_ROOT, SHARED
 
 PG_ADMIN = os.environ.get("DRAFTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -133,7 +133,7 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
             monkeypatch.setenv(key, value)
     get_settings.cache_clear()
     get_engine.cache_clear()
-    from workers.celery_app import get_celery
+    from app.queue import get_celery
 
     get_celery.cache_clear()
     upgrade()

@@ -32,7 +32,7 @@ def _job(client: TestClient, job_id: int) -> dict:
 
 
 def _submit(client: TestClient, path: str) -> int:
-    r = client.post("/api/jobs", json={"kind": "scan", "params": {"path": path}})
+    r = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": [path]}})
     assert r.status_code == 201, r.text
     return r.json()["id"]
 

@@ -92,6 +92,8 @@ def test_one_and_two_workers_give_the_cli_dataset(
         f"data-{i:05d}-of-{n_chunks:05d}.arrow" for i in range(n_chunks)
     ]
     assert one["result"]["rows_out"] == sum(o["rows"] for o in one["outputs"])
+    # the dataset is registered by the success transition: no GET needed
+    assert [d["path"] for d in one["datasets"]] == [str((stack.data / "one").resolve())]
     assert (one["progress_done"], one["progress_total"]) == (one["result"]["rows_in"],) * 2
 
     stack.start_worker()

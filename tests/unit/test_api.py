@@ -28,13 +28,13 @@ def _file(home: Path, name: str = "a.jsonl") -> Path:
 
 def test_submit_list_show_cancel(client: TestClient, migrated: Path) -> None:
     _file(migrated)
-    r = client.post("/api/jobs", json={"kind": "scan", "params": {"path": "data/a.jsonl"}})
+    r = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": "data/a.jsonl"}})
     assert r.status_code == 201
     job_id = r.json()["id"]
     job = client.get(f"/api/jobs/{job_id}").json()
-    assert job["status"] == "queued" and job["params"]["path"] == str(
-        (migrated / "data" / "a.jsonl").resolve()
-    )
+    assert job["status"] == "queued" and job["params"]["inputs"] == [
+        str((migrated / "data" / "a.jsonl").resolve())
+    ]
     assert job["events"][0]["message"] == "queued on cpu"
     assert [j["id"] for j in client.get("/api/jobs").json()] == [job_id]
     assert client.post(f"/api/jobs/{job_id}/cancel", json={}).json()["status"] == "cancelled"
@@ -47,11 +47,24 @@ def test_submit_list_show_cancel(client: TestClient, migrated: Path) -> None:
     "body,message",
     [
         ({"kind": "nope", "params": {}}, "unknown job kind 'nope'"),
-        ({"kind": "scan", "params": {}}, "path: Field required"),
-        ({"kind": "scan", "params": {"path": "/etc/passwd"}}, "outside the data roots"),
-        ({"kind": "scan", "params": {"path": "../../../../etc/passwd"}}, "outside the data roots"),
-        ({"kind": "scan", "params": {"path": "data/missing.jsonl"}}, "no such file"),
-        ({"kind": "scan", "params": {"path": "data/a.jsonl", "colour": 1}}, "colour: Extra inputs"),
+        ({"kind": "scan", "params": {}}, "inputs: Field required"),
+        ({"kind": "scan", "params": {"path": "data/a.jsonl"}}, "path: Extra inputs"),  # the old name
+        (
+            {"kind": "scan", "params": {"inputs": "data/a.jsonl", "max_row_bytes": 10**30}},
+            "less than or equal",
+        ),
+        ({"kind": "scan", "params": {"inputs": ["data/a.jsonl"] * 10_001}}, "at most 10000 items"),
+        ({"kind": "scan", "params": {"inputs": "data/a\x00.jsonl"}}, "NUL byte"),
+        (
+            {"kind": "tokenize", "params": {"inputs": "data/a.jsonl", "tokenizer": "t", "workers": 4}},
+            "workers: Extra inputs",
+        ),
+        ({"kind": "convert", "params": {"inputs": "data/a.jsonl", "out": "data/a.jsonl"}}, "is the input"),
+        ({"kind": "convert", "params": {"inputs": "data/a.jsonl", "out": "data"}}, "existing folder"),
+        ({"kind": "scan", "params": {"inputs": "/etc/passwd"}}, "outside the data roots"),
+        ({"kind": "scan", "params": {"inputs": "../../../../etc/passwd"}}, "outside the data roots"),
+        ({"kind": "scan", "params": {"inputs": "data/missing.jsonl"}}, "no such file"),
+        ({"kind": "scan", "params": {"inputs": "data/a.jsonl", "colour": 1}}, "colour: Extra inputs"),
     ],
 )
 def test_bad_submissions_are_400_with_a_reason(
@@ -84,7 +97,7 @@ def test_token_required_beyond_loopback(migrated: Path, monkeypatch: pytest.Monk
     get_settings.cache_clear()
     _file(migrated)
     with TestClient(create_app()) as c:
-        body = {"kind": "scan", "params": {"path": "data/a.jsonl"}}
+        body = {"kind": "scan", "params": {"inputs": "data/a.jsonl"}}
         assert c.post("/api/jobs", json=body).status_code == 401
         assert c.post("/api/jobs", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
         assert c.post("/api/jobs", json=body, headers={"authorization": "Bearer s3cret"}).status_code == 201
@@ -105,7 +118,7 @@ def test_forms_need_the_csrf_token(client: TestClient, migrated: Path) -> None:
     assert page.status_code == 200
     csrf = client.cookies.get("dd_csrf")
     assert csrf and f'value="{csrf}"' in page.text
-    form = {"kind": "scan", "path": "data/a.jsonl"}
+    form = {"kind": "scan", "inputs": "data/a.jsonl"}
     assert client.post("/jobs", data=form).status_code == 403
     assert client.post("/jobs", data={**form, "csrf": "forged"}).status_code == 403
     r = client.post("/jobs", data={**form, "csrf": csrf}, follow_redirects=False)
@@ -115,7 +128,7 @@ def test_forms_need_the_csrf_token(client: TestClient, migrated: Path) -> None:
 def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> None:
     client.get("/jobs/new")
     csrf = client.cookies.get("dd_csrf")
-    r = client.post("/jobs", data={"kind": "scan", "path": "<script>alert(1)</script>", "csrf": csrf})
+    r = client.post("/jobs", data={"kind": "scan", "inputs": "<script>alert(1)</script>", "csrf": csrf})
     assert r.status_code == 400
     assert "<script>alert(1)</script>" not in r.text and "&lt;script&gt;" in r.text
     assert "script-src 'self'" in r.headers["content-security-policy"]
@@ -123,7 +136,9 @@ def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> No
 
 def test_pages_render(client: TestClient, migrated: Path) -> None:
     _file(migrated)
-    job_id = client.post("/api/jobs", json={"kind": "scan", "params": {"path": "data/a.jsonl"}}).json()["id"]
+    job_id = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": "data/a.jsonl"}}).json()[
+        "id"
+    ]
     for url in (
         "/jobs",
         "/jobs/table",
@@ -142,34 +157,42 @@ def test_pages_render(client: TestClient, migrated: Path) -> None:
 
 
 def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
-    from app import jobs
+    from app import records, state
     from app.db import session_scope
-    from app.models import JobStatus, utcnow
+    from app.models import JobStatus
+    from app.sweeper import mark_lost_jobs
 
     with session_scope() as s:
-        stale = jobs.create_job(s, "scan", {"path": "x"}, "cpu")
-        fresh = jobs.create_job(s, "scan", {"path": "y"}, "cpu")
-        assert jobs.transition(
-            s, stale.id, JobStatus.RUNNING, worker="w:1", heartbeat_at=utcnow() - timedelta(seconds=120)
+        stale = records.create_job(s, "scan", {"inputs": ["x"]}, "cpu")
+        fresh = records.create_job(s, "scan", {"inputs": ["y"]}, "cpu")
+        assert state.propose(s, stale.id, JobStatus.RUNNING, "test", worker="w:1").accepted
+        from sqlalchemy import update
+
+        from app.models import Job, utcnow
+
+        s.execute(
+            update(Job).where(Job.id == stale.id).values(heartbeat_at=utcnow() - timedelta(seconds=120))
         )
-        assert jobs.transition(s, fresh.id, JobStatus.RUNNING, worker="w:2")
-        assert jobs.mark_lost_jobs(s, lost_after_seconds=60) == [stale.id]
-        assert jobs.get_job(s, stale.id).error.startswith("worker lost")
-        assert jobs.get_job(s, fresh.id).status == JobStatus.RUNNING
-        # a terminal job cannot be moved again: the compare-and-set refuses
-        assert not jobs.transition(s, stale.id, JobStatus.SUCCEEDED)
-        assert jobs.mark_lost_jobs(s, lost_after_seconds=60) == []
+        s.commit()
+        assert state.propose(s, fresh.id, JobStatus.RUNNING, "test", worker="w:2").accepted
+        assert mark_lost_jobs(s, lost_after_seconds=60) == [stale.id]
+        assert records.get_job(s, stale.id).error.startswith("worker lost")
+        assert records.get_job(s, fresh.id).status == JobStatus.RUNNING
+        # a terminal job cannot be moved again: the rules refuse, naming the current status
+        decision = state.propose(s, stale.id, JobStatus.SUCCEEDED, "late")
+        assert not decision.accepted and decision.status == JobStatus.FAILED
+        assert mark_lost_jobs(s, lost_after_seconds=60) == []
 
 
 def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
-    from app import jobs
+    from app import records
     from app.db import session_scope
     from app.models import JobStatus
-    from workers.runner import run_job
+    from app.runner import run_job
 
     path = _file(migrated)
     with session_scope() as s:
-        job = jobs.create_job(s, "scan", {"path": str(path)}, "cpu")
+        job = records.create_job(s, "scan", {"inputs": [str(path)]}, "cpu")
     assert run_job(job.id) == JobStatus.SUCCEEDED
     assert run_job(job.id) == "skipped:succeeded"
     with session_scope() as s:

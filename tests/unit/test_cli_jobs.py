@@ -1,72 +1,140 @@
-"""The CLI mirrors the API: submit, list, show, cancel, retry; scan in-process; exit codes."""
+"""`draftdeck jobs ...` is a client of a real running server's JSON API; the in-process commands take
+any path the user can read; `up` refuses a public address without a token."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from draftdeck.cli import app
+from app.cli_service import app
 from tests.conftest import REPO_ROOT
 
 runner = CliRunner()
+TOKEN = "s3cret-token"
 
 
-def test_jobs_commands_round_trip(migrated: Path) -> None:
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The app served by uvicorn on a free loopback port, in a thread; a token is required."""
+    import uvicorn
+
+    from app.settings import get_settings
+
+    monkeypatch.setenv("DRAFTDECK_TOKEN", TOKEN)
+    get_settings.cache_clear()
+    from app.main import app as web
+
+    port = _free_port()
+    srv = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not srv.started:
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.05)
+    monkeypatch.setenv("DRAFTDECK_SERVER", f"http://127.0.0.1:{port}")
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_jobs_commands_round_trip_over_http(server: str, migrated: Path) -> None:
     (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
-    r = runner.invoke(app, ["jobs", "submit", "scan", "--param", f"path={migrated}/data/a.jsonl"])
+    (migrated / "data" / "b.jsonl").write_text('{"messages": []}\n')
+    r = runner.invoke(
+        app, ["jobs", "submit", "scan", "-p", "inputs=data/a.jsonl", "-p", "inputs=data/b.jsonl"]
+    )
     assert r.exit_code == 0, r.output
     job_id = int(r.output.strip())
-    listed = runner.invoke(app, ["jobs", "list"])
+    listed = runner.invoke(app, ["jobs", "list", "--server", server])
     assert listed.exit_code == 0 and "scan" in listed.output and "queued" in listed.output
     shown = runner.invoke(app, ["jobs", "show", str(job_id), "--json"])
-    assert json.loads(shown.output)["params"]["path"].endswith("data/a.jsonl")
-    assert runner.invoke(app, ["jobs", "cancel", str(job_id)]).exit_code == 0
+    inputs = json.loads(shown.output)["params"]["inputs"]
+    assert [Path(p).name for p in inputs] == ["a.jsonl", "b.jsonl"]  # resolved by the server
+    cancelled = runner.invoke(app, ["jobs", "cancel", str(job_id)])
+    assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
     again = runner.invoke(app, ["jobs", "cancel", str(job_id)])
-    assert again.exit_code == 2 and "only queued or running" in again.output
+    assert again.exit_code == 2 and "only queued or running" in " ".join(again.output.split())
     retried = runner.invoke(app, ["jobs", "retry", str(job_id)])
     assert retried.exit_code == 0 and int(retried.output.strip()) != job_id
+    twice = runner.invoke(app, ["jobs", "retry", str(job_id)])
+    assert (
+        twice.exit_code == 2 and "409" in twice.output and "already retried" in " ".join(twice.output.split())
+    )
 
 
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["jobs", "submit", "scan", "--param", "path=/etc/passwd"], "outside the data roots"),
+        (
+            ["jobs", "submit", "scan", "-p", "inputs=/etc/passwd"],
+            "outside the data roots",
+        ),  # the server's sandbox
         (["jobs", "submit", "scan", "--param", "nokeyvalue"], "KEY=VALUE"),
         (["jobs", "submit", "teleport"], "unknown job kind"),
         (["jobs", "show", "999"], "no job 999"),
-        (["scan", "/etc/passwd"], "outside the data roots"),
     ],
 )
-def test_usage_errors_exit_2(migrated: Path, args: list[str], message: str) -> None:
+def test_usage_errors_exit_2(server: str, args: list[str], message: str) -> None:
     r = runner.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert message in " ".join(r.output.split())
 
 
-def test_scan_exit_codes_and_report(migrated: Path, tmp_path: Path) -> None:
-    good = migrated / "data" / "good.jsonl"
-    good.write_text('{"messages": []}\nbroken\n')
-    r = runner.invoke(app, ["scan", str(good), "--report", str(tmp_path / "r.json")])
+def test_the_token_comes_from_the_environment(
+    server: str, migrated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    monkeypatch.setenv("DRAFTDECK_TOKEN", "wrong")
+    r = runner.invoke(app, ["jobs", "submit", "scan", "-p", "inputs=data/a.jsonl"])
+    assert r.exit_code == 2 and "401" in r.output
+    monkeypatch.delenv("DRAFTDECK_TOKEN")
+    assert runner.invoke(app, ["jobs", "submit", "scan", "-p", "inputs=data/a.jsonl"]).exit_code == 2
+    monkeypatch.setenv("DRAFTDECK_TOKEN", TOKEN)
+    assert runner.invoke(app, ["jobs", "submit", "scan", "-p", "inputs=data/a.jsonl"]).exit_code == 0
+
+
+def test_an_unreachable_server_is_a_clear_error(dd_home: Path) -> None:
+    r = runner.invoke(app, ["jobs", "list", "--server", f"http://127.0.0.1:{_free_port()}"])
+    assert r.exit_code == 2 and "cannot reach the DraftDeck server" in " ".join(r.output.split())
+
+
+def test_scan_reads_any_readable_file_and_sets_exit_codes(dd_home: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside" / "good.jsonl"  # outside the data roots: fine for a local command
+    outside.parent.mkdir()
+    outside.write_text('{"messages": []}\nbroken\n')
+    r = runner.invoke(app, ["scan", str(outside), "--report", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "r.json").read_text())
     assert (report["rows_in"], report["rows_out"], report["rejected"]) == (2, 1, {"json_error": 1})
-    empty = migrated / "data" / "empty.jsonl"
+    empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     r = runner.invoke(app, ["scan", str(empty)])
-    assert r.exit_code == 1 and "empty input" in r.output
+    assert r.exit_code == 1 and "empty input" in " ".join(r.output.split())
+    assert runner.invoke(app, ["scan", str(tmp_path / "missing.jsonl")]).exit_code == 2
 
 
 def test_up_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DRAFTDECK_TOKEN"}
     env["DRAFTDECK_HOME"] = str(tmp_path)
     r = subprocess.run(
-        [sys.executable, "-m", "draftdeck.cli", "up", "--host", "0.0.0.0", "--port", "8799"],
+        [sys.executable, "-m", "app.cli_service", "up", "--host", "0.0.0.0", "--port", "8799"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -7,9 +7,9 @@ import subprocess
 
 import yaml
 
+from app.queue import QUEUES
 from app.settings import Settings
 from tests.conftest import REPO_ROOT
-from workers.celery_app import QUEUES
 
 
 def test_compose_matches_settings_and_queues() -> None:

@@ -1,4 +1,4 @@
-"""`draftdeck convert` exit codes and files, and the `convert` job kind run through workers.runner."""
+"""`draftdeck convert` exit codes and files, and the `convert` job kind run through app.runner."""
 
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ class TestCli:
             "openai",
             "--out",
             str(data / "o.jsonl"),
-            "--policy",
+            "--policy-file",
             str(pol),
             "--report",
             str(rep),
@@ -100,7 +100,7 @@ class TestCli:
                 "openai",
                 "--out",
                 str(data / "o.jsonl"),
-                "--policy",
+                "--policy-file",
                 str(pol),
             )[0]
             == 2
@@ -123,12 +123,27 @@ class TestCli:
         )
         assert len(out.read_bytes().splitlines()) == 4
 
-    def test_usage_errors_exit_2(self, data: Path, tmp_path: Path) -> None:
+    def test_any_readable_path_is_accepted_in_process(self, data: Path, tmp_path: Path) -> None:
+        """The data-root sandbox is the server's: a local user converts their own files anywhere."""
         outside = tmp_path / "outside.jsonl"
-        outside.write_text('{"prompt": "x"}\n')
-        code, text = _run(str(outside), "--to", "openai", "--out", str(data / "o.jsonl"))
-        assert code == 2
-        assert "outside the data roots" in text
+        shutil.copy(data / "query_response.jsonl", outside)
+        code, text = _run(str(outside), "--to", "openai", "--out", str(tmp_path / "elsewhere.jsonl"))
+        assert code == 0, text
+        assert (tmp_path / "elsewhere.jsonl").stat().st_size > 0
+
+    @pytest.mark.parametrize("target", ["input", "folder"])
+    def test_an_output_that_would_replace_an_input_or_a_folder_is_refused(
+        self, data: Path, target: str
+    ) -> None:
+        src = data / "openai_mixed.jsonl"
+        before = src.read_bytes()
+        out = src if target == "input" else data
+        code, text = _run(str(src), "--to", "sharegpt", "--out", str(out))
+        assert code == 2, text
+        assert ("is the input" if target == "input" else "existing folder") in " ".join(text.split())
+        assert src.read_bytes() == before  # its rejected rows are still on disk
+
+    def test_usage_errors_exit_2(self, data: Path, tmp_path: Path) -> None:
         assert _run(str(data / "missing.jsonl"), "--to", "openai", "--out", str(data / "o.jsonl"))[0] == 2
         assert _run(str(data / "alpaca.json"), "--to", "csv", "--out", str(data / "o.jsonl"))[0] == 2
         assert _run(str(data / "alpaca.json"), "--out", str(data / "o.jsonl"))[0] == 2
@@ -142,7 +157,8 @@ class TestCli:
 
 class TestJobKind:
     def _job(self, params: dict) -> int:
-        from app import jobs, submit
+        from app import records as jobs
+        from app import submit
         from app.db import session_scope
         from app.settings import get_settings
 
@@ -153,7 +169,7 @@ class TestJobKind:
     def _get(self, job_id: int):  # type: ignore[no-untyped-def]
         from sqlmodel import select
 
-        from app import jobs
+        from app import records as jobs
         from app.db import session_scope
         from app.models import JobEvent, JobOutput
 
@@ -164,12 +180,12 @@ class TestJobKind:
         return job, events, outputs
 
     def test_convert_job_succeeds_into_job_folder(self, migrated: Path) -> None:
-        from workers.runner import run_job
+        from app.runner import run_job
 
         data = migrated / "data"
         shutil.copy(FIXTURES / "openai_mixed.jsonl", data / "a.jsonl")
         shutil.copy(FIXTURES / "tree.jsonl", data / "t.jsonl")
-        job_id = self._job({"paths": [str(data / "a.jsonl"), "data/t.jsonl"], "to": "parquet"})
+        job_id = self._job({"inputs": [str(data / "a.jsonl"), "data/t.jsonl"], "to": "parquet"})
         assert run_job(job_id) == "succeeded"
         job, events, outputs = self._get(job_id)
         assert job.result["rows_in"] == 10 and job.result["rows_out"] == 11
@@ -181,11 +197,11 @@ class TestJobKind:
         assert sev == {"invalid_tool_arguments": "warning", "unrepresentable_field": "warning"}
 
     def test_strict_job_fails_with_severity_error(self, migrated: Path) -> None:
-        from workers.runner import run_job
+        from app.runner import run_job
 
         shutil.copy(FIXTURES / "openai_mixed.jsonl", migrated / "data" / "a.jsonl")
         out = migrated / "data" / "out" / "x.jsonl"
-        job_id = self._job({"paths": "data/a.jsonl", "to": "sharegpt", "strict": True, "out": str(out)})
+        job_id = self._job({"inputs": "data/a.jsonl", "to": "sharegpt", "strict": True, "out": str(out)})
         assert run_job(job_id) == "failed"
         job, events, _ = self._get(job_id)
         assert "--strict" in job.error
@@ -193,10 +209,10 @@ class TestJobKind:
         assert not out.exists()
 
     def test_empty_output_job_fails(self, migrated: Path) -> None:
-        from workers.runner import run_job
+        from app.runner import run_job
 
         shutil.copy(FIXTURES / "unknown_keys.jsonl", migrated / "data" / "u.jsonl")
-        job_id = self._job({"paths": ["data/u.jsonl"]})
+        job_id = self._job({"inputs": ["data/u.jsonl"]})
         assert run_job(job_id) == "failed"
         job, _, _ = self._get(job_id)
         assert "empty output" in job.error and "bar, baz, foo" in job.error
@@ -205,6 +221,6 @@ class TestJobKind:
         from draftdeck.errors import UsageError
 
         with pytest.raises(UsageError, match="outside the data roots"):
-            self._job({"paths": [str(tmp_path / "x.jsonl")]})
+            self._job({"inputs": [str(tmp_path / "x.jsonl")]})
         with pytest.raises(UsageError, match="outside the data roots"):
-            self._job({"paths": ["data"], "out": str(tmp_path / "o.jsonl")})
+            self._job({"inputs": ["data"], "out": str(tmp_path / "o.jsonl")})

@@ -549,7 +549,7 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
 
     from sqlmodel import select
 
-    from app import jobs
+    from app import records as jobs
     from app.db import session_scope
     from app.models import JobOutput
     from draftdeck.chat.testing import small_bpe_tokenizer

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
+from app.submit import request_cancel
+from app.sweeper import mark_lost_jobs
 from draftdeck.errors import JobFailed
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.chunks import tokenize_files_chunked
@@ -63,10 +65,10 @@ def test_chunked_run_fails_like_the_in_process_run_and_leaves_no_shard(
 
 # -- the job: chunk tasks with SQL bookkeeping (tasks called inline, no broker consumer) -------------
 def _submit(migrated: Path, small_dir: Path, n: int, **params: object) -> tuple[int, Path, Path]:
-    from app import jobs
+    from app import records as jobs
     from app.db import session_scope
     from app.settings import get_settings
-    from workers.kinds import get_kind
+    from draftdeck.jobs.registry import get_kind
 
     data = migrated / "data"
     src = write_chat_input(data / "chat.jsonl", n)
@@ -96,12 +98,12 @@ def _chunks(job_id: int) -> list:  # type: ignore[type-arg]
 def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
     migrated: Path, small_dir: Path, tmp_path: Path
 ) -> None:
-    from app import jobs
+    from app import records as jobs
+    from app.chunks import run_chunk
     from app.db import session_scope
     from app.models import JobOutput
+    from app.runner import run_job
     from app.settings import get_settings
-    from workers.chunks import run_chunk
-    from workers.runner import run_job
 
     job_id, src, tok = _submit(migrated, small_dir, 40, chunk_rows=8, shard_rows=20)
     assert run_job(job_id) == "handed-off"  # the job's task plans, enqueues and returns
@@ -134,11 +136,11 @@ def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
 
 
 def test_cancel_stops_the_chunks_and_removes_their_shards(migrated: Path, small_dir: Path) -> None:
-    from app import jobs
+    from app import records as jobs
+    from app.chunks import run_chunk
     from app.db import session_scope
+    from app.runner import run_job
     from app.settings import get_settings
-    from workers.chunks import run_chunk
-    from workers.runner import run_job
 
     job_id, _, _ = _submit(migrated, small_dir, 30, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
@@ -146,7 +148,7 @@ def test_cancel_stops_the_chunks_and_removes_their_shards(migrated: Path, small_
     out = get_settings().jobs_dir / str(job_id) / "dataset"
     assert (out / "chunk-00000.arrow").is_file()
     with session_scope() as session:
-        jobs.request_cancel(session, job_id)
+        request_cancel(session, job_id, get_settings())
     assert run_chunk(job_id, 1) == "cancelled"
     assert [c.status for c in _chunks(job_id)] == ["done", "cancelled", "skipped", "skipped"]
     assert run_chunk(job_id, 2) == "skipped:job-cancelled"
@@ -157,11 +159,11 @@ def test_cancel_stops_the_chunks_and_removes_their_shards(migrated: Path, small_
 
 
 def test_a_failing_policy_fails_the_job_in_the_final_step(migrated: Path, small_dir: Path) -> None:
-    from app import jobs
+    from app import records as jobs
+    from app.chunks import run_chunk
     from app.db import session_scope
+    from app.runner import run_job
     from app.settings import get_settings
-    from workers.chunks import run_chunk
-    from workers.runner import run_job
 
     job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10, strict=True, seq_length=40)
     assert run_job(job_id) == "handed-off"
@@ -181,11 +183,11 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
 
     from sqlalchemy import update
 
-    from app import jobs
+    from app import records as jobs
+    from app.chunks import run_chunk
     from app.db import session_scope
     from app.models import Job, JobChunk, utcnow
-    from workers.chunks import run_chunk
-    from workers.runner import run_job
+    from app.runner import run_job
 
     job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
@@ -193,7 +195,7 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
     with session_scope() as session:
         session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
         session.commit()
-        assert jobs.mark_lost_jobs(session, 30) == []
+        assert mark_lost_jobs(session, 30) == []
     n = len(_chunks(job_id))
     assert n >= 2 and [run_chunk(job_id, i) for i in range(1, n)] == ["done"] * (n - 1)
     with session_scope() as session:  # chunk 0: claimed by a worker that then died
@@ -201,7 +203,7 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
                         .values(status="running"))  # fmt: skip
         session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
         session.commit()
-        assert jobs.mark_lost_jobs(session, 30) == [job_id]
+        assert mark_lost_jobs(session, 30) == [job_id]
         job = jobs.get_job(session, job_id)
     assert job is not None and job.status == "failed" and (job.error or "").startswith("worker lost")
     assert run_chunk(job_id, 0) == "skipped:job-failed"
@@ -253,11 +255,11 @@ def test_an_encoder_mismatch_reruns_the_fast_chunks_on_hf_like_the_in_process_ru
 def test_job_reruns_fast_chunks_after_an_encoder_mismatch(
     migrated: Path, small_dir: Path, tmp_path: Path
 ) -> None:
-    from app import jobs
+    from app import records as jobs
+    from app.chunks import run_chunk
     from app.db import session_scope
+    from app.runner import run_job
     from app.settings import get_settings
-    from workers.chunks import run_chunk
-    from workers.runner import run_job
 
     bad = _unreachable_token_tokenizer(small_dir, tmp_path / "badtok")
     job_id, _, _ = _submit(migrated, bad, 0, chunk_rows=20)
@@ -294,10 +296,9 @@ def test_chunks_recorded_but_never_enqueued_do_not_keep_the_job_alive(
 
     from sqlalchemy import update
 
-    from app import jobs
     from app.db import session_scope
     from app.models import Job, JobChunk, utcnow
-    from workers.runner import run_job
+    from app.runner import run_job
 
     job_id, _, _ = _submit(migrated, small_dir, 10, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
@@ -307,4 +308,4 @@ def test_chunks_recorded_but_never_enqueued_do_not_keep_the_job_alive(
             update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
         )  # type: ignore[call-overload,arg-type]
         session.commit()
-        assert jobs.mark_lost_jobs(session, 30) == [job_id]
+        assert mark_lost_jobs(session, 30) == [job_id]

@@ -1,4 +1,4 @@
-"""`draftdeck tokenize`, `inspect`, `vocab`, `export` (registered into draftdeck.cli).
+"""`draftdeck tokenize` (options derived from the kind's parameter model), `inspect`, `vocab`, `export`.
 
     draftdeck tokenize INPUT... --tokenizer DIR --out DIR [--chat-template FILE] [-k enable_thinking=false]
         [--seq-length N] [--truncation right|drop] [--on-missing error|drop] [--shard-rows N]
@@ -12,110 +12,39 @@ Exit codes: 0 success, 1 the job ran but failed its policy, 2 usage errors.
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from draftdeck.cli.common import out as console
+from draftdeck.cli.common import run_in_process, usage_exit
+from draftdeck.cli.data import REPORT
+from draftdeck.cli.options import job_command, option
 from draftdeck.errors import InputError, UsageError
-
-
-class Truncation(StrEnum):
-    right = "right"
-    drop = "drop"
-
-
-class OnMissing(StrEnum):
-    error = "error"
-    drop = "drop"
-
-
-class EncoderChoice(StrEnum):
-    auto = "auto"
-    hf = "hf"
-    tiktoken = "tiktoken"
+from draftdeck.jobs.tokenize import TokenizeParams, tokenize_files
 
 
 class ExportFormat(StrEnum):
     speculators_jsonl = "speculators-jsonl"
 
 
-def parse_template_kwargs(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is JSON when it parses (true, 3, "x"), else the plain string."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise UsageError(f"--template-kwarg takes KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
+WORKERS = option("workers", int, 0, min=0, help="processes (0: one per core)")
 
 
-def tokenize_command(
-    inputs: Annotated[list[Path], typer.Argument(help="chat data files (any shape `convert` reads)")],
-    tokenizer: Annotated[
-        Path, typer.Option("--tokenizer", help="local folder of the target model's tokenizer")
-    ],
-    out: Annotated[Path, typer.Option("--out", help="new dataset folder (Arrow shards + manifest)")],
-    chat_template: Annotated[
-        Path | None, typer.Option("--chat-template", help="Jinja file replacing the tokenizer's template")
-    ] = None,
-    template_kwarg: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--template-kwarg", "-k", help="template variable KEY=VALUE, e.g. enable_thinking=false"
-        ),
-    ] = None,
-    seq_length: Annotated[
-        int | None, typer.Option("--seq-length", min=2, help="maximum tokens per row")
-    ] = None,
-    truncation: Annotated[
-        Truncation, typer.Option("--truncation", help="rows over --seq-length: cut on the right, or drop")
-    ] = Truncation.right,
-    on_missing: Annotated[
-        OnMissing, typer.Option("--on-missing", help="rows without an assistant turn: fail the job, or drop")
-    ] = OnMissing.error,
-    shard_rows: Annotated[int, typer.Option("--shard-rows", min=1, help="rows per Arrow shard")] = 10_000,
-    report: Annotated[Path | None, typer.Option("--report", help="write the JSON report here")] = None,
-    verify_all: Annotated[
-        bool, typer.Option("--verify-all", help="check every row of the fast encoder against HF")
-    ] = False,
-    strict: Annotated[bool, typer.Option("--strict", help="every warning fails the job")] = False,
-    encoder: Annotated[EncoderChoice, typer.Option("--encoder", help="token encoder")] = EncoderChoice.auto,
-    workers: Annotated[int, typer.Option("--workers", min=0, help="processes (0: one per core)")] = 0,
-) -> None:
-    """Tokenize conversations with the target's chat template into Arrow shards with exact loss masks."""
-    from draftdeck.cli import _confine, _usage_exit, run_in_process
-    from draftdeck.cli import out as console
-    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
-
-    paths = [_confine(p) for p in inputs]
+def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> None:
+    assert params.out is not None  # required on the command line
+    out_dir = Path(params.out)
     try:
-        opts = TokenizeOptions(
-            tokenizer=tokenizer,
-            chat_template=chat_template,
-            template_kwargs=parse_template_kwargs(template_kwarg or []),
-            seq_length=seq_length,
-            truncation=truncation.value,  # type: ignore[arg-type]
-            on_missing=on_missing.value,  # type: ignore[arg-type]
-            shard_rows=shard_rows,
-            verify_all=verify_all,
-            strict=strict,
-            encoder=encoder.value,  # type: ignore[arg-type]
-            workers=workers,
-        )
-        opts.check()
+        params.options(workers=workers)
     except UsageError as exc:
-        raise _usage_exit(str(exc)) from None
+        raise usage_exit(str(exc)) from None
+    n = len(params.inputs)
     result = run_in_process(
-        f"tokenize -> {out}",
-        f"tokenize {len(paths)} input{'s' if len(paths) != 1 else ''}",
-        lambda progress: tokenize_files(paths, out, opts, progress=progress),
+        f"tokenize -> {out_dir}",
+        f"tokenize {n} input{'s' if n != 1 else ''}",
+        lambda progress: tokenize_files(params, out_dir, workers=workers),
         report,
     )
     enc = result.extra.get("encoder", {})
@@ -136,13 +65,12 @@ def tokenize_command(
 
 
 def _open_dataset(dataset: Path) -> Any:
-    from draftdeck.cli import _usage_exit
     from draftdeck.shards.store import ShardDataset
 
     try:
         return ShardDataset(dataset)
     except InputError as exc:
-        raise _usage_exit(str(exc)) from None
+        raise usage_exit(str(exc)) from None
 
 
 def inspect_command(
@@ -154,8 +82,6 @@ def inspect_command(
 ) -> None:
     """Print one row's tokens: trained tokens in green, context dimmed; whitespace and specials visible."""
     from draftdeck.chat.render import load_tokenizer
-    from draftdeck.cli import _usage_exit
-    from draftdeck.cli import out as console
     from draftdeck.shards.inspect import render_row
 
     ds = _open_dataset(dataset)
@@ -163,7 +89,7 @@ def inspect_command(
         data = ds.row(row)
         tok = load_tokenizer(tokenizer or Path(ds.manifest["tokenizer"]["path"]))
     except (IndexError, InputError, UsageError) as exc:
-        raise _usage_exit(str(exc)) from None
+        raise usage_exit(str(exc)) from None
     console.print(
         f"row {row} of {len(ds):,} · {data['source']}:{data['source_row']} · turn {data['turn']} · "
         f"{data['seq_len']:,} tokens, {data['n_trained']:,} trained"
@@ -179,8 +105,6 @@ def vocab_command(
     out: Annotated[Path, typer.Option("--out", help="output: .npz (d2t, t2d arrays) or .json")],
 ) -> None:
     """Draft vocabulary (EAGLE-3 d2t / t2d) of the K most frequent trained tokens."""
-    from draftdeck.cli import _usage_exit
-    from draftdeck.cli import out as console
     from draftdeck.shards.tools import draft_vocab, write_draft_vocab
 
     ds = _open_dataset(dataset)
@@ -188,7 +112,7 @@ def vocab_command(
         vocab = draft_vocab(ds.path, top)
         write_draft_vocab(vocab, out)
     except (InputError, UsageError) as exc:
-        raise _usage_exit(str(exc)) from None
+        raise usage_exit(str(exc)) from None
     console.print(
         f"wrote {out}: {len(vocab.ids):,} draft tokens of {len(vocab.t2d):,}, covering "
         f"{vocab.coverage:.2%} of trained tokens",
@@ -202,7 +126,6 @@ def export_command(
     out: Annotated[Path, typer.Option("--out", help="output JSONL file (written atomically)")],
 ) -> None:
     """Export rows as JSONL with input_ids + loss_mask (speculators' prepare-data passes them through)."""
-    from draftdeck.cli import out as console
     from draftdeck.shards.tools import export_speculators_jsonl
 
     ds = _open_dataset(dataset)
@@ -212,7 +135,12 @@ def export_command(
 
 def register(app: typer.Typer) -> None:
     """Add the tokenization commands to `app`."""
-    app.command("tokenize")(tokenize_command)
+    app.command("tokenize")(
+        job_command(TokenizeParams, tokenize, required=("out",), exclude=("chunk_rows",),
+                    extra=[REPORT, WORKERS],
+                    doc="Tokenize conversations with the target's chat template into Arrow shards with exact"
+                    " loss masks.")
+    )  # fmt: skip
     app.command("inspect")(inspect_command)
     app.command("vocab")(vocab_command)
     app.command("export")(export_command)

@@ -1,5 +1,6 @@
-"""Jobs split into chunk tasks (tokenize). Celery-free, like workers/runner.py; workers/tasks.py wraps
-:func:`run_chunk` in the ``draftdeck.run_chunk`` task.
+"""Jobs split into chunk tasks (tokenize). Celery-free, like app/runner.py; workers/tasks.py wraps
+:func:`run_chunk` in the ``draftdeck.run_chunk`` task. Chunk statuses change only through
+app/state.py's chunk rules.
 
 Flow:
 
@@ -31,42 +32,37 @@ import shutil
 import time
 import traceback
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
-from app import jobs
+from app import queue, records, state
+from app.context import Handoff, Heartbeat, SqlRunContext
 from app.db import session_scope
-from app.models import Job, JobChunk, JobStatus, utcnow
+from app.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
+from app.outcomes import record_failure, record_success, worker_name
 from app.settings import get_settings
 from draftdeck.errors import Cancelled, DraftDeckError, JobFailed
-from draftdeck.quality import Report
+from draftdeck.jobs.registry import get_kind
+from draftdeck.jobs.tokenize import TokenizeParams, dataset_output
+from draftdeck.quality import Policy, Report
 from draftdeck.tokenize import chunks as core
-from workers.context import Handoff, Heartbeat, JobContext
+from draftdeck.tokenize.pipeline import TokenizeOptions
 
 log = logging.getLogger(__name__)
 
-RUN_CHUNK = "draftdeck.run_chunk"
 PARTS = "chunks"  # chunk files and statistics, in the job's folder
 CHECK_CANCEL_EVERY_SECONDS = 0.5
 
 
-def _worker() -> str:
-    from workers.runner import worker_name
-
-    return worker_name()
-
-
 # -- the job's own task: plan and enqueue ----------------------------------------------------------
-def plan_tokenize(params: Any, ctx: JobContext) -> Report:
-    """The ``tokenize`` kind's run: plan the chunks, record and enqueue them, hand the job off."""
+def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
+    """The ``tokenize`` kind's run in the service: plan the chunks, record and enqueue them, hand
+    the job off."""
     from draftdeck.tokenize.inputs import read_inputs
-    from workers.kinds import tokenize_options, tokenize_out
 
-    opts = tokenize_options(params)
-    opts.check()
-    out = tokenize_out(params, ctx)
+    opts = _options(params)
+    out = params.out_dir(ctx.out_dir)
     core.check_out_dir(out)
     parts = ctx.out_dir / PARTS
     paths = [Path(p) for p in params.inputs]
@@ -84,8 +80,8 @@ def plan_tokenize(params: Any, ctx: JobContext) -> Report:
             session.add(JobChunk(job_id=ctx.job_id, chunk_index=c.index, input_path=c.path,
                                  conversations=c.conversations))  # fmt: skip
         session.commit()
-        jobs.record_progress(session, ctx.job_id, 0, len(plan.chunks), "chunks")
-        jobs.add_event(
+        records.record_progress(session, ctx.job_id, 0, len(plan.chunks), "chunks")
+        records.add_event(
             session,
             ctx.job_id,
             "info",
@@ -100,43 +96,35 @@ def plan_tokenize(params: Any, ctx: JobContext) -> Report:
     raise Handoff(f"{len(plan.chunks)} chunk tasks enqueued")
 
 
+def _options(params: TokenizeParams) -> TokenizeOptions:
+    # One process per chunk task: a Celery prefork child may not fork a pool; more chunks run at once
+    # on more worker processes.
+    return params.options(workers=1)
+
+
 def _queue(job_id: int) -> str:
     with session_scope() as session:
-        job = jobs.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         return job.queue if job is not None else "cpu"
 
 
 def enqueue_chunks(job_id: int, indexes: list[int], *, queue: str) -> None:
-    from workers.celery_app import get_celery
-
-    app = get_celery()
     for index in indexes:
-        result = app.send_task(RUN_CHUNK, args=[job_id, index], queue=queue)
+        task_id = _send(job_id, index, queue)
         with session_scope() as session:
             session.execute(  # type: ignore[call-overload]
                 update(JobChunk)
                 .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
-                .values(task_id=result.id)
+                .values(task_id=task_id)
             )
             session.commit()
 
 
+def _send(job_id: int, index: int, queue_name: str) -> str:
+    return queue.send(queue.RUN_CHUNK, [job_id, index], queue_name)
+
+
 # -- one chunk ------------------------------------------------------------------------------------
-def _set_chunk(session: Session, job_id: int, index: int, from_: tuple[str, ...], **values: Any) -> bool:
-    """Compare-and-set on one chunk row; commits."""
-    result = session.execute(  # type: ignore[call-overload]
-        update(JobChunk)
-        .where(
-            col(JobChunk.job_id) == job_id,
-            col(JobChunk.chunk_index) == index,
-            col(JobChunk.status).in_(from_),
-        )
-        .values(**values)
-    )
-    session.commit()
-    return bool(result.rowcount == 1)  # type: ignore[attr-defined]
-
-
 class _CancelCheck:
     """Progress callback for a chunk: raises Cancelled once the job is cancelled or has ended."""
 
@@ -160,16 +148,18 @@ class _CancelCheck:
 def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
     """Run chunk `index` of job `job_id` if both are still waiting for it; return what happened."""
     settings = get_settings()
-    me = _worker()
+    me = worker_name()
     with session_scope() as session:
-        job = jobs.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         if job is None:
             return "missing"
         if job.status != JobStatus.RUNNING:
-            _set_chunk(session, job_id, index, ("pending",), status="skipped", finished_at=utcnow())
+            state.propose_chunk(session, job_id, index, ChunkStatus.SKIPPED, f"the job is {job.status}",
+                                finished_at=utcnow())  # fmt: skip
             return f"skipped:job-{job.status}"
-        if not _set_chunk(session, job_id, index, ("pending",), status="running", worker=me,
-                          task_id=task_id, started_at=utcnow()):  # fmt: skip
+        claim = state.propose_chunk(session, job_id, index, ChunkStatus.RUNNING, f"claimed by {me}",
+                                    worker=me, task_id=task_id, started_at=utcnow())  # fmt: skip
+        if not claim.accepted:
             # A redelivered message: the chunk is done, or runs (or died) elsewhere; the job's
             # heartbeat decides whether it is lost.
             return "skipped:not-pending"
@@ -182,14 +172,12 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
         params_raw = job.params
         kind_name = job.kind
 
-    from workers.kinds import get_kind, tokenize_options, tokenize_out
-
-    kind = get_kind(kind_name)
-    params: Any = kind.params.model_validate(params_raw)
-    ctx = JobContext(job_id, settings.jobs_dir / str(job_id))
-    opts = tokenize_options(params)
-    out = tokenize_out(params, ctx)
-    parts = ctx.out_dir / PARTS
+    params = get_kind(kind_name).params.model_validate(params_raw)
+    assert isinstance(params, TokenizeParams)
+    job_dir = settings.jobs_dir / str(job_id)
+    opts = _options(params)
+    out = params.out_dir(job_dir)
+    parts = job_dir / PARTS
     with Heartbeat(job_id, settings.heartbeat_seconds):
         try:
             outcome = core.tokenize_chunk(
@@ -207,8 +195,8 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
                 else f"internal error: {type(exc).__name__}: {exc}"
             )
             with session_scope() as session:
-                _set_chunk(session, job_id, index, ("running",), status="failed", error=message[:2000],
-                           finished_at=utcnow())  # fmt: skip
+                state.propose_chunk(session, job_id, index, ChunkStatus.FAILED, message,
+                                    error=message[:2000], finished_at=utcnow())  # fmt: skip
             _end_failed(
                 job_id, f"chunk {index}: {message}", None, params.policy(), traceback.format_exc(limit=8)
             )
@@ -216,19 +204,19 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
 
         shard = outcome.shard
         with session_scope() as session:
-            done = _set_chunk(
-                session, job_id, index, ("running",), status="done", finished_at=utcnow(),
-                rows_in=outcome.report.rows_in, rows_out=outcome.report.rows_out, report=outcome.to_dict(),
-                shard_path=str(out / shard.filename) if shard else None,
+            done = state.propose_chunk(
+                session, job_id, index, ChunkStatus.DONE, f"{outcome.report.rows_out:,} rows out",
+                finished_at=utcnow(), rows_in=outcome.report.rows_in, rows_out=outcome.report.rows_out,
+                report=outcome.to_dict(), shard_path=str(out / shard.filename) if shard else None,
                 bytes=shard.bytes if shard else 0, sha256=shard.sha256 if shard else None,
-            )  # fmt: skip
-            job = jobs.get_job(session, job_id)
+            ).accepted  # fmt: skip
+            job = records.get_job(session, job_id)
             if not done or job is None or job.status != JobStatus.RUNNING:
                 if shard is not None:  # the job ended meanwhile: leave nothing behind
                     (out / shard.filename).unlink(missing_ok=True)
                 return "skipped:job-ended"
             n_done, n_all = _counts(session, job_id)
-            jobs.record_progress(session, job_id, n_done, n_all, "chunks")
+            records.record_progress(session, job_id, n_done, n_all, "chunks")
             if n_done < n_all:
                 return "done"
             claimed = session.execute(  # type: ignore[call-overload]
@@ -253,15 +241,13 @@ def _counts(session: Session, job_id: int) -> tuple[int, int]:
         .group_by(col(JobChunk.status))
     ).all()
     by = {status: n for status, n in rows}
-    return by.get("done", 0), sum(by.values())
+    return by.get(ChunkStatus.DONE, 0), sum(by.values())
 
 
-def _finalize(job_id: int, params: Any, opts: Any, out: Path, parts: Path) -> str:
-    from workers.runner import record_success
-
+def _finalize(job_id: int, params: TokenizeParams, opts: TokenizeOptions, out: Path, parts: Path) -> str:
     policy = params.policy()
     with session_scope() as session:
-        job = jobs.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         assert job is not None
         rows = session.exec(
             select(JobChunk).where(JobChunk.job_id == job_id).order_by(col(JobChunk.chunk_index))
@@ -286,17 +272,16 @@ def _finalize(job_id: int, params: Any, opts: Any, out: Path, parts: Path) -> st
         _end_failed(job_id, f"final step: {message}", None, policy, traceback.format_exc(limit=8))
         return JobStatus.FAILED
     shutil.rmtree(parts, ignore_errors=True)
+    report.outputs.append(dataset_output(out, report))
     return record_success(job_id, report, policy)
 
 
 def _rerun(job_id: int, again: core.RerunChunks) -> None:
     """Put chunks back to `pending`, release the final step, and enqueue them again."""
     with session_scope() as session:
-        session.execute(  # type: ignore[call-overload]
-            update(JobChunk)
-            .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index).in_(again.indexes))
-            .values(status="pending", worker=None, started_at=None, finished_at=None)
-        )
+        for index in again.indexes:
+            state.propose_chunk(session, job_id, index, ChunkStatus.PENDING, again.reason, commit=False,
+                                worker=None, started_at=None, finished_at=None)  # fmt: skip
         session.execute(  # type: ignore[call-overload]
             update(JobChunk)
             .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
@@ -304,37 +289,34 @@ def _rerun(job_id: int, again: core.RerunChunks) -> None:
         )
         session.commit()
         n_done, n_all = _counts(session, job_id)
-        jobs.record_progress(session, job_id, n_done, n_all, "chunks")
-        jobs.add_event(session, job_id, "warning", f"{len(again.indexes)} chunks run again: {again.reason}",
-                       code="encoder_mismatch")  # fmt: skip
-        queue = _queue(job_id)
-    enqueue_chunks(job_id, again.indexes, queue=queue)
+        records.record_progress(session, job_id, n_done, n_all, "chunks")
+        records.add_event(session, job_id, "warning",
+                          f"{len(again.indexes)} chunks run again: {again.reason}",
+                          code="encoder_mismatch")  # fmt: skip
+        queue_name = _queue(job_id)
+    enqueue_chunks(job_id, again.indexes, queue=queue_name)
 
 
 def _cancel(session: Session, job_id: int, index: int) -> None:
-    _set_chunk(session, job_id, index, ("running", "pending"), status="cancelled", finished_at=utcnow())
-    if jobs.transition(session, job_id, JobStatus.CANCELLED, error="cancelled while running"):
-        jobs.add_event(session, job_id, "info", f"cancelled while running (chunk {index})")
-        _cleanup(session, job_id)
+    state.propose_chunk(
+        session, job_id, index, ChunkStatus.CANCELLED, "the job was cancelled", finished_at=utcnow()
+    )
+    if state.propose(
+        session, job_id, JobStatus.CANCELLED, f"cancelled while running (chunk {index})"
+    ).accepted:
+        cleanup(session, job_id)
 
 
-def _end_failed(job_id: int, message: str, report: Report | None, policy: Any, detail: str | None) -> None:
-    from workers.runner import _fail
-
-    _fail(job_id, message, report, policy, detail=detail)
+def _end_failed(job_id: int, message: str, report: Report | None, policy: Policy, detail: str | None) -> None:
+    record_failure(job_id, message, report, policy, detail=detail)
     with session_scope() as session:
-        _cleanup(session, job_id)
+        cleanup(session, job_id)
 
 
-def _cleanup(session: Session, job_id: int) -> None:
+def cleanup(session: Session, job_id: int) -> None:
     """A job that ended without succeeding: remove its chunk shards and chunk files (a chunk still
     running removes its own shard when it finds the job ended); chunks not started are skipped."""
-    session.execute(  # type: ignore[call-overload]
-        update(JobChunk)
-        .where(col(JobChunk.job_id) == job_id, col(JobChunk.status) == "pending")
-        .values(status="skipped", finished_at=utcnow())
-    )
-    session.commit()
+    state.skip_pending_chunks(session, job_id, "the job ended")
     for path in session.exec(
         select(JobChunk.shard_path).where(JobChunk.job_id == job_id, col(JobChunk.shard_path).is_not(None))
     ).all():

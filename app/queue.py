@@ -1,0 +1,79 @@
+"""The queue: the Celery app, the task names and sending. The web and the workers both use it; the
+web sends by task name and never imports workers/.
+
+Redis when REDIS_URL is set; otherwise kombu's filesystem transport, which needs no server:
+messages are files in `<home>/broker/queue`, which is what `draftdeck up` uses on a fresh machine.
+It has no broadcast, so remote control is off there; DraftDeck never needs it (cancellation goes
+through the job row in SQL).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from celery import Celery
+from kombu import Queue
+
+from app.settings import get_settings
+from draftdeck.jobs.registry import QUEUES
+
+RUN_JOB = "draftdeck.run_job"
+RUN_CHUNK = "draftdeck.run_chunk"
+WORKER_APP = "workers.tasks:celery_app"  # what `celery -A` loads in a worker process
+
+__all__ = ["QUEUES", "RUN_CHUNK", "RUN_JOB", "get_celery", "send", "worker_argv"]
+
+
+def make_celery() -> Celery:
+    settings = get_settings()
+    app = Celery("draftdeck", broker=settings.broker_url)
+    app.conf.update(
+        task_queues=[Queue(q, routing_key=q) for q in QUEUES],
+        task_default_queue="cpu",
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        worker_send_task_events=False,
+    )
+    if settings.embedded:
+        settings.ensure_dirs()
+        folder = str(settings.broker_dir / "queue")
+        app.conf.broker_transport_options = {
+            "data_folder_in": folder,
+            "data_folder_out": folder,
+            "processed_folder": str(settings.broker_dir / "processed"),
+            "control_folder": str(settings.broker_dir / "control"),
+            "store_processed": False,
+        }
+        app.conf.worker_enable_remote_control = False
+    else:
+        # Jobs run for hours; Redis must not hand a running job's message to a second worker.
+        app.conf.broker_transport_options = {"visibility_timeout": 12 * 3600}
+    return app
+
+
+@lru_cache
+def get_celery() -> Celery:
+    """The app for the current settings (tests clear this cache when they switch brokers)."""
+    return make_celery()
+
+
+def send(task_name: str, args: Sequence[Any], queue: str) -> str:
+    """Send one task message; return its task id (raises when the broker is unreachable)."""
+    if queue not in QUEUES:
+        raise ValueError(f"unknown queue {queue!r}; known: {', '.join(QUEUES)}")
+    return str(get_celery().send_task(task_name, args=list(args), queue=queue).id)
+
+
+def worker_argv(queues: str, concurrency: int, name: str | None = None) -> list[str]:
+    """The command line of a Celery worker for `queues` (also what the integration tests start)."""
+    node = name or f"draftdeck-{queues.replace(',', '-')}"
+    return [sys.executable, "-m", "celery", "-A", WORKER_APP, "worker", "-Q", queues,
+            "-c", str(concurrency), "--loglevel", "INFO", "-n", f"{node}@%h",
+            "--without-mingle", "--without-gossip"]  # fmt: skip

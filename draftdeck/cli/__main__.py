@@ -1,0 +1,3 @@
+from draftdeck.cli import main
+
+main()

@@ -1,0 +1,175 @@
+"""Typer parameters derived from a job kind's parameter model: one definition, no copies.
+
+Each field becomes an option named after it (``max_row_bytes`` -> ``--max-row-bytes``) with its type,
+default, bounds and help (the Field's description); `inputs` becomes the positional arguments; a
+Literal becomes a choice; a dict becomes a repeated ``KEY=VALUE`` option (VALUE read as JSON when it
+parses). Path fields take any path the user can read: the data-root sandbox is the server's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import typing
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any
+
+import annotated_types
+import typer
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from draftdeck.errors import UsageError
+from draftdeck.jobs.params import JobParams
+
+ARGUMENT = "inputs"
+
+
+def parse_pairs(option: str, pairs: Iterable[str]) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is JSON when it parses (true, 3, "x"), else the plain string."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def _bounds(info: FieldInfo, is_int: bool) -> dict[str, Any]:
+    bounds: dict[str, Any] = {}
+    for m in info.metadata:
+        if isinstance(m, annotated_types.Ge):
+            bounds["min"] = m.ge
+        elif isinstance(m, annotated_types.Gt):
+            bounds["min"] = m.gt + 1 if is_int else m.gt  # type: ignore[operator]
+        elif isinstance(m, annotated_types.Le):
+            bounds["max"] = m.le
+        elif isinstance(m, annotated_types.Lt):
+            bounds["max"] = m.lt - 1 if is_int else m.lt  # type: ignore[operator]
+    return bounds
+
+
+def _base_type(annotation: Any) -> tuple[Any, bool]:
+    """(the type without `| None`, whether None was allowed)."""
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0], True
+    return annotation, False
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def model_parameters(
+    model: type[JobParams], *, required: Iterable[str] = (), exclude: Iterable[str] = ()
+) -> list[inspect.Parameter]:
+    """One Typer parameter per field of `model` (`required` names optional fields the command needs)."""
+    needed, skipped = set(required), set(exclude)
+    params: list[inspect.Parameter] = []
+    for name, info in model.model_fields.items():
+        if name in skipped:
+            continue
+        base, optional = _base_type(info.annotation)
+        is_path = name in model.path_fields()
+        origin = typing.get_origin(base)
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        decls = [_flag(name)] + ([str(extra["cli_short"])] if "cli_short" in extra else [])
+        help_ = info.description or ""
+        kwargs: dict[str, Any] = {"help": help_}
+        if origin is typing.Literal:
+            hint: Any = base
+        elif origin is dict:
+            hint = list[str]
+            kwargs["metavar"] = "KEY=VALUE"
+        elif origin is list:
+            hint = list[Path] if is_path else list[str]
+        else:
+            hint = Path if is_path else base
+            kwargs.update(_bounds(info, base is int))
+        if optional and origin is not dict:
+            hint = hint | None
+        if name == ARGUMENT:
+            marker: Any = typer.Argument(help=help_)
+            default: Any = inspect.Parameter.empty
+        else:
+            marker = typer.Option(*decls, **kwargs)
+            if info.is_required() or name in needed:
+                default = inspect.Parameter.empty
+            elif origin is dict:
+                default = None
+                hint = list[str] | None
+            else:
+                default = info.get_default(call_default_factory=True)
+        params.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                              annotation=Annotated[hint, marker])
+        )  # fmt: skip
+    return params
+
+
+def params_from(model: type[JobParams], values: dict[str, Any]) -> JobParams:
+    """Validate what Typer parsed as `model` (raises UsageError naming each bad option)."""
+    data: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if name not in values:
+            continue
+        value = values[name]
+        if typing.get_origin(_base_type(info.annotation)[0]) is dict:
+            value = parse_pairs(_flag(name), value or [])
+        elif isinstance(value, Path):
+            value = str(value)
+        elif isinstance(value, list):
+            value = [str(v) for v in value]
+        data[name] = value
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{_flag(str(e['loc'][0])) if e['loc'] else 'options'}: {e['msg']}" for e in exc.errors()
+        )
+        raise UsageError(problems) from None
+
+
+def job_command(
+    model: type[JobParams],
+    body: Callable[..., None],
+    *,
+    doc: str,
+    required: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    extra: Iterable[inspect.Parameter] = (),
+) -> Callable[..., None]:
+    """A Typer command taking `model`'s fields (plus the CLI-only `extra` parameters, such as
+    ``--report``) that calls ``body(params, **extra_values)`` with the validated parameters."""
+    fields = model_parameters(model, required=required, exclude=exclude)
+    extras = list(extra)
+    field_names = {p.name for p in fields}
+
+    def command(**values: Any) -> None:
+        from draftdeck.cli.common import usage_exit
+
+        try:
+            params = params_from(model, {k: v for k, v in values.items() if k in field_names})
+        except UsageError as exc:
+            raise usage_exit(str(exc)) from None
+        body(params, **{k: v for k, v in values.items() if k not in field_names})
+
+    # Positional-or-keyword order does not matter to Typer; keyword-only keeps defaults free to mix.
+    command.__signature__ = inspect.Signature([*fields, *extras])  # type: ignore[attr-defined]
+    command.__doc__ = doc
+    return command
+
+
+def option(name: str, hint: Any, default: Any, *decls: str, **kwargs: Any) -> inspect.Parameter:
+    """A CLI-only parameter for :func:`job_command`'s `extra`."""
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default,
+        annotation=Annotated[hint, typer.Option(*(decls or (_flag(name),)), **kwargs)],
+    )  # fmt: skip

@@ -1,0 +1,78 @@
+"""The `convert` kind: chat data of any known shape (detected per row) to OpenAI, ShareGPT or Parquet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from draftdeck.convert import ConvertOptions, check_out, convert
+from draftdeck.errors import PolicyError
+from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.params import JobParams, build_options, inputs_field, max_row_bytes_field
+from draftdeck.progress import Progress, no_progress
+from draftdeck.quality import Policy, Report
+
+
+class ConvertParams(JobParams):
+    inputs: list[str] = inputs_field(
+        "data files (JSONL, JSON, gzip/zstd, Parquet, Arrow) or datasets save_to_disk folders"
+    )
+    to: Literal["openai", "sharegpt", "parquet"] = Field(default="sharegpt", description="output format")
+    out: str | None = Field(
+        default=None, description="output file, written atomically (default: in the job's folder)"
+    )
+    strict: bool = Field(default=False, description="every warning fails the job")
+    max_rejected: float | None = Field(
+        default=None, ge=0, le=1, description="fail when more than this fraction of rows is rejected"
+    )
+    policy_file: str | None = Field(
+        default=None, description="JSON policy file: {strict, max_rejected, codes}"
+    )
+    tree_paths: Literal["all", "best"] = Field(
+        default="all", description="message trees: every leaf or the best-ranked path"
+    )
+    allow_prompt_only: bool = Field(
+        default=False, description="keep rows without an assistant turn (to regenerate answers)"
+    )
+    max_row_bytes: int = max_row_bytes_field()
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "policy_file")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
+
+    def build_policy(self) -> Policy:
+        """The policy (raises PolicyError for a bad policy file)."""
+        return Policy.build(
+            Path(self.policy_file) if self.policy_file else None, self.strict, self.max_rejected
+        )
+
+    def policy(self) -> Policy:
+        try:
+            return self.build_policy()
+        except PolicyError:  # run raises it again, failing the job with the reason
+            return Policy(strict=self.strict, max_rejected=self.max_rejected)
+
+    def check(self, roots: list[Path]) -> None:
+        if self.out is not None:
+            check_out([Path(p) for p in self.inputs], Path(self.out), roots)
+
+    def options(self, **extra: object) -> ConvertOptions:
+        opts: ConvertOptions = build_options(ConvertOptions, self, policy=self.build_policy(), **extra)
+        return opts
+
+    def out_path(self, out_dir: Path) -> Path:
+        suffix = ".parquet" if self.to == "parquet" else ".jsonl"
+        return Path(self.out) if self.out else out_dir / f"converted-{self.to}{suffix}"
+
+
+def convert_files(
+    params: ConvertParams, out: Path, *, progress: Progress = no_progress, workers: int = 1
+) -> Report:
+    return convert(
+        [Path(p) for p in params.inputs], out, params.to, options=params.options(workers=workers),
+        progress=progress,
+    )  # fmt: skip
+
+
+def run(params: ConvertParams, ctx: RunContext) -> Report:
+    return convert_files(params, params.out_path(ctx.out_dir), progress=ctx.progress)

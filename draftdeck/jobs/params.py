@@ -1,0 +1,117 @@
+"""The base of every job kind's parameters, and the bounds they share.
+
+A kind's parameters are one pydantic model. From it come the core's options (:func:`build_options`),
+the JSON API schema (``model_json_schema``), the new-job form's fields and the CLI's options
+(:mod:`draftdeck.cli.options`). Which fields are input paths and which are output paths is declared
+once, on the model: the server confines both to its data roots, the CLI takes them as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
+from draftdeck.paths import resolve_in_roots
+from draftdeck.quality import Policy
+
+MAX_INPUTS = 10_000
+MAX_ROW_BYTES_LIMIT = 1 << 30  # 1 GiB: a larger row is a bug upstream, and would not fit a reader's buffer
+MAX_PATH_CHARS = 4096
+
+
+def inputs_field(description: str) -> Any:
+    """The `inputs` field every kind has: one or more paths (one string is a list of one)."""
+    return Field(min_length=1, max_length=MAX_INPUTS, description=description)
+
+
+def max_row_bytes_field() -> Any:
+    return Field(
+        default=DEFAULT_MAX_ROW_BYTES,
+        gt=0,
+        le=MAX_ROW_BYTES_LIMIT,
+        description="rows above this size are rejected as oversize_row (at most 1 GiB)",
+    )
+
+
+class JobParams(BaseModel):
+    """Base of every kind's parameters: unknown keys are refused; paths are declared once."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_paths: ClassVar[tuple[str, ...]] = ()  # must exist (inside the roots, on the server)
+    output_paths: ClassVar[tuple[str, ...]] = ()  # may not exist yet (inside the roots, on the server)
+
+    @classmethod
+    def path_fields(cls) -> tuple[str, ...]:
+        return cls.input_paths + cls.output_paths
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_path_is_a_list(cls, data: Any) -> Any:
+        """A list field given one string (`-p inputs=FILE`, a form field) holds that one path."""
+        if isinstance(data, dict):
+            for name in cls.path_fields():
+                field = cls.model_fields.get(name)
+                if field is not None and _is_list(field.annotation) and isinstance(data.get(name), str):
+                    data = {**data, name: [data[name]]}
+        return data
+
+    @model_validator(mode="after")
+    def _paths_are_text(self) -> Self:
+        for name in self.path_fields():
+            for value in self.paths_of(name):
+                if "\x00" in value:
+                    raise ValueError(f"{name}: a path may not contain a NUL byte")
+                if len(value) > MAX_PATH_CHARS:
+                    raise ValueError(f"{name}: a path of {len(value):,} characters is too long")
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"{name}: not a valid path (a lone surrogate)") from None
+        return self
+
+    def paths_of(self, name: str) -> list[str]:
+        value = getattr(self, name)
+        if value is None:
+            return []
+        return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+    def confined(self, roots: list[Path]) -> Self:
+        """A copy whose paths are resolved inside `roots` (raises PathNotAllowedError): the server's
+        sandbox for everything that arrives over HTTP."""
+        updates: dict[str, Any] = {}
+        for names, must_exist in ((self.input_paths, True), (self.output_paths, False)):
+            for name in names:
+                value = getattr(self, name)
+                if isinstance(value, list):
+                    updates[name] = [str(resolve_in_roots(v, roots, must_exist=must_exist)) for v in value]
+                elif value is not None:
+                    updates[name] = str(resolve_in_roots(value, roots, must_exist=must_exist))
+        return self.model_copy(update=updates)
+
+    def check(self, roots: list[Path]) -> None:
+        """Refuse, before anything runs, what no run of this kind could do safely (UsageError)."""
+
+    def policy(self) -> Policy:
+        return Policy()
+
+
+def _is_list(annotation: Any) -> bool:
+    if typing.get_origin(annotation) is list:
+        return True
+    return any(typing.get_origin(a) is list for a in typing.get_args(annotation))
+
+
+def build_options(cls: type[Any], params: JobParams, **extra: Any) -> Any:
+    """The core's options dataclass `cls` from `params`: every field the two share, by name (path
+    fields become `Path`), plus `extra` for what the options hold that the parameters do not."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    values = {name: getattr(params, name) for name in type(params).model_fields if name in names}
+    for name in params.path_fields():
+        if name in values and values[name] is not None and not isinstance(values[name], list):
+            values[name] = Path(values[name])
+    return cls(**{**values, **extra})

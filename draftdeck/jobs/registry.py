@@ -1,0 +1,48 @@
+"""The job kinds: each one's name, queue, parameter model, run function and summary.
+
+This is the routing table: a kind's queue decides which workers may take it (`gpu` for training,
+evaluation and local generation; `cpu` for everything else). A new kind is one parameter model and
+one run function in its own module, and one line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from draftdeck.jobs import convert, scan, tokenize
+from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.params import JobParams
+from draftdeck.quality import Report
+
+QUEUES = ("cpu", "gpu")
+
+
+@dataclass(frozen=True)
+class JobKind:
+    name: str
+    queue: str
+    params: type[JobParams]
+    run: Callable[[Any, RunContext], Report]
+    summary: str
+
+
+KINDS: dict[str, JobKind] = {
+    k.name: k
+    for k in (
+        JobKind("scan", "cpu", scan.ScanParams, scan.run,
+                "Pre-flight: rows, bytes, parse errors and key sets of data files"),
+        JobKind("convert", "cpu", convert.ConvertParams, convert.run,
+                "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
+        JobKind("tokenize", "cpu", tokenize.TokenizeParams, tokenize.run,
+                "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
+    )
+}  # fmt: skip
+
+
+def get_kind(name: str) -> JobKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise KeyError(f"unknown job kind {name!r}; known kinds: {', '.join(sorted(KINDS))}") from None
