@@ -1,0 +1,72 @@
+"""Each kind's parameters are defined once: the CLI's options, the core's options, the API schema and
+the form fields all come from the one model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.main import get_command
+
+from draftdeck.cli import make_app
+from draftdeck.jobs.convert import ConvertParams
+from draftdeck.jobs.registry import KINDS
+from draftdeck.jobs.tokenize import TokenizeParams
+
+CLI_ONLY = {"report", "workers"}  # the CLI's own options, not job parameters
+NOT_ON_THE_CLI = {"tokenize": {"chunk_rows"}}  # chunk tasks are the service's
+
+
+def _options(name: str) -> dict[str, list[str]]:
+    app: typer.Typer = make_app()
+    command = get_command(app).commands[name]  # type: ignore[attr-defined]
+    return {p.name: list(p.opts) for p in command.params}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_parameter_is_a_cli_option_of_its_command(kind: str) -> None:
+    fields = set(KINDS[kind].params.model_fields) - NOT_ON_THE_CLI.get(kind, set())
+    options = _options(kind)
+    assert set(options) - CLI_ONLY == fields
+    for name in fields - {"inputs"}:
+        assert f"--{name.replace('_', '-')}" in options[name]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_names_its_inputs_and_output_alike(kind: str) -> None:
+    params = KINDS[kind].params
+    assert "inputs" in params.model_fields and "inputs" in params.input_paths
+    assert not {"path", "paths"} & set(params.model_fields)
+    assert set(params.output_paths) <= {"out"}
+
+
+def test_the_cli_help_comes_from_the_field_descriptions() -> None:
+    app = make_app()
+    command = get_command(app).commands["tokenize"]  # type: ignore[attr-defined]
+    helps = {p.name: getattr(p, "help", None) for p in command.params}
+    assert helps["seq_length"] == TokenizeParams.model_fields["seq_length"].description
+
+
+def test_core_options_are_built_from_the_parameters() -> None:
+    params = TokenizeParams(inputs=["a.jsonl"], tokenizer="tok", seq_length=64, shard_rows=7, encoder="hf",
+                            template_kwargs={"enable_thinking": False})  # fmt: skip
+    opts = params.options(workers=3)
+    assert (opts.tokenizer, opts.seq_length, opts.shard_rows, opts.encoder, opts.workers) == (
+        Path("tok"), 64, 7, "hf", 3,
+    )  # fmt: skip
+    assert opts.template_kwargs == {"enable_thinking": False}
+    convert = ConvertParams(inputs=["a.jsonl"], tree_paths="best", max_row_bytes=1024, strict=True).options()
+    assert (convert.tree_paths, convert.max_row_bytes, convert.policy.strict) == ("best", 1024, True)
+
+
+def test_form_fields_and_api_schema_are_the_model(migrated: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from app.main import app
+    from app.pages import _form_fields
+
+    kinds = TestClient(app).get("/api/kinds").json()
+    for name, kind in KINDS.items():
+        assert set(kinds[name]["params"]["properties"]) == set(kind.params.model_fields)
+        assert [f["name"] for f in _form_fields(name)] == list(kind.params.model_fields)
