@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check draftdeck app workers tests benchmarks migrations
 
 typecheck: $(STAMP)
-	$(BIN)/mypy draftdeck app
+	$(BIN)/mypy draftdeck app workers
 
 test: $(STAMP) services lint typecheck  ## everything CI runs
 	$(BIN)/pytest -q --cov --cov-report=term:skip-covered -p no:cacheprovider

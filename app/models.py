@@ -147,7 +147,7 @@ class Dataset(SQLModel, table=True):
 
 
 class JobChunk(SQLModel, table=True):
-    """One chunk of a job split into tasks (tokenize): its own task, its own shard; see workers/chunks.py."""
+    """One chunk of a job split into tasks (tokenize): its own task, its own shard; see app/chunks.py."""
 
     __tablename__ = "job_chunks"
     __table_args__ = (

@@ -264,7 +264,7 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     params = kind.params.model_validate(raw).confined(get_settings().roots)
     with session_scope() as session:
         job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)
-    assert run_job(job.id or 0) == "handed-off"  # chunk tasks (workers/chunks.py), run inline here
+    assert run_job(job.id or 0) == "handed-off"  # chunk tasks (app/chunks.py), run inline here
     from app.chunks import run_chunk
 
     assert [run_chunk(job.id or 0, i) for i in range(2)] == [
@@ -279,6 +279,17 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     assert len(outputs) == 2 and sum(o.rows for o in outputs) == 7
     ds = ShardDataset(Path(outputs[0].path).parent)
     assert len(ds) == 7 and ds.manifest["parameters"]["shard_rows"] == 5
+    # registered as a dataset by the success transition; the job page links to it (no GET wrote it)
+    from fastapi.testclient import TestClient
+
+    from app.main import app
+    from app.models import Dataset
+
+    with session_scope() as session:
+        [dataset] = session.exec(select(Dataset).where(Dataset.job_id == job.id)).all()
+    assert Path(dataset.path) == ds.path.resolve() and dataset.origin == "job"
+    page = TestClient(app).get(f"/jobs/{job.id}").text
+    assert f'href="/datasets/{dataset.id}"' in page
 
 
 def test_decode_check_catches_tokens_that_do_not_give_back_the_text(tmp_path: Path, small_dir: Path) -> None:
