@@ -103,8 +103,9 @@ class Server:
 
     def start(self, timeout: float = 60.0) -> Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        exe = Path(sys.executable).parent / "draftdeck"
-        argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "app.cli_service"]
+        # The console entry point's module, run from this checkout (an installed `draftdeck` script may
+        # predate the entry point's move to app/cli_service.py until the venv is reinstalled).
+        argv = [sys.executable, "-m", "app.cli_service"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed when we stop
         self.proc = subprocess.Popen(
             [*argv, "up", "--port", str(self.port)],

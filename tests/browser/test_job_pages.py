@@ -454,7 +454,7 @@ def test_pages_fit_a_narrow_screen_with_long_paths(browser: Any, server: Server,
         [{"messages": []}, "{bad", {"k" * 120: 1}], name=str(deep.relative_to(server.data_dir) / "x.jsonl")
     )
     empty = data_file([], name=str(deep.relative_to(server.data_dir) / "empty.jsonl"))
-    ok_id, failed_id = server.submit("scan", inputs=str(good)), server.submit("scan", path=str(empty))
+    ok_id, failed_id = server.submit("scan", inputs=str(good)), server.submit("scan", inputs=str(empty))
     server.wait_status(ok_id)
     server.wait_status(failed_id)
     context = browser.new_context(base_url=server.url, viewport={"width": 390, "height": 844})
