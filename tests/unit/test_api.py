@@ -156,6 +156,13 @@ def test_pages_render(client: TestClient, migrated: Path) -> None:
     assert "hx-trigger" not in client.get(f"/jobs/{job_id}/live").text  # ended: polling stops
 
 
+def test_a_convert_out_that_is_a_data_root_is_refused(client: TestClient, migrated: Path) -> None:
+    _file(migrated)
+    body = {"kind": "convert", "params": {"inputs": "data/a.jsonl", "out": str(migrated)}}
+    r = client.post("/api/jobs", json=body)
+    assert r.status_code == 400 and "is a data root" in r.json()["detail"]
+
+
 def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
     from app import records, state
     from app.db import session_scope

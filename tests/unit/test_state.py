@@ -251,3 +251,35 @@ class TestChunkRules:
 def test_every_rule_names_what_it_prevents() -> None:
     for rule in (*state.JOB_RULES, *state.CHUNK_RULES):
         assert rule.__doc__ and "->" in rule.__doc__, rule
+
+
+class TestSqlRunContext:
+    def test_progress_events_metrics_alerts_and_the_cancel_flag(
+        self, session: Session, tmp_path: Path
+    ) -> None:
+        from app.context import SqlRunContext
+        from app.models import Metric
+        from draftdeck.errors import Cancelled
+
+        job_id = _job(session, JobStatus.RUNNING)
+        ctx = SqlRunContext(job_id, tmp_path)
+        ctx.progress(5, 10, "rows")
+        ctx.progress(6, 10, "rows")  # within the throttle: not written
+        ctx.event("warning", "slow disk", code="slow")
+        ctx.metrics(3, {"train/loss": 1.5, "train/pos/1/correct": 7.0}, tokens=4096)
+        ctx.alert("loss_spike", "loss went up")
+        job = records.get_job(session, job_id)
+        assert job is not None and (job.progress_done, job.progress_total) == (5, 10)
+        points = session.exec(select(Metric).where(Metric.job_id == job_id).order_by(Metric.name)).all()
+        assert [(p.step, p.name, p.value) for p in points] == [
+            (3, "train/loss", 1.5),
+            (3, "train/pos/1/correct", 7.0),
+        ]
+        assert [a.kind for a in session.exec(select(Alert).where(Alert.job_id == job_id))] == ["loss_spike"]
+        ctx.check_cancelled()
+        session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+        session.commit()
+        with pytest.raises(Cancelled):
+            ctx.check_cancelled()
+        with pytest.raises(Cancelled):
+            ctx.progress(10, 10, "rows")  # the last step is always written, and reads the flag
