@@ -70,3 +70,28 @@ def test_form_fields_and_api_schema_are_the_model(migrated: Path) -> None:
     for name, kind in KINDS.items():
         assert set(kinds[name]["params"]["properties"]) == set(kind.params.model_fields)
         assert [f["name"] for f in _form_fields(name)] == list(kind.params.model_fields)
+
+
+def test_each_kinds_run_works_on_a_local_context(tmp_path: Path) -> None:
+    """`run(params, ctx)` is the whole contract: the core runs a kind with any RunContext."""
+    import json
+
+    from draftdeck.jobs.context import LocalContext
+
+    src = tmp_path / "chat.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]}
+        for i in range(3)
+    ]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    scan = KINDS["scan"]
+    ctx = LocalContext(tmp_path / "scan-job")
+    report = scan.run(scan.params.model_validate({"inputs": [str(src), str(src)]}), ctx)
+    assert (report.rows_in, report.rows_out) == (6, 6) and len(report.extra["files"]) == 2
+    assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 6}]
+    assert ctx.last_progress is not None and ctx.last_progress[2] == "bytes"
+    convert = KINDS["convert"]
+    ctx = LocalContext(tmp_path / "convert-job")
+    report = convert.run(convert.params.model_validate({"inputs": str(src), "to": "openai"}), ctx)
+    [out] = report.outputs
+    assert out.path == str(ctx.out_dir / "converted-openai.jsonl") and out.rows == 3
