@@ -78,6 +78,7 @@ def build(path: Path, rows: int, tok_dir: Path, seed: int = 0) -> Path:
     """Write `rows` rows with the project's ShardWriter and Stats (skipped when already there)."""
     from transformers import AutoTokenizer
 
+    from draftdeck.shards.manifest import Manifest, TokenizerRef
     from draftdeck.shards.stats import Stats
     from draftdeck.shards.store import Block, ShardWriter, write_metadata
 
@@ -109,7 +110,7 @@ def build(path: Path, rows: int, tok_dir: Path, seed: int = 0) -> Path:
         print(f"\r  writing {path.name}: {done:,}/{rows:,} rows", end="", file=sys.stderr, flush=True)
     shards = writer.close()
     stats.write(path)
-    write_metadata(path, shards, {"tokenizer": {"path": str(tok_dir), "fingerprint": "qwen36-bench"}})
+    write_metadata(path, Manifest(shards, TokenizerRef(str(tok_dir), "qwen36-bench")))
     print(f"\r  wrote {path.name}: {rows:,} rows in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return path
 

@@ -71,6 +71,7 @@ def write_dataset(
 ) -> Path:
     """Write `rows` (dicts with input_ids, loss_mask, truncated, source, source_row, turn) with the
     project's shard writer and statistics, as the tokenize job does (several shards, manifest, stats)."""
+    from draftdeck.shards.manifest import Manifest, TokenizerRef
     from draftdeck.shards.stats import Stats
     from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
 
@@ -91,25 +92,16 @@ def write_dataset(
     shards = writer.close()
     stats.write(directory)
     n = len(rows)
-    write_metadata(
-        directory,
-        shards,
-        {
-            "tokenizer": {
-                "path": str(tokenizer_dir) if tokenizer_dir else None,
-                "fingerprint": "test-tiny-bpe",
-            },
-            "report": report
-            or {
-                "rows_in": n,
-                "rows_out": n,
-                "rows_expanded": 0,
-                "rejected": {},
-                "warnings": {},
-                "examples": {},
-            },
-        },
-    )
+    empty_report = {
+        "rows_in": n,
+        "rows_out": n,
+        "rows_expanded": 0,
+        "rejected": {},
+        "warnings": {},
+        "examples": {},
+    }
+    tokenizer = TokenizerRef(str(tokenizer_dir) if tokenizer_dir else None, "test-tiny-bpe")
+    write_metadata(directory, Manifest(shards, tokenizer, report=report or empty_report))
     return directory
 
 

@@ -275,7 +275,7 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     assert done.result["rows_in"] == 8 and done.result["rows_out"] == 7  # prefix-stable ChatML: no split
     assert len(outputs) == 2 and sum(o.rows for o in outputs) == 7
     ds = ShardDataset(Path(outputs[0].path).parent)
-    assert len(ds) == 7 and ds.manifest["parameters"]["shard_rows"] == 5
+    assert len(ds) == 7 and ds.manifest.parameters["shard_rows"] == 5
 
 
 def test_decode_check_catches_tokens_that_do_not_give_back_the_text(tmp_path: Path, small_dir: Path) -> None:
