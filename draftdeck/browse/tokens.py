@@ -26,7 +26,9 @@ class TokenTable:
     def __init__(self, tok: Any):
         self.tok = tok
         self.size = len(self.tok)
-        decoder = json.loads(self.tok.backend_tokenizer.to_str()).get("decoder") or {}
+        # only the decoder's JSON: the whole tokenizer's (to_str) costs a second for a 150K vocabulary
+        backend_decoder = self.tok.backend_tokenizer.decoder
+        decoder = json.loads(backend_decoder.__getstate__()) if backend_decoder is not None else {}
         kinds = {decoder.get("type")} | {d.get("type") for d in decoder.get("decoders") or []}
         self.byte_level = "ByteLevel" in kinds
         self.special: dict[int, str] = {}
