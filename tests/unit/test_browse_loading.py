@@ -3,6 +3,7 @@ and a fresh `draftdeck web` answering 50 concurrent first requests to sample pag
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,31 @@ def test_a_failed_load_is_not_cached() -> None:
     with pytest.raises(ValueError, match="first try fails"):
         cache.get("x")
     assert cache.get("x") == "x" and len(attempts) == 2
+
+
+def test_one_store_per_dataset_for_concurrent_first_readers(tmp_path: Path) -> None:
+    from draftdeck.browse import loading
+    from tests.datasets_helpers import write_dataset
+
+    rows = [{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}] * 5
+    folder = write_dataset(tmp_path / "ds", rows, None)
+    before = loading._stores.loads
+    barrier = threading.Barrier(16)
+
+    def open_it(_: int) -> int:
+        barrier.wait()
+        return id(loading.open_store(folder))
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        assert len(set(pool.map(open_it, range(16)))) == 1
+    assert loading._stores.loads == before + 1
+    first = loading.open_store(folder)
+    stamp = (folder / "manifest.json").stat().st_mtime_ns + 10**9
+    os.utime(folder / "manifest.json", ns=(stamp, stamp))  # rewritten: the next reader gets a fresh store
+    assert loading.open_store(folder) is not first and loading.open_store(folder) is loading.open_store(
+        folder
+    )
+    assert loading._stores.loads == before + 2
 
 
 @pytest.mark.slow
