@@ -16,6 +16,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from app.dataset_records import add_datasets, found_at
 from app.models import Alert, Dataset, Job, JobEvent, JobOutput, JobStatus, Metric, utcnow
 from draftdeck.quality import Output, Policy, Report
 
@@ -148,26 +149,20 @@ def record_outputs(session: Session, job_id: int, outputs: list[Output], *, comm
 
 
 def record_datasets(session: Session, job_id: int, outputs: list[Output]) -> list[Dataset]:
-    """A Dataset row for every dataset folder the job made (no commit: the success transition's).
-
-    A folder already registered (by path) keeps its row; each insert runs in a savepoint so that a
-    concurrent registration of the same folder cannot undo the job's success."""
+    """A Dataset row (and its alerts) for every dataset folder the job made; no commit: the success
+    transition's. Each insert runs in a savepoint so that a concurrent registration of the same
+    folder cannot undo the job's success."""
     made: list[Dataset] = []
     for out in outputs:
         if out.kind != "dataset":
             continue
-        path = str(Path(out.path).resolve())
-        existing = session.exec(select(Dataset).where(Dataset.path == path)).first()
-        if existing is not None:
-            made.append(existing)
-            continue
+        found = found_at(Path(out.path))
         try:
             with session.begin_nested():
-                ds = Dataset(path=path, name=Path(path).name, job_id=job_id, origin="job")
-                session.add(ds)
-            made.append(ds)
+                made.extend(add_datasets(session, [found], job_id=job_id))
         except IntegrityError:
-            log.info("dataset %s was registered meanwhile", path)
+            log.info("dataset %s was registered meanwhile", found.path)
+            made.extend(session.exec(select(Dataset).where(Dataset.path == str(found.path))).all())
     return made
 
 

@@ -4,7 +4,14 @@ tokenizer job writes (HF `save_to_disk` Arrow + manifest.json + stats.json)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +78,7 @@ def write_dataset(
 ) -> Path:
     """Write `rows` (dicts with input_ids, loss_mask, truncated, source, source_row, turn) with the
     project's shard writer and statistics, as the tokenize job does (several shards, manifest, stats)."""
+    from draftdeck.shards.manifest import Manifest, TokenizerRef
     from draftdeck.shards.stats import Stats
     from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
 
@@ -91,25 +99,16 @@ def write_dataset(
     shards = writer.close()
     stats.write(directory)
     n = len(rows)
-    write_metadata(
-        directory,
-        shards,
-        {
-            "tokenizer": {
-                "path": str(tokenizer_dir) if tokenizer_dir else None,
-                "fingerprint": "test-tiny-bpe",
-            },
-            "report": report
-            or {
-                "rows_in": n,
-                "rows_out": n,
-                "rows_expanded": 0,
-                "rejected": {},
-                "warnings": {},
-                "examples": {},
-            },
-        },
-    )
+    empty_report = {
+        "rows_in": n,
+        "rows_out": n,
+        "rows_expanded": 0,
+        "rejected": {},
+        "warnings": {},
+        "examples": {},
+    }
+    tokenizer = TokenizerRef(str(tokenizer_dir) if tokenizer_dir else None, "test-tiny-bpe")
+    write_metadata(directory, Manifest(shards, tokenizer, report=report or empty_report))
     return directory
 
 
@@ -171,3 +170,41 @@ def build_chat_dataset(
             rows.append(row)
     ds_dir = write_dataset(root / "datasets" / name, rows, tok_dir)
     return {"tokenizer": tok_dir, "source": src, "dataset": ds_dir}
+
+
+@contextlib.contextmanager
+def web_server(home: Path, roots: Path, log: Path) -> Iterator[str]:
+    """`draftdeck web` (the command a user runs) on a free port with its own home; yields its URL once
+    /healthz answers, and stops its process group after."""
+    import urllib.request
+
+    from tests.browser.harness import REPO_ROOT, free_port
+
+    port = free_port()
+    env = {**os.environ, "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(roots)}
+    for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
+        env.pop(var, None)
+    exe = str(Path(sys.executable).parent / "draftdeck")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([exe, "web", "--port", str(port)], cwd=REPO_ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=2).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"draftdeck web did not start:\n{log.read_text()[-3000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -87,7 +87,7 @@ def inspect_command(
     ds = _open_dataset(dataset)
     try:
         data = ds.row(row)
-        tok = load_tokenizer(tokenizer or Path(ds.manifest["tokenizer"]["path"]))
+        tok = load_tokenizer(tokenizer or ds.manifest.tokenizer_dir())
     except (IndexError, InputError, UsageError) as exc:
         raise usage_exit(str(exc)) from None
     console.print(

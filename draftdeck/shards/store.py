@@ -21,20 +21,23 @@ from __future__ import annotations
 import bisect
 import json
 import os
-import secrets
+import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from draftdeck.errors import InputError
 from draftdeck.fileio import atomic_output, sha256_file
+from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, read_manifest, write_dataset_files
 
-MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+__all__ = ["MANIFEST", "Block", "Manifest", "ShardDataset", "ShardInfo", "ShardRow", "ShardWriter",
+           "schema", "write_block", "write_metadata"]  # fmt: skip
 
 
 def _features() -> Any:
@@ -132,17 +135,6 @@ class Block:
         return csum[off[1:]] - csum[off[:-1]]
 
 
-@dataclass
-class ShardInfo:
-    filename: str
-    rows: int
-    bytes: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"filename": self.filename, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
-
-
 def write_block(path: Path, b: Block, arrow_schema: pa.Schema | None = None) -> ShardInfo:
     """Write the rows of `b` as one shard at `path`, atomically (temporary name, fsync, rename)."""
     sch = arrow_schema if arrow_schema is not None else schema()
@@ -226,84 +218,184 @@ class ShardWriter:
         self.shards = []
 
 
-def write_metadata(out_dir: Path, shards: list[ShardInfo], manifest: dict[str, Any]) -> None:
+def write_metadata(out_dir: Path, manifest: Manifest) -> None:
     """dataset_info.json + state.json (for datasets.load_from_disk), then manifest.json, atomically."""
-    info = {
-        "citation": "",
-        "description": "DraftDeck tokenized chat data (input_ids, loss_mask)",
-        "features": _features().to_dict(),
-        "homepage": "",
-        "license": "",
-    }
-    with atomic_output(out_dir / "dataset_info.json", "w") as f:
-        json.dump(info, f, indent=2)
-    state: dict[str, Any] = {
-        "_data_files": [{"filename": s.filename} for s in shards],
-        "_fingerprint": secrets.token_hex(8),
-        "_format_columns": None,
-        "_format_kwargs": {},
-        "_format_type": None,
-        "_output_all_columns": False,
-        "_split": None,
-    }
-    with atomic_output(out_dir / "state.json", "w") as f:
-        json.dump(state, f, indent=2)
-    body = {
-        "format": "draftdeck-shards",
-        "version": FORMAT_VERSION,
-        "rows": sum(s.rows for s in shards),
-        "shards": [s.to_dict() for s in shards],
-        **manifest,
-    }
-    with atomic_output(out_dir / MANIFEST, "w") as f:
-        json.dump(body, f, indent=2, ensure_ascii=False)
+    write_dataset_files(out_dir, manifest, _features().to_dict())
+
+
+class RowOutOfRange(InputError, IndexError):
+    """A row number the dataset does not have."""
 
 
 class ShardDataset:
-    """Random access to the rows of a dataset folder; shards are memory-mapped, opened on demand.
+    """Random access to the rows of a dataset folder, memory-mapped; the one reader of the project.
 
-    ``row(n)`` costs one binary search over the shard offsets and a zero-copy slice of one shard:
-    it does not grow with the size of the dataset.
+    ``row(n)`` costs one binary search over the shard offsets and a zero-copy slice of one shard: it
+    does not grow with the size of the dataset. Whole columns (for filters, search and alerts) are the
+    shards' record batches, zero-copy, joined on first use. A DraftDeck folder is read from its
+    :class:`Manifest`; a folder written by HF ``save_to_disk`` (a peer's data, no manifest) from its
+    ``state.json``, whose Arrow files have the same layout. Safe to share between threads.
     """
 
     def __init__(self, path: Path | str, *, max_open: int = 8):
         self.path = Path(path)
-        mf = self.path / MANIFEST
-        if not mf.is_file():
-            raise InputError(f"{self.path} is not a DraftDeck dataset (no {MANIFEST}; was the job finished?)")
-        self.manifest: dict[str, Any] = json.loads(mf.read_text(encoding="utf-8"))
-        self.shards = [ShardInfo(**s) for s in self.manifest["shards"]]
+        self.manifest = read_manifest(self.path)
+        self.written_by_draftdeck = True
+        self._setup(max_open)
+
+    @classmethod
+    def open(cls, path: Path | str, *, max_open: int = 8) -> ShardDataset:
+        """A DraftDeck dataset folder, or one written by HF ``save_to_disk`` (``state.json``, no manifest)."""
+        folder = Path(path)
+        if (folder / MANIFEST).exists() or not (folder / "state.json").exists():
+            return cls(folder, max_open=max_open)
+        self = cls.__new__(cls)
+        self.path, self.manifest = folder, Manifest(shards=_saved_shards(folder))
+        self.written_by_draftdeck = False
+        self._setup(max_open)
+        return self
+
+    def _setup(self, max_open: int) -> None:
+        self.shards = self.manifest.shards
         self._starts = [0]
         for s in self.shards:
             self._starts.append(self._starts[-1] + s.rows)
         self._open: OrderedDict[int, pa.Table] = OrderedDict()
         self._max_open = max_open
+        self._lock = threading.RLock()
+        self._whole: pa.Table | None = None
+        self._derived: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return self._starts[-1]
 
     def _table(self, i: int) -> pa.Table:
-        table = self._open.get(i)
-        if table is None:
-            source = pa.memory_map(str(self.path / self.shards[i].filename), "r")
-            table = pa.ipc.open_stream(source).read_all()
+        with self._lock:
+            table = self._open.get(i)
+            if table is not None:
+                self._open.move_to_end(i)
+                return table
+            name = self.shards[i].filename
+            try:
+                table = pa.ipc.open_stream(pa.memory_map(str(self.path / name), "r")).read_all()
+            except (OSError, pa.ArrowException) as exc:
+                raise InputError(f"shard {name} cannot be read ({type(exc).__name__}: {exc})") from exc
+            if table.num_rows != self.shards[i].rows:
+                raise InputError(
+                    f"shard {name} holds {table.num_rows} rows, the manifest says {self.shards[i].rows}"
+                )
             self._open[i] = table
             if len(self._open) > self._max_open:
                 self._open.popitem(last=False)
-        else:
-            self._open.move_to_end(i)
-        return table
+            return table
 
     def locate(self, n: int) -> tuple[int, int]:
         if not 0 <= n < len(self):
-            raise IndexError(f"row {n} is out of range: the dataset has {len(self)} rows")
+            if not len(self):
+                raise RowOutOfRange(f"row {n} is out of range: this dataset has no rows")
+            raise RowOutOfRange(f"row {n} is out of range: this dataset has rows 0 to {len(self) - 1:,}")
         shard = bisect.bisect_right(self._starts, n) - 1
         return shard, n - self._starts[shard]
 
     def row(self, n: int) -> dict[str, Any]:
         shard, local = self.locate(n)
-        return self._table(shard).slice(local, 1).to_pylist()[0]
+        try:
+            return self._table(shard).slice(local, 1).to_pylist()[0]
+        except InputError as exc:
+            raise InputError(f"row {n} cannot be read: {exc}") from exc
 
-    def iter_batches(self) -> Any:
+    def iter_batches(self) -> Iterator[pa.RecordBatch]:
         for i in range(len(self.shards)):
             yield from self._table(i).to_batches()
+
+    @property
+    def schema(self) -> pa.Schema:
+        if not self.shards:
+            return schema()
+        first = self.path / self.shards[0].filename
+        try:
+            with pa.memory_map(str(first), "r") as source:
+                return pa.ipc.open_stream(source).schema
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"shard {first.name} cannot be read ({type(exc).__name__}: {exc})") from exc
+
+    @property
+    def table(self) -> pa.Table:
+        """Every row as one Arrow table over the memory-mapped shards (zero-copy, built once)."""
+        with self._lock:
+            if self._whole is None:
+                batches = [b for i in range(len(self.shards)) for b in self._mapped(i).to_batches()]
+                self._whole = pa.Table.from_batches(batches, schema=self.schema if not batches else None)
+            return self._whole
+
+    def _mapped(self, i: int) -> pa.Table:
+        """Shard `i` outside the LRU: the whole table keeps every shard mapped anyway."""
+        with self._lock:
+            return self._open.get(i) or self._table(i)
+
+    def column(self, name: str) -> pa.ChunkedArray | None:
+        table = self.table
+        return table.column(name) if name in table.column_names else None
+
+    def take_ids(self, rows: np.ndarray) -> list[list[int]]:
+        return self.table.column("input_ids").take(pa.array(rows)).to_pylist()
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per row (int64), from ``seq_len`` when stored."""
+
+        def compute() -> np.ndarray:
+            stored = self.column("seq_len")
+            if stored is None:
+                stored = pc.list_value_length(self.table.column("input_ids"))
+            return np.asarray(stored.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+        return self.derived("lengths", compute)
+
+    def n_trained(self) -> np.ndarray:
+        """Trained tokens per row (int64), from ``n_trained`` when stored, else summed from the masks."""
+
+        def compute() -> np.ndarray:
+            stored = self.column("n_trained")
+            if stored is not None:
+                return np.asarray(stored.to_numpy(zero_copy_only=False), dtype=np.int64)
+            out = np.zeros(len(self), dtype=np.int64)
+            at = 0
+            for chunk in self.table.column("loss_mask").chunks:
+                flat = chunk.flatten().to_numpy(zero_copy_only=False)
+                offsets = chunk.offsets.to_numpy()
+                sums = np.add.reduceat(flat, offsets[:-1]) if len(flat) else np.zeros(len(chunk))
+                sums[offsets[:-1] == offsets[1:]] = 0
+                out[at : at + len(chunk)] = sums
+                at += len(chunk)
+            return out
+
+        return self.derived("n_trained", compute)
+
+    def derived(self, key: str, make: Callable[[], Any]) -> Any:
+        """A value computed from the whole dataset once (the data does not change under a reader)."""
+        with self._lock:
+            if key not in self._derived:
+                self._derived[key] = make()
+            return self._derived[key]
+
+
+def _saved_shards(folder: Path) -> list[ShardInfo]:
+    """The shards of a ``save_to_disk`` folder, from its state.json (rows counted from the files)."""
+    where = folder / "state.json"
+    try:
+        files = json.loads(where.read_text(encoding="utf-8"))["_data_files"]
+        names = [str(f["filename"]) for f in files]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(
+            f"{where} cannot be read as a datasets state file ({type(exc).__name__}: {exc})"
+        ) from exc
+    shards = []
+    for name in names:
+        path = folder / Path(name).name
+        try:
+            with pa.memory_map(str(path), "r") as source:
+                rows = sum(b.num_rows for b in pa.ipc.open_stream(source))
+        except (OSError, pa.ArrowException) as exc:
+            raise InputError(f"shard {name} cannot be read ({type(exc).__name__}: {exc})") from exc
+        shards.append(ShardInfo(path.name, rows, path.stat().st_size, ""))
+    return shards

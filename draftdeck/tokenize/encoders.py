@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from draftdeck.tokenize.bytelevel import byte_decoder, token_bytes
+
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 Encoded = tuple[np.ndarray, np.ndarray]  # (ids int32, char starts int64)
@@ -88,15 +90,7 @@ class HFEncoder:
         return char_starts_from_bytes(text, np.cumsum(lens) - lens)
 
     def token_bytes(self, i: int) -> bytes:
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-        if not hasattr(self, "_byte_decoder"):
-            self._byte_decoder = {v: k for k, v in bytes_to_unicode().items()}
-        tok = self.backend.id_to_token(i)
-        try:
-            return bytes(self._byte_decoder[c] for c in tok)
-        except KeyError:
-            return tok.encode("utf-8")
+        return token_bytes(self.backend, i)
 
     def encode(self, texts: Sequence[str], literals: Sequence[Literal]) -> list[Encoded]:
         plain = [i for i, lit in enumerate(literals) if not lit]
@@ -126,12 +120,6 @@ class HFEncoder:
         return np.concatenate(ids).astype(np.int32), np.concatenate(starts).astype(np.int64)
 
 
-def _byte_decoder() -> dict[str, int]:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    return {v: k for k, v in bytes_to_unicode().items()}
-
-
 class TiktokenEncoder:
     name = "tiktoken"
 
@@ -142,7 +130,7 @@ class TiktokenEncoder:
         self.nfc = _check_structure(spec)
         pattern = _pattern(spec)
         model = spec["model"]
-        dec = _byte_decoder()
+        dec = byte_decoder()
         ranks: dict[bytes, int] = {}
         for token, rank in model["vocab"].items():
             try:

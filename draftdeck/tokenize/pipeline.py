@@ -51,8 +51,9 @@ from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Output, Policy, Report
+from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import MANIFEST, Block, ShardInfo, ShardRow, ShardWriter, write_metadata
+from draftdeck.shards.store import Block, ShardRow, ShardWriter, write_metadata
 from draftdeck.tokenize.encoders import Encoded, EncoderUnsupported, HFEncoder, TiktokenEncoder
 
 MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
@@ -526,19 +527,19 @@ def conclude(
     stats.write(out_dir)
     write_metadata(
         out_dir,
-        shards,
-        {
-            "tokenizer": {
-                "path": str(opts.tokenizer),
-                "fingerprint": tokenizer_fingerprint(opts.tokenizer, renderer.template, opts.template_kwargs),
-                "vocab_size": len(tok),
-                "chat_template": renderer.template,
-            },
-            "inputs": inputs or [],
-            "parameters": opts.to_dict(),
-            "mask_rule": MASK_RULE,
-            "report": report.to_dict(),
-        },
+        Manifest(
+            shards=shards,
+            tokenizer=TokenizerRef(
+                path=str(opts.tokenizer),
+                fingerprint=tokenizer_fingerprint(opts.tokenizer, renderer.template, opts.template_kwargs),
+                vocab_size=len(tok),
+                chat_template=renderer.template,
+            ),
+            inputs=inputs or [],
+            parameters=opts.to_dict(),
+            mask_rule=MASK_RULE,
+            report=report.to_dict(),
+        ),
     )
     return report
 

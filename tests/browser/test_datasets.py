@@ -5,13 +5,8 @@ alert acknowledged from the dataset page."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -23,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tests.browser.harness import CHROMIUM, REPO_ROOT, free_port
-from tests.datasets_helpers import build_chat_dataset, load_tokenizer, write_dataset
+from tests.browser.harness import CHROMIUM
+from tests.datasets_helpers import build_chat_dataset, load_tokenizer, web_server, write_dataset
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -73,36 +68,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     home = tmp_path_factory.mktemp("dsweb") / "home"
     made = build_chat_dataset(home, max_len=40)
     empty = write_dataset(home / "datasets" / "empty-run", [], made["tokenizer"])
-    port = free_port()
-    env = {**os.environ, "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(home)}
-    for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
-        env.pop(var, None)
-    log = home.parent / "web.log"
-    exe = str(Path(sys.executable).parent / "draftdeck")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([exe, "web", "--port", str(port)], cwd=REPO_ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"draftdeck web did not start:\n{log.read_text()[-3000:]}") from None
-                time.sleep(0.2)
-        yield Site(url, home, log, _register(url, made["dataset"]), _register(url, empty), made["dataset"],
-                   made["tokenizer"])  # fmt: skip
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    with web_server(home, home, home.parent / "web.log") as url:
+        yield Site(url, home, home.parent / "web.log", _register(url, made["dataset"]), _register(url, empty),
+                   made["dataset"], made["tokenizer"])  # fmt: skip
 
 
 @dataclass

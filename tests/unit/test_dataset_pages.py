@@ -149,21 +149,50 @@ def test_register_refuses_outside_roots_and_non_datasets(client: Any, migrated: 
 
 
 def test_job_outputs_appear_in_the_list(client: Any, chat: dict[str, Path]) -> None:
+    from app.dataset_records import add_datasets, found_in_outputs
     from app.db import session_scope
     from app.models import Job, JobOutput
 
-    with session_scope() as s:
+    shards = sorted(chat["dataset"].glob("data-*.arrow"))
+    assert len(shards) >= 2
+    found = found_in_outputs(shards)  # before the success transaction: it reads the shards
+    with session_scope() as s:  # what the success transaction writes beside the outputs
         job = Job(kind="tokenize", params={}, status="succeeded")
         s.add(job)
-        s.commit()
-        s.refresh(job)
-        for f in sorted(chat["dataset"].glob("data-*.arrow")):
+        s.flush()
+        for f in shards:
             s.add(JobOutput(job_id=job.id, path=str(f), rows=1, bytes=f.stat().st_size, sha256="x"))
+        add_datasets(s, found, job_id=job.id)
         s.commit()
         job_id = job.id
     page = client.get("/datasets")
     assert f'href="/jobs/{job_id}"' in page.text and "chat-tok" in page.text
     assert page.text.count('data-dataset="') == 1  # two shard outputs, one dataset
+
+
+def test_get_writes_nothing_and_40_concurrent_lists_answer(client: Any, chat: dict[str, Path]) -> None:
+    """A job output nobody registered stays out of the list: GET /datasets reads the table, inserts
+    nothing (40 concurrent GETs used to race on the unique path and answer 500)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sqlmodel import func, select
+
+    from app.db import session_scope
+    from app.models import Alert, Dataset, Job, JobOutput
+
+    with session_scope() as s:
+        job = Job(kind="tokenize", params={}, status="succeeded")
+        s.add(job)
+        s.flush()
+        for f in sorted(chat["dataset"].glob("data-*.arrow")):
+            s.add(JobOutput(job_id=job.id, path=str(f), rows=1, bytes=f.stat().st_size, sha256="x"))
+        s.commit()
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        answers = list(pool.map(lambda _: client.get("/datasets").status_code, range(40)))
+    assert answers == [200] * 40
+    with session_scope() as s:
+        assert s.exec(select(func.count()).select_from(Dataset)).one() == 0
+        assert s.exec(select(func.count()).select_from(Alert)).one() == 0
 
 
 # -- sample view -------------------------------------------------------------------------------------
@@ -311,7 +340,7 @@ def test_filters_and_navigation(client: Any, chat: dict[str, Path]) -> None:
 
 def test_text_search(client: Any, chat: dict[str, Path], tokenizer_dir: Path,
                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from app import dataset_view
+    from draftdeck.browse import filters
 
     ds_id = registered(client, chat["dataset"])
     tok = load_tokenizer(tokenizer_dir)
@@ -326,8 +355,8 @@ def test_text_search(client: Any, chat: dict[str, Path], tokenizer_dir: Path,
     r = client.get(f"/datasets/{ds_id}/go", params={"to": "first", "q": "no such words anywhere"})
     assert "no row contains" in r.text
     # a search that runs out of budget says how far it looked and offers to continue
-    monkeypatch.setattr(dataset_view, "SEARCH_BUDGET_ROWS", 1)
-    monkeypatch.setattr(dataset_view, "SEARCH_BATCH", 1)
+    monkeypatch.setattr(filters, "SEARCH_BUDGET_ROWS", 1)
+    monkeypatch.setattr(filters, "SEARCH_BATCH", 1)
     r = client.get(f"/datasets/{ds_id}/go", params={"to": "first", "q": "qubits"})
     assert "not found in the 1 rows searched" in r.text and 'id="resume-search"' in r.text
     resume = re.search(r'id="resume-search"', r.text)
@@ -550,6 +579,7 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
     from sqlmodel import select
 
     from app import records as jobs
+    from app.dataset_records import add_datasets, found_in_outputs
     from app.db import session_scope
     from app.models import JobOutput
     from draftdeck.chat.testing import small_bpe_tokenizer
@@ -565,9 +595,12 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
     shutil.copytree(small_bpe_tokenizer(), tok)
     out_dir = migrated / "jobs" / "tok-out"
     report = tokenize_files([src], out_dir, TokenizeOptions(tok, shard_rows=3, workers=1))
+    found = found_in_outputs(o.path for o in report.outputs)
     with session_scope() as session:  # what the worker records when the job succeeds
         job = jobs.create_job(session, "tokenize", {"inputs": [str(src)], "tokenizer": str(tok)}, "cpu")
         jobs.record_outputs(session, job.id or 0, report.outputs)
+        add_datasets(session, found, job_id=job.id)
+        session.commit()
         outputs = list(session.exec(select(JobOutput).where(JobOutput.job_id == job.id)))
     assert len(outputs) >= 2
     ds_dir = Path(outputs[0].path).parent

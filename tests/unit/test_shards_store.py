@@ -11,6 +11,7 @@ import pytest
 
 from draftdeck.errors import InputError
 from draftdeck.fileio import sha256_file
+from draftdeck.shards.manifest import Manifest
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardDataset, ShardRow, ShardWriter, write_metadata
 from draftdeck.shards.tools import draft_vocab
@@ -107,5 +108,65 @@ def test_writer_is_atomic_and_discard_removes_shards(tmp_path: Path) -> None:
     shards = w.close()
     stats = Stats(10)
     stats.add(np.arange(3), np.array([0, 1, 1]), "f")
-    write_metadata(tmp_path, shards, {"report": {}})
+    write_metadata(tmp_path, Manifest(shards, report={}))
     assert ShardDataset(tmp_path).row(0)["loss_mask"] == [0, 1, 1]
+
+
+def test_the_manifest_the_job_writes_is_the_one_the_reader_parses(dataset: Path) -> None:
+    from draftdeck.shards.manifest import Manifest, read_manifest
+
+    m = read_manifest(dataset)
+    assert m.rows == 250 and [s.rows for s in m.shards] == [100, 100, 50]
+    assert m.tokenizer is not None and m.tokenizer.vocab_size and len(m.tokenizer.fingerprint) == 64
+    assert m.parameters["shard_rows"] == 100 and m.report is not None and m.report["rows_out"] == 250
+    assert Manifest.from_dict(m.to_dict()) == m == ShardDataset(dataset).manifest
+    assert m.tokenizer_dir() == Path(m.tokenizer.path or "")
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"format": "other"}, "format"),
+        ({"version": 99}, "format version 99"),
+        ({"shards": [{"filename": "a.arrow", "rows": -1, "bytes": 0, "sha256": ""}]}, r"shards\[0\]"),
+        (
+            {"shards": [{"filename": "../x.arrow", "rows": 1, "bytes": 0, "sha256": ""}]},
+            r"shards\[0\].filename",
+        ),
+        ({"rows": 7}, "rows is 7 but the shards hold 250"),
+        ({"tokenizer": {"path": "/t"}}, "tokenizer"),
+        ({"tokenizer": {"path": 3, "fingerprint": "f"}}, "tokenizer.path"),
+        ({"parameters": []}, "parameters"),
+    ],
+)
+def test_a_malformed_manifest_is_refused_naming_the_key(
+    dataset: Path, tmp_path: Path, change: dict, named: str
+) -> None:
+    import shutil
+
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset, copy)
+    body = {**json.loads((copy / "manifest.json").read_text()), **change}
+    (copy / "manifest.json").write_text(json.dumps(body))
+    with pytest.raises(InputError, match=named) as err:
+        ShardDataset(copy)
+    assert "manifest.json" in str(err.value)
+
+
+def test_a_save_to_disk_folder_reads_through_the_same_reader(dataset: Path, tmp_path: Path) -> None:
+    import datasets
+
+    ours = datasets.load_from_disk(str(dataset))
+    ours.select(range(120, 130)).save_to_disk(str(tmp_path / "peer"))
+    peer = ShardDataset.open(tmp_path / "peer")
+    assert not peer.written_by_draftdeck and len(peer) == 10
+    assert [peer.row(i) for i in range(10)] == [ours[i] for i in range(120, 130)]
+    assert peer.lengths().tolist() == [len(ours[i]["input_ids"]) for i in range(120, 130)]
+
+
+def test_one_byte_decoder_equals_transformers_table() -> None:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from draftdeck.tokenize.bytelevel import byte_decoder
+
+    assert byte_decoder() == {c: b for b, c in bytes_to_unicode().items()}

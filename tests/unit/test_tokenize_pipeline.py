@@ -278,7 +278,7 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     assert done.result["rows_in"] == 8 and done.result["rows_out"] == 7  # prefix-stable ChatML: no split
     assert len(outputs) == 2 and sum(o.rows for o in outputs) == 7
     ds = ShardDataset(Path(outputs[0].path).parent)
-    assert len(ds) == 7 and ds.manifest["parameters"]["shard_rows"] == 5
+    assert len(ds) == 7 and ds.manifest.parameters["shard_rows"] == 5
     # registered as a dataset by the success transition; the job page links to it (no GET wrote it)
     from fastapi.testclient import TestClient
 

@@ -1,0 +1,100 @@
+"""One row as the sample page shows it (its facts and a window of chips), and how the same row
+differs between two datasets (the compare page)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from draftdeck.browse.info import DatasetInfo
+from draftdeck.browse.loading import open_store, token_table
+from draftdeck.browse.tokens import Chip, chips_for, id_chips
+
+CHIP_WINDOW = 4096  # tokens drawn per page; longer rows get links to the next and previous windows
+
+
+@dataclass
+class Sample:
+    n: int
+    total: int  # rows in the dataset
+    chips: list[Chip]  # the drawn window
+    window: tuple[int, int] | None  # None: the whole row is drawn
+    window_prev: int | None
+    window_next: int | None
+    n_tokens: int
+    n_trained: int
+    n_anchors: int
+    length_mismatch: bool  # input_ids and loss_mask differ in length
+    stored_n_trained: Any
+    truncated: Any
+    source: Any
+    source_row: Any
+    turn: Any
+    notice: str | None  # why the chips show ids instead of text
+
+
+def read_sample(info: DatasetInfo, n: int, window_from: int = 0) -> Sample:
+    """Row n's facts (over the whole row) and its chips; at most CHIP_WINDOW chips are drawn, from
+    `window_from`, so a 32K-token row costs no more to draw than a 4K one."""
+    store = open_store(info.path)
+    row = store.row(n)
+    ids = [int(t) for t in row["input_ids"]]
+    mask = [int(m) for m in row["loss_mask"]]
+    tok_dir = info.tokenizer_dir()
+    notice = None
+    if tok_dir is not None:
+        chips = chips_for(ids, mask, token_table(tok_dir))
+    else:
+        notice = (
+            f"the tokenizer {info.tokenizer_path!r} is not on this machine: showing token ids"
+            if info.tokenizer_path
+            else "the manifest names no tokenizer: showing token ids"
+        )
+        chips = id_chips(ids, mask)
+    w0 = min(max(window_from, 0), max(len(chips) - 1, 0))
+    w0 -= w0 % CHIP_WINDOW
+    w1 = min(w0 + CHIP_WINDOW, len(chips))
+    whole = (w0, w1) == (0, len(chips))
+    return Sample(
+        n=n,
+        total=len(store),
+        chips=chips if whole else chips[w0:w1],
+        window=None if whole else (w0, w1),
+        window_prev=max(w0 - CHIP_WINDOW, 0) if w0 > 0 else None,
+        window_next=w1 if w1 < len(chips) else None,
+        n_tokens=len(ids),
+        n_trained=sum(1 for m in mask if m),
+        n_anchors=sum(1 for c in chips if c.anchor),
+        length_mismatch=len(ids) != len(mask),
+        stored_n_trained=row.get("n_trained"),
+        truncated=row.get("truncated"),
+        source=row.get("source"),
+        source_row=row.get("source_row"),
+        turn=row.get("turn"),
+        notice=notice,
+    )
+
+
+@dataclass(frozen=True)
+class RowDiff:
+    same_ids: bool
+    first_id: int | None  # the first position whose token ids differ
+    mask_diff: int  # positions with the same id and another mask
+    first_mask: int | None
+    len_a: int
+    len_b: int
+
+
+def row_diff(a: Sample, b: Sample) -> RowDiff:
+    """How the same row differs between two datasets, position by position; marks the chips whose mask
+    differs (``diff``) on both sides."""
+    ca, cb = a.chips, b.chips
+    first_id = next((i for i, (x, y) in enumerate(zip(ca, cb, strict=False)) if x.id != y.id), None)
+    if first_id is None and len(ca) != len(cb):
+        first_id = min(len(ca), len(cb))
+    mask_diff = [i for i, (x, y) in enumerate(zip(ca, cb, strict=False)) if x.id == y.id and x.mask != y.mask]
+    for i in mask_diff:
+        ca[i].diff = cb[i].diff = True
+    return RowDiff(
+        first_id is None, first_id, len(mask_diff), mask_diff[0] if mask_diff else None, len(ca), len(cb)
+    )

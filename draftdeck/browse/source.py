@@ -1,0 +1,77 @@
+"""A row's source conversation: found in its source file by the line (JSONL) or record index the
+tokenizer recorded, within a time budget, and shown as role/text pairs."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+SOURCE_SCAN_SECONDS = 3.0
+
+
+@dataclass
+class SourceRow:
+    where: str | None = None  # "file:line" of the row found
+    messages: list[dict[str, str]] | None = None  # when the row is a chat
+    raw: str | None = None  # the row as indented JSON, when it is not
+    message: str | None = None  # why nothing (or not all) is shown
+
+
+def find_source_row(path: Path, index: int, seconds: float = SOURCE_SCAN_SECONDS) -> SourceRow:
+    """The row the tokenizer recorded as `index`: the 1-based line for JSONL, else the 0-based record."""
+    from draftdeck.formats.readers import RowReader
+
+    deadline = time.monotonic() + seconds
+    found = None
+    try:
+        with RowReader(path) as reader:
+            for raw in reader:
+                if (raw.line if raw.line is not None else raw.index) == index:
+                    found = raw
+                    break
+                if time.monotonic() > deadline:
+                    return SourceRow(
+                        message=f"row {index} of {path.name} is too far into the file to fetch quickly"
+                    )
+    except Exception as exc:  # any unreadable file is a message in the panel, not a failed page
+        return SourceRow(message=f"{path.name} cannot be read: {exc}")
+    if found is None:
+        return SourceRow(message=f"{path.name} has no line or record {index}")
+    if found.error:
+        return SourceRow(where=found.where, message=f"{found.where}: {found.reason}")
+    messages = conversation(found.value)
+    raw_json = (
+        None if messages is not None else orjson.dumps(found.value, option=orjson.OPT_INDENT_2).decode()
+    )
+    return SourceRow(where=found.where, messages=messages, raw=raw_json)
+
+
+def conversation(value: Any) -> list[dict[str, str]] | None:
+    """Role/content pairs from common chat shapes, for display; None when the shape is not a chat."""
+    if not isinstance(value, dict):
+        return None
+    for key, role_key, text_key in (
+        ("messages", "role", "content"),
+        ("conversations", "from", "value"),
+        ("conversations", "role", "content"),
+    ):
+        msgs = value.get(key)
+        if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and role_key in m for m in msgs):
+            return [{"role": str(m.get(role_key)), "text": _text(m, text_key)} for m in msgs]
+    return None
+
+
+def _text(m: dict[str, Any], text_key: str) -> str:
+    content = m.get(text_key)
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in content)
+    parts = [str(content) if content is not None else ""]
+    for extra in ("reasoning_content", "reasoning", "tool_calls"):
+        if m.get(extra):
+            shown = m[extra] if isinstance(m[extra], str) else orjson.dumps(m[extra]).decode()
+            parts.append(f"[{extra}] {shown}")
+    return "\n".join(p for p in parts if p)
