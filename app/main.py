@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import api, datasets, pages
+from app import api, datasets, pages, sse
 from app.auth import CSRF_COOKIE
 from app.db import REPO_ROOT
 from app.settings import get_settings
@@ -31,6 +31,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         stop.set()
+
+
+# The progress label is formatted once, for the template and the event stream alike.
+pages.templates.env.globals["progress_view"] = sse.progress_view
 
 
 def create_app() -> FastAPI:
@@ -55,6 +59,7 @@ def create_app() -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=str(REPO_ROOT / "static")), name="static")
     app.include_router(api.router)
+    app.include_router(sse.router)  # before the pages: /jobs/events is not /jobs/{job_id}
     app.include_router(pages.router)
     app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)
