@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import api, datasets, pages, sse
 from app.auth import CSRF_COOKIE
-from app.db import REPO_ROOT
+from app.resources import resource_dir
 from app.settings import get_settings
 from app.sweeper import start_sweeper
 
@@ -72,7 +72,7 @@ def create_app() -> FastAPI:
             response.set_cookie(CSRF_COOKIE, new, httponly=True, samesite="strict")
         return response
 
-    app.mount("/static", StaticFiles(directory=str(REPO_ROOT / "static")), name="static")
+    app.mount("/static", StaticFiles(directory=resource_dir("static")), name="static")
     app.include_router(api.router)
     app.include_router(sse.router)  # before the pages: /jobs/events is not /jobs/{job_id}
     app.include_router(pages.router)
