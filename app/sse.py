@@ -18,8 +18,16 @@ Events (``data`` is JSON)
   the last poll, or newer than ``after``), whenever any of them changes.
 - ``end``: ``{"status"}``: the job ended (``"gone"`` if it was deleted). The server closes the stream and
   the client must close its ``EventSource`` (which would otherwise reconnect).
-- a page may add feeds: the training run page adds ``metrics`` (metric points after a cursor) by passing
-  ``Feed("metrics", poll)`` to :func:`job_stream`; any feed's items arrive as one JSON list per message.
+- a page may add feeds; any feed's items arrive as one JSON list per message. The training run page adds
+  ``metrics`` (metric points after a cursor) with a route of its own::
+
+      @router.get("/runs/{job_id}/events")
+      def run_events(request: Request, job_id: int) -> StreamingResponse:
+          return sse.job_events_response(request, job_id, [sse.Feed("metrics", metric_points_after)])
+
+  where ``metric_points_after(session, cursor) -> (points with id > cursor, the last id)``, and names
+  the extra event on its page: ``data-sse-events="metrics"`` (static/live.js then re-dispatches each
+  message as a ``dd:sse`` CustomEvent on ``document`` for the chart script).
 
 Resuming: every message carries ``id: log=12,metrics=40``, the cursor of every feed after it. A
 reconnecting ``EventSource`` sends the last one back as ``Last-Event-ID`` and each feed resumes after

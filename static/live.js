@@ -97,7 +97,10 @@
   root.setAttribute("data-sse-state", "connecting");
   source.addEventListener("open", function () { root.setAttribute("data-sse-state", "open"); });
   source.addEventListener("error", function () {
-    if (source.readyState !== EventSource.CLOSED) root.setAttribute("data-sse-state", "reconnecting");
+    // CONNECTING: the connection dropped and EventSource is trying again. CLOSED: the server refused the
+    // stream (a 4xx, e.g. the job is gone): EventSource gives up; the page stays as last drawn.
+    var closed = source.readyState === EventSource.CLOSED;
+    root.setAttribute("data-sse-state", closed ? "failed" : "reconnecting");
   });
   var names = Object.keys(handlers).concat((root.getAttribute("data-sse-events") || "").split(/\s+/));
   names.filter(Boolean).forEach(function (name) {

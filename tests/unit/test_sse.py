@@ -186,10 +186,23 @@ def test_an_idle_stream_sends_nothing_new_and_polls_at_its_pace(migrated: Path) 
         polls.append(time.monotonic())
         return [], cursor
 
+    held: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.01):
+            held.append(get_engine().pool.checkedout())  # type: ignore[attr-defined]
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
     stream = sse.job_stream(job_id, [sse.Feed("metrics", poll)])
     msgs = take(stream, 1.0, poll_seconds=0.25)
+    stop.set()
+    sampler.join()
     assert [m["event"] for m in msgs] == ["job", "alerts", "log"]
     assert 3 <= len(polls) <= 5, polls  # about one poll per 0.25 s, never a busy loop
+    # A connection is checked out only during a poll: between polls the stream holds none.
+    assert max(held) <= 1 and held.count(0) > 0.8 * len(held), held
 
 
 def test_an_added_feed_shares_the_cursor_and_resumes_after_it(migrated: Path) -> None:
