@@ -31,7 +31,15 @@ def _serve(host: str, port: int) -> None:
     from app.settings import get_settings
 
     get_settings().check_listen(host)
-    uvicorn.run("app.main:app", host=host, port=port, log_level="info", proxy_headers=False)
+    # An open SSE stream (the jobs list) must not hold Ctrl-C: give connections 3 s to close.
+    uvicorn.run(
+        "app.main:app",
+        host=host,
+        port=port,
+        log_level="info",
+        proxy_headers=False,
+        timeout_graceful_shutdown=3,
+    )
 
 
 def _prepare(host: str | None = None, port: int | None = None) -> None:
