@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import api, datasets, pages
-from app.auth import CSRF_COOKIE
+from app.auth import CSRF_COOKIE, AccessGuard
 from app.db import REPO_ROOT
 from app.settings import get_settings
 from app.sweeper import start_sweeper
@@ -40,6 +40,8 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
         description="Jobs and data for speculative-decoding drafters.",
     )
+    # Added first, so it runs inside security_headers (its refusals get those headers too).
+    app.add_middleware(AccessGuard)
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):  # type: ignore[no-untyped-def]
