@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app import api, datasets, pages
 from app.auth import CSRF_COOKIE, AccessGuard
 from app.db import REPO_ROOT
+from app.limits import RequestLimits, cap_log_lines
 from app.settings import get_settings
 from app.sweeper import start_sweeper
 
@@ -40,7 +41,10 @@ def create_app() -> FastAPI:
         lifespan=lifespan,
         description="Jobs and data for speculative-decoding drafters.",
     )
-    # Added first, so it runs inside security_headers (its refusals get those headers too).
+    # Added first, so they run inside security_headers (their refusals get its headers too); the
+    # token check runs before any body is read.
+    cap_log_lines()
+    app.add_middleware(RequestLimits)
     app.add_middleware(AccessGuard)
 
     @app.middleware("http")
