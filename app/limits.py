@@ -198,6 +198,13 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... [{len(text) - limit:,} characters cut]"
 
 
+def _cut_arg(value: Any, limit: int) -> Any:
+    if isinstance(value, (int, float)):
+        return value  # short, and %d or %.1f in the format still need a number
+    text = value if isinstance(value, str) else str(value)
+    return _cut(text, limit) if len(text) > limit else value
+
+
 def cap_log_lines(line_chars: int = MAX_LOG_LINE_CHARS, traceback_chars: int = MAX_TRACEBACK_CHARS) -> None:
     """Cut every log record's message, and each line of its traceback, to `line_chars` (and the
     traceback to its last `traceback_chars`), for every logger of this process. Idempotent."""
@@ -212,7 +219,14 @@ def cap_log_lines(line_chars: int = MAX_LOG_LINE_CHARS, traceback_chars: int = M
         except Exception:  # a bad format string: logging itself reports it when the record is emitted
             return record
         if len(message) > line_chars:
-            record.msg, record.args = _cut(message, line_chars), None
+            # Cut the arguments, not the shape: formatters such as uvicorn's access log read
+            # record.args as the tuple the call passed.
+            if isinstance(record.msg, str) and len(record.msg) > line_chars:
+                record.msg = _cut(record.msg, line_chars)
+            if isinstance(record.args, tuple):
+                record.args = tuple(_cut_arg(a, line_chars) for a in record.args)
+            elif isinstance(record.args, dict):
+                record.args = {k: _cut_arg(v, line_chars) for k, v in record.args.items()}
         if record.exc_info and record.exc_info[0] is not None:
             text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
             lines = "\n".join(_cut(line, line_chars) for line in text.split("\n"))

@@ -141,7 +141,9 @@ def test_a_huge_body_is_413_before_it_is_read(client: TestClient) -> None:
     assert ok.status_code == 201  # a normal body still reaches the route, replayed intact
 
 
-def test_log_lines_are_capped() -> None:
+def test_log_lines_are_capped(capsys: pytest.CaptureFixture[str]) -> None:
+    from uvicorn.logging import AccessFormatter
+
     from app.limits import MAX_LOG_LINE_CHARS, cap_log_lines
 
     cap_log_lines()
@@ -150,8 +152,16 @@ def test_log_lines_are_capped() -> None:
     log = logging.getLogger("draftdeck.test.capped")
     log.addHandler(handler)
     log.propagate = False
+    log.setLevel(logging.INFO)
     try:
         log.error("body: %s", "y" * (5 << 20))
+        log.error("x" * (5 << 20))
+        # uvicorn's access formatter unpacks record.args: a long path must leave it a 5-tuple
+        access = logging.StreamHandler(stream)
+        access.setFormatter(AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s'))
+        log.addHandler(access)
+        log.info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:1", "GET", "/" + "p" * (5 << 20), "1.1", 404)
+        log.removeHandler(access)
         try:
             raise ValueError("z" * (5 << 20))
         except ValueError:
@@ -161,5 +171,8 @@ def test_log_lines_are_capped() -> None:
     lines = stream.getvalue().splitlines()
     assert max(len(line) for line in lines) < MAX_LOG_LINE_CHARS + 100
     assert lines[0].startswith("body: yyy") and "characters cut]" in lines[0]
+    assert lines[1].startswith("xxx") and "characters cut]" in lines[1]
+    assert [line for line in lines if line.startswith('127.0.0.1:1 - "GET /ppp')], lines[2][:200]
+    assert "Logging error" not in capsys.readouterr().err  # logging reports a formatter's failure there
     assert any(line.startswith("ValueError: zzz") for line in lines)
     assert len(stream.getvalue()) < 50_000
