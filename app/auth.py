@@ -1,39 +1,153 @@
 """Authentication and CSRF.
 
-- When the server listens beyond loopback (or a token is configured), every request that changes
-  something must carry the token: `Authorization: Bearer <token>` for the API, or the cookie that
-  /login sets for the pages.
+- A server reachable beyond loopback (bound to a non-loopback address, or answering a request that
+  arrived from or at a non-loopback address) serves nobody without the token: every request, reads
+  included, carries `Authorization: Bearer <token>` or the session cookie /login sets. Only /login,
+  /static/ and /healthz stay open. Without a token configured such a request is refused outright,
+  however the app was started (`draftdeck web` refuses to start; plain `uvicorn --host 0.0.0.0`
+  cannot be stopped from here, so the app itself says no).
+- A server bound to loopback and reached over loopback stays open for reads; writes need the token
+  whenever one is configured.
 - HTML forms and htmx requests carry a CSRF token that must match the `dd_csrf` cookie
   (double-submit). JSON API calls must be `application/json`, which a cross-site form cannot send.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import ipaddress
+import json
 import secrets
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import Depends, HTTPException, Request
+from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.settings import Settings, get_settings, is_loopback
 
 CSRF_COOKIE = "dd_csrf"
-TOKEN_COOKIE = "dd_token"
+# The cookie holds a value derived from the token, never the token itself: a stolen cookie does not
+# reveal the bearer token, and changing the token signs every session out.
+TOKEN_COOKIE = "dd_session"
 CSRF_HEADER = "x-csrf-token"
+OPEN_PREFIXES = ("/static/",)
+OPEN_PATHS = ("/login", "/healthz")
 
 
 def token_required(settings: Settings) -> bool:
     return bool(settings.token) or not is_loopback(settings.host)
 
 
-def _token_ok(request: Request, settings: Settings) -> bool:
-    if not token_required(settings):
-        return True
+def session_value(token: str) -> str:
+    return hmac.new(token.encode(), b"draftdeck session v1", hashlib.sha256).hexdigest()
+
+
+def token_matches(candidate: str, settings: Settings) -> bool:
+    return bool(settings.token) and hmac.compare_digest(candidate.encode(), (settings.token or "").encode())
+
+
+def _signed_in(conn: HTTPConnection, settings: Settings) -> bool:
+    """The request carries the bearer token or a session cookie from /login."""
     if not settings.token:
         return False
-    given = request.headers.get("authorization", "")
-    candidate = given[7:] if given.lower().startswith("bearer ") else request.cookies.get(TOKEN_COOKIE, "")
-    return hmac.compare_digest(candidate.encode(), settings.token.encode())
+    given = conn.headers.get("authorization", "")
+    if given.lower().startswith("bearer "):
+        return token_matches(given[7:], settings)
+    cookie = conn.cookies.get(TOKEN_COOKIE, "")
+    return hmac.compare_digest(cookie.encode(), session_value(settings.token).encode())
+
+
+def _token_ok(request: Request, settings: Settings) -> bool:
+    return not token_required(settings) or _signed_in(request, settings)
+
+
+def _remote_ip(host: str | None) -> bool:
+    """A non-loopback IP address. A peer that is no IP (a Unix socket, an in-process test client)
+    is this machine."""
+    try:
+        ipaddress.ip_address((host or "").strip("[]"))
+    except ValueError:
+        return False
+    return not is_loopback(host or "")
+
+
+def beyond_loopback(scope: Scope, settings: Settings) -> bool:
+    """Whether this request reaches a server that listens beyond loopback. The bind address in the
+    settings says so for `draftdeck web`; for any other launcher the request's own two ends do (a
+    server bound to 0.0.0.0 sees its LAN address as the local end of a LAN connection)."""
+    if not is_loopback(settings.host):
+        return True
+    ends = (scope.get("client"), scope.get("server"))
+    return any(end is not None and _remote_ip(str(end[0])) for end in ends)
+
+
+def safe_next(target: str | None) -> str:
+    """A same-site path to return to after sign-in (never another host: no open redirect)."""
+    if target and target.startswith("/") and not target.startswith(("//", "/\\")) and "\\" not in target:
+        return target
+    return "/jobs"
+
+
+class AccessGuard:
+    """ASGI middleware enforcing the read rules above before any route or body parsing runs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = get_settings()
+        path = scope.get("path", "")
+        if not beyond_loopback(scope, settings) or path == "/healthz":
+            await self.app(scope, receive, send)
+            return
+        if not settings.token:
+            await _deny(
+                send,
+                403,
+                "this server has no DRAFTDECK_TOKEN, so it answers loopback clients only: "
+                "set DRAFTDECK_TOKEN to serve other machines",
+            )
+            return
+        conn = HTTPConnection(scope)
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES) or _signed_in(conn, settings):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        wants_page = "text/html" in headers.get("accept", "") and not headers.get("hx-request")
+        if scope["method"] in ("GET", "HEAD") and wants_page:
+            target = path + (
+                "?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else ""
+            )
+            location = "/login?next=" + quote(target, safe="")
+            await _deny(send, 303, "sign in first", extra=[(b"location", location.encode("latin-1"))])
+            return
+        await _deny(
+            send,
+            401,
+            "this server needs a token: send Authorization: Bearer <DRAFTDECK_TOKEN>, or sign in at /login",
+            extra=[(b"www-authenticate", b"Bearer"), (b"hx-redirect", b"/login")],
+        )
+
+
+async def _deny(
+    send: Send, status: int, message: str, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    body = json.dumps({"detail": message}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+        *(extra or []),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def require_api_write(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sqlalchemy import event
+from sqlalchemy import event, make_url, pool, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, create_engine
 
@@ -15,6 +18,10 @@ from app.settings import get_settings
 
 if TYPE_CHECKING:
     from alembic.config import Config
+# PostgreSQL advisory locks are named by a 64-bit number; this one is DraftDeck's migrations.
+MIGRATION_LOCK_KEY = 0x44524146_54444B31  # "DRAFTDK1"
+MIGRATION_WAIT_SECONDS = 600.0
+log = logging.getLogger(__name__)
 
 
 def make_engine(url: str) -> Engine:
@@ -62,7 +69,84 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def upgrade(url: str | None = None) -> None:
-    """Apply every Alembic migration to the configured database (idempotent)."""
+    """Apply every Alembic migration to the configured database (idempotent). Web, workers and
+    `draftdeck db upgrade` all call this on start, so it runs under a database-wide lock: the first
+    process migrates, the others wait, then find nothing left to do."""
     from alembic import command
 
-    command.upgrade(alembic_config(url), "head")
+    url = url or get_settings().db_url
+    with migration_lock(url):
+        command.upgrade(alembic_config(url), "head")
+
+
+@contextmanager
+def migration_lock(url: str, wait_seconds: float = MIGRATION_WAIT_SECONDS) -> Iterator[None]:
+    """Hold the migrations lock of the database at `url`: a PostgreSQL session advisory lock, or,
+    for a SQLite file, an exclusive flock on `<file>.migrations.lock` beside it (an in-memory
+    database has no other process to wait for). Raises TimeoutError after `wait_seconds`."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        with _pg_advisory_lock(url, wait_seconds):
+            yield
+    elif parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        database = Path(str(parsed.database))
+        with _file_lock(database.with_name(database.name + ".migrations.lock"), wait_seconds):
+            yield
+    else:
+        yield
+
+
+def _waited_too_long(what: str, wait_seconds: float) -> TimeoutError:
+    return TimeoutError(
+        f"waited {wait_seconds:.0f} s for {what}: another process is still migrating (or hung doing so)"
+    )
+
+
+@contextmanager
+def _pg_advisory_lock(url: str, wait_seconds: float) -> Iterator[None]:
+    # Its own connection, held for the whole upgrade: the lock lives as long as this session does,
+    # and NullPool makes closing it a real disconnect, which releases the lock even on a crash path.
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            deadline = time.monotonic() + wait_seconds
+            said = False
+            while not conn.execute(
+                text("SELECT pg_try_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
+            ).scalar():
+                conn.rollback()  # no transaction stays open while we wait
+                if time.monotonic() > deadline:
+                    raise _waited_too_long("the PostgreSQL migrations lock", wait_seconds)
+                if not said:
+                    log.info("another process is migrating the database; waiting for it")
+                    said = True
+                time.sleep(0.2)
+            conn.commit()
+            try:
+                yield
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
+                conn.commit()
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def _file_lock(path: Path, wait_seconds: float) -> Iterator[None]:
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+b") as handle:
+        deadline = time.monotonic() + wait_seconds
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise _waited_too_long(f"the migrations lock {path}", wait_seconds) from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -11,7 +11,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import api, datasets, pages, sse
-from app.auth import CSRF_COOKIE
+from app.auth import CSRF_COOKIE, AccessGuard
+from app.limits import RequestLimits, cap_log_lines
 from app.resources import resource_dir
 from app.settings import get_settings
 from app.sweeper import start_sweeper
@@ -59,6 +60,11 @@ def create_app() -> FastAPI:
         docs_url=None,  # FastAPI's own pages load their scripts from a CDN, inline: ours are below
         redoc_url=None,
     )
+    # Added first, so they run inside security_headers (their refusals get its headers too); the
+    # token check runs before any body is read.
+    cap_log_lines()
+    app.add_middleware(RequestLimits)
+    app.add_middleware(AccessGuard)
 
     @app.middleware("http")
     async def security_headers(request: Request, call_next):  # type: ignore[no-untyped-def]

@@ -14,7 +14,16 @@ from sqlmodel import Session, col, func, select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import records, state, submit
-from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write, token_required
+from app.auth import (
+    TOKEN_COOKIE,
+    csrf_token,
+    require_csrf,
+    require_page_write,
+    safe_next,
+    session_value,
+    token_matches,
+    token_required,
+)
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
 from app.resources import resource_dir
@@ -333,13 +342,27 @@ def ack_alert_form(alert_id: int, session: SessionDep) -> RedirectResponse:
 
 
 @router.get("/login", response_class=HTMLResponse)
-def login_page(request: Request, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    return render(request, "login.html", session, needed=token_required(settings))
+def login_page(request: Request, settings: SettingsDep, next: str = "/jobs") -> HTMLResponse:
+    # No session: the nav's alert count is not for someone who has not signed in yet.
+    return render(request, "login.html", needed=token_required(settings), next=safe_next(next))
 
 
 @router.post("/login")
-async def login(request: Request, token: Annotated[str, Form()]) -> Response:
+async def login(
+    request: Request, settings: SettingsDep, token: Annotated[str, Form()], next: Annotated[str, Form()] = ""
+) -> Response:
     await require_csrf(request)
-    response = RedirectResponse("/jobs", status_code=303)
-    response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="strict")
+    if not token_matches(token, settings):
+        error = "that token is wrong" if settings.token else "this server has no token to sign in with"
+        return render(
+            request,
+            "login.html",
+            needed=token_required(settings),
+            next=safe_next(next),
+            error=error,
+            status_code=401 if settings.token else 400,
+        )
+    assert settings.token is not None
+    response = RedirectResponse(safe_next(next), status_code=303)
+    response.set_cookie(TOKEN_COOKIE, session_value(settings.token), httponly=True, samesite="strict")
     return response

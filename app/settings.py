@@ -15,9 +15,12 @@ def is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is loopback, which Python 3.11 does not say
+    return ip.is_loopback
 
 
 class Settings(BaseSettings):

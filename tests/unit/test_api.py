@@ -101,7 +101,8 @@ def test_token_required_beyond_loopback(migrated: Path, monkeypatch: pytest.Monk
         assert c.post("/api/jobs", json=body).status_code == 401
         assert c.post("/api/jobs", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
         assert c.post("/api/jobs", json=body, headers={"authorization": "Bearer s3cret"}).status_code == 201
-        assert c.get("/api/jobs").status_code == 200  # reading stays open
+        assert c.get("/api/jobs").status_code == 401  # beyond loopback, reads need it too
+        assert c.get("/api/jobs", headers={"authorization": "Bearer s3cret"}).status_code == 200
 
 
 def test_refuses_to_listen_beyond_loopback_without_a_token() -> None:

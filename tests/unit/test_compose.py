@@ -29,6 +29,18 @@ def test_compose_matches_settings_and_queues() -> None:
     assert devices[0]["driver"] == "nvidia"
 
 
+def test_redis_keeps_its_data() -> None:
+    """A restarted Redis keeps the broker's messages: append-only file on a named volume at /data
+    (the redis image's working directory, where the file is written)."""
+    compose = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
+    redis = compose["services"]["redis"]
+    cmd = redis["command"]
+    assert cmd[cmd.index("--appendonly") + 1] == "yes", cmd
+    assert "--save" not in cmd or cmd[cmd.index("--save") + 1] != "", cmd
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in redis["volumes"]}
+    assert "/data" in mounts and mounts["/data"] in compose["volumes"], redis["volumes"]
+
+
 def test_docker_compose_config_where_the_client_exists() -> None:
     docker = shutil.which("docker")
     if not docker or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:

@@ -1,0 +1,205 @@
+"""Who may read and write: the token beyond loopback, the app's own refusal without one, sign-in."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import REPO_ROOT
+
+REMOTE = ("203.0.113.7", 40000)  # TEST-NET-3: a client on another machine
+LOCAL = ("127.0.0.1", 40000)
+TOKEN = "s3cret-token"
+
+
+def _app(monkeypatch: pytest.MonkeyPatch, host: str | None = None, token: str | None = None):  # type: ignore[no-untyped-def]
+    from app.main import create_app
+    from app.settings import get_settings
+
+    if host:
+        monkeypatch.setenv("DRAFTDECK_HOST", host)
+    if token:
+        monkeypatch.setenv("DRAFTDECK_TOKEN", token)
+    get_settings.cache_clear()
+    return create_app()
+
+
+@pytest.fixture
+def exposed(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """`draftdeck web --host 0.0.0.0` with a token, reached from this machine."""
+    (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    with TestClient(_app(monkeypatch, "0.0.0.0", TOKEN), client=LOCAL) as c:
+        yield c
+
+
+READS = ["/api/jobs", "/api/jobs/1", "/api/alerts", "/api/kinds", "/jobs", "/jobs/new", "/datasets",
+         "/datasets/1", "/datasets/1/rows/0", "/datasets/1/rows/0/source", "/datasets/1/stats.json",
+         "/alerts", "/openapi.json", "/docs"]  # fmt: skip
+
+
+@pytest.mark.parametrize("url", READS)
+def test_reads_beyond_loopback_need_the_token(exposed: TestClient, url: str) -> None:
+    r = exposed.get(url)
+    assert r.status_code == 401, (url, r.status_code, r.text[:200])
+    assert "token" in r.json()["detail"] and r.headers["www-authenticate"] == "Bearer"
+    authed = exposed.get(url, headers={"authorization": f"Bearer {TOKEN}"})
+    assert authed.status_code in (200, 404), (url, authed.status_code)  # 404: job/dataset 1 does not exist
+    wrong = exposed.get(url, headers={"authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+
+
+def test_a_browser_is_sent_to_sign_in_and_back(exposed: TestClient) -> None:
+    r = exposed.get("/datasets?x=1", headers={"accept": "text/html"}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/login?next=%2Fdatasets%3Fx%3D1"
+    page = exposed.get(r.headers["location"], headers={"accept": "text/html"})
+    assert page.status_code == 200 and 'name="next" value="/datasets?x=1"' in page.text
+    for open_url in ("/static/app.css", "/healthz"):
+        assert exposed.get(open_url).status_code == 200, open_url
+    csrf = exposed.cookies["dd_csrf"]
+    signed = exposed.post(
+        "/login", data={"token": TOKEN, "csrf": csrf, "next": "/datasets?x=1"}, follow_redirects=False
+    )
+    assert signed.status_code == 303 and signed.headers["location"] == "/datasets?x=1"
+    session = exposed.cookies["dd_session"]
+    assert TOKEN not in session  # the cookie is derived from the token, not the token
+    assert exposed.get("/api/jobs").status_code == 200
+    assert exposed.get("/jobs", headers={"accept": "text/html"}).status_code == 200
+    # the session cookie signs writes too (with the form's CSRF token)
+    made = exposed.post(
+        "/jobs", data={"kind": "scan", "inputs": "data/a.jsonl", "csrf": csrf}, follow_redirects=False
+    )
+    assert made.status_code == 303 and made.headers["location"].startswith("/jobs/")
+
+
+def test_a_wrong_token_is_refused_at_sign_in(exposed: TestClient) -> None:
+    exposed.get("/login")
+    csrf = exposed.cookies["dd_csrf"]
+    r = exposed.post("/login", data={"token": "wrong", "csrf": csrf}, follow_redirects=False)
+    assert r.status_code == 401 and "that token is wrong" in r.text
+    assert 'id="login-error"' in r.text and "dd_session" not in r.headers.get("set-cookie", "")
+    assert "dd_session" not in exposed.cookies
+    assert exposed.get("/api/jobs").status_code == 401
+
+
+def test_sign_in_never_redirects_off_site(exposed: TestClient) -> None:
+    exposed.get("/login")
+    csrf = exposed.cookies["dd_csrf"]
+    for target in ("//evil.example/", "https://evil.example/", "/\\evil.example", "jobs"):
+        r = exposed.post(
+            "/login", data={"token": TOKEN, "csrf": csrf, "next": target}, follow_redirects=False
+        )
+        assert r.headers["location"] == "/jobs", target
+
+
+def test_htmx_polls_get_401_and_a_redirect_hint(exposed: TestClient) -> None:
+    r = exposed.get("/jobs/table", headers={"hx-request": "true", "accept": "text/html"})
+    assert r.status_code == 401 and r.headers["hx-redirect"] == "/login"
+
+
+def test_loopback_server_stays_open_for_reads(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with TestClient(_app(monkeypatch, "127.0.0.1", TOKEN), client=LOCAL) as c:
+        assert c.get("/api/jobs").status_code == 200
+        assert c.get("/jobs").status_code == 200
+        body = {"kind": "scan", "params": {"inputs": ["x"]}}
+        assert c.post("/api/jobs", json=body).status_code == 401  # writes still need the token
+
+
+def test_a_remote_client_needs_the_token_whatever_the_settings_say(
+    migrated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`uvicorn app.main:app --host 0.0.0.0` with DRAFTDECK_TOKEN set: the settings keep the
+    loopback default, the peer's address says the truth."""
+    with TestClient(_app(monkeypatch, token=TOKEN), client=REMOTE) as c:
+        assert c.get("/api/jobs").status_code == 401
+        assert c.get("/api/jobs", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
+    with TestClient(_app(monkeypatch, token=TOKEN), client=("::ffff:127.0.0.1", 1)) as c:
+        assert c.get("/api/jobs").status_code == 200  # IPv4 loopback over an IPv6 socket
+
+
+def test_without_a_token_remote_clients_are_refused(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    body = {"kind": "scan", "params": {"inputs": ["data/a.jsonl"]}}
+    with TestClient(_app(monkeypatch), client=REMOTE) as c:
+        for method, url in (
+            ("get", "/api/jobs"),
+            ("get", "/jobs"),
+            ("get", "/login"),
+            ("get", "/static/app.css"),
+        ):
+            r = c.request(method, url)
+            assert r.status_code == 403 and "DRAFTDECK_TOKEN" in r.json()["detail"], url
+        assert c.post("/api/jobs", json=body).status_code == 403
+        assert c.get("/healthz").status_code == 200
+    with TestClient(_app(monkeypatch), client=LOCAL) as c:
+        assert c.post("/api/jobs", json=body).status_code == 201
+
+
+def _lan_address() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the outgoing interface
+        except OSError:
+            return None
+        address = s.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _status(url: str, data: bytes | None = None) -> int:
+    headers = {"content-type": "application/json"} if data is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+@pytest.mark.slow
+def test_plain_uvicorn_on_all_interfaces_without_a_token(migrated: Path) -> None:
+    """The app, not `draftdeck web`, refuses: a real uvicorn on 0.0.0.0 answers 403 on the LAN
+    address and 200 on loopback."""
+    lan = _lan_address()
+    if lan is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DRAFTDECK_TOKEN", "DRAFTDECK_HOST")}
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", str(port)],
+        cwd=migrated,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if _status(f"http://127.0.0.1:{port}/healthz") == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.1)
+        assert _status(f"http://127.0.0.1:{port}/api/jobs") == 200
+        assert _status(f"http://{lan}:{port}/api/jobs") == 403
+        job = b'{"kind": "scan", "params": {"inputs": ["x"]}}'
+        assert _status(f"http://{lan}:{port}/api/jobs", data=job) == 403
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
