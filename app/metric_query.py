@@ -137,13 +137,24 @@ def _grid(
     """The x bounds of the bucket grid: the asked ones, else what the jobs' step axis spans."""
     if lo is not None and hi is not None:
         return lo, hi
-    ids = ",".join(str(int(j)) for j in job_ids)
-    row = session.execute(
-        text(f"SELECT MIN({col}), MAX({col}) FROM metric_steps WHERE job_id IN ({ids})")
-    ).one()
-    if row[0] is None:
+    # One job at a time: SQLite answers MIN/MAX from the index for `job_id = ?`, not for `IN (...)`.
+    found: list[tuple[int, int]] = []
+    for job in job_ids:
+        ends = [
+            session.execute(
+                text(
+                    f"SELECT {col} FROM metric_steps WHERE job_id = :j AND {col} IS NOT NULL"
+                    f" ORDER BY {col} {order} LIMIT 1"
+                ),
+                {"j": job},
+            ).scalar()
+            for order in ("ASC", "DESC")
+        ]
+        if ends[0] is not None and ends[1] is not None:
+            found.append((int(ends[0]), int(ends[1])))
+    if not found:
         return None, None
-    return (row[0] if lo is None else lo), (row[1] if hi is None else hi)
+    return (min(f[0] for f in found) if lo is None else lo), (max(f[1] for f in found) if hi is None else hi)
 
 
 def _step_range(session: Session, job: int, col: str, lo: int, hi: int) -> tuple[int, int] | None:
@@ -194,8 +205,8 @@ def _level(session: Session, job: int, name: str, s0: int, s1: int, budget: int)
 
 
 def _rows_sql(level: int, col: str) -> str:
-    """(k, x, vmin, vmax, last, vsum, n, nonfinite, last_flag) rows of one series at `level`; k
-    joins a numerator row to its denominator row."""
+    """(k, x, vmin, vmax, last, vsum, n, nonfinite) rows of one series at `level`; k (step or step
+    group) orders ties in x."""
     if level == 0:
         return (
             f"SELECT step AS k, CAST({col} AS BIGINT) AS x, value AS vmin, value AS vmax, value AS last,"
@@ -209,6 +220,26 @@ def _rows_sql(level: int, col: str) -> str:
         f"SELECT idx AS k, CAST({lcol} AS BIGINT) AS x, vmin, vmax, last_value AS last, vsum, n, nonfinite"
         " FROM metric_rollups WHERE job_id = :j AND name = {name} AND level = :l AND idx BETWEEN :a AND :b"
         f" AND {lcol} IS NOT NULL"
+    )
+
+
+def _pairs_sql(level: int, col: str) -> str:
+    """(x, numerator, denominator) of a derived series at `level`: each denominator row joined to the
+    numerator row of the same step (raw) or step group (rollup) through the primary key or index."""
+    if level == 0:
+        return (
+            f"SELECT CAST(d.{col} AS BIGINT) AS x, n.value AS a, d.value AS d FROM metric_points d"
+            " JOIN metric_points n ON n.job_id = d.job_id AND n.name = :n1 AND n.step = d.step"
+            " WHERE d.job_id = :j AND d.name = :n2 AND d.step BETWEEN :a AND :b"
+            f" AND d.{col} IS NOT NULL AND d.flag = 0 AND n.flag = 0"
+        )
+    lcol = {"step": "last_step", "tokens": "last_tokens", "wall_ms": "last_wall_ms"}[col]
+    return (
+        f"SELECT CAST(d.{lcol} AS BIGINT) AS x, n.vsum AS a, d.vsum AS d FROM metric_rollups d"
+        " JOIN metric_rollups n ON n.job_id = d.job_id AND n.name = :n1 AND n.level = d.level"
+        " AND n.idx = d.idx"
+        " WHERE d.job_id = :j AND d.name = :n2 AND d.level = :l AND d.idx BETWEEN :a AND :b"
+        f" AND d.{lcol} IS NOT NULL"
     )
 
 
@@ -256,14 +287,11 @@ def _fill(
             s.nonfinite.append(int(nonfinite))
     else:
         offset = parts[2]
-        # A numerator row pairs with the denominator row of the same step (raw) or step group
-        # (rollup); the bucket's value is offset + its summed counts' ratio, the band spans the
-        # ratios of the rows inside it.
+        # The bucket's value is offset + the ratio of its summed counts; the band spans the ratios
+        # of the rows inside it.
         sql = f"""
-        WITH num AS ({rows_sql.format(name=":n1")}), den AS ({rows_sql.format(name=":n2")}),
-        r AS (SELECT den.x AS x, num.vsum AS a, den.vsum AS d,
-                     CASE WHEN den.vsum > 0 THEN num.vsum / den.vsum END AS ratio
-              FROM num JOIN den ON num.k = den.k),
+        WITH r AS (SELECT x, a, d, CASE WHEN d > 0 THEN a / d END AS ratio
+                   FROM ({_pairs_sql(s.level, col)}) AS p),
         b AS (SELECT {_BUCKET} AS bk, r.* FROM r)
         SELECT bk, MAX(x), SUM(a), SUM(d), MIN(ratio), MAX(ratio) FROM b GROUP BY bk ORDER BY bk"""
         for _bk, x, a, d, rmin, rmax in session.execute(text(sql), args):
