@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import api, datasets, pages
+from app import api, datasets, pages, runs
 from app.auth import CSRF_COOKIE
 from app.db import REPO_ROOT
 from app.settings import get_settings
@@ -58,6 +58,7 @@ def create_app() -> FastAPI:
     app.include_router(pages.router)
     app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)
+    app.include_router(runs.router)
 
     @app.get("/healthz", include_in_schema=False)
     def healthz() -> dict[str, str]:
