@@ -276,6 +276,8 @@
     Object.keys(store).forEach(function (k) { out[k] = store[k].x.length; });
     return out;
   } });
+  live.series = function (key) { return store[key]; };
+  live.plots = plots;
 
   // -- controls ---------------------------------------------------------------------------------
   document.getElementById("x-axis").addEventListener("change", function (e) {
