@@ -140,8 +140,8 @@
         }
         if (state.band) {
           cols.push(logSafe(s.max), logSafe(s.min));
-          series.push({ label: label + " max", stroke: fade(color, 0.25), width: 1, spanGaps: true, value: function (u, v) { return fmtY(v); } });
-          series.push({ label: label + " min", stroke: fade(color, 0.25), width: 1, spanGaps: true, value: function (u, v) { return fmtY(v); } });
+          series.push({ label: label + " max", stroke: fade(color, 0.25), width: 1, spanGaps: true, ddBandEdge: true, value: function (u, v) { return fmtY(v); } });
+          series.push({ label: label + " min", stroke: fade(color, 0.25), width: 1, spanGaps: true, ddBandEdge: true, value: function (u, v) { return fmtY(v); } });
           bands.push({ series: [col, col + 1], fill: fade(color, 0.12) });
           col += 2;
         }
@@ -200,7 +200,10 @@
     var data = spec.data;
     if (state.axis === "time") data = [data[0].map(function (ms) { return ms / 1000; })].concat(data.slice(1));
     if (state.axis === "time" && state.range) opts.scales.x.range = [state.range.lo / 1000, state.range.hi / 1000];
-    plots[chart.id] = new uPlot(opts, data, el);
+    var u = plots[chart.id] = new uPlot(opts, data, el);
+    // The band's edges are drawn, not listed: their legend rows would double the legend.
+    var rows = u.root.querySelectorAll(".u-legend .u-series");
+    spec.series.forEach(function (s, i) { if (s.ddBandEdge && rows[i]) rows[i].classList.add("band-edge"); });
     el.setAttribute("data-points", String(data[0].length));
   }
 

@@ -20,6 +20,11 @@ BLOCK = 4
 HELDOUT_EVERY = 50
 
 
+def walked_accepted(progress: float, verify: int) -> int:
+    """Accepted draft tokens over `verify` verify steps of a held-out pass (tau = 1 + it / verify)."""
+    return round(verify * (0.3 + 1.6 * progress))
+
+
 def step_points(
     step: int, rng: random.Random, *, lr_peak: float = 3e-3, steps: int = 1000
 ) -> list[MetricPoint]:
@@ -47,12 +52,12 @@ def step_points(
         pts.append(MetricPoint(step, f"train/pos/{k}/total", float(total), tokens))
     if step % HELDOUT_EVERY == 0:
         verify = 200
-        accepted = round(verify * (0.3 + 1.6 * progress))
+        accepted = walked_accepted(progress, verify)
         pts += [
             MetricPoint(step, "heldout/loss", loss + 0.15, tokens),
             MetricPoint(step, "heldout/walked/accepted", float(accepted), tokens),
             MetricPoint(step, "heldout/walked/steps", float(verify), tokens),
-            MetricPoint(step, "heldout/anchor/accepted", float(round(accepted * 1.8)), tokens),
+            MetricPoint(step, "heldout/anchor/accepted", float(min(round(accepted * 1.6), verify * (BLOCK - 1))), tokens),
             MetricPoint(step, "heldout/anchor/blocks", float(verify), tokens),
         ]
         mean = 1 + accepted / verify
@@ -93,17 +98,17 @@ def make_run(
             record_points(session, job.id, batch)
             batch = []
     record_points(session, job.id, batch)
-    write_index(out, [s for s in range(checkpoint_every, steps, checkpoint_every)])
+    write_index(out, list(range(checkpoint_every, steps, checkpoint_every)), max(steps, 1000))
     return job.id
 
 
-def write_index(out: Path, ckpt_steps: list[int]) -> None:
+def write_index(out: Path, ckpt_steps: list[int], total_steps: int) -> None:
     """checkpoints/index.json with walked counts that rise with the step; best = the highest tau."""
     entries = [
         {
             "step": s,
             "path": str(out / "checkpoints" / f"step-{s:08d}"),
-            "heldout_walked_accepted": 200 * (0.3 + 1.6 * s / 1000),
+            "heldout_walked_accepted": walked_accepted(s / total_steps, 200),
             "heldout_walked_steps": 200,
         }
         for s in ckpt_steps
