@@ -53,11 +53,12 @@ def step_points(
     if step % HELDOUT_EVERY == 0:
         verify = 200
         accepted = walked_accepted(progress, verify)
+        anchor = float(min(round(accepted * 1.6), verify * (BLOCK - 1)))  # optimistic, capped at B - 1
         pts += [
             MetricPoint(step, "heldout/loss", loss + 0.15, tokens),
             MetricPoint(step, "heldout/walked/accepted", float(accepted), tokens),
             MetricPoint(step, "heldout/walked/steps", float(verify), tokens),
-            MetricPoint(step, "heldout/anchor/accepted", float(min(round(accepted * 1.6), verify * (BLOCK - 1))), tokens),
+            MetricPoint(step, "heldout/anchor/accepted", anchor, tokens),
             MetricPoint(step, "heldout/anchor/blocks", float(verify), tokens),
         ]
         mean = 1 + accepted / verify
