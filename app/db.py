@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -13,7 +13,8 @@ from sqlmodel import Session, create_engine
 
 from app.settings import get_settings
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 
 def make_engine(url: str) -> Engine:
@@ -47,12 +48,21 @@ def session_scope() -> Iterator[Session]:
         yield session
 
 
+def alembic_config(url: str | None = None) -> Config:
+    """Alembic's configuration for `url` (default: the configured database), with the migrations found
+    through the package. No alembic.ini: it sets only the `alembic` command's logging in a checkout."""
+    from alembic.config import Config
+
+    from app.resources import resource_dir
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resource_dir("migrations")))
+    cfg.set_main_option("sqlalchemy.url", (url or get_settings().db_url).replace("%", "%%"))
+    return cfg
+
+
 def upgrade(url: str | None = None) -> None:
     """Apply every Alembic migration to the configured database (idempotent)."""
     from alembic import command
-    from alembic.config import Config
 
-    cfg = Config(str(REPO_ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
-    cfg.set_main_option("sqlalchemy.url", (url or get_settings().db_url).replace("%", "%%"))
-    command.upgrade(cfg, "head")
+    command.upgrade(alembic_config(url), "head")

@@ -15,15 +15,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app import jobs, submit
 from app.auth import TOKEN_COOKIE, csrf_token, require_csrf, require_page_write, token_required
-from app.db import REPO_ROOT
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Job, JobEvent, JobOutput
+from app.resources import resource_dir
 from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
 from workers.kinds import KINDS
 
 router = APIRouter(include_in_schema=False)
-templates = Jinja2Templates(directory=str(REPO_ROOT / "templates"))
+templates = Jinja2Templates(directory=resource_dir("templates"))
 WriteDep = Depends(require_page_write)
 LOG_TAIL = 200
 JOBS_SHOWN = 100

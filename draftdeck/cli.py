@@ -66,7 +66,15 @@ def _serve(host: str, port: int) -> None:
     from app.settings import get_settings
 
     get_settings().check_listen(host)
-    uvicorn.run("app.main:app", host=host, port=port, log_level="info", proxy_headers=False)
+    # Open event streams (the jobs list keeps one) must not hold a Ctrl-C for ever: 3 s, then close them.
+    uvicorn.run(
+        "app.main:app",
+        host=host,
+        port=port,
+        log_level="info",
+        proxy_headers=False,
+        timeout_graceful_shutdown=3,
+    )
 
 
 def _prepare(host: str | None = None, port: int | None = None) -> None:

@@ -89,7 +89,8 @@ def test_scan_from_form_shows_rows_keysets_issues_outputs(page: Any, server: Ser
     # The page shows what the job recorded, and the report file on disk says the same.
     report = json.loads(Path(server.job(job_id)["outputs"][0]["path"]).read_text())
     assert (report["rows_in"], report["rows_out"], report["rejected"]) == (4, 3, {"json_error": 1})
-    expect(page.locator("#job-live")).not_to_have_attribute("hx-trigger", re.compile("."))
+    # Its event stream is closed (or was never opened, if the job ended before the page loaded).
+    expect(page.locator("#job-stream")).not_to_have_attribute("data-sse-state", re.compile("open|connect"))
 
 
 def _expected_scan(path: Path) -> tuple[int, str]:
@@ -137,9 +138,10 @@ def test_job_page_goes_live_from_running_to_succeeded(page: Any, server: Server,
     assert_not_reloaded(page)
     expect(count(page, "in")).to_have_text("4")
     expect(page.locator("#job-log")).to_contain_text("succeeded: 4 rows in, 4 out, 0 rejected")
-    # Terminal: polling stops. No request for the live partial in the next 2.5 s.
+    # Terminal: the stream closed, and nothing asks the server again in the next 2.5 s.
+    expect(page.locator("#job-stream")).to_have_attribute("data-sse-state", "closed")
     polled: list[str] = []
-    page.on("request", lambda r: polled.append(r.url) if "/live" in r.url else None)
+    page.on("request", lambda r: polled.append(r.url))
     page.wait_for_timeout(2500)
     assert polled == []
     assert server.job(job_id)["status"] == "succeeded"
@@ -251,8 +253,8 @@ def test_hostile_keys_values_and_file_names_are_shown_as_text(
     for url in (f"/jobs/{job_id}", f"/jobs/{failed_id}", "/alerts", "/jobs"):
         page.goto(url)
         assert page.locator("main img").count() == 0, url
-        assert page.locator("script").count() == 1, url  # only htmx
-        assert page.locator("script").get_attribute("src") == "/static/vendor/htmx-2.0.11.min.js"
+        srcs = [s.get_attribute("src") for s in page.locator("script").all()]
+        assert srcs == ["/static/vendor/htmx-2.0.11.min.js", "/static/live.js"], url  # ours only
     assert watch.dialogs == []
 
 
@@ -279,7 +281,8 @@ def test_jobs_list_updates_when_a_job_finishes(
     expect(row.locator(".progress")).to_have_text("2 rows")
     expect(other_row.locator(".status")).to_have_text("succeeded")
     assert_not_reloaded(page)
-    expect(page.locator("#jobs-table")).to_have_attribute("hx-trigger", "every 10s")  # idle again: slower
+    # One stream for the whole page, still open for the jobs to come.
+    expect(page.locator("#jobs-stream")).to_have_attribute("data-sse-state", "open")
 
 
 # -- (f) cancel a running job ------------------------------------------------------------------
@@ -401,11 +404,14 @@ def test_cancel_of_a_job_that_already_ended_just_shows_the_job(
     pipe.open()
     pipe.write_rows([{"q": 1}])
     server.wait_status(job_id, ("running",))
+    # Freeze the page as it loads (its stream ends at once, asking for a reconnect in 10 minutes), finish
+    # the job behind its back, then click the stale Cancel.
+    page.route(
+        "**/jobs/*/events*",
+        lambda route: route.fulfill(status=200, content_type="text/event-stream", body="retry: 600000\n\n"),
+    )
     page.goto(f"/jobs/{job_id}")
     expect(page.locator("#job-status")).to_have_text("running")
-    # Freeze the page as it is (its polls get "204 No Content", which htmx leaves alone), finish the job
-    # behind its back, then click the stale Cancel.
-    page.route("**/jobs/*/live", lambda route: route.fulfill(status=204))
     pipe.close()
     server.wait_status(job_id)
     with page.expect_response(lambda r: r.url.endswith("/cancel")) as cancelled:

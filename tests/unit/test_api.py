@@ -135,10 +135,11 @@ def test_pages_render(client: TestClient, migrated: Path) -> None:
     ):
         assert client.get(url).status_code == 200, url
     assert client.get("/jobs/12345").status_code == 404
-    live = client.get(f"/jobs/{job_id}/live").text
-    assert 'hx-trigger="every 1s"' in live  # queued: keeps polling
+    page = client.get(f"/jobs/{job_id}").text
+    assert f'data-sse="/jobs/{job_id}/events?log=' in page  # queued: the page listens to its stream
+    assert "hx-trigger" not in page  # and polls nothing
     client.post(f"/api/jobs/{job_id}/cancel", json={})
-    assert "hx-trigger" not in client.get(f"/jobs/{job_id}/live").text  # ended: polling stops
+    assert "data-sse" not in client.get(f"/jobs/{job_id}").text  # ended: nothing to listen to
 
 
 def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:

@@ -519,23 +519,17 @@ def test_migration_up_down_sqlite_and_postgres_sql(
     migrated: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from alembic import command
-    from alembic.config import Config
     from sqlalchemy import inspect
 
-    from app.db import REPO_ROOT, get_engine
-    from app.settings import get_settings
+    from app.db import alembic_config, get_engine
 
-    cfg = Config(str(REPO_ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
-    cfg.set_main_option("sqlalchemy.url", get_settings().db_url)
+    cfg = alembic_config()
     assert "datasets" in inspect(get_engine()).get_table_names()
     command.downgrade(cfg, "0001")
     assert "datasets" not in inspect(get_engine()).get_table_names()
     command.upgrade(cfg, "head")
     assert "datasets" in inspect(get_engine()).get_table_names()
-    pg = Config(str(REPO_ROOT / "alembic.ini"))
-    pg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
-    pg.set_main_option("sqlalchemy.url", "postgresql+psycopg://u@localhost/x")
+    pg = alembic_config("postgresql+psycopg://u@localhost/x")
     command.upgrade(pg, "0001:0002", sql=True)
     sql = capsys.readouterr().out
     assert "CREATE TABLE datasets" in sql and "CONSTRAINT uq_datasets_path UNIQUE (path)" in sql
@@ -606,11 +600,10 @@ def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         from alembic import command
-        from alembic.config import Config
         from fastapi.testclient import TestClient
         from sqlalchemy import inspect
 
-        from app.db import REPO_ROOT, get_engine, upgrade
+        from app.db import alembic_config, get_engine, upgrade
         from app.main import create_app
         from app.settings import get_settings
 
@@ -633,9 +626,7 @@ def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
             r = c.post(f"/datasets/{empty_id}/delete", data=form, follow_redirects=False)
             assert r.status_code == 303 and empty.is_dir()
         get_engine().dispose()
-        cfg = Config(str(REPO_ROOT / "alembic.ini"))
-        cfg.set_main_option("script_location", str(REPO_ROOT / "migrations"))
-        cfg.set_main_option("sqlalchemy.url", get_settings().db_url)
+        cfg = alembic_config()
         command.downgrade(cfg, "0001")
         assert "datasets" not in inspect(get_engine()).get_table_names()
         command.upgrade(cfg, "head")

@@ -1,0 +1,210 @@
+"""The event streams of the live pages (app/sse.py) on a real SQLite home: what they send, that they end at
+a terminal status, and that a reconnect with Last-Event-ID resumes without duplicates."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from app import jobs, sse
+from app.db import get_engine
+from app.models import JobStatus
+
+
+@pytest.fixture
+def client(migrated: Path) -> Iterator[TestClient]:
+    from app.main import create_app
+
+    with TestClient(create_app()) as c:
+        yield c
+
+
+def parse(text: str) -> list[dict[str, Any]]:
+    """SSE text -> [{"event", "id", "data"}], comments and the retry line left out."""
+    out = []
+    for block in text.split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.splitlines():
+            name, _, value = line.partition(": ")
+            if name in ("event", "id"):
+                fields[name] = value
+            elif name == "data":
+                fields["data"] = json.loads(value)
+        if "event" in fields:
+            out.append(fields)
+    return out
+
+
+def new_job(session: Session) -> int:
+    job = jobs.create_job(session, "scan", {"path": "x.jsonl"}, "cpu")
+    assert job.id is not None
+    return job.id
+
+
+def finish(session: Session, job_id: int, status: JobStatus = JobStatus.SUCCEEDED) -> None:
+    assert jobs.transition(session, job_id, JobStatus.RUNNING, worker="w1")
+    jobs.add_event(session, job_id, "info", "started on w1")
+    assert jobs.transition(session, job_id, status)
+    jobs.add_event(session, job_id, "info", f"{status}: done")
+
+
+def test_a_finished_job_streams_its_state_and_log_then_ends(client: TestClient) -> None:
+    with Session(get_engine()) as session:
+        job_id = new_job(session)
+        finish(session, job_id)
+    r = client.get(f"/jobs/{job_id}/events")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    msgs = parse(r.text)
+    assert [m["event"] for m in msgs] == ["job", "alerts", "log", "end"]
+    assert msgs[0]["data"]["status"] == "succeeded" and msgs[0]["data"]["terminal"] is True
+    assert msgs[1]["data"] == {"open": 0}
+    assert [e["message"] for e in msgs[2]["data"]] == ["queued on cpu", "started on w1", "succeeded: done"]
+    assert msgs[3]["data"] == {"status": "succeeded"}
+    last = msgs[2]["data"][-1]["id"]
+    assert msgs[2]["id"] == msgs[3]["id"] == f"log={last}"
+
+
+def test_reconnect_with_last_event_id_resumes_without_duplicates(client: TestClient) -> None:
+    with Session(get_engine()) as session:
+        job_id = new_job(session)
+        finish(session, job_id)
+    first = parse(client.get(f"/jobs/{job_id}/events").text)
+    ids = [e["id"] for e in first[2]["data"]]
+    resumed = parse(client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": f"log={ids[0]}"}).text)
+    logs = [m for m in resumed if m["event"] == "log"]
+    assert [e["id"] for m in logs for e in m["data"]] == ids[1:]
+    # The header wins over the page's starting cursor, and a cursor past the end sends no log at all.
+    caught_up = client.get(f"/jobs/{job_id}/events?log=0", headers={"Last-Event-ID": f"log={ids[-1]}"})
+    assert [m["event"] for m in parse(caught_up.text)] == ["job", "alerts", "end"]
+    from_page = parse(client.get(f"/jobs/{job_id}/events?log={ids[1]}").text)
+    assert [e["id"] for m in from_page if m["event"] == "log" for e in m["data"]] == ids[2:]
+
+
+def test_a_running_job_streams_progress_and_its_last_events_before_end(client: TestClient) -> None:
+    with Session(get_engine()) as session:
+        job_id = new_job(session)
+        assert jobs.transition(session, job_id, JobStatus.RUNNING)
+
+    def work() -> None:
+        with Session(get_engine()) as session:
+            for done in (10, 20):
+                time.sleep(0.4)
+                jobs.record_progress(session, job_id, done, 40, "rows")
+            time.sleep(0.4)
+            assert jobs.transition(session, job_id, JobStatus.FAILED, error="boom")
+            jobs.add_event(session, job_id, "error", "boom")  # committed after the status, as workers do
+            jobs.raise_alert(session, "job_failed", "boom", job_id=job_id)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    msgs = parse(client.get(f"/jobs/{job_id}/events").text)
+    worker.join()
+    states = [m["data"] for m in msgs if m["event"] == "job"]
+    progress = [(s["status"], s["progress"]["label"]) for s in states]
+    assert progress == [
+        ("running", ""),
+        ("running", "25% of 40 rows"),
+        ("running", "50% of 40 rows"),
+        ("failed", "40 rows"),
+    ]
+    assert states[-1]["error"] == "boom"
+    assert [m["data"] for m in msgs if m["event"] == "alerts"] == [{"open": 0}, {"open": 1}]
+    logged = [e["message"] for m in msgs if m["event"] == "log" for e in m["data"]]
+    assert logged == ["queued on cpu", "boom"]
+    assert msgs[-1]["event"] == "end" and msgs[-1]["data"] == {"status": "failed"}
+
+
+def test_bad_requests_say_what_is_wrong(client: TestClient) -> None:
+    assert client.get("/jobs/999/events").json() == {"detail": "no job 999"}
+    with Session(get_engine()) as session:
+        job_id = new_job(session)
+    r = client.get(f"/jobs/{job_id}/events", headers={"Last-Event-ID": "log=abc"})
+    assert r.status_code == 400 and "expected name=integer pairs like log=12, got 'log=abc'" in r.text
+    r = client.get("/jobs/events?active=1,x")
+    assert r.status_code == 400 and "active: expected comma-separated job ids" in r.text
+
+
+def take(stream: sse.Stream, seconds: float, poll_seconds: float = 0.05) -> list[dict[str, Any]]:
+    """Everything a never-ending stream sends in `seconds`."""
+
+    async def run() -> str:
+        text = ""
+        with anyio.move_on_after(seconds):
+            async for chunk in sse.events(stream, poll_seconds=poll_seconds):
+                text += chunk
+        return text
+
+    return parse(anyio.run(run))
+
+
+def test_jobs_list_stream_sends_new_jobs_and_how_active_ones_end(migrated: Path) -> None:
+    with Session(get_engine()) as session:
+        old = new_job(session)
+        finish(session, old)
+        running = new_job(session)
+        assert jobs.transition(session, running, JobStatus.RUNNING)
+    state = sse.jobs_list_state(active={running}, after=running)
+
+    def later() -> None:
+        time.sleep(0.3)
+        with Session(get_engine()) as session:
+            newer = new_job(session)
+            time.sleep(0.3)
+            assert jobs.transition(session, running, JobStatus.SUCCEEDED)
+            assert jobs.transition(session, newer, JobStatus.CANCELLED)
+
+    t = threading.Thread(target=later)
+    t.start()
+    msgs = take(sse.Stream(states=[state]), 1.2)
+    t.join()
+    seen = [[(j["id"], j["status"]) for j in m["data"]] for m in msgs]
+    newer = running + 1
+    assert seen == [
+        [(running, "running")],
+        [(newer, "queued"), (running, "running")],
+        [(newer, "cancelled"), (running, "succeeded")],
+        [],  # both ended and were sent: nothing is watched any more
+    ]
+    assert all((old, "succeeded") not in s for s in seen)
+
+
+def test_an_idle_stream_sends_nothing_new_and_polls_at_its_pace(migrated: Path) -> None:
+    with Session(get_engine()) as session:
+        job_id = new_job(session)
+    polls: list[float] = []
+
+    def poll(session: Session, cursor: int) -> tuple[list[Any], int]:
+        polls.append(time.monotonic())
+        return [], cursor
+
+    stream = sse.job_stream(job_id, [sse.Feed("metrics", poll)])
+    msgs = take(stream, 1.0, poll_seconds=0.25)
+    assert [m["event"] for m in msgs] == ["job", "alerts", "log"]
+    assert 3 <= len(polls) <= 5, polls  # about one poll per 0.25 s, never a busy loop
+
+
+def test_an_added_feed_shares_the_cursor_and_resumes_after_it(migrated: Path) -> None:
+    with Session(get_engine()) as session:
+        job_id = new_job(session)
+        finish(session, job_id)
+    points = [{"id": i, "step": i, "name": "loss", "value": 1.0 / i} for i in range(1, 9)]
+
+    def poll(session: Session, cursor: int) -> tuple[list[Any], int]:
+        rows = [p for p in points if p["id"] > cursor][:2]
+        return rows, rows[-1]["id"] if rows else cursor
+
+    stream = sse.job_stream(job_id, [sse.Feed("metrics", poll)], cursor={"metrics": 1})
+    msgs = take(stream, 2.0)
+    got = [p["id"] for m in msgs if m["event"] == "metrics" for p in m["data"]]
+    assert got == [2, 3, 4, 5, 6, 7, 8]  # two a poll: the job had ended, yet all of it came before `end`
+    assert msgs[-1]["event"] == "end"
+    assert sse.parse_cursor(msgs[-1]["id"]) == {"log": 3, "metrics": 8}
