@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlmodel import select
 
-from app import records
+from app import metrics, records
 from app.db import session_scope
 from app.models import Job
 from draftdeck.errors import Cancelled
@@ -56,7 +56,7 @@ class SqlRunContext:
 
     def metrics(self, step: int, values: Mapping[str, float], *, tokens: int | None = None) -> None:
         with session_scope() as session:
-            records.record_metrics(session, self.job_id, step, values, tokens)
+            metrics.record_metrics(session, self.job_id, step, values, tokens)
 
     def alert(self, kind: str, message: str) -> None:
         with session_scope() as session:

@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import api, datasets, pages, sse
+from app import api, datasets, pages, runs, sse
 from app.auth import CSRF_COOKIE, AccessGuard
 from app.limits import RequestLimits, cap_log_lines
 from app.resources import resource_dir
@@ -84,6 +84,7 @@ def create_app() -> FastAPI:
     app.include_router(pages.router)
     app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)
+    app.include_router(runs.router)
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
     def swagger_docs(request: Request) -> HTMLResponse:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, Index, MetaData, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Index, Integer, MetaData, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 # Named constraints so that migrations on SQLite (batch mode) and PostgreSQL stay in step.
@@ -108,16 +108,82 @@ class JobOutput(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-class Metric(SQLModel, table=True):
-    __tablename__ = "metrics"
-    __table_args__ = (Index("ix_metrics_job_name_step", "job_id", "name", "step"),)
+class MetricValue(SQLModel, table=True):
+    """One metric point of a job's series. NaN/inf are kept as `flag` with `value` NULL, because
+    PostgreSQL and SQLite disagree on storing them (app/metrics.py)."""
 
-    id: int | None = Field(default=None, primary_key=True)
+    __tablename__ = "metric_points"
+    __table_args__ = (Index("ix_metric_points_job_name_step", "job_id", "name", "step"),)
+
+    # 64-bit on PostgreSQL; SQLite's INTEGER PRIMARY KEY (its rowid) is 64-bit already.
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer(), "sqlite")
+    )
     job_id: int = Field(foreign_key="jobs.id")
-    step: int = Field(sa_type=BigInteger)
     name: str
-    value: float
-    at: datetime = Field(default_factory=utcnow)
+    step: int = Field(sa_type=BigInteger)
+    tokens: int | None = Field(default=None, sa_type=BigInteger)
+    # epoch milliseconds: an integer x, so bucket arithmetic is integer division on both databases
+    wall_ms: int = Field(default_factory=lambda: int(utcnow().timestamp() * 1000), sa_type=BigInteger)
+    value: float | None = None
+    flag: int = 0  # 0 finite | 1 nan | 2 +inf | 3 -inf
+
+
+class MetricSeries(SQLModel, table=True):
+    """The summary of one (job, name) series, updated in the transaction that writes its points."""
+
+    __tablename__ = "metric_series"
+
+    job_id: int = Field(foreign_key="jobs.id", primary_key=True)
+    name: str = Field(primary_key=True)
+    count: int = 0
+    nonfinite: int = 0
+    first_step: int | None = None
+    first_value: float | None = None
+    last_step: int | None = None
+    last_value: float | None = None
+    last_flag: int = 0
+    last_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    last_wall_ms: int | None = Field(default=None, sa_type=BigInteger)
+    min_value: float | None = None
+    max_value: float | None = None
+
+
+class MetricRollup(SQLModel, table=True):
+    """Per series, level L >= 1 groups steps [idx * 8**L, (idx + 1) * 8**L): min, max, sum, count and
+    the last point, so a chart query reads at most a few thousand rows whatever the series' length."""
+
+    __tablename__ = "metric_rollups"
+
+    job_id: int = Field(foreign_key="jobs.id", primary_key=True)
+    name: str = Field(primary_key=True)
+    level: int = Field(primary_key=True)
+    idx: int = Field(primary_key=True, sa_type=BigInteger)
+    n: int = 0  # finite points
+    nonfinite: int = 0
+    vmin: float | None = None
+    vmax: float | None = None
+    vsum: float = 0.0
+    last_step: int = 0
+    last_value: float | None = None
+    last_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    last_wall_ms: int = Field(default=0, sa_type=BigInteger)
+
+
+class MetricStep(SQLModel, table=True):
+    """Per job and step, the tokens seen and the wall time when it was first written: turns an x range
+    in tokens or time into a step range."""
+
+    __tablename__ = "metric_steps"
+    __table_args__ = (
+        Index("ix_metric_steps_job_tokens", "job_id", "tokens"),
+        Index("ix_metric_steps_job_wall", "job_id", "wall_ms"),
+    )
+
+    job_id: int = Field(foreign_key="jobs.id", primary_key=True)
+    step: int = Field(primary_key=True)
+    tokens: int | None = Field(default=None, sa_type=BigInteger)
+    wall_ms: int = Field(sa_type=BigInteger)
 
 
 class Alert(SQLModel, table=True):

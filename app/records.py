@@ -8,7 +8,6 @@ its outputs and its datasets in one transaction).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.dataset_records import add_datasets, found_at
-from app.models import Alert, Dataset, Job, JobEvent, JobOutput, JobStatus, Metric, utcnow
+from app.models import Alert, Dataset, Job, JobEvent, JobOutput, JobStatus, utcnow
 from draftdeck.quality import Output, Policy, Report
 
 log = logging.getLogger(__name__)
@@ -119,19 +118,6 @@ def record_progress(session: Session, job_id: int, done: int, total: int | None,
     session.commit()
     cancel = session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar_one_or_none()
     return bool(cancel)
-
-
-def record_metrics(
-    session: Session, job_id: int, step: int, values: Mapping[str, float], tokens: int | None = None
-) -> None:
-    """Metric points of one step (NaN and inf kept). `tokens` is accepted for the metric store that
-    replaces this table; the `metrics` table has no column for it yet."""
-    now = utcnow()
-    session.add_all(
-        Metric(job_id=job_id, step=step, name=name, value=float(value), at=now)
-        for name, value in values.items()
-    )
-    session.commit()
 
 
 def record_outputs(session: Session, job_id: int, outputs: list[Output], *, commit: bool = True) -> None:

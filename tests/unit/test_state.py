@@ -258,7 +258,7 @@ class TestSqlRunContext:
         self, session: Session, tmp_path: Path
     ) -> None:
         from app.context import SqlRunContext
-        from app.models import Metric
+        from app.models import MetricValue
         from draftdeck.errors import Cancelled
 
         job_id = _job(session, JobStatus.RUNNING)
@@ -270,7 +270,9 @@ class TestSqlRunContext:
         ctx.alert("loss_spike", "loss went up")
         job = records.get_job(session, job_id)
         assert job is not None and (job.progress_done, job.progress_total) == (5, 10)
-        points = session.exec(select(Metric).where(Metric.job_id == job_id).order_by(Metric.name)).all()
+        points = session.exec(
+            select(MetricValue).where(MetricValue.job_id == job_id).order_by(MetricValue.name)
+        ).all()
         assert [(p.step, p.name, p.value) for p in points] == [
             (3, "train/loss", 1.5),
             (3, "train/pos/1/correct", 7.0),

@@ -1,0 +1,487 @@
+"""Training runs: the runs table, a run's page with live charts, the comparison of several runs, the
+chart data and the page's one SSE stream.
+
+A run is a job of kind `train`; its evals are `eval` jobs whose checkpoint lies in the run's output
+folder (or whose params name it as `run`). Files read from that folder: `run.json` (what defines the
+run), `checkpoints/index.json` (checkpoints with their held-out walked counts, the best one) and each
+eval's `eval.json` (the real tau incl. bonus).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+from sqlmodel import Session, col, select
+
+from app.db import get_engine
+from app.deps import SessionDep
+from app.metric_query import MAX_BUDGET, QueryError, derived_parts, query
+from app.metrics import points_after, summaries, value_of
+from app.models import TERMINAL, Alert, Job, MetricSeries
+from app.pages import render
+from app.settings import get_settings
+
+router = APIRouter(include_in_schema=False)
+
+RUN_KIND = "train"
+EVAL_KIND = "eval"
+MISMATCH = 0.05  # |real - walked| / walked above this raises the alarm
+RUNS_SHOWN = 200
+MAX_COMPARE = 8
+POLL_SECONDS = 0.25
+KEEPALIVE_SECONDS = 15.0
+_STEP_DIR = re.compile(r"step-0*(\d+)")
+
+# The charts of a run page: (id, title, [(series, label)], y unit). `pos` is filled per run.
+CHARTS: list[dict[str, Any]] = [
+    {"id": "loss", "title": "Loss", "series": [["train/loss", "train"], ["heldout/loss", "held-out"]]},
+    {
+        "id": "tau",
+        "title": "τ incl. bonus",
+        "series": [
+            ["heldout/tau_walked", "walked, held-out"],
+            ["heldout/tau_anchor", "anchor mean (optimistic)"],
+        ],
+    },
+    {"id": "pos", "title": "Per-position acceptance (train)", "series": []},
+    {"id": "lr", "title": "Learning rate", "series": [["train/lr", "lr"]]},
+    {"id": "grad", "title": "Gradient norm", "series": [["train/grad_norm", "grad norm"]]},
+    {"id": "tps", "title": "Tokens/s", "series": [["train/tokens_per_s", "tokens/s"]]},
+]
+
+
+def _run(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None or job.kind != RUN_KIND:
+        raise HTTPException(404, f"no training run {job_id}")
+    session.refresh(job)
+    return job
+
+
+def run_out(job: Job) -> Path:
+    """The run's output folder: its `out` parameter, else the job's own folder."""
+    out = job.params.get("out")
+    return Path(out) if isinstance(out, str) and out else get_settings().jobs_dir / str(job.id)
+
+
+def _read_json(path: Path) -> tuple[Any, str | None]:
+    """(data, None), (None, None) when the file is absent, or (None, why) when it cannot be read."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), None
+    except FileNotFoundError:
+        return None, None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return None, f"{path}: {exc}"
+
+
+def _tau(accepted: Any, steps: Any) -> float | None:
+    try:
+        a, s = float(accepted), float(steps)
+    except (TypeError, ValueError):
+        return None
+    return 1.0 + a / s if s > 0 else None
+
+
+def checkpoints(job: Job) -> tuple[list[dict[str, Any]], str | None]:
+    """The run's checkpoints (step, path, walked tau incl. bonus, best) from checkpoints/index.json."""
+    data, error = _read_json(run_out(job) / "checkpoints" / "index.json")
+    if data is None:
+        return [], error
+    if not isinstance(data, dict) or not isinstance(data.get("checkpoints"), list):
+        return [], f"{run_out(job) / 'checkpoints' / 'index.json'}: no 'checkpoints' list"
+    best = data.get("best")
+    rows = []
+    for c in data["checkpoints"]:
+        if not isinstance(c, dict) or not isinstance(c.get("step"), int):
+            continue
+        tau = _tau(c.get("heldout_walked_accepted"), c.get("heldout_walked_steps"))
+        rows.append(
+            {"step": c["step"], "path": str(c.get("path", "")), "tau": tau, "best": c["step"] == best}
+        )
+    return sorted(rows, key=lambda r: r["step"]), None
+
+
+def _real_tau(data: Any) -> float | None:
+    """The real tau incl. bonus of an eval.json: pooled when given, else the per-response mean."""
+    if not isinstance(data, dict):
+        return None
+    tau = data.get("tau")
+    candidates = [data.get("tau_pooled"), tau.get("pooled") if isinstance(tau, dict) else tau]
+    if isinstance(tau, dict):
+        candidates.append(tau.get("mean"))
+    for value in candidates:
+        if isinstance(value, int | float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _walked_tau(data: Any) -> float | None:
+    if not isinstance(data, dict):
+        return None
+    walked = data.get("walked_tau", data.get("walked"))
+    if isinstance(walked, dict):
+        walked = walked.get("tau", walked.get("pooled"))
+    return float(walked) if isinstance(walked, int | float) and math.isfinite(walked) else None
+
+
+def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's eval jobs with their checkpoint step, real tau (eval.json) and the walked tau of the
+    same checkpoint (the eval's own figure, else the checkpoint's held-out walked counts)."""
+    out = run_out(job)
+    by_step = {c["step"]: c for c in ckpts}
+    rows = []
+    for ev in session.exec(
+        select(Job).where(Job.kind == EVAL_KIND).order_by(col(Job.id).desc()).limit(RUNS_SHOWN)
+    ).all():
+        ckpt = str(ev.params.get("checkpoint") or "")
+        if ev.params.get("run") != job.id and not (ckpt and Path(ckpt).is_relative_to(out)):
+            continue
+        m = _STEP_DIR.search(Path(ckpt).name) if ckpt else None
+        step = int(m[1]) if m else None
+        data, error = _read_json(run_out(ev) / "eval.json")
+        real = _real_tau(data)
+        walked = _walked_tau(data)
+        if walked is None and step in by_step:
+            walked = by_step[step]["tau"]
+        diff = abs(real - walked) / walked if real is not None and walked else None
+        rows.append(
+            {
+                "job": ev,
+                "step": step,
+                "real": real,
+                "walked": walked,
+                "diff": diff,
+                "mismatch": diff is not None and diff > MISMATCH,
+                "error": error,
+            }
+        )
+    return sorted(rows, key=lambda r: (r["step"] is None, r["step"] or 0, r["job"].id))
+
+
+def alarms(session: Session, job: Job, ev_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Real vs walked tau more than 5 % apart: from the evals' figures and the `tau_mismatch` alerts
+    raised for the run or its evals (the alert's message names both figures)."""
+    found = [
+        {"eval": r["job"].id, "step": r["step"], "real": r["real"], "walked": r["walked"], "diff": r["diff"]}
+        for r in ev_rows
+        if r["mismatch"]
+    ]
+    ids = [job.id] + [r["job"].id for r in ev_rows]
+    alerted = session.exec(
+        select(Alert).where(Alert.kind == "tau_mismatch", col(Alert.job_id).in_(ids)).order_by(col(Alert.id))
+    ).all()
+    seen = {a["eval"] for a in found}
+    for a in alerted:
+        if a.job_id not in seen:
+            found.append({"eval": a.job_id, "step": None, "real": None, "walked": None, "message": a.message})
+    return found
+
+
+def _pos_series(job: Job, names: dict[str, MetricSeries]) -> list[list[str]]:
+    ks = {int(m[1]) for n in names if (m := re.match(r"^train/pos/(\d+)/total$", n))}
+    block = job.params.get("block_size")
+    if isinstance(block, int) and 1 < block <= 64:
+        ks |= set(range(1, block))
+    return [[f"train/pos/{k}/acc", f"k = {k}"] for k in sorted(ks)]
+
+
+def _charts(job: Job, names: dict[str, MetricSeries]) -> list[dict[str, Any]]:
+    charts = [dict(c) for c in CHARTS]
+    next(c for c in charts if c["id"] == "pos")["series"] = _pos_series(job, names)
+    return charts
+
+
+def latest(names: dict[str, MetricSeries], name: str) -> float | None:
+    """The latest value of a stored or derived series from the summaries (no point is read)."""
+    parts = derived_parts(name)
+    if parts is None:
+        s = names.get(name)
+        return None if s is None else value_of(s.last_value, s.last_flag)
+    num, den = names.get(parts[0]), names.get(parts[1])
+    if num is None or den is None or num.last_step != den.last_step:
+        return None
+    if num.last_value is None or not den.last_value:
+        return None
+    return parts[2] + num.last_value / den.last_value
+
+
+def histogram(names: dict[str, MetricSeries]) -> tuple[int | None, list[dict[str, Any]]]:
+    """The latest accepted-length histogram (heldout/hist/{n}): (step, [{n, count, share}])."""
+    bins = sorted(
+        ((int(m[1]), s) for n, s in names.items() if (m := re.match(r"^heldout/hist/(\d+)$", n))),
+        key=lambda b: b[0],
+    )
+    if not bins:
+        return None, []
+    step = max(s.last_step or 0 for _, s in bins)
+    counts = [(n, (s.last_value or 0.0) if s.last_step == step else 0.0) for n, s in bins]
+    total = sum(c for _, c in counts) or 1.0
+    return step, [{"n": n, "count": c, "share": c / total} for n, c in counts]
+
+
+def _params(session: Session, job: Job) -> tuple[dict[str, Any], str | None]:
+    """What defines the run: run.json when the trainer wrote it, else the job's parameters."""
+    data, error = _read_json(run_out(job) / "run.json")
+    if isinstance(data, dict):
+        return data, error
+    return dict(job.params), error
+
+
+def _run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dict[str, Any]:
+    ckpts, ckpt_error = checkpoints(job)
+    ev_rows = evals(session, job, ckpts)
+    params, params_error = _params(session, job)
+    hist_step, hist = histogram(names)
+    return {
+        "job": job,
+        "terminal": job.status in TERMINAL,
+        "checkpoints": ckpts,
+        "evals": ev_rows,
+        "alarms": alarms(session, job, ev_rows),
+        "params": params,
+        "errors": [e for e in (ckpt_error, params_error, *(r["error"] for r in ev_rows)) if e],
+        "hist_step": hist_step,
+        "hist": hist,
+        "names": names,
+    }
+
+
+def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
+    sums = summaries(session, [r.id for r in runs if r.id is not None])
+    views = [_run_view(session, r, sums.get(r.id or 0, {})) for r in runs]
+    union: dict[str, MetricSeries] = {}
+    for v in views:
+        union.update(v["names"])
+    charts = _charts(runs[0], union)
+    keys = sorted({k for v in views for k in v["params"]})
+    differing = {k for k in keys if len({json.dumps(v["params"].get(k), sort_keys=True) for v in views}) > 1}
+    markers = [
+        {"job": v["job"].id, "eval": e["job"].id, "step": e["step"], "tau": e["real"]}
+        for v in views
+        for e in v["evals"]
+        if e["real"] is not None and e["step"] is not None
+    ]
+    return render(
+        request,
+        "run.html",
+        session,
+        nav="runs",
+        runs=views,
+        charts=charts,
+        config={
+            "jobs": [r.id for r in runs],
+            "charts": charts,
+            "markers": markers,
+            "live": any(not v["terminal"] for v in views),
+            "budget_max": MAX_BUDGET,
+            "derived": {
+                n: parts[1] for c in charts for n, _ in c["series"] if (parts := derived_parts(n)) is not None
+            },
+        },
+        param_keys=keys,
+        differing=differing,
+        latest=latest,
+    )
+
+
+@router.get("/runs", response_class=HTMLResponse)
+def runs_page(request: Request, session: SessionDep, q: str = "", status: str = "") -> HTMLResponse:
+    stmt = select(Job).where(Job.kind == RUN_KIND)
+    if status:
+        stmt = stmt.where(Job.status == status)
+    jobs_ = list(session.exec(stmt.order_by(col(Job.id).desc()).limit(RUNS_SHOWN)).all())
+    needle = q.strip().lower()
+    if needle:
+        jobs_ = [
+            j for j in jobs_ if needle in f"{j.id} {j.status} {json.dumps(j.params, sort_keys=True)}".lower()
+        ]
+    sums = summaries(session, [j.id for j in jobs_ if j.id is not None])
+    rows = []
+    for j in jobs_:
+        names = sums.get(j.id or 0, {})
+        ckpts, _ = checkpoints(j)
+        ev_rows = evals(session, j, ckpts)
+        step = max((s.last_step or 0 for s in names.values()), default=None)
+        rows.append(
+            {
+                "job": j,
+                "step": step,
+                "loss": latest(names, "train/loss"),
+                "tau": latest(names, "heldout/tau_walked"),
+                "best": next((c for c in ckpts if c["best"]), None),
+                "alarms": alarms(session, j, ev_rows),
+            }
+        )
+    return render(request, "runs.html", session, nav="runs", rows=rows, q=q, status=status)
+
+
+@router.get("/runs/compare", response_class=HTMLResponse)
+def compare_page(request: Request, session: SessionDep, ids: list[int] = Query(default=[])) -> HTMLResponse:
+    unique = list(dict.fromkeys(ids))
+    if not unique:
+        raise HTTPException(400, "pick at least one run to compare (ids=...)")
+    if len(unique) > MAX_COMPARE:
+        raise HTTPException(400, f"{len(unique)} runs picked: compare at most {MAX_COMPARE}")
+    return _page(request, session, [_run(session, i) for i in unique])
+
+
+@router.get("/runs/data")
+def runs_data(
+    session: SessionDep,
+    jobs: list[int] = Query(default=[]),
+    names: list[str] = Query(default=[]),
+    x: str = "step",
+    lo: int | None = None,
+    hi: int | None = None,
+    budget: int = 1000,
+) -> JSONResponse:
+    """Chart data: per (job, name) the bucketed line and band, and the cursor to stream from."""
+    for j in jobs:
+        _run(session, j)
+    t0 = time.perf_counter()
+    # Cursors first: a point written during the query comes again on the stream (the page drops
+    # steps it already has) rather than being missed.
+    cursor = _cursor(session, jobs, names)
+    try:
+        result = query(session, jobs, names, axis=x, lo=lo, hi=hi, budget=budget)
+    except QueryError as exc:
+        raise HTTPException(400, str(exc)) from None
+    body = result.as_json() | {"cursor": cursor}
+    ms = (time.perf_counter() - t0) * 1000
+    return JSONResponse(body, headers={"Server-Timing": f"app;dur={ms:.1f}"})
+
+
+def _stored_names(names: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for n in names:
+        parts = derived_parts(n)
+        out.extend([parts[0], parts[1]] if parts else [n])
+    return list(dict.fromkeys(out))
+
+
+def _cursor(session: Session, jobs: Sequence[int], names: Sequence[str]) -> str:
+    stored = set(_stored_names(names))
+    sums = summaries(session, jobs)
+    return json.dumps(
+        {
+            str(j): {
+                n: s.last_step for n, s in sums.get(j, {}).items() if n in stored and s.last_step is not None
+            }
+            for j in jobs
+        },
+        separators=(",", ":"),
+    )
+
+
+def _parse_cursor(text: str) -> dict[tuple[int, str], int]:
+    try:
+        raw = json.loads(text) if text else {}
+        return {(int(j), str(n)): int(s) for j, per in raw.items() for n, s in per.items()}
+    except (ValueError, TypeError, AttributeError):
+        raise HTTPException(400, "cursor: not the JSON a chart request returned") from None
+
+
+def metric_events(
+    session: Session, jobs: Sequence[int], names: Sequence[str], cursors: dict[tuple[int, str], int]
+) -> list[dict[str, Any]]:
+    """New points after `cursors` (advanced in place) as rows {job, name, step, tokens, time, y};
+    derived series get a point where both of their counts have one at the same step."""
+    stored = _stored_names(names)
+    rows = points_after(session, cursors, jobs, stored)
+    wanted = set(stored)
+    by_key: dict[tuple[int, str, int], tuple[int | None, int, float | None, int]] = {}
+    out: list[dict[str, Any]] = []
+    for job, name, step, tokens, wall, value, flag in rows:
+        if name not in wanted:
+            continue
+        cursors[(job, name)] = max(cursors.get((job, name), -1), step)
+        by_key[(job, name, step)] = (tokens, wall, value, flag)
+        if name in names:
+            v = value_of(value, flag)
+            out.append(
+                {"job": job, "name": name, "step": step, "tokens": tokens, "time": wall, "y": _finite(v)}
+            )
+    for name in names:
+        parts = derived_parts(name)
+        if parts is None:
+            continue
+        for (job, n, step), (tokens, wall, den, _flag) in by_key.items():
+            if n != parts[1] or (job, parts[0], step) not in by_key:
+                continue
+            num = by_key[(job, parts[0], step)][2]
+            y = parts[2] + num / den if num is not None and den else None
+            out.append({"job": job, "name": name, "step": step, "tokens": tokens, "time": wall, "y": y})
+    out.sort(key=lambda r: (r["job"], r["name"], r["step"]))
+    return out
+
+
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
+def _sse(event: str, data: Any, event_id: str | None = None) -> str:
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+@router.get("/runs/stream")
+def runs_stream(
+    request: Request,
+    session: SessionDep,
+    jobs: list[int] = Query(default=[]),
+    names: list[str] = Query(default=[]),
+    cursor: str = "",
+) -> StreamingResponse:
+    """The page's one SSE stream. Events: `metrics` {points: [{job, name, step, tokens, time, y}]},
+    each with an id that is the cursor to resume from (EventSource sends it back as Last-Event-ID);
+    `status` {job, status} when a run's status changes; `end` {} when every run has ended and its
+    last points were sent, after which the stream closes."""
+    for j in jobs:
+        _run(session, j)
+    if not names:
+        raise HTTPException(400, "name at least one metric to stream")
+    cursors = _parse_cursor(request.headers.get("last-event-id") or cursor)
+    session.close()  # the stream opens a short session per poll; none is held between polls
+    return StreamingResponse(
+        _stream(list(jobs), list(names), cursors),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+def _stream(jobs: list[int], names: list[str], cursors: dict[tuple[int, str], int]) -> Iterator[str]:
+    statuses: dict[int, str] = {}
+    quiet_since = time.monotonic()
+    yield "retry: 1000\n\n"
+    while True:
+        with Session(get_engine()) as session:
+            points = metric_events(session, jobs, names, cursors)
+            now = {j.id: j.status for j in session.exec(select(Job).where(col(Job.id).in_(jobs))).all()}
+        if points:
+            wire = {str(j): {n: s for (jj, n), s in cursors.items() if jj == j} for j in jobs}
+            yield _sse("metrics", {"points": points}, json.dumps(wire, separators=(",", ":")))
+            quiet_since = time.monotonic()
+        for j, st in now.items():
+            if j is not None and statuses.get(j) != st:
+                statuses[j] = st
+                yield _sse("status", {"job": j, "status": st})
+        if not points and all(st in TERMINAL for st in now.values()):
+            yield _sse("end", {})
+            return
+        if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+            yield ": keepalive\n\n"
+            quiet_since = time.monotonic()
+        time.sleep(POLL_SECONDS)
+
+
+@router.get("/runs/{job_id}", response_class=HTMLResponse)
+def run_page(request: Request, job_id: int, session: SessionDep) -> HTMLResponse:
+    return _page(request, session, [_run(session, job_id)])

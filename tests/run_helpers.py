@@ -1,0 +1,149 @@
+"""Training runs as the trainer and the eval leave them: a `train` job with its metric points (names of
+draftdeck/jobs/context.py, counts as counts), run.json and checkpoints/index.json in its folder, and
+`eval` jobs with eval.json and a `tau_mismatch` alert. For page tests, browser tests and screenshots."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session
+
+from app.metrics import record_points
+from app.models import Alert, Job
+from draftdeck.jobs.context import MetricPoint
+
+BLOCK = 4
+HELDOUT_EVERY = 50
+
+
+def walked_accepted(progress: float, verify: int) -> int:
+    """Accepted draft tokens over `verify` verify steps of a held-out pass (tau = 1 + it / verify)."""
+    return round(verify * (0.3 + 1.6 * progress))
+
+
+def step_points(
+    step: int, rng: random.Random, *, lr_peak: float = 3e-3, steps: int = 1000
+) -> list[MetricPoint]:
+    """The points a training step writes (and, every HELDOUT_EVERY steps, a held-out pass)."""
+    tokens = (step + 1) * 8192
+    progress = step / max(steps, 1)
+    loss = 6.0 * math.exp(-3 * progress) + 1.2 + rng.gauss(0, 0.06)
+    if step == steps // 3:
+        loss *= 3  # a spike the min/max band must keep
+    pts = [
+        MetricPoint(step, "train/loss", loss, tokens),
+        MetricPoint(
+            step,
+            "train/lr",
+            lr_peak * min(1.0, (step + 1) / 50) * (0.5 + 0.5 * math.cos(math.pi * progress)),
+            tokens,
+        ),
+        MetricPoint(step, "train/grad_norm", 1.5 * math.exp(-progress) + abs(rng.gauss(0, 0.2)), tokens),
+        MetricPoint(step, "train/tokens_per_s", 9000 + rng.gauss(0, 300), tokens),
+    ]
+    for k in range(1, BLOCK):
+        p = max(0.05, min(0.95, (0.3 + 0.6 * progress) * (0.85 ** (k - 1))))
+        total = 64
+        pts.append(MetricPoint(step, f"train/pos/{k}/correct", float(round(total * p)), tokens))
+        pts.append(MetricPoint(step, f"train/pos/{k}/total", float(total), tokens))
+    if step % HELDOUT_EVERY == 0:
+        verify = 200
+        accepted = walked_accepted(progress, verify)
+        anchor = float(min(round(accepted * 1.6), verify * (BLOCK - 1)))  # optimistic, capped at B - 1
+        pts += [
+            MetricPoint(step, "heldout/loss", loss + 0.15, tokens),
+            MetricPoint(step, "heldout/walked/accepted", float(accepted), tokens),
+            MetricPoint(step, "heldout/walked/steps", float(verify), tokens),
+            MetricPoint(step, "heldout/anchor/accepted", anchor, tokens),
+            MetricPoint(step, "heldout/anchor/blocks", float(verify), tokens),
+        ]
+        mean = 1 + accepted / verify
+        weights = [math.exp(-((n - mean) ** 2)) for n in range(1, BLOCK + 1)]
+        for n, w in enumerate(weights, start=1):
+            pts.append(
+                MetricPoint(step, f"heldout/hist/{n}", float(round(verify * w / sum(weights))), tokens)
+            )
+    return pts
+
+
+def make_run(
+    session: Session,
+    jobs_dir: Path,
+    *,
+    steps: int = 400,
+    status: str = "running",
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    checkpoint_every: int = 100,
+) -> int:
+    """A train job with `steps` steps of points, run.json and a checkpoint index; returns its id."""
+    defined = {"target": "/models/qwen3-tiny", "block_size": BLOCK, "lr": 3e-3, "seed": seed, "layers": 1} | (
+        params or {}
+    )
+    job = Job(kind="train", params=defined, status=status, queue="gpu")
+    session.add(job)
+    session.commit()
+    assert job.id is not None
+    out = jobs_dir / str(job.id)
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(defined | {"world_size": 1, "mask_token_id": 151669}))
+    rng = random.Random(seed)
+    batch: list[MetricPoint] = []
+    for step in range(steps):
+        batch += step_points(step, rng, lr_peak=float(defined["lr"]), steps=max(steps, 1000))
+        if len(batch) > 5000:
+            record_points(session, job.id, batch)
+            batch = []
+    record_points(session, job.id, batch)
+    write_index(out, list(range(checkpoint_every, steps, checkpoint_every)), max(steps, 1000))
+    return job.id
+
+
+def write_index(out: Path, ckpt_steps: list[int], total_steps: int) -> None:
+    """checkpoints/index.json with walked counts that rise with the step; best = the highest tau."""
+    entries = [
+        {
+            "step": s,
+            "path": str(out / "checkpoints" / f"step-{s:08d}"),
+            "heldout_walked_accepted": walked_accepted(s / total_steps, 200),
+            "heldout_walked_steps": 200,
+        }
+        for s in ckpt_steps
+    ]
+    best = max(entries, key=lambda e: e["heldout_walked_accepted"])["step"] if entries else None
+    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (out / "checkpoints" / "index.json").write_text(json.dumps({"checkpoints": entries, "best": best}))
+
+
+def make_eval(
+    session: Session, jobs_dir: Path, run_id: int, step: int, real_tau: float, walked_tau: float
+) -> int:
+    """A succeeded eval job of the run's checkpoint at `step`, with eval.json, and (when the two tau
+    differ by more than 5 %) the `tau_mismatch` alert the eval raises."""
+    ckpt = jobs_dir / str(run_id) / "checkpoints" / f"step-{step:08d}"
+    job = Job(
+        kind="eval", params={"checkpoint": str(ckpt), "mode": "greedy"}, status="succeeded", queue="gpu"
+    )
+    session.add(job)
+    session.commit()
+    assert job.id is not None
+    out = jobs_dir / str(job.id)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(
+        json.dumps({"tau": {"pooled": real_tau, "mean": real_tau}, "walked_tau": walked_tau})
+    )
+    if abs(real_tau - walked_tau) / walked_tau > 0.05:
+        session.add(
+            Alert(
+                job_id=job.id,
+                kind="tau_mismatch",
+                message=f"real tau {real_tau:.3f} (incl. bonus) vs walked tau {walked_tau:.3f}: "
+                "more than 5 % apart",
+            )
+        )
+        session.commit()
+    return job.id

@@ -1,0 +1,129 @@
+"""Run pages and their data routes through the real app on a migrated SQLite home."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session
+
+from app.metrics import record_metrics
+from tests.run_helpers import make_eval, make_run
+
+
+@pytest.fixture
+def client(migrated: Path) -> TestClient:
+    from app.main import create_app
+
+    return TestClient(create_app())
+
+
+def _session() -> Session:
+    from app.db import get_engine
+
+    return Session(get_engine(), expire_on_commit=False)
+
+
+def _jobs_dir() -> Path:
+    from app.settings import get_settings
+
+    return get_settings().jobs_dir
+
+
+def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClient) -> None:
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=320, status="succeeded", params={"note": "<b>x</b>"})
+        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, walked_tau=1.64)
+    page = client.get(f"/runs/{run}", headers={"accept": "text/html"})
+    assert page.status_code == 200
+    html = page.text
+    for chart in ("loss", "tau", "pos", "lr", "grad", "tps"):
+        assert f'id="plot-{chart}"' in html
+    assert "anchor mean (optimistic)" in html and "incl. bonus" in html
+    assert "Real τ 1.500 vs walked τ 1.640" in html and f"eval {ev}" in html
+    assert '<tr class="best"><td class="num">300</td>' in html  # checkpoints 100, 200, 300; best: highest tau
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+    cfg = json.loads(html.split("data-config='", 1)[1].split("'", 1)[0])
+    assert cfg["jobs"] == [run] and cfg["live"] is False
+    assert cfg["markers"] == [{"job": run, "eval": ev, "step": 200, "tau": 1.5}]
+    assert [n for n, _ in next(c for c in cfg["charts"] if c["id"] == "pos")["series"]] == [
+        "train/pos/1/acc",
+        "train/pos/2/acc",
+        "train/pos/3/acc",
+    ]
+    table = client.get("/runs", headers={"accept": "text/html"}).text
+    assert f'data-run="{run}"' in table and "Real τ 1.500 vs walked τ 1.640" in table
+    alerts = client.get("/alerts", headers={"accept": "text/html"}).text
+    assert "real tau 1.500 (incl. bonus) vs walked tau 1.640" in alerts
+
+
+def test_runs_table_filters_and_compare_highlights_differences(client: TestClient) -> None:
+    with _session() as s:
+        a = make_run(s, _jobs_dir(), steps=60, status="succeeded", params={"lr": 1e-3})
+        b = make_run(s, _jobs_dir(), steps=60, status="failed", params={"lr": 3e-3})
+    table = client.get("/runs?status=failed", headers={"accept": "text/html"}).text
+    assert f'data-run="{b}"' in table and f'data-run="{a}"' not in table
+    assert f'data-run="{a}"' in client.get("/runs?q=0.001", headers={"accept": "text/html"}).text
+    page = client.get(f"/runs/compare?ids={a}&ids={b}", headers={"accept": "text/html"}).text
+    assert 'class="diff" data-param="lr"' in page
+    assert 'data-param="block_size"' in page and 'class="diff" data-param="block_size"' not in page
+    assert client.get("/runs/compare", headers={"accept": "text/html"}).status_code == 400
+
+
+def test_data_route_validates_and_times_itself(client: TestClient) -> None:
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=200, status="succeeded")
+    r = client.get(f"/runs/data?jobs={run}&names=train/loss&names=heldout/tau_walked&budget=50")
+    assert r.status_code == 200 and r.headers["server-timing"].startswith("app;dur=")
+    body = r.json()
+    loss, tau = body["series"]
+    assert loss["x"][0] == 0 and loss["x"][-1] == 199 and len(loss["x"]) <= 52
+    assert tau["x"] == [0, 50, 100, 150]
+    assert json.loads(body["cursor"])[str(run)]["heldout/walked/steps"] == 150
+    assert client.get(f"/runs/data?jobs={run}&names=train/loss&x=epoch").status_code == 400
+    assert client.get("/runs/data?jobs=999&names=train/loss").status_code == 404
+
+
+def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: TestClient) -> None:
+    from app.models import JobStatus
+    from app.state import propose
+
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=10, status="running")
+    cursor = client.get(f"/runs/data?jobs={run}&names=train/loss&names=heldout/tau_walked").json()["cursor"]
+
+    def write() -> None:
+        time.sleep(0.3)
+        with _session() as s:
+            record_metrics(s, run, 10, {"train/loss": 0.25}, 90_000)
+            record_metrics(
+                s, run, 50, {"heldout/walked/accepted": 300.0, "heldout/walked/steps": 200.0}, None
+            )
+            time.sleep(0.3)
+            propose(s, run, JobStatus.SUCCEEDED, "run ended")
+
+    t = threading.Thread(target=write)
+    t.start()
+    events = []
+    with client.stream(
+        "GET", f"/runs/stream?jobs={run}&names=train/loss&names=heldout/tau_walked&cursor={cursor}"
+    ) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                events.append([line.split(":", 1)[1].strip()])
+            elif line.startswith("data:"):
+                events[-1].append(json.loads(line.split(":", 1)[1]))
+    t.join()
+    kinds = [e[0] for e in events]
+    assert kinds[-1] == "end" and "status" in kinds
+    points = [p for e in events if e[0] == "metrics" for p in e[1]["points"]]
+    assert {(p["name"], p["step"], p["y"]) for p in points} == {
+        ("train/loss", 10, 0.25),
+        ("heldout/tau_walked", 50, 2.5),
+    }
+    assert next(p for p in points if p["name"] == "heldout/tau_walked")["tokens"] is None
