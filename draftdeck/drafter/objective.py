@@ -139,7 +139,7 @@ def build_blocks(
 
 
 def drafter_hidden(
-    drafter: DFlashDrafter, embedding: nn.Embedding, context: torch.Tensor, batch: BlockBatch
+    drafter: nn.Module, embedding: nn.Embedding, context: torch.Tensor, batch: BlockBatch
 ) -> torch.Tensor:
     """The drafter's final hidden states for every slot: (bsz, A, B, H)."""
     noise = F.embedding(batch.block_ids, embedding.weight)
@@ -219,7 +219,7 @@ def counts_of(batch: BlockBatch, correct: torch.Tensor, ce: torch.Tensor, w: tor
 
 
 def dflash_loss(
-    drafter: DFlashDrafter,
+    drafter: nn.Module,
     embedding: nn.Embedding,
     lm_head: nn.Module,
     context: torch.Tensor,
@@ -232,11 +232,13 @@ def dflash_loss(
     normalizer: float | None = None,
 ) -> BlockResult:
     """The whole objective for one batch: `context` = the target's concatenated features
-    (bsz, T, n_ids * H) for `input_ids` (bsz, T)."""
+    (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` or a DDP
+    wrapper of one (the forward must go through the wrapper for its gradient hooks)."""
     if not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(f"gamma {gamma} must be a positive number")
+    core: DFlashDrafter = getattr(drafter, "module", drafter)  # DDP wraps the drafter
     batch = build_blocks(
-        input_ids, loss_mask, attention_mask, anchors, valid, drafter.block_size, drafter.mask_token_id
+        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id
     )
     hidden = drafter_hidden(drafter, embedding, context, batch)
     return block_loss(lm_head, hidden, batch, gamma, normalizer)

@@ -326,7 +326,7 @@ class Trainer:
             with sync, self.amp:
                 _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
                 res = dflash_loss(
-                    self.model,  # type: ignore[arg-type]
+                    self.model,
                     self.target.embedding,
                     self.target.lm_head,
                     context,
