@@ -28,12 +28,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftdeck.errors import DraftDeckError
+from draftdeck.errors import DraftDeckError, UsageError
 from draftdeck.fileio import atomic_output
 
 
 class CheckpointWriteError(DraftDeckError):
     """A checkpoint could not be written; the previous one is intact."""
+
+
+class CheckpointReadError(UsageError):
+    """A folder given as a checkpoint is not one."""
 
 
 def step_name(step: int) -> str:
@@ -134,7 +138,8 @@ class CheckpointStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / step_name(step)
         tmp = self.dir / f".tmp-{step_name(step)}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in self.dir.glob(".tmp-step-*"):  # left by a writer killed mid-write (one writer per run)
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             tmp.mkdir()
             for name, write in files.items():
@@ -175,3 +180,19 @@ class CheckpointStore:
         for c in getattr(self, "_pruned", []):
             shutil.rmtree(self.dir / c["path"], ignore_errors=True)
         self._pruned = []
+
+
+def load_drafter(checkpoint: Path | str, device: torch.device | str = "cpu") -> Any:
+    """(DrafterConfig, DFlashDrafter in eval mode) from a checkpoint folder (`step-XXXXXXXX/`)."""
+    from safetensors.torch import load_file
+
+    from draftdeck.drafter.config import DrafterConfig
+    from draftdeck.drafter.model import DFlashDrafter
+
+    folder = Path(checkpoint)
+    if not (folder / "drafter.json").is_file():
+        raise CheckpointReadError(f"{folder}: not a drafter checkpoint (no drafter.json)")
+    cfg = DrafterConfig.from_dict(json.loads((folder / "drafter.json").read_text(encoding="utf-8")))
+    model = DFlashDrafter(cfg)
+    model.load_state_dict(load_file(str(folder / "model.safetensors"), device=str(device)))
+    return cfg, model.to(device).eval()
