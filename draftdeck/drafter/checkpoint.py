@@ -28,16 +28,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftdeck.errors import DraftDeckError, UsageError
+from draftdeck.errors import DraftDeckError
 from draftdeck.fileio import atomic_output
 
 
 class CheckpointWriteError(DraftDeckError):
     """A checkpoint could not be written; the previous one is intact."""
-
-
-class CheckpointReadError(UsageError):
-    """A folder given as a checkpoint is not one."""
 
 
 def step_name(step: int) -> str:
@@ -180,19 +176,3 @@ class CheckpointStore:
         for c in getattr(self, "_pruned", []):
             shutil.rmtree(self.dir / c["path"], ignore_errors=True)
         self._pruned = []
-
-
-def load_drafter(checkpoint: Path | str, device: torch.device | str = "cpu") -> Any:
-    """(DrafterConfig, DFlashDrafter in eval mode) from a checkpoint folder (`step-XXXXXXXX/`)."""
-    from safetensors.torch import load_file
-
-    from draftdeck.drafter.config import DrafterConfig
-    from draftdeck.drafter.model import DFlashDrafter
-
-    folder = Path(checkpoint)
-    if not (folder / "drafter.json").is_file():
-        raise CheckpointReadError(f"{folder}: not a drafter checkpoint (no drafter.json)")
-    cfg = DrafterConfig.from_dict(json.loads((folder / "drafter.json").read_text(encoding="utf-8")))
-    model = DFlashDrafter(cfg)
-    model.load_state_dict(load_file(str(folder / "model.safetensors"), device=str(device)))
-    return cfg, model.to(device).eval()
