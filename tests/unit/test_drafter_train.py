@@ -220,3 +220,20 @@ def test_kill_9_then_resume_continues_steps_and_matches_an_uninterrupted_run(
     whole_walked = dict(whole.series("heldout/walked/accepted"))
     assert resumed.series("heldout/walked/accepted")
     assert all(whole_walked[s] == v for s, v in resumed.series("heldout/walked/accepted"))
+
+
+def test_each_epoch_visits_every_row_at_most_once_and_resumes_mid_epoch(prepared, tmp_path: Path) -> None:
+    from draftdeck.drafter.data import DataPosition
+    from draftdeck.drafter.trainer import Trainer
+
+    tr = Trainer(_params(prepared, tmp_path / "run", batch_size=5), LocalContext(tmp_path / "ctx"))
+    n = len(tr.data.train)
+    seen: dict[int, list[int]] = {}
+    for _ in range(3 * (n // 5)):
+        for epoch, index in tr._next_rows():
+            seen.setdefault(epoch, []).append(int(tr.data.epoch_order(0, epoch)[index]))
+    assert sorted(seen) == [0, 1, 2]
+    for rows in seen.values():
+        assert len(rows) == len(set(rows)) == (n // 5) * 5
+    tr.pos = DataPosition(1, 10)  # what a checkpoint restores
+    assert tr._next_rows()[0] == (1, 10)
