@@ -121,7 +121,9 @@ def main() -> None:
 
     def bare() -> None:
         with torch.no_grad():
-            hs = tgt.model(input_ids=ids, output_hidden_states=True, logits_to_keep=1).hidden_states
+            hs = tgt.model(
+                input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
+            ).hidden_states
             ctx = torch.cat([hs[i + 1] for i in drafter.target_layer_ids], dim=-1)
         h = drafter(
             position_ids=bb.position_ids,
