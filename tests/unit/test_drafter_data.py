@@ -114,3 +114,13 @@ def test_settings_the_target_cannot_serve_are_refused(target: Path, tmp_path: Pa
         TrainParams(inputs=[str(ds)], target=str(target), out="x", block_szie=4)  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match="block_size"):
         TrainParams(inputs=[str(ds)], target=str(target), out="x", block_size=1)
+
+
+def test_an_anchor_pair_never_straddles_two_rows() -> None:
+    import numpy as np
+
+    from draftdeck.drafter.data import _has_anchor
+
+    masks = np.array([0, 1, 1, 0, 1, 1, 1, 0, 1], dtype=np.uint8)  # rows: [0 1] [1 0 1] [1 1] [0 1]
+    offsets = np.array([0, 2, 5, 7, 9])
+    assert _has_anchor(offsets, masks).tolist() == [False, False, True, False]
