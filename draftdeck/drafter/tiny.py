@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHAT_TEMPLATE = (
@@ -235,21 +236,18 @@ class TargetShape:
     max_position_embeddings: int = 1024
 
 
-def _token_batches(tokenizer, seed: int, seq_len: int, batch: int) -> Iterator[list[list[int]]]:
+def _token_batches(tokenizer: Any, seed: int, seq_len: int, batch: int) -> Iterator[list[list[int]]]:
     """Endless batches of packed, fixed-length token windows of rendered demo conversations."""
     stream: list[int] = []
     conv_seed = seed * 1_000_003 + 17
     while True:
-        convs = list(demo_conversations(2000, conv_seed))
-        conv_seed += 1
-        for conv in convs:
-            stream.extend(tokenizer.encode(render_chatml(conv), add_special_tokens=False))
-        rows = []
-        while len(stream) >= seq_len and len(rows) < batch * 50:
-            rows.append(stream[:seq_len])
-            del stream[:seq_len]
-        for i in range(0, len(rows) - batch + 1, batch):
-            yield rows[i : i + batch]
+        while len(stream) < seq_len * batch:
+            for conv in demo_conversations(200, conv_seed):
+                stream.extend(tokenizer.encode(render_chatml(conv), add_special_tokens=False))
+            conv_seed += 1
+        rows = [stream[i * seq_len : (i + 1) * seq_len] for i in range(batch)]
+        del stream[: seq_len * batch]
+        yield rows
 
 
 def build_target(

@@ -1,0 +1,307 @@
+"""Real speculative decoding, one prompt at a time: a draft source proposes up to B-1 tokens, one
+target forward verifies the block, and the leading run the target agrees with is kept, plus the
+target's own next token (the bonus). tau per verify step counts that bonus ("incl. bonus", as vLLM).
+
+Greedy mode is exact: the output equals plain greedy decoding token for token. Sampled mode is
+exact in distribution: the target samples (temperature, top-p) and a deterministic draft token x is
+accepted with probability p(x); on rejection the token is drawn from p with x removed and
+renormalised, so every emitted token is distributed as p.
+
+The target keeps one HF KV cache per prompt, cropped back to the committed tokens after a
+rejection; a draft source sees the target's context features of newly committed positions only
+(`observe`), so a drafter keeps its own context incremental.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from transformers import DynamicCache
+
+from draftdeck.drafter.target import Target, context_from_hidden_states
+
+
+class DraftSource(Protocol):
+    """What proposes draft tokens. `layer_ids`: the target layers whose outputs it needs as context
+    features (None: it needs none)."""
+
+    layer_ids: list[int] | None
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Forget the previous prompt."""
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        """Context features (n, F) of the n positions just committed, in order (None without layer_ids)."""
+
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        """Up to `k` draft tokens to follow `committed` (prompt + generated so far)."""
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` positions of `cache` (transformers 5 crops by a negative count)."""
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Probabilities (.., V) after temperature and nucleus (top-p) filtering, renormalised."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep a token while the mass strictly before it is below top_p (the top token always stays)
+        keep = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen).item())
+
+
+def accept_sampled(drafts: list[int], probs: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
+    """Speculative sampling for deterministic drafts. `probs` (len(drafts) + 1, V): the target's
+    distribution at each block position. Returns (accepted drafts, the next token)."""
+    for i, x in enumerate(drafts):
+        px = float(probs[i, x])
+        if float(torch.rand((), generator=gen)) < px:
+            continue
+        residual = probs[i].clone()
+        residual[x] = 0.0
+        mass = float(residual.sum())
+        return i, _draw(residual / mass if mass > 0 else probs[i], gen)
+    return len(drafts), _draw(probs[len(drafts)], gen)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """greedy when temperature == 0."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Generation:
+    """One response and its counts. `step_taus`: tau incl. bonus of each verify step (1..B)."""
+
+    output_ids: list[int]
+    seconds: float
+    steps: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    step_taus: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """tau incl. bonus of this response: (accepted + steps) / steps."""
+        return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+
+class TargetRunner:
+    """The frozen target run block by block over its own KV cache."""
+
+    def __init__(self, target: Target, eos_ids: list[int]):
+        self.target = target
+        self.model = target.model
+        self.eos_ids = set(eos_ids)
+        self.device = target.device
+        # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns until 5.40)
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def forward(
+        self, ids: list[int], start: int, cache: DynamicCache, layer_ids: list[int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (len(ids), V) for `ids` at positions start.., and context features (len, F) if asked."""
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(ids), device=self.device)[None]
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=layer_ids is not None,
+            **{self.cache_kwarg: cache},
+        )
+        feats = context_from_hidden_states(out.hidden_states, layer_ids)[0] if layer_ids is not None else None
+        return out.logits[0].float(), feats
+
+
+def _choose(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return _draw(sampling_probs(logits, sampling.temperature, sampling.top_p), gen)
+
+
+def _generator(sampling: Sampling) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(sampling.seed)
+    return gen
+
+
+@torch.inference_mode()
+def generate_plain(
+    target: TargetRunner, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling = Sampling()
+) -> Generation:
+    """Target-only decoding, one token per forward, over the same KV cache: the speed baseline and the
+    reference for losslessness."""
+    gen = _generator(sampling)
+    begin = time.perf_counter()
+    cache = target.new_cache()
+    logits, _ = target.forward(prompt_ids, 0, cache, None)
+    out: list[int] = []
+    while True:
+        token = _choose(logits[-1], sampling, gen)
+        out.append(token)
+        if token in target.eos_ids or len(out) >= max_new_tokens:
+            break
+        logits, _ = target.forward([token], len(prompt_ids) + len(out) - 1, cache, None)
+    return Generation(output_ids=out, seconds=time.perf_counter() - begin)
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target: TargetRunner,
+    source: DraftSource,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    block_size: int,
+    sampling: Sampling = Sampling(),
+) -> Generation:
+    """Speculative decoding of one prompt with blocks of `block_size` (anchor + up to B-1 drafts)."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be at least 2 (an anchor and one draft), got {block_size}")
+    gen = _generator(sampling)
+    begin = time.perf_counter()
+    cache = target.new_cache()
+    layer_ids = source.layer_ids
+    source.begin(prompt_ids)
+    logits, feats = target.forward(prompt_ids, 0, cache, layer_ids)
+    source.observe(feats)
+    committed = list(prompt_ids)
+    committed.append(_choose(logits[-1], sampling, gen))
+    result = Generation(output_ids=[], seconds=0.0)
+    n_out = 1
+    stopped = committed[-1] in target.eos_ids
+    while not stopped and n_out < max_new_tokens:
+        anchor_pos = len(committed) - 1
+        # the block may produce up to k + 1 tokens: never more than are left
+        k = min(block_size - 1, max_new_tokens - n_out - 1)
+        drafts = source.propose(committed, k)[:k] if k > 0 else []
+        block = [committed[-1], *drafts]
+        logits, feats = target.forward(block, anchor_pos, cache, layer_ids)
+        if sampling.greedy:
+            posterior = logits.argmax(dim=-1).tolist()
+            acc = 0
+            while acc < len(drafts) and drafts[acc] == posterior[acc]:
+                acc += 1
+            new = [*drafts[:acc], posterior[acc]]
+        else:
+            probs = sampling_probs(logits, sampling.temperature, sampling.top_p)
+            acc, nxt = accept_sampled(drafts, probs, gen)
+            new = [*drafts[:acc], nxt]
+        for j, token in enumerate(new):
+            if token in target.eos_ids:
+                new = new[: j + 1]
+                stopped = True
+                break
+        produced = len(new)
+        committed.extend(new)
+        n_out += produced
+        result.steps += 1
+        result.accepted += produced - 1
+        result.proposed += len(drafts)
+        result.step_taus.append(produced)
+        # keep the KV (and features) of the anchor and the accepted drafts: the last new token is the
+        # next anchor, not yet seen by the target
+        crop_to(cache, anchor_pos + produced)
+        source.observe(feats[:produced] if feats is not None else None)
+    result.output_ids = committed[len(prompt_ids) :]
+    result.seconds = time.perf_counter() - begin
+    return result
+
+
+class ReferenceDrafts:
+    """Proposes the tokens of a known continuation of the prompt (for tests: an exact drafter when
+    the continuation is the target's own greedy output)."""
+
+    layer_ids: list[int] | None = None
+
+    def __init__(self, continuation: list[int]):
+        self.continuation = continuation
+        self.prompt_len = 0
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.prompt_len = len(prompt_ids)
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        at = len(committed) - self.prompt_len
+        return self.continuation[at : at + k]
+
+
+class DFlashSource:
+    """A DFlash drafter (z-lab's forward signature: `position_ids`, `noise_embedding`,
+    `target_hidden`, `past_key_values`, `use_cache`; attributes `target_layer_ids`, `mask_token_id`)
+    proposing argmax tokens through the target's embedding and LM head.
+
+    The drafter's KV cache holds the projected context of every committed position; each call adds
+    the newly observed positions, runs the block `[anchor, MASK x k]`, and crops the block back out."""
+
+    def __init__(self, drafter: Any, target: Target):
+        self.drafter = drafter.eval()
+        self.layer_ids: list[int] | None = list(drafter.target_layer_ids)
+        self.mask_token_id = int(drafter.mask_token_id)
+        self.target = target
+        self.cache = DynamicCache()
+        self.cached = 0
+        self.pending: list[torch.Tensor] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = DynamicCache()
+        self.cached = 0
+        self.pending = []
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise ValueError("a DFlash drafter needs the target's context features")
+        self.pending.append(features)
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        anchor_pos = len(committed) - 1
+        ctx = torch.cat(self.pending, dim=0)[None]
+        if self.cached + ctx.shape[1] != anchor_pos:
+            covered = self.cached + ctx.shape[1]
+            raise RuntimeError(f"drafter context covers {covered} positions, the anchor is at {anchor_pos}")
+        device = ctx.device
+        block = torch.tensor([[committed[-1]] + [self.mask_token_id] * k], dtype=torch.long, device=device)
+        positions = torch.arange(self.cached, anchor_pos + k + 1, device=device)[None]
+        hidden = self.drafter(
+            position_ids=positions,
+            noise_embedding=self.target.embed(block),
+            target_hidden=ctx,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        crop_to(self.cache, anchor_pos)
+        self.cached = anchor_pos
+        self.pending = []
+        logits = self.drafter.compute_logits(hidden[0, -k:], self.target.lm_head)
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
