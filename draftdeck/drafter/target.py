@@ -76,7 +76,7 @@ class Target:
         except (OSError, ValueError, KeyError) as e:
             raise TargetError(f"{folder}: transformers cannot read its config: {e}") from e
         try:
-            model = AutoModelForCausalLM.from_pretrained(
+            model: Any = AutoModelForCausalLM.from_pretrained(
                 folder, config=config, local_files_only=True, dtype=dtype
             )
         except ValueError as e:

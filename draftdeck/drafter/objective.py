@@ -1,0 +1,211 @@
+"""The DFlash training objective over flattened blocks, and its counts.
+
+For anchor position p (``loss_mask[p]`` and ``loss_mask[p + 1]`` are 1), the block is
+``[ids[p], MASK x (B-1)]`` at positions p..p+B-1; slot k (1..B-1) predicts ``ids[p + k]``; slot 0
+is the anchor itself and is never a label. The block sees target context strictly before p
+(``key < p``: with ``<=`` the hidden state at p, which already encodes the target's next-token
+prediction, leaks into slot 1 and real decoding collapses to tau ~ 1, SpecForge #455) and every
+slot of its own block, nothing of other blocks. Labels at positions past the sequence or outside
+the loss mask are not counted. Loss = sum w * CE / sum w with w_k = exp(-(k - 1) / gamma).
+
+All A anchors of a batch go through ONE drafter forward: (bsz, A * B) queries against
+[T context keys ; A * B block keys] under a boolean mask (`BlockBatch.attention_mask`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from draftdeck.drafter.counts import Counts
+from draftdeck.drafter.model import DFlashDrafter
+
+
+def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(bsz, T) bool: positions p with loss_mask[p] and loss_mask[p + 1] (never the last column)."""
+    m = loss_mask.bool()
+    out = torch.zeros_like(m)
+    out[:, :-1] = m[:, :-1] & m[:, 1:]
+    return out
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor, n: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `n` distinct random eligible anchors per row, ascending: (positions, valid), both
+    (bsz, min(n, T)); padded entries have position 0 and valid False."""
+    ok = eligible_anchors(loss_mask)
+    n = min(n, ok.shape[1])
+    noise = torch.rand(ok.shape, generator=generator, device="cpu").to(ok.device)
+    score = torch.where(ok, noise, torch.full_like(noise, -1.0))
+    top, idx = score.topk(n, dim=1)
+    valid = top >= 0
+    pos = torch.where(valid, idx, torch.full_like(idx, ok.shape[1]))
+    pos, order = pos.sort(dim=1)
+    valid = valid.gather(1, order)
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid
+
+
+def all_anchors(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every eligible anchor, ascending: (positions, valid) padded to the row with the most."""
+    ok = eligible_anchors(loss_mask)
+    n = max(int(ok.sum(1).max()), 1)
+    key = torch.where(ok, torch.arange(ok.shape[1], device=ok.device), ok.shape[1])
+    pos = key.sort(dim=1).values[:, :n]
+    valid = pos < ok.shape[1]
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid
+
+
+def slot_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(B,) w_k = exp(-(k - 1) / gamma) for k >= 1, and 0 for the anchor slot."""
+    k = torch.arange(block_size, dtype=torch.float32, device=device)
+    w = torch.exp(-(k - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+@dataclass
+class BlockBatch:
+    """The drafter's inputs and the labels for A blocks per row. Shapes: anchors/valid (bsz, A);
+    block_ids (bsz, A*B); position_ids (bsz, T + A*B); attention_mask (bsz, 1, A*B, T + A*B);
+    labels/label_valid (bsz, A, B)."""
+
+    block_size: int
+    anchors: torch.Tensor
+    valid: torch.Tensor
+    block_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
+    label_valid: torch.Tensor
+
+
+def build_blocks(
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    block_size: int,
+    mask_token_id: int,
+) -> BlockBatch:
+    bsz, t = input_ids.shape
+    a, b = anchors.shape[1], block_size
+    dev = input_ids.device
+    offs = torch.arange(b, device=dev)
+    slot_pos = anchors[:, :, None] + offs  # (bsz, A, B): absolute position of each slot
+    block_ids = torch.full((bsz, a, b), mask_token_id, dtype=input_ids.dtype, device=dev)
+    block_ids[:, :, 0] = input_ids.gather(1, anchors)
+    in_seq = slot_pos < t
+    safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
+    labels = input_ids.gather(1, safe).view(bsz, a, b)
+    label_valid = in_seq & loss_mask.bool().gather(1, safe).view(bsz, a, b) & valid[:, :, None]
+    label_valid[:, :, 0] = False
+    keys = torch.arange(t, device=dev)
+    ctx_ok = keys[None, None, :] < anchors[:, :, None]  # strictly before the anchor
+    if attention_mask is not None:
+        ctx_ok = ctx_ok & attention_mask.bool()[:, None, :]
+    ctx_ok = ctx_ok[:, :, None, :].expand(bsz, a, b, t).reshape(bsz, a * b, t)
+    blk = torch.arange(a, device=dev).repeat_interleave(b)
+    same_block = (blk[:, None] == blk[None, :]).expand(bsz, a * b, a * b)
+    mask = torch.cat([ctx_ok, same_block], dim=2)[:, None]
+    position_ids = torch.cat([keys.expand(bsz, t), slot_pos.view(bsz, -1)], dim=1)
+    return BlockBatch(b, anchors, valid, block_ids.view(bsz, -1), position_ids, mask, labels, label_valid)
+
+
+def drafter_hidden(
+    drafter: DFlashDrafter, embedding: nn.Embedding, context: torch.Tensor, batch: BlockBatch
+) -> torch.Tensor:
+    """The drafter's final hidden states for every slot: (bsz, A, B, H)."""
+    noise = F.embedding(batch.block_ids, embedding.weight)
+    h = drafter(
+        position_ids=batch.position_ids,
+        attention_mask=batch.attention_mask,
+        noise_embedding=noise,
+        target_hidden=context,
+    )
+    bsz, a = batch.anchors.shape
+    return h.view(bsz, a, batch.block_size, -1)
+
+
+@dataclass
+class BlockResult:
+    """`loss` (a scalar with grad, 0 when nothing is counted), `counts` (per-slot, anchor-mean),
+    `runs` (bsz, A) leading correct run per block (-1 for padded anchors), `predictions`
+    (bsz, A, B) argmax per slot (slot 0 = the anchor token)."""
+
+    loss: torch.Tensor
+    counts: Counts
+    runs: torch.Tensor
+    predictions: torch.Tensor
+
+
+def block_loss(logits_fn: nn.Module, hidden: torch.Tensor, batch: BlockBatch, gamma: float) -> BlockResult:
+    """Weighted CE over counted slots (logits only for those), per-slot and anchor-mean counts.
+
+    `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests)."""
+    b = batch.block_size
+    sel = batch.label_valid
+    logits = logits_fn(hidden[sel]).float()
+    labels = batch.labels[sel]
+    w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    wsum = w.sum()
+    loss = (w * ce).sum() / wsum if sel.any() else hidden.sum() * 0.0
+    pred_sel = logits.argmax(-1)
+    predictions = batch.block_ids.view(sel.shape).clone()
+    predictions[sel] = pred_sel
+    correct = torch.zeros_like(sel)
+    correct[sel] = pred_sel == labels
+    return BlockResult(
+        loss, counts_of(batch, correct, ce.detach(), w), leading_runs(correct, batch.valid), predictions
+    )
+
+
+def leading_runs(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(bsz, A): number of consecutive correct slots from slot 1 (an uncounted slot ends the run);
+    -1 for padded anchors."""
+    run = correct[:, :, 1:].long().cumprod(dim=2).sum(dim=2)
+    return torch.where(valid, run, torch.full_like(run, -1))
+
+
+def counts_of(batch: BlockBatch, correct: torch.Tensor, ce: torch.Tensor, w: torch.Tensor) -> Counts:
+    b = batch.block_size
+    sel = batch.label_valid
+    runs = leading_runs(correct, batch.valid)[batch.valid]
+    c = Counts(b)
+    c.correct = [int(x) for x in correct.sum(dim=(0, 1)).tolist()]
+    c.total = [int(x) for x in sel.sum(dim=(0, 1)).tolist()]
+    c.anchor_accepted = int(runs.sum())
+    c.anchor_blocks = int(runs.numel())
+    c.anchor_hist = [int(x) for x in torch.bincount(runs + 1, minlength=b + 1).tolist()]
+    c.loss_sum = float((w * ce).sum())
+    c.weight_sum = float(w.sum())
+    return c
+
+
+def dflash_loss(
+    drafter: DFlashDrafter,
+    embedding: nn.Embedding,
+    lm_head: nn.Module,
+    context: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+) -> BlockResult:
+    """The whole objective for one batch: `context` = the target's concatenated features
+    (bsz, T, n_ids * H) for `input_ids` (bsz, T)."""
+    if not math.isfinite(gamma) or gamma <= 0:
+        raise ValueError(f"gamma {gamma} must be a positive number")
+    batch = build_blocks(
+        input_ids, loss_mask, attention_mask, anchors, valid, drafter.block_size, drafter.mask_token_id
+    )
+    hidden = drafter_hidden(drafter, embedding, context, batch)
+    return block_loss(lm_head, hidden, batch, gamma)
