@@ -52,3 +52,39 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
 def chi2_bound(df: int, z: float = 3.09) -> float:
     """Upper quantile of chi-square with `df` degrees of freedom (Wilson-Hilferty; z 3.09 = 0.999)."""
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+DFLASH_VERSION = "0.1.0"
+TORCH_PIN = "torch==2.13.0"
+
+
+def dflash_venv() -> Path:
+    """A venv of its own for `dflash==0.1.0` and its pins (transformers 5.15, datasets 5), cached
+    under ~/.cache/draftdeck-tests keyed by version; torch is installed first so pip keeps the CPU
+    build. Skips the test, saying why, only when pip cannot install it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    root = Path.home() / ".cache" / "draftdeck-tests"
+    venv = root / f"dflash-venv-{DFLASH_VERSION}"
+    if (venv / ".complete").exists():
+        return venv
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f".dflash-venv-{DFLASH_VERSION}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(partial)], check=True)
+    py = str(partial / "bin" / "python")
+    for spec in ([TORCH_PIN], [f"dflash[local]=={DFLASH_VERSION}"]):
+        res = subprocess.run([py, "-m", "pip", "install", "-q", *spec], capture_output=True, text=True)
+        if res.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            pytest.skip(f"pip cannot install {' '.join(spec)} into a venv of its own: {res.stderr[-600:]}")
+    (partial / ".complete").write_text(DFLASH_VERSION + "\n", encoding="utf-8")
+    if venv.exists():  # a venv left without its marker: an interrupted build
+        shutil.rmtree(venv)
+    os.replace(partial, venv)
+    return venv
