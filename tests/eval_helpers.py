@@ -88,3 +88,44 @@ def dflash_venv() -> Path:
         shutil.rmtree(venv)
     os.replace(partial, venv)
     return venv
+
+
+def quick_trained_drafter(
+    target: Target,
+    texts: list[tuple[list[int], list[int]]],
+    *,
+    block_size: int = 4,
+    steps: int = 40,
+    seed: int = 0,
+) -> Any:
+    """A 1-layer drafter trained for a few steps on (prompt, target output) pairs with the drafter
+    helper's objective, output tokens trained: a checkpoint with tau between 1 and B for tests."""
+    import torch
+
+    from draftdeck.drafter.config import DrafterConfig
+    from draftdeck.drafter.model import DFlashDrafter
+    from draftdeck.drafter.objective import dflash_loss, sample_anchors
+
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(target.config, tokenizer=target.tokenizer, block_size=block_size)
+    drafter = DFlashDrafter(cfg)
+    width = max(len(p) + len(o) for p, o in texts)
+    ids = torch.zeros(len(texts), width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for r, (p, o) in enumerate(texts):
+        ids[r, : len(p) + len(o)] = torch.tensor(p + o)
+        attn[r, : len(p) + len(o)] = 1
+        mask[r, len(p) : len(p) + len(o)] = 1
+    _, context = target.context_features(ids, attn, drafter.target_layer_ids)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        anchors, valid = sample_anchors(mask, 16, gen)
+        res = dflash_loss(
+            drafter, target.embedding, target.lm_head, context, ids, mask, attn, anchors, valid, 4.0
+        )
+        opt.zero_grad()
+        res.loss.backward()
+        opt.step()
+    return drafter.eval()

@@ -94,7 +94,10 @@ class Sampling:
 
 @dataclass
 class Generation:
-    """One response and its counts. `step_taus`: tau incl. bonus of each verify step (1..B)."""
+    """One response and its counts. `step_taus`: tau incl. bonus of each verify step (1..B).
+
+    Tokens out = 1 (from the prefill) + accepted + steps, less a last bonus token dropped by the
+    stop (eos among the accepted drafts, or max_new_tokens)."""
 
     output_ids: list[int]
     seconds: float
@@ -199,9 +202,9 @@ def generate_speculative(
     stopped = committed[-1] in target.eos_ids
     while not stopped and n_out < max_new_tokens:
         anchor_pos = len(committed) - 1
-        # the block may produce up to k + 1 tokens: never more than are left
-        k = min(block_size - 1, max_new_tokens - n_out - 1)
-        drafts = source.propose(committed, k)[:k] if k > 0 else []
+        # drafts may run up to the last token allowed; a bonus past it is dropped
+        k = min(block_size - 1, max_new_tokens - n_out)
+        drafts = source.propose(committed, k)[:k]
         block = [committed[-1], *drafts]
         logits, feats = target.forward(block, anchor_pos, cache, layer_ids)
         if sampling.greedy:
@@ -214,18 +217,23 @@ def generate_speculative(
             probs = sampling_probs(logits, sampling.temperature, sampling.top_p)
             acc, nxt = accept_sampled(drafts, probs, gen)
             new = [*drafts[:acc], nxt]
+        # a stop (eos, max_new_tokens) cuts the new tokens; the drafts accepted before the cut count
+        # as accepted, as vLLM counts them (and as the walked estimate, capped at the span end, does)
+        cut = max_new_tokens - n_out
         for j, token in enumerate(new):
             if token in target.eos_ids:
-                new = new[: j + 1]
+                cut = min(cut, j + 1)
                 stopped = True
                 break
+        new = new[:cut]
+        accepted = min(acc, len(new))
         produced = len(new)
         committed.extend(new)
         n_out += produced
         result.steps += 1
-        result.accepted += produced - 1
+        result.accepted += accepted
         result.proposed += len(drafts)
-        result.step_taus.append(produced)
+        result.step_taus.append(accepted + 1)
         # keep the KV (and features) of the anchor and the accepted drafts: the last new token is the
         # next anchor, not yet seen by the target
         crop_to(cache, anchor_pos + produced)
@@ -262,13 +270,18 @@ class DFlashSource:
     proposing argmax tokens through the target's embedding and LM head.
 
     The drafter's KV cache holds the projected context of every committed position; each call adds
-    the newly observed positions, runs the block `[anchor, MASK x k]`, and crops the block back out."""
+    the newly observed positions, runs the block `[anchor, MASK x (B-1)]`, and crops the block back out.
 
-    def __init__(self, drafter: Any, target: Target):
+    The block is always full (B = `block_size`, the drafter's own by default) even when fewer drafts
+    are wanted near `max_new_tokens`: attention inside a block is bidirectional, so a shorter block
+    would give other proposals than the ones the drafter was trained (and walked) with."""
+
+    def __init__(self, drafter: Any, target: Target, block_size: int | None = None):
         self.drafter = drafter.eval()
         self.layer_ids: list[int] | None = list(drafter.target_layer_ids)
         self.mask_token_id = int(drafter.mask_token_id)
         self.target = target
+        self.block_size = int(block_size or drafter.block_size)
         self.cache = DynamicCache()
         self.cached = 0
         self.pending: list[torch.Tensor] = []
@@ -285,6 +298,7 @@ class DFlashSource:
 
     @torch.inference_mode()
     def propose(self, committed: list[int], k: int) -> list[int]:
+        want, k = k, max(k, self.block_size - 1)
         anchor_pos = len(committed) - 1
         ctx = torch.cat(self.pending, dim=0)[None]
         if self.cached + ctx.shape[1] != anchor_pos:
@@ -303,5 +317,83 @@ class DFlashSource:
         crop_to(self.cache, anchor_pos)
         self.cached = anchor_pos
         self.pending = []
-        logits = self.drafter.compute_logits(hidden[0, -k:], self.target.lm_head)
+        logits = self.drafter.compute_logits(hidden[0, 1 : want + 1], self.target.lm_head)
         return [int(t) for t in logits.argmax(dim=-1).tolist()]
+
+
+@dataclass
+class DecodeStats:
+    """Counts over many responses of one draft source, as vLLM counts them: verify steps (drafts),
+    proposed and accepted draft tokens, `hist[n]` = steps whose tau incl. bonus was n (1..B; index 0
+    unused), `per_pos[i]` = steps that accepted more than i draft tokens (i = 0..B-2)."""
+
+    block_size: int
+    responses: int = 0
+    steps: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    response_tau_sum: float = 0.0  # sum over responses with a verify step of their own tau
+    responses_with_steps: int = 0
+    hist: list[int] = field(default_factory=list)
+    per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hist = self.hist or [0] * (self.block_size + 1)
+        self.per_pos = self.per_pos or [0] * (self.block_size - 1)
+
+    def add(self, gen: Generation) -> None:
+        self.responses += 1
+        self.tokens += len(gen.output_ids)
+        self.seconds += gen.seconds
+        self.steps += gen.steps
+        self.accepted += gen.accepted
+        self.proposed += gen.proposed
+        if gen.steps:
+            self.response_tau_sum += gen.tau
+            self.responses_with_steps += 1
+        for tau in gen.step_taus:
+            self.hist[tau] += 1
+            for i in range(tau - 1):
+                self.per_pos[i] += 1
+
+    # Ratios, only to be shown.
+    @property
+    def tau_pooled(self) -> float:
+        """tau incl. bonus, pooled: sum(accepted + steps) / sum(steps)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+    @property
+    def tau_per_response(self) -> float:
+        """tau incl. bonus of each response, then averaged over responses."""
+        return (
+            self.response_tau_sum / self.responses_with_steps if self.responses_with_steps else float("nan")
+        )
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counts": {
+                "responses": self.responses,
+                "verify_steps": self.steps,
+                "proposed": self.proposed,
+                "accepted": self.accepted,
+                "tokens": self.tokens,
+                "seconds": round(self.seconds, 4),
+                "hist_tau_incl_bonus": {str(n): self.hist[n] for n in range(1, self.block_size + 1)},
+                "per_pos_accepted_more_than": {str(i): self.per_pos[i] for i in range(self.block_size - 1)},
+            },
+            "tau_incl_bonus_pooled": self.tau_pooled,
+            "tau_incl_bonus_per_response_mean": self.tau_per_response,
+            "acceptance_rate": self.acceptance_rate,
+            "per_pos_acceptance": [p / self.steps if self.steps else float("nan") for p in self.per_pos],
+            "tokens_per_s": self.tokens_per_s,
+        }

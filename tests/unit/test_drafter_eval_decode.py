@@ -53,8 +53,9 @@ def _drafter(world: TinyWorld, block_size: int) -> DFlashDrafter:
 
 
 def _check_counts(gen, block_size: int) -> None:
-    # the first token comes from the prefill; every verify step adds accepted + 1 (the bonus)
-    assert len(gen.output_ids) == 1 + gen.accepted + gen.steps
+    # the first token comes from the prefill; every verify step adds accepted + 1 (the bonus), but
+    # the last step's bonus when the stop came first
+    assert len(gen.output_ids) - 1 in (gen.accepted + gen.steps, gen.accepted + gen.steps - 1)
     assert sum(gen.step_taus) == gen.accepted + gen.steps
     assert all(1 <= t <= block_size for t in gen.step_taus)
     assert gen.accepted <= gen.proposed <= gen.steps * (block_size - 1)
@@ -83,6 +84,7 @@ def test_exact_drafts_give_tau_b_per_full_step_and_shifted_drafts_give_one(
         exact = generate_speculative(runner, ReferenceDrafts(want), ids, MAX_NEW, block)
         assert exact.output_ids == want
         assert exact.step_taus[:-1] == [block] * (len(exact.step_taus) - 1)
+        assert exact.steps == -(-(len(want) - 1) // block)  # ceil: B tokens per step
         assert exact.proposed == exact.accepted  # every proposed token was accepted
         # the continuation one position late (a label shifted by one) is almost never accepted
         shifted = generate_speculative(runner, ReferenceDrafts([-1, *want]), ids, MAX_NEW, block)
@@ -125,12 +127,13 @@ class _Recomputing(DFlashSource):
     @torch.inference_mode()
     def propose(self, committed, k):
         ctx = torch.cat(self.seen)[None]
-        block = torch.tensor([[committed[-1]] + [self.mask_token_id] * k])
-        positions = torch.arange(0, len(committed) + k)[None]
+        n_mask = max(k, self.block_size - 1)  # a full block, as the drafter was trained
+        block = torch.tensor([[committed[-1]] + [self.mask_token_id] * n_mask])
+        positions = torch.arange(0, len(committed) + n_mask)[None]
         hidden = self.drafter(
             position_ids=positions, noise_embedding=self.target.embed(block), target_hidden=ctx
         )
-        out = self.drafter.compute_logits(hidden[0, -k:], self.target.lm_head).argmax(-1).tolist()
+        out = self.drafter.compute_logits(hidden[0, 1 : k + 1], self.target.lm_head).argmax(-1).tolist()
         self.proposals.append(out)
         return out
 
