@@ -54,3 +54,92 @@ def saved_target(folder: Path, seed: int = 0, **kw: Any) -> Path:
     target.model.save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def write_dataset(
+    out: Path, rows: list[tuple[list[int], list[int]]], tokenizer_folder: Path, source: str = "gen.jsonl"
+) -> Path:
+    """A DraftDeck shard folder of (input_ids, loss_mask) rows, with the manifest's tokenizer
+    fingerprint computed the way draftdeck.tokenize does."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from draftdeck.chat.render import tokenizer_fingerprint
+    from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
+
+    template = AutoTokenizer.from_pretrained(tokenizer_folder).chat_template or ""
+    w = ShardWriter(out, shard_rows=64)
+    for i, (ids, mask) in enumerate(rows):
+        w.add(ShardRow(np.asarray(ids, np.int32), np.asarray(mask, np.uint8), source, i, -1, False))
+    shards = w.close()
+    fp = tokenizer_fingerprint(tokenizer_folder, template, {})
+    write_metadata(
+        out,
+        shards,
+        {
+            "tokenizer": {"path": str(tokenizer_folder), "fingerprint": fp, "chat_template": template},
+            "parameters": {"template_kwargs": {}},
+        },
+    )
+    return out
+
+
+def greedy_rows(
+    folder: Path, n: int, prompt_len: int = 6, gen_len: int = 40, seed: int = 0
+) -> list[tuple[list[int], list[int]]]:
+    """The target's own greedy continuations of random prompts: mask = the generated tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size - 8
+    prompts = torch.randint(0, vocab, (n, prompt_len), generator=g)
+    with torch.no_grad():
+        out = model.generate(
+            prompts, max_new_tokens=gen_len, do_sample=False, min_new_tokens=gen_len, pad_token_id=0
+        )
+    return [(row.tolist(), [0] * prompt_len + [1] * gen_len) for row in out]
+
+
+CYCLE_START, CYCLE_LEN = 100, 24
+
+
+def cycle_batch(n: int, length: int, g: torch.Generator) -> torch.Tensor:
+    """Rows of a counting language: token[i + 1] = next in a cycle of CYCLE_LEN ids."""
+    start = torch.randint(0, CYCLE_LEN, (n, 1), generator=g)
+    return CYCLE_START + (start + torch.arange(length)) % CYCLE_LEN
+
+
+def learnable_target(folder: Path, steps: int = 60, seed: int = 0) -> Path:
+    """A tiny Qwen3 target trained briefly on the counting language, so that its greedy text has
+    structure a drafter can learn; saved with the small test BPE."""
+    saved_target(folder, seed, hidden=64, layers=2)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        ids = cycle_batch(16, 32, g)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.save_pretrained(folder)
+    return folder
+
+
+@torch.no_grad()
+def greedy_text(
+    folder: Path, n: int, prompt_len: int = 4, gen_len: int = 28, seed: int = 1
+) -> list[tuple[list[int], list[int]]]:
+    """The target's own greedy continuations of counting prompts (mask = generated tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = cycle_batch(n, prompt_len, torch.Generator().manual_seed(seed))
+    for _ in range(gen_len):
+        nxt = model(input_ids=ids).logits[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], dim=1)
+    return [(row.tolist(), [0] * prompt_len + [1] * gen_len) for row in ids]

@@ -68,6 +68,28 @@ def slot_weights(block_size: int, gamma: float, device: torch.device | str = "cp
     return w
 
 
+def counted_slots(
+    loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """(bsz, A, B) bool: slot k of the block at each anchor has a label (k >= 1, p + k inside the
+    sequence and the loss mask, the anchor not padding)."""
+    bsz, t = loss_mask.shape
+    slot_pos = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)
+    safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
+    out = (slot_pos < t) & loss_mask.bool().gather(1, safe).view(slot_pos.shape) & valid[:, :, None]
+    out[:, :, 0] = False
+    return out
+
+
+def label_weight_sum(
+    loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int, gamma: float
+) -> float:
+    """Sum of w over the counted slots: the loss's denominator, known before any forward (so that
+    micro-batches and ranks can share one global normaliser)."""
+    sel = counted_slots(loss_mask, anchors, valid, block_size)
+    return float((slot_weights(block_size, gamma, loss_mask.device) * sel).sum())
+
+
 @dataclass
 class BlockBatch:
     """The drafter's inputs and the labels for A blocks per row. Shapes: anchors/valid (bsz, A);
@@ -96,15 +118,14 @@ def build_blocks(
     bsz, t = input_ids.shape
     a, b = anchors.shape[1], block_size
     dev = input_ids.device
-    offs = torch.arange(b, device=dev)
-    slot_pos = anchors[:, :, None] + offs  # (bsz, A, B): absolute position of each slot
+    slot_pos = anchors[:, :, None] + torch.arange(
+        b, device=dev
+    )  # (bsz, A, B): absolute position of each slot
     block_ids = torch.full((bsz, a, b), mask_token_id, dtype=input_ids.dtype, device=dev)
     block_ids[:, :, 0] = input_ids.gather(1, anchors)
-    in_seq = slot_pos < t
     safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
     labels = input_ids.gather(1, safe).view(bsz, a, b)
-    label_valid = in_seq & loss_mask.bool().gather(1, safe).view(bsz, a, b) & valid[:, :, None]
-    label_valid[:, :, 0] = False
+    label_valid = counted_slots(loss_mask, anchors, valid, block_size)
     keys = torch.arange(t, device=dev)
     ctx_ok = keys[None, None, :] < anchors[:, :, None]  # strictly before the anchor
     if attention_mask is not None:
@@ -118,7 +139,7 @@ def build_blocks(
 
 
 def drafter_hidden(
-    drafter: DFlashDrafter, embedding: nn.Embedding, context: torch.Tensor, batch: BlockBatch
+    drafter: nn.Module, embedding: nn.Embedding, context: torch.Tensor, batch: BlockBatch
 ) -> torch.Tensor:
     """The drafter's final hidden states for every slot: (bsz, A, B, H)."""
     noise = F.embedding(batch.block_ids, embedding.weight)
@@ -144,10 +165,18 @@ class BlockResult:
     predictions: torch.Tensor
 
 
-def block_loss(logits_fn: nn.Module, hidden: torch.Tensor, batch: BlockBatch, gamma: float) -> BlockResult:
+def block_loss(
+    logits_fn: nn.Module,
+    hidden: torch.Tensor,
+    batch: BlockBatch,
+    gamma: float,
+    normalizer: float | None = None,
+) -> BlockResult:
     """Weighted CE over counted slots (logits only for those), per-slot and anchor-mean counts.
 
-    `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests)."""
+    `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests). The loss is
+    sum w * CE / `normalizer` (default: this batch's sum w; the trainer passes the global sum over
+    micro-batches and ranks, divided by the world size as DDP averages gradients)."""
     b = batch.block_size
     sel = batch.label_valid
     logits = logits_fn(hidden[sel]).float()
@@ -155,7 +184,8 @@ def block_loss(logits_fn: nn.Module, hidden: torch.Tensor, batch: BlockBatch, ga
     w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
     ce = F.cross_entropy(logits, labels, reduction="none")
     wsum = w.sum()
-    loss = (w * ce).sum() / wsum if sel.any() else hidden.sum() * 0.0
+    denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)
+    loss = (w * ce).sum() / denom if sel.any() else hidden.sum() * 0.0
     pred_sel = logits.argmax(-1)
     predictions = batch.block_ids.view(sel.shape).clone()
     predictions[sel] = pred_sel
@@ -189,7 +219,7 @@ def counts_of(batch: BlockBatch, correct: torch.Tensor, ce: torch.Tensor, w: tor
 
 
 def dflash_loss(
-    drafter: DFlashDrafter,
+    drafter: nn.Module,
     embedding: nn.Embedding,
     lm_head: nn.Module,
     context: torch.Tensor,
@@ -199,13 +229,33 @@ def dflash_loss(
     anchors: torch.Tensor,
     valid: torch.Tensor,
     gamma: float,
+    normalizer: float | None = None,
 ) -> BlockResult:
     """The whole objective for one batch: `context` = the target's concatenated features
-    (bsz, T, n_ids * H) for `input_ids` (bsz, T)."""
+    (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` or a DDP
+    wrapper of one (the forward must go through the wrapper for its gradient hooks)."""
     if not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(f"gamma {gamma} must be a positive number")
+    core: DFlashDrafter = getattr(drafter, "module", drafter)  # DDP wraps the drafter
     batch = build_blocks(
-        input_ids, loss_mask, attention_mask, anchors, valid, drafter.block_size, drafter.mask_token_id
+        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id
     )
     hidden = drafter_hidden(drafter, embedding, context, batch)
-    return block_loss(lm_head, hidden, batch, gamma)
+    return block_loss(lm_head, hidden, batch, gamma, normalizer)
+
+
+def sample_anchors_per_row(
+    loss_mask: torch.Tensor, lengths: list[int], n: int, generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_anchors` row by row on each unpadded row with its own generator, so that a row's
+    anchors depend only on the row and its generator (not on padding or batch-mates)."""
+    rows = [
+        sample_anchors(loss_mask[i : i + 1, :ln], n, g)
+        for i, (ln, g) in enumerate(zip(lengths, generators, strict=True))
+    ]
+    width = max(p.shape[1] for p, _ in rows)
+    pos = torch.zeros(len(rows), width, dtype=torch.long, device=loss_mask.device)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=loss_mask.device)
+    for i, (p, v) in enumerate(rows):
+        pos[i, : p.shape[1]], valid[i, : v.shape[1]] = p[0], v[0]
+    return pos, valid

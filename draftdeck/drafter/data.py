@@ -1,0 +1,246 @@
+"""Training rows from DraftDeck shards: a held-out split by conversation, a seeded epoch order with
+a resumable position, collation, and the checks that must pass BEFORE any step.
+
+- Split: a conversation (``source`` + ``source_row``) goes to held-out iff a hash of it falls under
+  `heldout_fraction`; rows split from one conversation (one per assistant turn) stay together, and
+  the split does not depend on the order, the seed or the number of ranks.
+- Order: epoch e visits the training rows in a permutation seeded by (seed, e). A `DataPosition`
+  (epoch, index into that permutation) is what a checkpoint stores: resuming from it continues the
+  same permutation, so no example is seen twice in an epoch.
+- Anchors are drawn per example from a generator seeded by (seed, epoch, index), so the anchors of
+  an example do not depend on how the global batch is cut across ranks or micro-batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from draftdeck.errors import InputError, UsageError
+from draftdeck.fileio import sha256_file
+from draftdeck.shards.store import MANIFEST, ShardDataset
+
+
+class DataError(UsageError):
+    """The training data cannot be used with this target or these settings."""
+
+
+class TokenizerMismatchError(DataError):
+    """The dataset was tokenized with another tokenizer than the target's."""
+
+
+class NoAnchorError(DataError):
+    """No row has two consecutive trained tokens (no place for a DFlash block)."""
+
+
+class RowTooLongError(DataError):
+    """A row is longer than the target's positions."""
+
+
+class EmptySplitError(DataError):
+    """The held-out or the training split is empty."""
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the next global batch starts: `index` into epoch `epoch`'s permutation."""
+
+    epoch: int = 0
+    index: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> DataPosition:
+        return cls(int(d["epoch"]), int(d["index"]))
+
+
+def conversation_key(source: str, source_row: int) -> str:
+    return f"{source}\0{source_row}"
+
+
+def is_heldout(source: str, source_row: int, fraction: float) -> bool:
+    """Deterministic (sha256 of the conversation key), independent of order, seed and ranks."""
+    if fraction <= 0:
+        return False
+    h = hashlib.sha256(conversation_key(source, source_row).encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64 < fraction
+
+
+def _has_anchor(offsets: np.ndarray, masks: np.ndarray) -> np.ndarray:
+    """Per row: does some p have mask[p] and mask[p + 1] inside the row?"""
+    m = masks.astype(bool)
+    pair = np.zeros(len(m), dtype=np.int64)
+    if len(m) > 1:
+        pair[:-1] = m[:-1] & m[1:]
+    # a pair straddling two rows starts at a row's last token: exclude it
+    last = offsets[1:] - 1
+    pair[last[last >= 0]] = 0
+    csum = np.concatenate([[0], np.cumsum(pair)])
+    return (csum[offsets[1:]] - csum[offsets[:-1]]) > 0
+
+
+@dataclass(frozen=True)
+class RowRef:
+    dataset: int  # index into TrainData.datasets
+    row: int  # row within that dataset
+    length: int
+
+
+class TrainData:
+    """The rows of one or more dataset folders, split and checked.
+
+    `train` and `heldout` are lists of `RowRef`; rows with no DFlash anchor are left out and
+    counted in `no_anchor` (rows in = train + heldout + no_anchor).
+    """
+
+    def __init__(
+        self, inputs: Sequence[str | Path], *, heldout_fraction: float, seq_length: int | None = None
+    ):
+        if not inputs:
+            raise DataError("no dataset folders given (inputs is empty)")
+        self.paths = [Path(p) for p in inputs]
+        self.datasets: list[ShardDataset] = []
+        for p in self.paths:
+            try:
+                self.datasets.append(ShardDataset(p))
+            except InputError as e:
+                raise DataError(str(e)) from e
+        self.seq_length = seq_length
+        self.heldout_fraction = heldout_fraction
+        self.train: list[RowRef] = []
+        self.heldout: list[RowRef] = []
+        self.no_anchor = 0
+        self.longest: tuple[int, str, int, Path] = (0, "", 0, self.paths[0])  # length, source, row, folder
+        for di, ds in enumerate(self.datasets):
+            n = 0
+            for batch in ds.iter_batches():
+                n = self._index(di, ds.path, batch, n)
+        self.rows_in = len(self.train) + len(self.heldout) + self.no_anchor
+
+    def _index(self, di: int, path: Path, batch: pa.RecordBatch, start: int) -> int:
+        masks_col = batch.column("loss_mask")
+        offsets = np.asarray(masks_col.offsets, dtype=np.int64)
+        offsets = offsets - offsets[0]
+        masks = np.asarray(masks_col.values)
+        lengths = np.diff(offsets)
+        anchored = _has_anchor(offsets, masks)
+        sources = batch.column("source").to_pylist()
+        rows = batch.column("source_row").to_pylist()
+        for i in range(len(lengths)):
+            length = int(lengths[i])
+            if length > self.longest[0]:
+                self.longest = (length, sources[i], int(rows[i]), path)
+            if not anchored[i]:
+                self.no_anchor += 1
+                continue
+            ref = RowRef(di, start + i, min(length, self.seq_length or length))
+            (self.heldout if is_heldout(sources[i], rows[i], self.heldout_fraction) else self.train).append(
+                ref
+            )
+        return start + len(lengths)
+
+    # --- checks before any step -------------------------------------------------------------
+    def manifests(self) -> list[dict[str, Any]]:
+        return [ds.manifest for ds in self.datasets]
+
+    def manifest_sha256(self) -> list[str]:
+        return [sha256_file(p / MANIFEST) for p in self.paths]
+
+    def check_tokenizer(self, target_folder: Path | None) -> None:
+        """Each dataset's tokenizer fingerprint must equal the target folder's, computed the way
+        draftdeck.tokenize does (tokenizer files + the chat template and kwargs the dataset used)."""
+        from draftdeck.chat.render import tokenizer_fingerprint
+
+        if target_folder is None:
+            return
+        for path, mf in zip(self.paths, self.manifests(), strict=True):
+            tok = mf.get("tokenizer") or {}
+            have = tok.get("fingerprint")
+            if not have:
+                raise TokenizerMismatchError(
+                    f"{path / MANIFEST}: no tokenizer fingerprint; re-tokenize the dataset"
+                )
+            kwargs = (mf.get("parameters") or {}).get("template_kwargs") or {}
+            want = tokenizer_fingerprint(target_folder, tok.get("chat_template") or "", kwargs)
+            if want != have:
+                raise TokenizerMismatchError(
+                    f"{path}: tokenized with tokenizer fingerprint {have} ({tok.get('path')}), but the "
+                    f"target {target_folder} has fingerprint {want}: tokenize the data with the target's "
+                    "tokenizer"
+                )
+
+    def check(self, max_positions: int, block_size: int) -> None:
+        if not self.train and not self.heldout:
+            raise NoAnchorError(
+                f"{', '.join(map(str, self.paths))}: none of {self.no_anchor} rows has a DFlash anchor "
+                "(two consecutive trained tokens): is the loss mask empty?"
+            )
+        if self.seq_length is not None and self.seq_length > max_positions:
+            raise RowTooLongError(
+                f"seq_length {self.seq_length} exceeds the target's {max_positions} positions"
+            )
+        length, source, row, folder = self.longest
+        if self.seq_length is None and length > max_positions:
+            raise RowTooLongError(
+                f"{folder}: row {source}:{row} has {length} tokens, more than the target's {max_positions} "
+                "positions; set seq_length to truncate"
+            )
+        if self.heldout_fraction > 0 and not self.heldout:
+            raise EmptySplitError(
+                f"the held-out split is empty (heldout_fraction {self.heldout_fraction} of "
+                f"{len(self.train)} rows): raise heldout_fraction or add data"
+            )
+        if not self.train:
+            raise EmptySplitError(f"the training split is empty ({len(self.heldout)} rows all held out)")
+        if block_size > max_positions:
+            raise DataError(f"block_size {block_size} exceeds the target's {max_positions} positions")
+
+    # --- reading -----------------------------------------------------------------------------
+    def epoch_order(self, seed: int, epoch: int) -> np.ndarray:
+        return np.random.default_rng([seed, epoch]).permutation(len(self.train))
+
+    def example(self, ref: RowRef) -> tuple[np.ndarray, np.ndarray]:
+        row = self.datasets[ref.dataset].row(ref.row)
+        n = ref.length
+        return np.asarray(row["input_ids"][:n], dtype=np.int64), np.asarray(
+            row["loss_mask"][:n], dtype=np.int64
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "inputs": [str(p) for p in self.paths],
+            "manifest_sha256": self.manifest_sha256(),
+            "rows_in": self.rows_in,
+            "train_rows": len(self.train),
+            "heldout_rows": len(self.heldout),
+            "no_anchor_rows": self.no_anchor,
+        }
+
+
+def collate(
+    examples: list[tuple[np.ndarray, np.ndarray]], pad_id: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest: (input_ids, attention_mask, loss_mask), each (bsz, T)."""
+    t = max(len(ids) for ids, _ in examples)
+    ids = np.full((len(examples), t), pad_id, dtype=np.int64)
+    att = np.zeros((len(examples), t), dtype=np.int64)
+    lm = np.zeros((len(examples), t), dtype=np.int64)
+    for i, (x, m) in enumerate(examples):
+        ids[i, : len(x)], att[i, : len(x)], lm[i, : len(x)] = x, 1, m
+    return tuple(torch.from_numpy(a).to(device) for a in (ids, att, lm))  # type: ignore[return-value]
+
+
+def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """The generator for one example's anchors: depends only on (seed, epoch, index)."""
+    h = hashlib.sha256(json.dumps([seed, epoch, index]).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(h[:8], "big") & (2**63 - 1))

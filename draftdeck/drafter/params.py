@@ -1,0 +1,67 @@
+"""`TrainParams`: the parameters of a drafter training run, defined once (CLI, API, job kinds)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class TrainParams(BaseModel):
+    """What a `train` run needs; every field is bounded and described for forms and the API."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[str] = Field(min_length=1, description="Dataset folders (DraftDeck shards) to train on")
+    target: str = Field(description="Local HF folder of the target model (a causal LM) and its tokenizer")
+    out: str = Field(
+        description="Run folder: checkpoints/, run.json; a run resumes when it holds checkpoints"
+    )
+    block_size: int = Field(16, ge=2, le=64, description="DFlash block size B (anchor + B-1 drafted tokens)")
+    layers: int = Field(1, ge=1, le=64, description="Drafter decoder layers")
+    target_layer_ids: list[int] | None = Field(
+        None, description="Target layers whose hidden states condition the drafter (default: spread 1..L-3)"
+    )
+    mask_token_id: int | None = Field(
+        None, ge=0, description="Spare token id for masked slots (default: resolved)"
+    )
+    gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
+    anchors_per_seq: int = Field(512, ge=1, le=8192, description="Random anchors (blocks) per sequence")
+    seq_length: int | None = Field(
+        None, ge=2, le=1_000_000, description="Truncate rows to this many tokens (default: whole rows)"
+    )
+    batch_size: int = Field(4, ge=1, le=4096, description="Sequences per micro-batch per device")
+    grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step")
+    lr: float = Field(6e-4, gt=0, le=1.0, description="Peak learning rate (AdamW)")
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final learning rate of the cosine, as a ratio of lr"
+    )
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay")
+    warmup_ratio: float = Field(0.04, ge=0, le=1, description="Fraction of steps with linear warmup")
+    max_steps: int | None = Field(
+        None, ge=1, le=100_000_000, description="Optimizer steps (overrides epochs)"
+    )
+    epochs: float = Field(
+        1.0, gt=0, le=1000, description="Passes over the training split (when no max_steps)"
+    )
+    clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clipping threshold")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init, order, anchors")
+    devices: int = Field(1, ge=1, le=64, description="World size: ranks (one per device)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present, else cpu")
+    checkpoint_every: int = Field(500, ge=1, le=10_000_000, description="Steps between checkpoints")
+    keep_checkpoints: int = Field(
+        3, ge=1, le=1000, description="Latest checkpoints kept (the best is kept too)"
+    )
+    eval_every: int = Field(500, ge=1, le=10_000_000, description="Steps between held-out evaluations")
+    log_every: int = Field(10, ge=1, le=1_000_000, description="Steps between training metric points")
+    heldout_fraction: float = Field(0.02, ge=0, lt=1, description="Fraction of conversations held out")
+    heldout_max_rows: int = Field(256, ge=1, le=1_000_000, description="Held-out rows used per evaluation")
+    eval_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per held-out batch")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainParams:
+        if self.target_layer_ids is not None and (
+            not self.target_layer_ids or min(self.target_layer_ids) < 0
+        ):
+            raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
+        return self

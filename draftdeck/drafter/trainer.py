@@ -1,0 +1,427 @@
+"""The drafter trainer: `train(params, ctx)`, one process or one rank of N.
+
+Each optimizer step takes the next `batch_size * grad_accum * world` rows of the epoch's seeded
+permutation; rank r trains its contiguous share in `grad_accum` micro-batches. The loss's
+denominator (sum of slot weights) is summed over micro-batches and ranks BEFORE the forward, so the
+gradient is exactly that of the whole global batch whatever the world size. Counts are reduced as
+counts (all_reduce SUM) every step; rank 0 reports them, writes checkpoints and run.json.
+
+Failures: NaN/inf loss stops before the optimizer step with an alert naming the step (the last
+checkpoint is untouched); CUDA out of memory names the settings to lower; a failed checkpoint
+write leaves the previous checkpoint intact and stops the run.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftdeck.drafter.checkpoint import CheckpointStore, rng_state, set_rng_state
+from draftdeck.drafter.config import DrafterConfig
+from draftdeck.drafter.counts import Counts
+from draftdeck.drafter.data import DataPosition, TrainData, anchor_generator, collate
+from draftdeck.drafter.model import DFlashDrafter
+from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors_per_row
+from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.target import Target
+from draftdeck.drafter.walked import heldout_counts
+from draftdeck.errors import Cancelled, DraftDeckError, UsageError
+from draftdeck.fileio import atomic_output
+from draftdeck.jobs.context import RunContext
+
+
+class TrainingDiverged(DraftDeckError):
+    """The loss became NaN or inf."""
+
+
+class DeviceError(UsageError):
+    """The run asks for a device this machine does not have, or ran out of its memory."""
+
+
+@dataclass
+class RunRecord:
+    """What defines a run (saved as <out>/run.json), and where it got to."""
+
+    inputs: list[str]
+    manifest_sha256: list[str]
+    target: str
+    drafter: dict[str, Any]  # DrafterConfig.to_dict(): block size, layers, layer ids, mask id + source
+    loss: str
+    gamma: float
+    anchors_per_seq: int
+    seq_length: int | None
+    lr_schedule: dict[str, Any]
+    seed: int
+    world_size: int
+    global_batch: int
+    data: dict[str, Any]
+    steps_done: int = 0
+    total_steps: int = 0
+    best_step: int | None = None
+    checkpoints: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resolve_device(device: str, rank: int, world: int) -> torch.device:
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise DeviceError(
+            "this run asks for a GPU (device 'cuda') but this machine has none (no CUDA device)"
+        )
+    if device == "cpu" or not has_cuda:
+        return torch.device("cpu")
+    if world > torch.cuda.device_count():
+        raise DeviceError(f"this run asks for {world} GPUs; this machine has {torch.cuda.device_count()}")
+    return torch.device("cuda", rank)
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup to 1 over `warmup` steps, then cosine down to `min_ratio` at `total`."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _bytes_writer(data: bytes) -> Any:
+    return lambda f: f.write(data)
+
+
+def _torch_writer(obj: Any) -> Any:
+    def write(f: Any) -> None:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        f.write(buf.getvalue())
+
+    return write
+
+
+class Trainer:
+    def __init__(self, params: TrainParams, ctx: RunContext, rank: int = 0, world: int = 1):
+        self.p, self.ctx, self.rank, self.world = params, ctx, rank, world
+        self.out = Path(params.out)
+        self.device = resolve_device(params.device, rank, world)
+        cuda = self.device.type == "cuda"
+        self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+        self.target = Target.load(params.target, device=self.device, dtype=torch.bfloat16 if cuda else None)
+        self.cfg = DrafterConfig.from_target(
+            self.target.config,
+            tokenizer=self.target.tokenizer,
+            layers=params.layers,
+            block_size=params.block_size,
+            target_layer_ids=params.target_layer_ids,
+            mask_token_id=params.mask_token_id,
+        )
+        self.data = TrainData(
+            params.inputs, heldout_fraction=params.heldout_fraction, seq_length=params.seq_length
+        )
+        self.data.check_tokenizer(self.target.folder)
+        self.data.check(self.target.max_positions or 10**9, self.cfg.block_size)
+        self.global_batch = params.batch_size * params.grad_accum * world
+        self.steps_per_epoch = len(self.data.train) // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise UsageError(
+                f"the global batch ({self.global_batch} rows = batch_size x grad_accum x devices) is larger "
+                f"than the training split ({len(self.data.train)} rows)"
+            )
+        self.total_steps = params.max_steps or max(1, math.ceil(params.epochs * self.steps_per_epoch))
+        self.warmup = int(params.warmup_ratio * self.total_steps)
+        torch.manual_seed(params.seed)
+        self.drafter = DFlashDrafter(self.cfg).to(self.device)
+        self.model: nn.Module = self.drafter
+        if world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(self.drafter, device_ids=[rank] if cuda else None)
+        self.opt = torch.optim.AdamW(
+            self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
+        )
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, self.total_steps, self.warmup, params.min_lr_ratio)
+        )
+        self.store = CheckpointStore(self.out, keep=params.keep_checkpoints)
+        self.step, self.pos, self.tokens = 0, DataPosition(), 0
+        pad = getattr(self.target.tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        self.record = self._record()
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def _record(self) -> RunRecord:
+        p = self.p
+        return RunRecord(
+            inputs=list(p.inputs),
+            manifest_sha256=self.data.manifest_sha256(),
+            target=str(p.target),
+            drafter=self.cfg.to_dict(),
+            loss="dflash: sum_k w_k CE_k / sum_k w_k, w_k = exp(-(k-1)/gamma), slot 0 excluded",
+            gamma=p.gamma,
+            anchors_per_seq=p.anchors_per_seq,
+            seq_length=p.seq_length,
+            lr_schedule={
+                "optimizer": "adamw",
+                "lr": p.lr,
+                "warmup_steps": self.warmup,
+                "schedule": "linear warmup + cosine",
+                "min_lr_ratio": p.min_lr_ratio,
+                "weight_decay": p.weight_decay,
+                "clip": p.clip,
+                "grad_accum": p.grad_accum,
+                "batch_size": p.batch_size,
+            },
+            seed=p.seed,
+            world_size=self.world,
+            global_batch=self.global_batch,
+            data=self.data.describe(),
+            total_steps=self.total_steps,
+        )
+
+    def _write_record(self) -> None:
+        if self.rank != 0:
+            return
+        idx = self.store.index()
+        self.record.steps_done = self.step
+        self.record.best_step = idx.best
+        self.record.checkpoints = [str(self.store.dir / c["path"]) for c in idx.checkpoints]
+        with atomic_output(self.out / "run.json", "w") as f:
+            json.dump(self.record.to_dict(), f, indent=2)
+
+    def _check_same_run(self) -> None:
+        path = self.out / "run.json"
+        if not path.is_file():
+            return
+        old = json.loads(path.read_text(encoding="utf-8"))
+        for key in (
+            "drafter",
+            "seed",
+            "gamma",
+            "anchors_per_seq",
+            "seq_length",
+            "global_batch",
+            "manifest_sha256",
+        ):
+            if old.get(key) != self.record.to_dict()[key]:
+                raise UsageError(
+                    f"{self.out} holds a run with another {key} ({old.get(key)!r}, now "
+                    f"{self.record.to_dict()[key]!r}): use a new out folder"
+                )
+
+    # --- reductions -------------------------------------------------------------------------
+    def _sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def _reduce_counts(self, c: Counts) -> Counts:
+        if self.world == 1:
+            return c
+        ints, floats = c.to_tensors(self.device)
+        return Counts.from_tensors(c.block_size, self._sum(ints).cpu(), self._sum(floats).cpu())
+
+    def _cancelled(self) -> bool:
+        try:
+            self.ctx.check_cancelled()
+            flag = 0.0
+        except Cancelled:
+            flag = 1.0
+        return bool(self._sum(torch.tensor([flag], device=self.device)).item() > 0)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def resume(self) -> bool:
+        latest = self.store.latest()
+        if latest is None:
+            return False
+        from safetensors.torch import load_file
+
+        self.drafter.load_state_dict(load_file(str(latest / "model.safetensors"), device=str(self.device)))
+        training = torch.load(latest / "training.pt", map_location=self.device, weights_only=False)
+        self.opt.load_state_dict(training["optimizer"])
+        self.sched.load_state_dict(training["scheduler"])
+        set_rng_state(training["rng"])
+        state = json.loads((latest / "state.json").read_text(encoding="utf-8"))
+        self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        self.pos = DataPosition.from_dict(state["position"])
+        return True
+
+    def save(self, heldout: Counts | None) -> None:
+        if self.rank != 0:
+            return
+        from safetensors.torch import save
+
+        state = {k: v.detach().contiguous().cpu() for k, v in self.drafter.state_dict().items()}
+        training = {
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": rng_state(),
+        }
+        meta = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "position": self.pos.to_dict(),
+            "heldout": None if heldout is None else heldout.to_tensors()[0].tolist(),
+        }
+        files = {
+            "model.safetensors": _bytes_writer(save(state, metadata={"format": "pt"})),
+            "config.json": _bytes_writer(json.dumps(self.cfg.to_hf_dict(), indent=2).encode()),
+            "drafter.json": _bytes_writer(json.dumps(self.cfg.to_dict(), indent=2).encode()),
+            "training.pt": _torch_writer(training),
+            "state.json": _bytes_writer(json.dumps(meta, indent=2).encode()),
+        }
+        walked = None if heldout is None else (heldout.walked_accepted, heldout.walked_steps)
+        self.store.save(self.step, files, walked)
+        self._write_record()
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _next_rows(self) -> list[tuple[int, int]]:
+        """(epoch, index) of this step's global batch; an epoch's tail shorter than a batch is skipped."""
+        if self.pos.index + self.global_batch > len(self.data.train):
+            self.pos = DataPosition(self.pos.epoch + 1, 0)
+        rows = [(self.pos.epoch, self.pos.index + i) for i in range(self.global_batch)]
+        self.pos = DataPosition(self.pos.epoch, self.pos.index + self.global_batch)
+        return rows
+
+    def _micro_batches(
+        self, rows: list[tuple[int, int]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        share = len(rows) // self.world
+        mine = rows[self.rank * share : (self.rank + 1) * share]
+        orders: dict[int, Any] = {}
+        out = []
+        for i in range(0, len(mine), self.p.batch_size):
+            chunk = mine[i : i + self.p.batch_size]
+            examples, gens = [], []
+            for epoch, index in chunk:
+                order = orders.setdefault(epoch, self.data.epoch_order(self.p.seed, epoch))
+                examples.append(self.data.example(self.data.train[int(order[index])]))
+                gens.append(anchor_generator(self.p.seed, epoch, index))
+            ids, att, lm = collate(examples, self.pad_id, self.device)
+            anchors, valid = sample_anchors_per_row(
+                lm, [len(e[0]) for e in examples], self.p.anchors_per_seq, gens
+            )
+            out.append((ids, att, lm, anchors, valid))
+        return out
+
+    def train_step(self) -> tuple[Counts, float]:
+        micro = self._micro_batches(self._next_rows())
+        wsum = sum(label_weight_sum(lm, a, v, self.cfg.block_size, self.p.gamma) for _, _, lm, a, v in micro)
+        total_w = float(self._sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
+        counts = Counts(self.cfg.block_size)
+        self.model.train()
+        for i, (ids, att, lm, anchors, valid) in enumerate(micro):
+            last = i == len(micro) - 1
+            sync = nullcontext() if last or self.world == 1 else self.model.no_sync()  # type: ignore[operator]
+            with sync, self.amp:
+                _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
+                res = dflash_loss(
+                    self.model,
+                    self.target.embedding,
+                    self.target.lm_head,
+                    context,
+                    ids,
+                    lm,
+                    att,
+                    anchors,
+                    valid,
+                    self.p.gamma,
+                    normalizer=max(total_w, 1e-12) / self.world,
+                )
+                res.loss.backward()
+            counts = counts + res.counts
+            counts.tokens += int(att.sum())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
+        return self._reduce_counts(counts), grad_norm
+
+    def evaluate(self) -> Counts:
+        rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
+        batches = []
+        for i in range(0, len(rows), self.p.eval_batch_size):
+            examples = [self.data.example(r) for r in rows[i : i + self.p.eval_batch_size]]
+            batches.append(collate(examples, self.pad_id, self.device))
+        with self.amp:
+            c = heldout_counts(self.drafter, self.target, batches, self.p.gamma)
+        return self._reduce_counts(c)
+
+    def run(self) -> RunRecord:
+        self._check_same_run()
+        resumed = self.resume()
+        if resumed and self.rank == 0:
+            self.ctx.event(
+                "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
+            )
+        self._write_record()
+        window, t0 = Counts(self.cfg.block_size), time.perf_counter()
+        while self.step < self.total_steps:
+            if self._cancelled():
+                self._write_record()
+                raise Cancelled(f"cancelled at step {self.step}; the last checkpoint is kept")
+            try:
+                counts, grad_norm = self.train_step()
+            except torch.cuda.OutOfMemoryError as e:
+                raise DeviceError(
+                    f"out of GPU memory at step {self.step + 1} (batch_size {self.p.batch_size}, "
+                    f"anchors_per_seq {self.p.anchors_per_seq}, seq_length {self.p.seq_length}): lower "
+                    "batch_size (raise grad_accum to keep the global batch), anchors_per_seq or seq_length"
+                ) from e
+            step = self.step + 1
+            if not math.isfinite(counts.loss) or not math.isfinite(grad_norm):
+                msg = (
+                    f"loss is {counts.loss} (grad norm {grad_norm}) at step {step}: the run stopped; "
+                    "the last checkpoint is kept"
+                )
+                if self.rank == 0:
+                    self.ctx.alert("training_diverged", msg)
+                self._write_record()
+                raise TrainingDiverged(msg)
+            lr = self.opt.param_groups[0]["lr"]
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step = step
+            self.tokens += counts.tokens
+            window = window + counts
+            if self.rank == 0:
+                self.ctx.progress(step, self.total_steps, "steps")
+            if step % self.p.log_every == 0 or step == self.total_steps:
+                dt = max(time.perf_counter() - t0, 1e-9)
+                values = {
+                    "train/loss": window.loss,
+                    "train/lr": lr,
+                    "train/grad_norm": grad_norm,
+                    "train/tokens_per_s": window.tokens / dt,
+                    **window.position_metrics("train"),
+                }
+                if self.rank == 0:
+                    self.ctx.metrics(step, values, tokens=self.tokens)
+                window, t0 = Counts(self.cfg.block_size), time.perf_counter()
+            at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
+            heldout = None
+            if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):
+                heldout = self.evaluate()
+                if self.rank == 0:
+                    self.ctx.metrics(step, heldout.heldout_metrics(), tokens=self.tokens)
+            if at_ckpt:
+                self.save(heldout)
+        self._write_record()
+        return self.record
+
+
+def train(params: TrainParams, ctx: RunContext) -> RunRecord:
+    """Train (or resume) a drafter as `params` says; N ranks when `params.devices` > 1."""
+    if params.devices > 1:
+        from draftdeck.drafter.distributed import launch
+
+        return launch(params, ctx)
+    return Trainer(params, ctx).run()
