@@ -114,15 +114,38 @@ def load_zlab(folder: Path, *, device: str | torch.device = "cpu") -> DFlashDraf
     return drafter.to(device).eval()
 
 
+def resolve_checkpoint(path: Path) -> Path:
+    """The drafter folder `path` names: a checkpoint (config.json + model.safetensors, what the
+    trainer writes per step and what `export_drafter` writes), or a train run folder / its
+    `checkpoints/` folder, resolved to the best checkpoint by held-out walked tau (else the latest)."""
+    from draftdeck.drafter.checkpoint import CheckpointStore
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: the checkpoint folder does not exist")
+    if (path / CONFIG).is_file():
+        return path
+    run = path.parent if path.name == "checkpoints" else path
+    store = CheckpointStore(run)
+    if not store.index_path.is_file():
+        raise CheckpointError(
+            f"{path}: neither a drafter checkpoint (no {CONFIG}) nor a train run (no checkpoints/index.json)"
+        )
+    idx = store.index()
+    entry = next((c for c in idx.checkpoints if c["step"] == idx.best), None)
+    if entry is not None:
+        return store.dir / entry["path"]
+    latest = store.latest()
+    if latest is None:
+        raise CheckpointError(f"{store.index_path}: the run has no checkpoint yet")
+    return latest
+
+
 def load_drafter(checkpoint: Path, *, device: str | torch.device = "cpu") -> DFlashDrafter:
-    """A drafter from a checkpoint folder: z-lab's format (config.json with dflash_config +
-    model.safetensors), which is also what `export_drafter` writes."""
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_dir():
-        raise CheckpointError(f"{checkpoint}: the checkpoint folder does not exist")
-    return load_zlab(checkpoint, device=device)
+    """A drafter from a checkpoint, an export, or a train run folder (its best checkpoint)."""
+    return load_zlab(resolve_checkpoint(checkpoint), device=device)
 
 
 def export_drafter(checkpoint_dir: Path, out_dir: Path) -> Path:
-    """Export a checkpoint to `out_dir` in z-lab's format (atomically)."""
+    """Export a checkpoint (or a train run's best) to `out_dir` in z-lab's format (atomically)."""
     return save_zlab(load_drafter(checkpoint_dir), out_dir)
