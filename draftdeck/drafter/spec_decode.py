@@ -101,6 +101,7 @@ class Generation:
 
     output_ids: list[int]
     seconds: float
+    cpu_seconds: float = 0.0  # this process's CPU time: the robust speed figure on a shared machine
     steps: int = 0
     accepted: int = 0
     proposed: int = 0
@@ -163,7 +164,7 @@ def generate_plain(
     """Target-only decoding, one token per forward, over the same KV cache: the speed baseline and the
     reference for losslessness."""
     gen = _generator(sampling)
-    begin = time.perf_counter()
+    begin, cpu = time.perf_counter(), time.process_time()
     cache = target.new_cache()
     logits, _ = target.forward(prompt_ids, 0, cache, None)
     out: list[int] = []
@@ -173,7 +174,7 @@ def generate_plain(
         if token in target.eos_ids or len(out) >= max_new_tokens:
             break
         logits, _ = target.forward([token], len(prompt_ids) + len(out) - 1, cache, None)
-    return Generation(output_ids=out, seconds=time.perf_counter() - begin)
+    return Generation(out, time.perf_counter() - begin, time.process_time() - cpu)
 
 
 @torch.inference_mode()
@@ -189,7 +190,7 @@ def generate_speculative(
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2 (an anchor and one draft), got {block_size}")
     gen = _generator(sampling)
-    begin = time.perf_counter()
+    begin, cpu = time.perf_counter(), time.process_time()
     cache = target.new_cache()
     layer_ids = source.layer_ids
     source.begin(prompt_ids)
@@ -240,6 +241,7 @@ def generate_speculative(
         source.observe(feats[:produced] if feats is not None else None)
     result.output_ids = committed[len(prompt_ids) :]
     result.seconds = time.perf_counter() - begin
+    result.cpu_seconds = time.process_time() - cpu
     return result
 
 
@@ -334,6 +336,7 @@ class DecodeStats:
     proposed: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    cpu_seconds: float = 0.0
     response_tau_sum: float = 0.0  # sum over responses with a verify step of their own tau
     responses_with_steps: int = 0
     hist: list[int] = field(default_factory=list)
@@ -347,6 +350,7 @@ class DecodeStats:
         self.responses += 1
         self.tokens += len(gen.output_ids)
         self.seconds += gen.seconds
+        self.cpu_seconds += gen.cpu_seconds
         self.steps += gen.steps
         self.accepted += gen.accepted
         self.proposed += gen.proposed
@@ -379,6 +383,10 @@ class DecodeStats:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else float("nan")
 
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_seconds if self.cpu_seconds > 0 else float("nan")
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "counts": {
@@ -388,6 +396,7 @@ class DecodeStats:
                 "accepted": self.accepted,
                 "tokens": self.tokens,
                 "seconds": round(self.seconds, 4),
+                "cpu_seconds": round(self.cpu_seconds, 4),
                 "hist_tau_incl_bonus": {str(n): self.hist[n] for n in range(1, self.block_size + 1)},
                 "per_pos_accepted_more_than": {str(i): self.per_pos[i] for i in range(self.block_size - 1)},
             },
@@ -396,4 +405,5 @@ class DecodeStats:
             "acceptance_rate": self.acceptance_rate,
             "per_pos_acceptance": [p / self.steps if self.steps else float("nan") for p in self.per_pos],
             "tokens_per_s": self.tokens_per_s,
+            "tokens_per_cpu_s": self.tokens_per_cpu_s,
         }
