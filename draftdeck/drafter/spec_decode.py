@@ -62,7 +62,8 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
 
 
 def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
-    return int(torch.multinomial(probs, 1, generator=gen).item())
+    # the seeded generator lives on the CPU, so draws are the same on every device
+    return int(torch.multinomial(probs.detach().cpu(), 1, generator=gen).item())
 
 
 def accept_sampled(drafts: list[int], probs: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
