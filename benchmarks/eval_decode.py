@@ -3,10 +3,10 @@
 trained drafter, the untrained drafter and prompt lookup against target-only decoding, measured in
 one run (every method decodes the same prompts with the same target, interleaved per prompt).
 
-    python benchmarks/eval_decode.py [--target-seconds 60] [--train-prompts 300] [--train-steps 150]
+    python benchmarks/eval_decode.py [--target-steps 300] [--train-prompts 300] [--train-steps 150]
                                      [--eval-prompts 30] [--max-new 64] [--block 8] [--workdir DIR]
 
-Steps: build the tiny world (BPE 2,048, Qwen3 128 x 4 trained for --target-seconds); the target
+Steps: build the tiny world (BPE 2,048, Qwen3 128 x 4 trained for --target-steps); the target
 answers --train-prompts demo prompts greedily (its own output, as regeneration would give); those
 rows become a DraftDeck dataset; the real trainer trains a 1-layer drafter on it (context from all
 4 target layers); the eval job decodes --eval-prompts held-out demo prompts. Prints one table.
@@ -69,7 +69,7 @@ def answered_dataset(target_dir: Path, prompts: Path, out: Path, max_new: int) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--target-seconds", type=float, default=60.0)
+    ap.add_argument("--target-steps", type=int, default=300)
     ap.add_argument("--train-prompts", type=int, default=300)
     ap.add_argument("--train-steps", type=int, default=150)
     ap.add_argument("--eval-prompts", type=int, default=30)
@@ -81,7 +81,7 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dd-eval-bench-"))
     t0 = time.perf_counter()
     world = build_tiny_demo(
-        work, target_steps=10_000, target_seconds=args.target_seconds, n_prompts=args.eval_prompts
+        work, target_steps=args.target_steps, target_seconds=None, n_prompts=args.eval_prompts
     )
     t_world = time.perf_counter() - t0
     train_prompts = write_prompts(work / "train_prompts.jsonl", args.train_prompts, seed=99)
@@ -123,7 +123,7 @@ def main() -> None:
     ev = json.loads((ctx.out_dir / "eval.json").read_text())["eval"]
     base = ev["target_only"]["tokens_per_s"]
     print(
-        f"tiny demo world: target trained {args.target_seconds:.0f} s; {args.train_prompts} answered prompts "
+        f"tiny demo world: target trained {args.target_steps} steps; {args.train_prompts} answered prompts "
         f"({gen_tokens} tokens); drafter {args.train_steps} steps; eval {ev['prompts']} held-out prompts x "
         f"{args.max_new} new tokens, B = {ev['block_size']}, greedy, 1 torch thread"
     )

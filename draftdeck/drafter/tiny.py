@@ -263,8 +263,10 @@ def build_target(
     lr: float = 3e-3,
     log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Build a tiny Qwen3 causal LM and train it on demo conversations for `steps` steps (or until
-    `max_seconds`); save it as a local HF model folder with its tokenizer beside the weights."""
+    """Build a tiny Qwen3 causal LM and train it on demo conversations for `steps` steps; save it as
+    a local HF model folder with its tokenizer beside the weights. The learning-rate schedule spans
+    `steps`; `max_seconds` is only a cap on a slow machine (a run cut short by it never reaches the
+    end of the schedule, so choose `steps` that fit: ~300 steps/min on one free core)."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
@@ -331,12 +333,14 @@ def build_tiny_demo(
     workdir: Path,
     *,
     target_steps: int = 600,
-    target_seconds: float | None = 120.0,
+    target_seconds: float | None = None,
     n_prompts: int = 1000,
     seed: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> TinyDemo:
-    """Tokenizer, target and prompts under `workdir` (tokenizer/, target/, prompts.jsonl)."""
+    """Tokenizer, target and prompts under `workdir` (tokenizer/, target/, prompts.jsonl).
+    600 target steps take ~120 s on one free core; deterministic given `seed` unless
+    `target_seconds` cuts the training short."""
     tokenizer_dir = build_tokenizer(workdir / "tokenizer", seed=seed)
     target_dir = build_target(
         workdir / "target", tokenizer_dir, steps=target_steps, max_seconds=target_seconds, seed=seed, log=log
