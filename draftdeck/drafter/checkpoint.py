@@ -134,7 +134,8 @@ class CheckpointStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / step_name(step)
         tmp = self.dir / f".tmp-{step_name(step)}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        for stale in self.dir.glob(".tmp-step-*"):  # left by a writer killed mid-write (one writer per run)
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             tmp.mkdir()
             for name, write in files.items():

@@ -131,7 +131,7 @@ class TrainData:
         masks_col = batch.column("loss_mask")
         offsets = np.asarray(masks_col.offsets, dtype=np.int64)
         offsets = offsets - offsets[0]
-        masks = np.asarray(masks_col.values)
+        masks = np.asarray(masks_col.flatten())  # respects a sliced batch (values would not)
         lengths = np.diff(offsets)
         anchored = _has_anchor(offsets, masks)
         sources = batch.column("source").to_pylist()

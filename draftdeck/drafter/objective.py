@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -236,7 +237,7 @@ def dflash_loss(
     wrapper of one (the forward must go through the wrapper for its gradient hooks)."""
     if not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(f"gamma {gamma} must be a positive number")
-    core: DFlashDrafter = getattr(drafter, "module", drafter)  # DDP wraps the drafter
+    core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # DDP wraps the drafter
     batch = build_blocks(
         input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id
     )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from draftdeck.jobs.context import RunContext
+    from draftdeck.quality import Report
 
 
 class TrainParams(BaseModel):
@@ -65,3 +70,39 @@ class TrainParams(BaseModel):
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
         return self
+
+
+def run_train(params: TrainParams, ctx: RunContext) -> Report:
+    """The `train` job's run function: train (or resume), then account for the rows.
+
+    rows_in = rows read; rows_out = rows used (training + held-out split, see `extra`); rows with
+    no DFlash anchor are counted under `rejected["no_dflash_anchor"]`. Outputs: the last
+    checkpoint's weights (holding rows_out, the rows it was trained and judged on), and run.json.
+    """
+    from draftdeck.drafter.trainer import train
+    from draftdeck.fileio import sha256_file
+    from draftdeck.quality import Output, Report
+
+    record = train(params, ctx)
+    data = record.data
+    report = Report(rows_in=data["rows_in"], rows_out=data["train_rows"] + data["heldout_rows"])
+    if data["no_anchor_rows"]:
+        report.rejected["no_dflash_anchor"] = data["no_anchor_rows"]
+    out = Path(params.out)
+    if record.checkpoints:
+        weights = Path(max(record.checkpoints)) / "model.safetensors"
+        report.outputs.append(
+            Output(str(weights), report.rows_out, weights.stat().st_size, sha256_file(weights))
+        )
+    run_json = out / "run.json"
+    report.outputs.append(Output(str(run_json), 0, run_json.stat().st_size, sha256_file(run_json)))
+    report.extra = {
+        "train_rows": data["train_rows"],
+        "heldout_rows": data["heldout_rows"],
+        "steps": record.steps_done,
+        "best_step": record.best_step,
+        "checkpoints": record.checkpoints,
+        "run": str(run_json),
+    }
+    report.check_accounting()
+    return report

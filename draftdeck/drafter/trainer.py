@@ -362,11 +362,12 @@ class Trainer:
                 "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
             )
         self._write_record()
-        window, t0 = Counts(self.cfg.block_size), time.perf_counter()
+        window, busy = Counts(self.cfg.block_size), 0.0
         while self.step < self.total_steps:
             if self._cancelled():
                 self._write_record()
                 raise Cancelled(f"cancelled at step {self.step}; the last checkpoint is kept")
+            t_step = time.perf_counter()
             try:
                 counts, grad_norm = self.train_step()
             except torch.cuda.OutOfMemoryError as e:
@@ -392,10 +393,11 @@ class Trainer:
             self.step = step
             self.tokens += counts.tokens
             window = window + counts
+            busy += time.perf_counter() - t_step  # tokens/s over training steps, not evals or saves
             if self.rank == 0:
                 self.ctx.progress(step, self.total_steps, "steps")
             if step % self.p.log_every == 0 or step == self.total_steps:
-                dt = max(time.perf_counter() - t0, 1e-9)
+                dt = max(busy, 1e-9)
                 values = {
                     "train/loss": window.loss,
                     "train/lr": lr,
@@ -405,7 +407,7 @@ class Trainer:
                 }
                 if self.rank == 0:
                     self.ctx.metrics(step, values, tokens=self.tokens)
-                window, t0 = Counts(self.cfg.block_size), time.perf_counter()
+                window, busy = Counts(self.cfg.block_size), 0.0
             at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
             heldout = None
             if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):

@@ -1,0 +1,171 @@
+# ruff: noqa: E402 - imports follow the sys.path fix
+"""Drafter training throughput on the CPU: DraftDeck's whole step against bare PyTorch.
+
+    python benchmarks/train.py [--steps 12] [--seq 256] [--batch 4] [--anchors 32] [--block 8]
+
+One table, measured in one run, the two alternating step by step (the machine is shared, so
+alternation keeps the comparison fair):
+
+- DraftDeck: `Trainer.train_step` + the optimizer step, i.e. reading rows from the shards, seeded
+  anchors, block building, the target forward, the drafter forward/backward over flattened
+  blocks, the counts (and their reduction), clipping.
+- bare PyTorch: the same modules on the same batch with everything prepared in advance: target
+  forward (hidden states), fc + drafter forward under the same mask, LM head on the same counted
+  slots, weighted CE, backward, clipping, optimizer step.
+
+The goal (issue 9) is >= 0.8x: the plumbing costs at most 20 %. The target is a random-init Qwen3
+(hidden 128 x 4 layers) with the project's small test BPE; the drafter has 1 layer, context from
+all 4 target layers.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+
+def build(root: Path, seq: int, rows: int) -> tuple[Path, Path]:
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    from draftdeck.chat.render import tokenizer_fingerprint
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
+
+    tok = AutoTokenizer.from_pretrained(small_bpe_tokenizer())
+    cfg = Qwen3Config(
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=384,
+        vocab_size=len(tok) + 8,
+        max_position_embeddings=4096,
+    )
+    torch.manual_seed(0)
+    target = root / "target"
+    Qwen3ForCausalLM(cfg).save_pretrained(target)
+    tok.save_pretrained(target)
+    rng = np.random.default_rng(0)
+    w = ShardWriter(root / "ds", shard_rows=256)
+    for i in range(rows):
+        mask = np.zeros(seq, np.uint8)
+        mask[seq // 8 :] = 1
+        w.add(ShardRow(rng.integers(0, len(tok), seq).astype(np.int32), mask, "bench.jsonl", i, -1, False))
+    fp = tokenizer_fingerprint(target, tok.chat_template or "", {})
+    write_metadata(
+        root / "ds",
+        w.close(),
+        {
+            "tokenizer": {"fingerprint": fp, "chat_template": tok.chat_template},
+            "parameters": {"template_kwargs": {}},
+        },
+    )
+    return target, root / "ds"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--block", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from draftdeck.drafter.objective import build_blocks, sample_anchors, slot_weights
+    from draftdeck.drafter.params import TrainParams
+    from draftdeck.drafter.trainer import Trainer
+    from draftdeck.jobs.context import LocalContext
+
+    root = Path(tempfile.mkdtemp(prefix="dd-bench-train-"))
+    target, ds = build(root, args.seq, rows=args.batch * (2 * args.steps + 4))
+    params = TrainParams(
+        inputs=[str(ds)],
+        target=str(target),
+        out=str(root / "run"),
+        block_size=args.block,
+        anchors_per_seq=args.anchors,
+        batch_size=args.batch,
+        lr=1e-3,
+        max_steps=10_000,
+        heldout_fraction=0.0,
+        device="cpu",
+    )
+    tr = Trainer(params, LocalContext(root / "ctx"))
+    drafter, tgt = tr.drafter, tr.target
+
+    # the bare side: one fixed batch, everything prepared outside the timed region
+    ids = torch.stack([torch.from_numpy(tr.data.example(tr.data.train[i])[0]) for i in range(args.batch)])
+    lm = torch.stack([torch.from_numpy(tr.data.example(tr.data.train[i])[1]) for i in range(args.batch)])
+    anchors, valid = sample_anchors(lm, args.anchors, torch.Generator().manual_seed(0))
+    bb = build_blocks(ids, lm, None, anchors, valid, args.block, drafter.mask_token_id)
+    sel = bb.label_valid
+    labels = bb.labels[sel]
+    w = slot_weights(args.block, params.gamma).expand_as(sel)[sel]
+    noise = torch.nn.functional.embedding(bb.block_ids, tgt.embedding.weight)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
+
+    def bare() -> None:
+        with torch.no_grad():
+            hs = tgt.model(
+                input_ids=ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
+            ).hidden_states
+            ctx = torch.cat([hs[i + 1] for i in drafter.target_layer_ids], dim=-1)
+        h = drafter(
+            position_ids=bb.position_ids,
+            attention_mask=bb.attention_mask,
+            noise_embedding=noise,
+            target_hidden=ctx,
+        )
+        logits = tgt.lm_head(h.view(*sel.shape, -1)[sel])
+        loss = (w * torch.nn.functional.cross_entropy(logits, labels, reduction="none")).sum() / w.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def ours() -> None:
+        tr.train_step()
+        tr.opt.step()
+        tr.sched.step()
+        tr.opt.zero_grad(set_to_none=True)
+
+    tokens = args.batch * args.seq
+    times: dict[str, list[float]] = {"draftdeck": [], "bare": []}
+    for i in range(args.steps + 2):
+        for name, fn in (("draftdeck", ours), ("bare", bare)):
+            t0 = time.perf_counter()
+            fn()
+            if i >= 2:  # warm-up steps are not timed
+                times[name].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"drafter train step, CPU ({args.threads} thread), target 128x4, drafter 1 layer, B={args.block}, "
+        f"{args.batch} x {args.seq} tokens, {args.anchors} anchors/seq, median of {args.steps} steps"
+    )
+    print(f"| {'path':<34} | {'s/step':>8} | {'tokens/s':>9} | {'ratio':>6} |")
+    print(f"|{'-' * 36}|{'-' * 10}|{'-' * 11}|{'-' * 8}|")
+    for name, label in (
+        ("bare", "bare PyTorch fwd+bwd, same modules"),
+        ("draftdeck", "DraftDeck whole step"),
+    ):
+        ratio = med["bare"] / med[name]
+        print(f"| {label:<34} | {med[name]:>8.4f} | {tokens / med[name]:>9.0f} | {ratio:>5.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
