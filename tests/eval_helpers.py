@@ -1,0 +1,131 @@
+"""Builders for the evaluation tests: a briefly trained tiny target from `draftdeck.drafter.tiny`
+(small shape so that it builds in a few seconds), its prompts as token ids, and a chi-square bound."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from draftdeck.drafter.target import Target
+from draftdeck.drafter.tiny import TargetShape, build_target, build_tokenizer, write_prompts
+
+SMALL_SHAPE = TargetShape(
+    hidden_size=64, num_hidden_layers=2, intermediate_size=128, max_position_embeddings=512
+)
+
+
+@dataclass
+class TinyWorld:
+    target_dir: Path
+    prompts: Path
+    target: Target
+    prompt_ids: list[list[int]]
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.target.tokenizer.eos_token_id)
+
+
+def build_world(root: Path, *, steps: int = 60, n_prompts: int = 8, seed: int = 0) -> TinyWorld:
+    tok_dir = build_tokenizer(root / "tokenizer", vocab_size=512, n_texts=1000, seed=seed)
+    target_dir = build_target(
+        root / "target", tok_dir, steps=steps, shape=SMALL_SHAPE, batch=8, seq_len=96, lr=1e-2, seed=seed
+    )
+    prompts = write_prompts(root / "prompts.jsonl", n_prompts, seed=seed + 1)
+    target = Target.load(target_dir)
+    ids = [
+        prompt_ids(target.tokenizer, json.loads(line)["messages"])
+        for line in prompts.read_text(encoding="utf-8").splitlines()
+    ]
+    return TinyWorld(target_dir, prompts, target, ids)
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    return list(
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
+
+
+def chi2_bound(df: int, z: float = 3.09) -> float:
+    """Upper quantile of chi-square with `df` degrees of freedom (Wilson-Hilferty; z 3.09 = 0.999)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+DFLASH_VERSION = "0.1.0"
+TORCH_PIN = "torch==2.13.0"
+
+
+def dflash_venv() -> Path:
+    """A venv of its own for `dflash==0.1.0` and its pins (transformers 5.15, datasets 5), cached
+    under ~/.cache/draftdeck-tests keyed by version; torch is installed first so pip keeps the CPU
+    build. Skips the test, saying why, only when pip cannot install it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    root = Path.home() / ".cache" / "draftdeck-tests"
+    venv = root / f"dflash-venv-{DFLASH_VERSION}"
+    if (venv / ".complete").exists():
+        return venv
+    root.mkdir(parents=True, exist_ok=True)
+    partial = root / f".dflash-venv-{DFLASH_VERSION}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(partial)], check=True)
+    py = str(partial / "bin" / "python")
+    for spec in ([TORCH_PIN], [f"dflash[local]=={DFLASH_VERSION}"]):
+        res = subprocess.run([py, "-m", "pip", "install", "-q", *spec], capture_output=True, text=True)
+        if res.returncode != 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            pytest.skip(f"pip cannot install {' '.join(spec)} into a venv of its own: {res.stderr[-600:]}")
+    (partial / ".complete").write_text(DFLASH_VERSION + "\n", encoding="utf-8")
+    if venv.exists():  # a venv left without its marker: an interrupted build
+        shutil.rmtree(venv)
+    os.replace(partial, venv)
+    return venv
+
+
+def quick_trained_drafter(
+    target: Target,
+    texts: list[tuple[list[int], list[int]]],
+    *,
+    block_size: int = 4,
+    steps: int = 40,
+    seed: int = 0,
+) -> Any:
+    """A 1-layer drafter trained for a few steps on (prompt, target output) pairs with the drafter
+    helper's objective, output tokens trained: a checkpoint with tau between 1 and B for tests."""
+    import torch
+
+    from draftdeck.drafter.config import DrafterConfig
+    from draftdeck.drafter.model import DFlashDrafter
+    from draftdeck.drafter.objective import dflash_loss, sample_anchors
+
+    torch.manual_seed(seed)
+    cfg = DrafterConfig.from_target(target.config, tokenizer=target.tokenizer, block_size=block_size)
+    drafter = DFlashDrafter(cfg)
+    width = max(len(p) + len(o) for p, o in texts)
+    ids = torch.zeros(len(texts), width, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for r, (p, o) in enumerate(texts):
+        ids[r, : len(p) + len(o)] = torch.tensor(p + o)
+        attn[r, : len(p) + len(o)] = 1
+        mask[r, len(p) : len(p) + len(o)] = 1
+    _, context = target.context_features(ids, attn, drafter.target_layer_ids)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        anchors, valid = sample_anchors(mask, 16, gen)
+        res = dflash_loss(
+            drafter, target.embedding, target.lm_head, context, ids, mask, attn, anchors, valid, 4.0
+        )
+        opt.zero_grad()
+        res.loss.backward()
+        opt.step()
+    return drafter.eval()

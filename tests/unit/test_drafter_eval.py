@@ -1,0 +1,151 @@
+"""The eval job end to end on a tiny target: eval.json with tau incl. bonus (pooled and per
+response), histogram, acceptance rate, per-position acceptance, speeds, losslessness for the
+drafter and both baselines; metric points as counts; bad prompt rows rejected with reasons; the
+walked tau of the checkpoint equals real greedy tau on the target's own outputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftdeck.drafter.eval_params import EvalParams
+from draftdeck.drafter.evaluate import run_eval, tau_mismatch
+from draftdeck.drafter.export import save_zlab
+from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
+from draftdeck.errors import UsageError
+from draftdeck.jobs.context import LocalContext
+from tests.eval_helpers import TinyWorld, build_world, quick_trained_drafter
+
+torch.set_num_threads(1)
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> TinyWorld:
+    return build_world(tmp_path_factory.mktemp("eval-world"), n_prompts=6)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(world: TinyWorld, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runner = TargetRunner(world.target, [world.eos_id])
+    texts = [(ids, generate_plain(runner, ids, MAX_NEW).output_ids) for ids in world.prompt_ids]
+    drafter = quick_trained_drafter(world.target, texts, block_size=4, steps=30)
+    return save_zlab(drafter, tmp_path_factory.mktemp("ckpt") / "drafter")
+
+
+def _run(world: TinyWorld, checkpoint: Path, tmp_path: Path, **kw) -> tuple[dict, LocalContext]:
+    ctx = LocalContext(tmp_path / "job")
+    params = EvalParams(
+        inputs=kw.pop("inputs", world.prompts),
+        target=world.target_dir,
+        checkpoint=checkpoint,
+        max_new_tokens=MAX_NEW,
+        **kw,
+    )
+    report = run_eval(params, ctx)
+    data = json.loads((ctx.out_dir / "eval.json").read_text())
+    assert data["rows_in"] == report.rows_in
+    return data, ctx
+
+
+def test_greedy_eval_reports_counts_baselines_and_lossless(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    data, ctx = _run(world, checkpoint, tmp_path)
+    ev = data["eval"]
+    assert data["rows_in"] == data["rows_out"] == 6 and ev["block_size"] == 4
+    assert ev["lossless"] is True
+    assert "incl. bonus" in ev["tau_label"]
+    for name in ("drafter", "untrained", "prompt_lookup"):
+        m = ev["methods"][name]
+        c = m["counts"]
+        assert m["lossless"] is True and m["first_difference"] is None
+        # +1 prefill token each; a last bonus past the stop is dropped (at most one per response)
+        extra = c["accepted"] + c["verify_steps"] + c["responses"] - c["tokens"]
+        assert 0 <= extra <= c["responses"]
+        assert sum(c["hist_tau_incl_bonus"].values()) == c["verify_steps"]
+        assert m["tau_incl_bonus_pooled"] == pytest.approx(
+            (c["accepted"] + c["verify_steps"]) / c["verify_steps"]
+        )
+        assert m["acceptance_rate"] == pytest.approx(c["accepted"] / c["proposed"])
+        # per-position (vLLM): drafts that accepted more than i tokens; they sum to tau - 1
+        assert sum(m["per_pos_acceptance"]) == pytest.approx(m["tau_incl_bonus_pooled"] - 1)
+        assert m["tokens_per_s"] > 0 and m["speedup_vs_target_only"] > 0
+    assert (
+        ev["methods"]["drafter"]["tau_incl_bonus_pooled"]
+        > ev["methods"]["untrained"]["tau_incl_bonus_pooled"]
+    )
+    assert ev["methods"]["untrained"]["tau_incl_bonus_pooled"] < 1.3
+    assert ev["target_only"]["tokens_per_s"] > 0
+    # metric points are counts that sum to the report's
+    dc = ev["methods"]["drafter"]["counts"]
+    assert ctx.total("eval/accepted") == dc["accepted"] and ctx.total("eval/steps") == dc["verify_steps"]
+    assert ctx.total("eval/pos/0/accepted") == dc["per_pos_accepted_more_than"]["0"]
+    assert ctx.total("eval/hist/4") == dc["hist_tau_incl_bonus"]["4"]
+
+
+def test_walked_tau_equals_real_greedy_tau_on_the_targets_own_outputs(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    data, ctx = _run(world, checkpoint, tmp_path)
+    ev = data["eval"]
+    real = ev["methods"]["drafter"]
+    assert 1.2 < real["tau_incl_bonus_pooled"] < 4  # a partly trained drafter: the comparison means something
+    assert ev["walked"]["steps"] == real["counts"]["verify_steps"]
+    assert ev["walked"]["accepted"] == real["counts"]["accepted"]
+    assert ev["walked"]["hist_tau_incl_bonus"] == real["counts"]["hist_tau_incl_bonus"]
+    assert ctx.alerts == []
+
+
+def test_sampled_mode_is_not_checked_token_by_token_and_raises_no_alert(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    data, ctx = _run(world, checkpoint, tmp_path, mode="sampled", temperature=1.5, seed=3)
+    m = data["eval"]["methods"]["drafter"]
+    assert m["lossless"] is None and "in distribution" in m["first_difference"]
+    assert m["counts"]["verify_steps"] > 0
+    assert ctx.alerts == []  # walked (argmax) and sampled acceptance measure different things
+
+
+def test_tau_mismatch_names_both_figures_above_the_tolerance() -> None:
+    gap, message = tau_mismatch(2.0, 2.08, 0.05)
+    assert gap == pytest.approx(0.04) and message is None
+    gap, message = tau_mismatch(2.0, 4.1, 0.05)
+    assert gap == pytest.approx(1.05)
+    assert message is not None and "2.000 incl. bonus" in message and "4.100 incl. bonus" in message
+    assert tau_mismatch(float("nan"), 2.0, 0.05)[1] is None
+
+
+def test_bad_prompt_rows_are_rejected_with_reasons(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = world.prompts.read_text().splitlines()[:2]
+    lines += [
+        "{not json",
+        "[1, 2]",
+        json.dumps({"conversations": []}),
+        json.dumps({"messages": [{"role": "assistant", "content": "hi"}]}),
+    ]
+    bad.write_text("\n".join(lines) + "\n")
+    data, _ = _run(world, checkpoint, tmp_path, inputs=bad)
+    assert data["rows_in"] == 6 and data["rows_out"] == 2
+    assert data["rejected"] == {"json_error": 1, "not_an_object": 1, "unknown_format": 1, "no_user_turn": 1}
+    assert data["examples"]["json_error"][0]["line"] == 3
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("{oops\n")
+    with pytest.raises(UsageError, match="no prompt to evaluate"):
+        _run(world, checkpoint, tmp_path, inputs=empty)
+
+
+def test_params_forbid_unknown_fields_and_sampling_knobs_in_greedy_mode(world: TinyWorld) -> None:
+    base = dict(inputs=world.prompts, target=world.target_dir, checkpoint=world.target_dir)
+    with pytest.raises(ValueError, match="extra"):
+        EvalParams(**base, temprature=0.5)
+    with pytest.raises(ValueError, match="sampled"):
+        EvalParams(**base, temperature=0.5)
+    with pytest.raises(ValueError):
+        EvalParams(**base, block_size=1)
