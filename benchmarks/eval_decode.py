@@ -37,7 +37,7 @@ from draftdeck.drafter.tiny import build_tiny_demo, write_prompts
 from draftdeck.drafter.trainer import train
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
-from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
+from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
 
 
 def answered_dataset(target_dir: Path, prompts: Path, out: Path, max_new: int) -> tuple[Path, int]:
@@ -56,13 +56,8 @@ def answered_dataset(target_dir: Path, prompts: Path, out: Path, max_new: int) -
         tokens += len(answer)
     template = target.tokenizer.chat_template or ""
     fingerprint = tokenizer_fingerprint(target_dir, template, {})
-    write_metadata(
-        out,
-        writer.close(),
-        {
-            "tokenizer": {"path": str(target_dir), "fingerprint": fingerprint, "chat_template": template},
-            "parameters": {"template_kwargs": {}},
-        },
+    write_pretokenized_metadata(
+        out, writer.close(), fingerprint=fingerprint, chat_template=template, tokenizer_path=target_dir
     )
     return out, tokens
 

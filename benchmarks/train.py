@@ -40,7 +40,7 @@ def build(root: Path, seq: int, rows: int) -> tuple[Path, Path]:
 
     from draftdeck.chat.render import tokenizer_fingerprint
     from draftdeck.chat.testing import small_bpe_tokenizer
-    from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
+    from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
 
     tok = AutoTokenizer.from_pretrained(small_bpe_tokenizer())
     cfg = Qwen3Config(
@@ -64,14 +64,7 @@ def build(root: Path, seq: int, rows: int) -> tuple[Path, Path]:
         mask[seq // 8 :] = 1
         w.add(ShardRow(rng.integers(0, len(tok), seq).astype(np.int32), mask, "bench.jsonl", i, -1, False))
     fp = tokenizer_fingerprint(target, tok.chat_template or "", {})
-    write_metadata(
-        root / "ds",
-        w.close(),
-        {
-            "tokenizer": {"fingerprint": fp, "chat_template": tok.chat_template},
-            "parameters": {"template_kwargs": {}},
-        },
-    )
+    write_pretokenized_metadata(root / "ds", w.close(), fingerprint=fp, chat_template=tok.chat_template)
     return target, root / "ds"
 
 

@@ -35,7 +35,7 @@ def build(root: Path, a: argparse.Namespace) -> tuple[Path, Path]:
 
     from draftdeck.chat.render import tokenizer_fingerprint
     from draftdeck.chat.testing import small_bpe_tokenizer
-    from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
+    from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
 
     tok = AutoTokenizer.from_pretrained(small_bpe_tokenizer())
     heads = max(a.hidden // 128, 2)
@@ -59,14 +59,8 @@ def build(root: Path, a: argparse.Namespace) -> tuple[Path, Path]:
         mask = np.zeros(a.seq, np.uint8)
         mask[a.seq // 8 :] = 1
         w.add(ShardRow(rng.integers(0, len(tok), a.seq).astype(np.int32), mask, "bench.jsonl", i, -1, False))
-    meta = {
-        "tokenizer": {
-            "fingerprint": tokenizer_fingerprint(target, tok.chat_template or "", {}),
-            "chat_template": tok.chat_template,
-        },
-        "parameters": {"template_kwargs": {}},
-    }
-    write_metadata(root / "ds", w.close(), meta)
+    fp = tokenizer_fingerprint(target, tok.chat_template or "", {})
+    write_pretokenized_metadata(root / "ds", w.close(), fingerprint=fp, chat_template=tok.chat_template)
     return target, root / "ds"
 
 

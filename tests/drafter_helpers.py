@@ -65,7 +65,7 @@ def write_dataset(
     from transformers import AutoTokenizer
 
     from draftdeck.chat.render import tokenizer_fingerprint
-    from draftdeck.shards.store import ShardRow, ShardWriter, write_metadata
+    from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
 
     template = AutoTokenizer.from_pretrained(tokenizer_folder).chat_template or ""
     w = ShardWriter(out, shard_rows=64)
@@ -73,13 +73,8 @@ def write_dataset(
         w.add(ShardRow(np.asarray(ids, np.int32), np.asarray(mask, np.uint8), source, i, -1, False))
     shards = w.close()
     fp = tokenizer_fingerprint(tokenizer_folder, template, {})
-    write_metadata(
-        out,
-        shards,
-        {
-            "tokenizer": {"path": str(tokenizer_folder), "fingerprint": fp, "chat_template": template},
-            "parameters": {"template_kwargs": {}},
-        },
+    write_pretokenized_metadata(
+        out, shards, fingerprint=fp, chat_template=template, tokenizer_path=tokenizer_folder
     )
     return out
 

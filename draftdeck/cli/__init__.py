@@ -1,4 +1,5 @@
-"""`draftdeck ...` in-process commands (scan, convert, tokenize, inspect, vocab, export).
+"""`draftdeck ...` in-process commands (scan, convert, tokenize, inspect, vocab, export, train, eval,
+export-drafter).
 
 They run the core here, on any path the user can read. The console entry point (app/cli_service.py)
 joins them with the service commands (up, web, worker, db, jobs); this package imports nothing of the
@@ -20,10 +21,11 @@ HELP = "DraftDeck: data plumbing for drafters."
 
 def register(app: typer.Typer) -> None:
     """Add every in-process command to `app`."""
-    from draftdeck.cli import data, tokens
+    from draftdeck.cli import data, drafter, tokens
 
     data.register(app)
     tokens.register(app)
+    drafter.register(app)
 
 
 def make_app() -> typer.Typer:

@@ -26,6 +26,7 @@ import torch
 
 from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
+from draftdeck.shards.manifest import Manifest
 from draftdeck.shards.store import MANIFEST, ShardDataset
 
 
@@ -150,7 +151,7 @@ class TrainData:
         return start + len(lengths)
 
     # --- checks before any step -------------------------------------------------------------
-    def manifests(self) -> list[dict[str, Any]]:
+    def manifests(self) -> list[Manifest]:
         return [ds.manifest for ds in self.datasets]
 
     def manifest_sha256(self) -> list[str]:
@@ -164,17 +165,17 @@ class TrainData:
         if target_folder is None:
             return
         for path, mf in zip(self.paths, self.manifests(), strict=True):
-            tok = mf.get("tokenizer") or {}
-            have = tok.get("fingerprint")
-            if not have:
+            tok = mf.tokenizer
+            have = tok.fingerprint if tok is not None else None
+            if tok is None or not have:
                 raise TokenizerMismatchError(
                     f"{path / MANIFEST}: no tokenizer fingerprint; re-tokenize the dataset"
                 )
-            kwargs = (mf.get("parameters") or {}).get("template_kwargs") or {}
-            want = tokenizer_fingerprint(target_folder, tok.get("chat_template") or "", kwargs)
+            kwargs = mf.parameters.get("template_kwargs") or {}
+            want = tokenizer_fingerprint(target_folder, tok.chat_template or "", kwargs)
             if want != have:
                 raise TokenizerMismatchError(
-                    f"{path}: tokenized with tokenizer fingerprint {have} ({tok.get('path')}), but the "
+                    f"{path}: tokenized with tokenizer fingerprint {have} ({tok.path}), but the "
                     f"target {target_folder} has fingerprint {want}: tokenize the data with the target's "
                     "tokenizer"
                 )

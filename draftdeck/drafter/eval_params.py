@@ -2,27 +2,30 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from draftdeck.jobs.params import JobParams
 
 
-class EvalParams(BaseModel):
+class EvalParams(JobParams):
     """Real speculative decoding of a drafter checkpoint against its target, with baselines."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    inputs: Path = Field(
+    inputs: list[str] = Field(
+        min_length=1,
+        max_length=1,
         description="Prompts: a tokenized dataset folder (its held-out split is used) or a JSONL file "
         "of OpenAI `messages` rows (trailing assistant turns are dropped; the prompt ends at the last "
-        "user turn)."
+        "user turn).",
     )
-    target: Path = Field(description="The target model: a local HF causal-LM folder with its tokenizer.")
-    checkpoint: Path = Field(
+    target: str = Field(description="The target model: a local HF causal-LM folder with its tokenizer.")
+    checkpoint: str = Field(
         description="The drafter checkpoint folder (z-lab's format: config.json + safetensors)."
     )
-    out: Path | None = Field(
+    out: str | None = Field(
         default=None, description="Folder for eval.json; the job's own output folder when not given."
     )
     mode: Literal["greedy", "sampled"] = Field(
@@ -66,6 +69,9 @@ class EvalParams(BaseModel):
         description="Relative difference between real greedy tau and walked tau (both incl. bonus) above "
         "which an alert is raised.",
     )
+
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
 
     @model_validator(mode="after")
     def _sampling_only_when_sampled(self) -> EvalParams:

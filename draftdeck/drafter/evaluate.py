@@ -230,12 +230,12 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     target = Target.load(params.target, device=params.device)
-    drafter = load_drafter(params.checkpoint, device=params.device)
+    drafter = load_drafter(Path(params.checkpoint), device=params.device)
     _check_pair(target, drafter, params)
     block = params.block_size or drafter.block_size
     report = Report()
     read = read_prompts(
-        Path(params.inputs), target.tokenizer, params.max_prompts, report, params.heldout_fraction
+        Path(params.inputs[0]), target.tokenizer, params.max_prompts, report, params.heldout_fraction
     )
     prompts = []
     for p in read:
@@ -248,7 +248,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         else:
             prompts.append(p)
     if not prompts:
-        raise UsageError(f"{params.inputs}: no prompt to evaluate ({report.rows_rejected} rejected)")
+        raise UsageError(f"{params.inputs[0]}: no prompt to evaluate ({report.rows_rejected} rejected)")
     ctx.event("info", f"evaluating {len(prompts)} prompts, block size {block}, mode {params.mode}")
 
     runner = TargetRunner(target, _eos_ids(target))

@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from draftdeck.jobs.params import JobParams, inputs_field
 
 if TYPE_CHECKING:
     from draftdeck.jobs.context import RunContext
     from draftdeck.quality import Report
 
 
-class TrainParams(BaseModel):
+class TrainParams(JobParams):
     """What a `train` run needs; every field is bounded and described for forms and the API."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: list[str] = Field(min_length=1, description="Dataset folders (DraftDeck shards) to train on")
+    inputs: list[str] = inputs_field("Dataset folders (DraftDeck shards) to train on")
     target: str = Field(description="Local HF folder of the target model (a causal LM) and its tokenizer")
-    out: str = Field(
+    out: str | None = Field(
+        default=None,
         description="Run folder: checkpoints/, run.json; a run resumes when it holds checkpoints"
+        " (default: the job's folder)",
     )
     block_size: int = Field(16, ge=2, le=64, description="DFlash block size B (anchor + B-1 drafted tokens)")
     layers: int = Field(1, ge=1, le=64, description="Drafter decoder layers")
@@ -63,6 +65,9 @@ class TrainParams(BaseModel):
     heldout_max_rows: int = Field(256, ge=1, le=1_000_000, description="Held-out rows used per evaluation")
     eval_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per held-out batch")
 
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
+
     @model_validator(mode="after")
     def _check(self) -> TrainParams:
         if self.target_layer_ids is not None and (
@@ -83,12 +88,14 @@ def run_train(params: TrainParams, ctx: RunContext) -> Report:
     from draftdeck.fileio import sha256_file
     from draftdeck.quality import Output, Report
 
+    if params.out is None:  # a job without `out` trains into its own folder (Retry resumes there)
+        params = params.model_copy(update={"out": str(ctx.out_dir)})
     record = train(params, ctx)
     data = record.data
     report = Report(rows_in=data["rows_in"], rows_out=data["train_rows"] + data["heldout_rows"])
     if data["no_anchor_rows"]:
         report.rejected["no_dflash_anchor"] = data["no_anchor_rows"]
-    out = Path(params.out)
+    out = Path(str(params.out))
     if record.checkpoints:
         weights = Path(max(record.checkpoints)) / "model.safetensors"
         report.outputs.append(

@@ -111,7 +111,7 @@ def _torch_writer(obj: Any) -> Any:
 class Trainer:
     def __init__(self, params: TrainParams, ctx: RunContext, rank: int = 0, world: int = 1):
         self.p, self.ctx, self.rank, self.world = params, ctx, rank, world
-        self.out = Path(params.out)
+        self.out = Path(str(params.out))  # run_train fills a missing `out` with the job folder
         self.device = resolve_device(params.device, rank, world)
         cuda = self.device.type == "cuda"
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()

@@ -9,6 +9,7 @@ once, on the model: the server confines both to its data roots, the CLI takes th
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -56,8 +57,16 @@ class JobParams(BaseModel):
         if isinstance(data, dict):
             for name in cls.path_fields():
                 field = cls.model_fields.get(name)
-                if field is not None and _is_list(field.annotation) and isinstance(data.get(name), str):
-                    data = {**data, name: [data[name]]}
+                value = data.get(name)
+                # Python callers pass Path objects: a path field holds their text
+                if isinstance(value, os.PathLike):
+                    value = os.fspath(value)
+                    data = {**data, name: value}
+                elif isinstance(value, list | tuple):
+                    value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+                    data = {**data, name: value}
+                if field is not None and _is_list(field.annotation) and isinstance(value, str):
+                    data = {**data, name: [value]}
         return data
 
     @model_validator(mode="after")

@@ -11,12 +11,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from draftdeck.drafter import eval_params
+from draftdeck.drafter import params as train_params
 from draftdeck.jobs import convert, scan, tokenize
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams
 from draftdeck.quality import Report
 
 QUEUES = ("cpu", "gpu")
+
+
+def _run_eval(params: eval_params.EvalParams, ctx: RunContext) -> Report:
+    from draftdeck.drafter.evaluate import run_eval  # imports torch: only where an eval runs
+
+    return run_eval(params, ctx)
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,10 @@ KINDS: dict[str, JobKind] = {
                 "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
         JobKind("tokenize", "cpu", tokenize.TokenizeParams, tokenize.run,
                 "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
+        JobKind("train", "gpu", train_params.TrainParams, train_params.run_train,
+                "Train a DFlash drafter on tokenized datasets against its frozen target (resumable)"),
+        JobKind("eval", "gpu", eval_params.EvalParams, _run_eval,
+                "Real speculative decoding of a drafter checkpoint: tau incl. bonus, baselines, lossless"),
     )
 }  # fmt: skip
 

@@ -34,7 +34,14 @@ import pyarrow.compute as pc
 
 from draftdeck.errors import InputError
 from draftdeck.fileio import atomic_output, sha256_file
-from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, read_manifest, write_dataset_files
+from draftdeck.shards.manifest import (
+    MANIFEST,
+    Manifest,
+    ShardInfo,
+    TokenizerRef,
+    read_manifest,
+    write_dataset_files,
+)
 
 __all__ = ["MANIFEST", "Block", "Manifest", "ShardDataset", "ShardInfo", "ShardRow", "ShardWriter",
            "schema", "write_block", "write_metadata"]  # fmt: skip
@@ -221,6 +228,31 @@ class ShardWriter:
 def write_metadata(out_dir: Path, manifest: Manifest) -> None:
     """dataset_info.json + state.json (for datasets.load_from_disk), then manifest.json, atomically."""
     write_dataset_files(out_dir, manifest, _features().to_dict())
+
+
+def write_pretokenized_metadata(
+    out_dir: Path,
+    shards: list[ShardInfo],
+    *,
+    fingerprint: str,
+    chat_template: str | None,
+    tokenizer_path: Path | None = None,
+) -> None:
+    """The metadata of rows a program tokenized itself (tests, benchmarks, generated answers): the
+    tokenizer's fingerprint and template, no template kwargs, so that a trainer's tokenizer check
+    holds them to the same rule as a tokenize job's output."""
+    write_metadata(
+        out_dir,
+        Manifest(
+            shards=shards,
+            tokenizer=TokenizerRef(
+                path=str(tokenizer_path) if tokenizer_path else None,
+                fingerprint=fingerprint,
+                chat_template=chat_template,
+            ),
+            parameters={"template_kwargs": {}},
+        ),
+    )
 
 
 class RowOutOfRange(InputError, IndexError):

@@ -1,0 +1,155 @@
+"""`draftdeck train`, `eval` and `export-drafter`: the drafter's commands, run in this process.
+
+    draftdeck train DATASET... --target DIR --out RUN [--block-size 16] [--layers 1] [--max-steps N] ...
+    draftdeck eval PROMPTS --target DIR --checkpoint RUN|CKPT [--mode greedy|sampled] [--out DIR]
+    draftdeck export-drafter RUN|CKPT --out DIR
+
+Options are the `train` and `eval` job kinds' parameters (draftdeck/drafter/params.py,
+eval_params.py): the same names in the CLI, the JSON API and the form. Every tau printed counts the
+bonus token, as vLLM does. Exit codes: 0 success, 1 the run failed (NaN loss, policy), 2 usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from draftdeck.cli.common import err, out, usage_exit
+from draftdeck.cli.data import REPORT
+from draftdeck.cli.options import job_command
+from draftdeck.drafter.eval_params import EvalParams
+from draftdeck.drafter.params import TrainParams
+from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
+from draftdeck.jobs.context import LocalContext
+from draftdeck.quality import Report
+
+PRINT_EVERY_SECONDS = 2.0
+
+
+@dataclass
+class ConsoleContext(LocalContext):
+    """A LocalContext that also prints a line per training point (at most one per 2 s) and every
+    held-out evaluation, so a terminal run shows its curve as it goes."""
+
+    _last_print: float = field(default=0.0, repr=False)
+
+    def metrics(self, step: int, values: Mapping[str, float], *, tokens: int | None = None) -> None:
+        super().metrics(step, values, tokens=tokens)
+        if values.get("heldout/walked/steps"):
+            walked = 1 + values["heldout/walked/accepted"] / values["heldout/walked/steps"]
+            anchor = values.get("heldout/anchor/blocks") or 0
+            optimistic = 1 + values.get("heldout/anchor/accepted", 0) / anchor if anchor else math.nan
+            loss = values.get("heldout/loss", math.nan)
+            err.print(
+                f"step {step:>7,}  held-out walked tau {walked:.3f} incl. bonus"
+                f"  (anchor-mean, optimistic: {optimistic:.3f})  held-out loss {loss:.4f}",
+                highlight=False,
+            )
+        elif "train/loss" in values and time.monotonic() - self._last_print >= PRINT_EVERY_SECONDS:
+            self._last_print = time.monotonic()
+            err.print(
+                f"step {step:>7,}  loss {values['train/loss']:.4f}  lr {values.get('train/lr', 0):.2e}"
+                f"  {values.get('train/tokens_per_s', 0):,.0f} tok/s",
+                highlight=False,
+            )
+
+    def alert(self, kind: str, message: str) -> None:
+        super().alert(kind, message)
+        err.print(f"[bold yellow]alert {escape(kind)}:[/] {escape(message)}", highlight=False)
+
+
+def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report:
+    """Run `work(params, ctx)` with a console context; exit 1 on a failed run, 2 on usage errors."""
+    ctx = ConsoleContext(Path(params.out) if params.out else Path.cwd())
+    try:
+        report: Report = work(params, ctx)
+    except JobFailed as exc:
+        err.print(f"[bold red]failed:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
+    except (InputError, UsageError) as exc:
+        raise usage_exit(str(exc)) from None
+    except DraftDeckError as exc:
+        err.print(f"[bold red]failed:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
+    if report_path:
+        report.write_json(report_path)
+    out.print(
+        f"[bold]{escape(title)}[/]: {report.rows_in:,} rows in, {report.rows_out:,} used, "
+        f"{report.rows_rejected:,} rejected",
+        highlight=False,
+    )
+    return report
+
+
+def train(params: TrainParams, *, report: Path | None) -> None:
+    from draftdeck.drafter.params import run_train
+
+    result = _run(run_train, params, f"train -> {params.out}", report)
+    extra = result.extra
+    out.print(
+        f"{extra['steps']:,} steps; best checkpoint: step {extra['best_step']}; run record {extra['run']}",
+        highlight=False,
+    )
+
+
+def evaluate(params: EvalParams, *, report: Path | None) -> None:
+    from draftdeck.drafter.evaluate import run_eval
+
+    if params.out is None:
+        raise usage_exit("--out is required: the folder for eval.json")
+    result = _run(run_eval, params, f"eval {params.checkpoint}", report)
+    ev = result.extra["eval"]
+    out.print(f"{'method':<14} {'tau incl. bonus':>16} {'accept rate':>12} {'tok/s':>9} {'lossless':>9}")
+    for name, m in ev["methods"].items():
+        out.print(
+            f"{name:<14} {_num(m['tau_incl_bonus_pooled'], '.3f'):>16}"
+            f" {_num(m['acceptance_rate'], '.3f'):>12}"
+            f" {_num(m['tokens_per_s'], ',.0f'):>9} {m['lossless']!s:>9}",
+            highlight=False,
+        )
+    walked = _num(ev["walked"]["tau_incl_bonus"], ".3f")
+    out.print(f"walked tau (same checkpoint, target outputs): {walked} incl. bonus", highlight=False)
+    out.print(f"wrote {Path(params.out) / 'eval.json'}", highlight=False)
+
+
+def _num(value: float | None, spec: str) -> str:
+    """A figure for the table; eval.json stores a ratio with no denominator as null."""
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def export_drafter(
+    checkpoint: Annotated[Path, typer.Argument(help="a checkpoint folder, or a train run (its best)")],
+    out_dir: Annotated[Path, typer.Option("--out", help="new folder in z-lab's format")],
+) -> None:
+    """Export a drafter checkpoint to z-lab's DFlash format (config.json with dflash_config +
+    model.safetensors), which vLLM ("method": "dflash") and SGLang (DFLASH) load."""
+    from draftdeck.drafter.export import export_drafter as export
+
+    try:
+        folder = export(checkpoint, out_dir)
+    except (InputError, UsageError, FileNotFoundError, FileExistsError) as exc:
+        raise usage_exit(str(exc)) from None
+    config = json.loads((folder / "config.json").read_text())
+    out.print(f"wrote {folder}: dflash_config {json.dumps(config.get('dflash_config'))}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(
+        job_command(TrainParams, train, required=("out",), extra=[REPORT],
+                    doc="Train (or resume) a DFlash drafter on DraftDeck datasets against its frozen"
+                    " target; checkpoints, held-out walked tau (incl. bonus) as it goes.")
+    )  # fmt: skip
+    app.command("eval")(
+        job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],
+                    doc="Real speculative decoding of a checkpoint with its target on held-out prompts:"
+                    " tau incl. bonus, acceptance, speed, lossless check, and the baselines.")
+    )  # fmt: skip
+    app.command("export-drafter")(export_drafter)
