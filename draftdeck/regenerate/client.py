@@ -19,6 +19,9 @@ from draftdeck.regenerate.params import RegenerateParams
 _TOO_LONG = ("maximum context length", "context length", "too long", "context window", "max_model_len")
 
 
+MAX_BACKOFF_S = 30.0
+
+
 class EndpointsDown(JobFailed):
     """Every endpoint kept failing with connection errors: the job stops (the journal keeps what was
     done, so a rerun resumes)."""
@@ -75,7 +78,7 @@ class OpenAIBackend:
         return ep
 
     async def _sleep(self, attempt: int) -> None:
-        base = self.params.backoff_s * (2**attempt)
+        base = min(self.params.backoff_s * (2**attempt), MAX_BACKOFF_S)
         await asyncio.sleep(base * (0.5 + random.random()))  # jitter: retries of many rows spread out
 
     async def preflight(self) -> None:

@@ -177,7 +177,10 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
     try:
         health = asyncio.run(job.run(journal, inputs, options))
     except (Cancelled, UsageError, JobFailed):
-        journal.close()
+        if journal.offsets:
+            journal.close()  # kept: a rerun resumes from it
+        else:
+            journal.remove()  # nothing done (a refused key, say): leave nothing behind
         raise
     records = journal.records()
     journal.close()
