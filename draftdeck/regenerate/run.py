@@ -68,10 +68,22 @@ class _Job:
         self.since_metrics = [0, 0]
         self.fatal: BaseException | None = None
 
+    def _counted(self, backend: Any) -> Any:
+        """`backend.chat`, counting the tokens of every answer (rejected ones cost server time too)."""
+
+        async def chat(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+            answer = await backend.chat(messages, tools)
+            self.tokens += answer.completion_tokens
+            self.prompt_tokens += answer.prompt_tokens
+            self.since_metrics[1] += answer.completion_tokens
+            return answer
+
+        return chat
+
     async def one(self, journal: Journal, key: int, conv: Conversation, backend: Any) -> None:
         src = conv.source
         try:
-            got = await walk(conv, backend.chat, self.policy, self.params.reasoning)
+            got = await walk(conv, self._counted(backend), self.policy, self.params.reasoning)
         except RowRejected as exc:
             where = src.where if src else "?"
             journal.append(
@@ -96,9 +108,6 @@ class _Job:
                 record["warn"] = got.warnings
                 record["file"], record["line"] = (src.file, src.line) if src else ("?", None)
             journal.append(record)
-            self.tokens += got.completion_tokens
-            self.prompt_tokens += got.prompt_tokens
-            self.since_metrics[1] += got.completion_tokens
         self.done += 1
         self.since_metrics[0] += 1
 

@@ -70,6 +70,7 @@ def test_empty_and_cut_off_answers_are_rejected_with_their_codes(tmp_path: Path)
         report, rows = _run(tmp_path, server)
     assert report.rows_in == 3 and report.rows_out == 1
     assert dict(report.rejected) == {"empty_answer": 1, "answer_cut_off": 1}
+    assert report.extra["regenerate"]["completion_tokens"] == 9  # rejected answers' tokens count too
     assert "finish_reason 'length'" in report.examples["answer_cut_off"][0].reason
     assert rows[0]["source_ref"]["line"] == 1 and rows[0]["generation"]["model"] == "m"
 
