@@ -174,7 +174,12 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
     pol = _policy(params, policy)
     report = Report()
     started = time.monotonic()
-    header = {"inputs": _fingerprint(inputs), "sampling": params.sampling()}
+    # What decides a row's outcome: a resume with other values would mix two jobs in one output.
+    header = {
+        "inputs": _fingerprint(inputs),
+        "sampling": params.sampling(),
+        "keep_cut_off": params.keep_cut_off,
+    }
     journal = Journal(journal_path(out), header)
     job = _Job(params, ctx, report, pol)
     # Prompt-only rows are what regeneration is for; the source's answers are dropped, so a dummy

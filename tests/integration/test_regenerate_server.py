@@ -234,3 +234,34 @@ def test_server_killed_mid_job_retries_fails_clearly_then_resumes(model_dir: Pat
     assert report.rows_out == 200 and report.extra["regenerate"]["resumed_rows"] >= done
     assert [r["source_ref"]["line"] for r in _rows(out)] == list(range(1, 201))
     assert any(ep["errors"] for ep in report.extra["regenerate"]["endpoints"])
+
+
+def test_seed_prompts_padded_with_ok_become_the_targets_own_tokenized_answers(
+    server: str, model_dir: Path, tmp_path: Path
+) -> None:
+    """The seeds' path: user-only prompts (padded with a dummy "OK." answer) -> regenerate -> tokenize:
+    every trained token is the target's, and "OK." is nowhere."""
+    from transformers import AutoTokenizer
+
+    from draftdeck.convert import ConvertOptions, read_conversations
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_rows
+
+    ok = {"role": "assistant", "content": "OK."}
+    rows = [{"messages": [{"role": "user", "content": f"Prompt {i}"}, ok]} for i in range(40)]
+    rows += [{"prompt": f"Plain prompt {i}"} for i in range(8)]
+    data = _write(tmp_path / "seed.jsonl", rows)
+    out = tmp_path / "regen.jsonl"
+    report = run_regenerate(_params(data, out, server, model_dir, keep_cut_off=True), LocalContext(tmp_path))
+    assert report.rows_out == 48 and report.rejected == {}
+    # The random tiny target often answers with the same one or two tokens, which convert's placeholder
+    # check rightly flags; it is switched off here, and "OK." is looked for directly below.
+    convs = list(read_conversations([out], Report(), ConvertOptions(placeholder_max_chars=-1)))
+    result = tokenize_rows(convs, TokenizeOptions(tokenizer=model_dir, encoder="hf", workers=1))
+    assert result.report.rows_out == 48 and not result.report.rejected
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    for conv, shard_row in zip(convs, result.rows, strict=True):
+        answer = conv.messages[-1].content
+        trained = tok.decode(
+            [int(t) for t, m in zip(shard_row.input_ids, shard_row.loss_mask, strict=True) if m]
+        )
+        assert answer and answer in trained and "OK." not in tok.decode(list(shard_row.input_ids))
