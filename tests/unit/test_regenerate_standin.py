@@ -168,3 +168,83 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
             [str(prompts), "--endpoint", server.url, "--model", "m", "--out", str(tmp_path / "e.jsonl")],
         )
     assert empty.exit_code == 1 and "no rows were written" in empty.output
+
+
+def test_endpoints_take_turns_and_report_their_health(tmp_path: Path) -> None:
+    with (
+        standin(StandIn(lambda msgs, n: completion("a"))) as one,
+        standin(StandIn(lambda msgs, n: completion("b"))) as two,
+    ):
+        params = RegenerateParams(
+            inputs=[str(_prompts(tmp_path, 6))],
+            out=str(tmp_path / "out.jsonl"),
+            endpoints=[one.url, two.url],
+            model="m",
+            concurrency=1,
+        )
+        report = run_regenerate(params, LocalContext(tmp_path / "ctx"))
+    assert len(one.requests) == len(two.requests) == 3
+    assert [ep["ok"] for ep in report.extra["regenerate"]["endpoints"]] == [3, 3]
+
+
+def test_tool_calls_are_checked_and_tool_results_follow_the_targets_calls(tmp_path: Path) -> None:
+    call = {"id": "t1", "type": "function", "function": {"name": "get", "arguments": '{"c": "Paris"}'}}
+    bad = {"id": "t2", "type": "function", "function": {"name": "get", "arguments": "{not json"}}
+    conv = {
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [{**call, "id": "src1"}]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "src1"},
+            {"role": "assistant", "content": "Sunny."},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}}],
+    }
+    data = tmp_path / "tools.jsonl"
+    data.write_text(json.dumps(conv) + "\n" + json.dumps({**conv, "messages": conv["messages"][:1]}) + "\n")
+
+    def answer(msgs: list[dict[str, Any]], n: int) -> tuple[int, Any]:
+        if msgs[-1]["role"] == "tool":
+            return completion("It is sunny.")
+        return completion(None, "tool_calls", tool_calls=[call if n == 1 else bad])
+
+    with standin(StandIn(answer)) as server:
+        params = RegenerateParams(
+            inputs=[str(data)],
+            out=str(tmp_path / "out.jsonl"),
+            endpoints=[server.url],
+            model="m",
+            concurrency=1,
+        )
+        report = run_regenerate(params, LocalContext(tmp_path / "ctx"))
+    assert dict(report.rejected) == {"invalid_tool_call": 1} and report.rows_out == 1
+    assert server.requests[0]["tools"] == conv["tools"]
+    msgs = json.loads((tmp_path / "out.jsonl").read_text())["messages"]
+    assert (
+        msgs[1]["tool_calls"][0]["id"] == "t1" and msgs[2]["tool_call_id"] == "t1"
+    )  # mapped to the target's id
+    assert msgs[3]["content"] == "It is sunny."
+
+
+def test_cancel_stops_promptly_and_a_rerun_resumes(tmp_path: Path) -> None:
+    import threading
+
+    from draftdeck.errors import Cancelled
+
+    with standin(StandIn(lambda msgs, n: completion("x"), delay_s=0.1)) as server:
+        params = RegenerateParams(
+            inputs=[str(_prompts(tmp_path, 30))], out=str(tmp_path / "out.jsonl"), endpoints=[server.url],
+            model="m", concurrency=2,
+        )  # fmt: skip
+        ctx = LocalContext(tmp_path / "ctx")
+        threading.Timer(0.3, ctx.cancel).start()
+        started = time.monotonic()
+        with pytest.raises(Cancelled):
+            run_regenerate(params, ctx)
+        assert time.monotonic() - started < 1.5
+        sent = len(server.requests)
+        assert 2 <= sent < 30
+        report = run_regenerate(params, LocalContext(tmp_path / "ctx"))
+    assert report.extra["regenerate"]["resumed_rows"] >= 2 and report.rows_out == 30
+    assert [
+        json.loads(line)["source_ref"]["line"] for line in (tmp_path / "out.jsonl").read_text().splitlines()
+    ] == list(range(1, 31))
