@@ -70,6 +70,15 @@ CODES: dict[str, IssueCode] = _codes(
     ("no_dflash_anchor", Action.WARN, "the row has no two consecutive trained tokens"),
     ("mask_mismatch", Action.FAIL, "decoding the trained tokens did not give the assistant text"),
     ("encoder_mismatch", Action.WARN, "the fast encoder disagreed with the model's tokenizer"),
+    # regeneration (draftdeck.regenerate): checks on the target's answers
+    ("answer_cut_off", Action.REJECT, "the target stopped at max_tokens (finish_reason 'length')"),
+    ("empty_answer", Action.REJECT, "the target's answer has no content and no tool calls"),
+    ("reasoning_in_content", Action.REJECT, "reasoning markers (<think>) in the content with reasoning off"),
+    ("invalid_tool_call", Action.REJECT, "a tool call of the target's answer is not valid JSON"),
+    ("tool_calls_diverged", Action.WARN, "the target's tool calls differ from the source's: cut there"),
+    ("prompt_too_long", Action.REJECT, "the prompt is longer than the target's context window"),
+    ("malformed_answer", Action.REJECT, "the server's answer is not a valid chat completion"),
+    ("server_error", Action.REJECT, "the server kept failing on this row after every retry"),
 )
 
 

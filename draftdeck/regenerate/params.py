@@ -1,0 +1,68 @@
+"""The parameters of a `regenerate` job (the CLI, the job system and tests build the same model)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RegenerateParams(BaseModel):
+    """Regenerate the assistant turns of `inputs` with a target model; write OpenAI JSONL to `out`.
+
+    Exactly one backend: `endpoints` (OpenAI-compatible servers, round-robin) or `local` (a model
+    folder generated with transformers in this process).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    inputs: list[str] = Field(min_length=1, description="data files or folders of any shape convert reads")
+    out: str = Field(min_length=1, description="output OpenAI messages JSONL (written atomically)")
+    endpoints: list[str] = Field(
+        default_factory=list, description="base URLs of OpenAI-compatible servers (with or without /v1)"
+    )
+    model: str | None = Field(None, description="model name as the server lists it in /v1/models")
+    api_key: str | None = Field(
+        None, repr=False, description="bearer token for the servers (never logged or stored)"
+    )
+    local: str | None = Field(None, description="a model folder to generate with transformers instead")
+    device: str = Field("cpu", description="torch device of the local backend (cpu, cuda, cuda:1)")
+    max_tokens: int = Field(1024, ge=1, le=1_000_000, description="most tokens per answer")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="sampling temperature (0: greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    seed: int | None = Field(None, ge=0, description="sampling seed sent with every request")
+    concurrency: int = Field(8, ge=1, le=1024, description="requests in flight (local: batch size)")
+    timeout_s: float = Field(120.0, gt=0, le=86_400, description="seconds per request before it fails")
+    retries: int = Field(4, ge=0, le=100, description="retries on 429, 5xx and connection errors")
+    backoff_s: float = Field(0.5, ge=0, le=600, description="first retry delay; doubles, with jitter")
+    reasoning: bool = Field(
+        True, description="ask for reasoning (enable_thinking); off: reasoning in the content is rejected"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to the chat template (overrides `reasoning`)"
+    )
+    keep_cut_off: bool = Field(False, description="keep answers cut at max_tokens (warned, not rejected)")
+
+    @model_validator(mode="after")
+    def _one_backend(self) -> RegenerateParams:
+        if bool(self.endpoints) == bool(self.local):
+            raise ValueError("give either endpoints (with a model) or a local model folder, not both")
+        if self.endpoints and not self.model:
+            raise ValueError("a model name is required with endpoints")
+        return self
+
+    def template_kwargs(self) -> dict[str, Any]:
+        return {"enable_thinking": self.reasoning, **self.chat_template_kwargs}
+
+    def sampling(self) -> dict[str, Any]:
+        """What every output row and the report record about how its answers were made."""
+        return {
+            "model": self.model or self.local,
+            "backend": "local" if self.local else "openai",
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "reasoning": self.reasoning,
+            "chat_template_kwargs": self.template_kwargs(),
+        }
