@@ -40,7 +40,7 @@ def validate(
         raise UsageError(f"{kind_name}: invalid parameters: {problems}") from None
     params = params.confined(settings.roots)
     params.check(settings.roots)
-    return kind.name, params.model_dump(mode="json"), kind.queue
+    return kind.name, params.model_dump(mode="json"), kind.queue_for(params)
 
 
 def submit(session: Session, kind_name: str, raw_params: dict[str, Any], settings: Settings) -> Job:

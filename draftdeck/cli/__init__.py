@@ -1,5 +1,5 @@
-"""`draftdeck ...` in-process commands (scan, convert, tokenize, inspect, vocab, export, train, eval,
-export-drafter).
+"""`draftdeck ...` in-process commands (scan, convert, regenerate, tokenize, inspect, vocab, export,
+train, eval, export-drafter).
 
 They run the core here, on any path the user can read. The console entry point (app/cli_service.py)
 joins them with the service commands (up, web, worker, db, jobs); this package imports nothing of the
@@ -21,11 +21,12 @@ HELP = "DraftDeck: data plumbing for drafters."
 
 def register(app: typer.Typer) -> None:
     """Add every in-process command to `app`."""
-    from draftdeck.cli import data, drafter, tokens
+    from draftdeck.cli import data, drafter, regenerate, tokens
 
     data.register(app)
     tokens.register(app)
     drafter.register(app)
+    regenerate.register(app)
 
 
 def make_app() -> typer.Typer:

@@ -80,7 +80,8 @@ def model_parameters(
         is_path = name in model.path_fields()
         origin = typing.get_origin(base)
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        decls = [_flag(name)] + ([str(extra["cli_short"])] if "cli_short" in extra else [])
+        flag = str(extra.get("cli_flag") or _flag(name))  # a list option reads better singular: --endpoint
+        decls = [flag] + ([str(extra["cli_short"])] if "cli_short" in extra else [])
         help_ = info.description or ""
         kwargs: dict[str, Any] = {"help": help_}
         if origin is typing.Literal:

@@ -17,8 +17,19 @@ from draftdeck.jobs import convert, scan, tokenize
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams
 from draftdeck.quality import Report
+from draftdeck.regenerate import params as regen_params
 
 QUEUES = ("cpu", "gpu")
+
+
+def _run_regenerate(params: regen_params.RegenerateParams, ctx: RunContext) -> Report:
+    from draftdeck.regenerate.run import run_regenerate
+
+    return run_regenerate(params, ctx)
+
+
+def _regenerate_queue(params: regen_params.RegenerateParams) -> str:
+    return "gpu" if params.local else "cpu"
 
 
 def _run_eval(params: eval_params.EvalParams, ctx: RunContext) -> Report:
@@ -34,6 +45,12 @@ class JobKind:
     params: type[JobParams]
     run: Callable[[Any, RunContext], Report]
     summary: str
+    # The queue a job of this kind goes to when it depends on the parameters (local generation needs a
+    # gpu worker, generation through a server does not); `queue` otherwise.
+    route: Callable[[Any], str] | None = None
+
+    def queue_for(self, params: JobParams) -> str:
+        return self.route(params) if self.route is not None else self.queue
 
 
 KINDS: dict[str, JobKind] = {
@@ -43,6 +60,9 @@ KINDS: dict[str, JobKind] = {
                 "Pre-flight: rows, bytes, parse errors and key sets of data files"),
         JobKind("convert", "cpu", convert.ConvertParams, convert.run,
                 "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
+        JobKind("regenerate", "cpu", regen_params.RegenerateParams, _run_regenerate,
+                "The target answers the prompts (a server or a local model): checked, resumable, in order",
+                route=_regenerate_queue),
         JobKind("tokenize", "cpu", tokenize.TokenizeParams, tokenize.run,
                 "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
         JobKind("train", "gpu", train_params.TrainParams, train_params.run_train,

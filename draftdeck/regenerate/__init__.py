@@ -2,7 +2,7 @@
 transformers), every answer checked, written resumably and in input order.
 
 Entry points: :class:`RegenerateParams` and :func:`run_regenerate` (the job), and
-``draftdeck.regenerate.cli.regenerate_command`` (the Typer command the CLI mounts).
+``draftdeck regenerate`` (draftdeck/cli/regenerate.py, options derived from the parameters).
 """
 
 from draftdeck.regenerate.params import RegenerateParams

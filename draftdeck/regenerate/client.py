@@ -55,7 +55,8 @@ class OpenAIBackend:
         self.params = params
         self.endpoints = [Endpoint(api_base(u)) for u in params.endpoints]
         self._next = 0
-        headers = {"Authorization": f"Bearer {params.api_key}"} if params.api_key else {}
+        key = params.api_key()
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         limits = httpx.Limits(
             max_connections=params.concurrency, max_keepalive_connections=params.concurrency
         )

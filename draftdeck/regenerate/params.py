@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from draftdeck.jobs.params import JobParams, inputs_field
 
 
-class RegenerateParams(BaseModel):
+class RegenerateParams(JobParams):
     """Regenerate the assistant turns of `inputs` with a target model; write OpenAI JSONL to `out`.
 
     Exactly one backend: `endpoints` (OpenAI-compatible servers, round-robin) or `local` (a model
     folder generated with transformers in this process).
     """
 
-    model_config = ConfigDict(extra="forbid")
-
-    inputs: list[str] = Field(min_length=1, description="data files or folders of any shape convert reads")
+    inputs: list[str] = inputs_field("data files or folders of any shape convert reads")
     out: str = Field(min_length=1, description="output OpenAI messages JSONL (written atomically)")
     endpoints: list[str] = Field(
-        default_factory=list, description="base URLs of OpenAI-compatible servers (with or without /v1)"
+        default_factory=list,
+        max_length=64,
+        description="base URLs of OpenAI-compatible servers (with or without /v1); repeat for round-robin",
+        json_schema_extra={"cli_flag": "--endpoint"},
     )
     model: str | None = Field(None, description="model name as the server lists it in /v1/models")
-    api_key: str | None = Field(
-        None, repr=False, description="bearer token for the servers (never logged or stored)"
+    api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=128,
+        description="environment variable holding the servers' bearer token, read where the job runs"
+        " (the key itself never enters the parameters, the job row, the rows or the report)",
     )
     local: str | None = Field(None, description="a model folder to generate with transformers instead")
     device: str = Field("cpu", description="torch device of the local backend (cpu, cuda, cuda:1)")
@@ -43,6 +51,9 @@ class RegenerateParams(BaseModel):
     )
     keep_cut_off: bool = Field(False, description="keep answers cut at max_tokens (warned, not rejected)")
 
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "local")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
+
     @model_validator(mode="after")
     def _one_backend(self) -> RegenerateParams:
         if bool(self.endpoints) == bool(self.local):
@@ -50,6 +61,9 @@ class RegenerateParams(BaseModel):
         if self.endpoints and not self.model:
             raise ValueError("a model name is required with endpoints")
         return self
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) or None
 
     def template_kwargs(self) -> dict[str, Any]:
         return {"enable_thinking": self.reasoning, **self.chat_template_kwargs}

@@ -201,7 +201,7 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
     report.extra["regenerate"] = {
         **params.sampling(),
         "endpoints": health,
-        "api_key_used": params.api_key is not None,
+        "api_key_used": params.api_key() is not None,
         "resumed_rows": journal.resumed,
         "completion_tokens": job.tokens,
         "prompt_tokens": job.prompt_tokens,

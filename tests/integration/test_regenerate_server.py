@@ -164,9 +164,8 @@ def test_resume_after_a_kill_writes_every_row_once_in_input_order(
     prompts = _prompts(tmp_path, 120)
     out = tmp_path / "out.jsonl"
     argv = [
-        sys.executable, "-c",
-        "import typer; from draftdeck.regenerate.cli import regenerate_command as c; typer.run(c)",
-        str(prompts), "--endpoint", server, "--model", str(model_dir), "--out", str(out),
+        sys.executable, "-m", "draftdeck.cli", "regenerate", str(prompts),
+        "--endpoint", server, "--model", str(model_dir), "--out", str(out),
         "--max-tokens", "6", "--no-reasoning", "--keep-cut-off", "--concurrency", "3",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, env=os.environ.copy())

@@ -70,15 +70,21 @@ def test_checks_name_each_problem() -> None:
         assert name in CODES
 
 
-def test_params_need_one_backend_and_hide_the_key() -> None:
+def test_params_need_one_backend_and_never_hold_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="either endpoints"):
         RegenerateParams(inputs=["a"], out="b")
     with pytest.raises(ValueError, match="model name"):
         RegenerateParams(inputs=["a"], out="b", endpoints=["http://x"])
     with pytest.raises(ValueError, match="extra"):
         RegenerateParams(inputs=["a"], out="b", local="m", colour="red")  # type: ignore[call-arg]
-    p = RegenerateParams(inputs=["a"], out="b", endpoints=["http://x"], model="m", api_key="sk-secret")
-    assert "sk-secret" not in repr(p) and "sk-secret" not in str(p.sampling())
+    with pytest.raises(ValueError, match="extra"):  # a key is never a parameter: it would be stored
+        RegenerateParams(inputs=["a"], out="b", endpoints=["http://x"], model="m", api_key="sk")  # type: ignore[call-arg]
+    monkeypatch.setenv("TEST_REGEN_KEY", "sk-secret")
+    p = RegenerateParams(
+        inputs=["a"], out="b", endpoints=["http://x"], model="m", api_key_env="TEST_REGEN_KEY"
+    )
+    assert p.api_key() == "sk-secret"
+    assert "sk-secret" not in repr(p) and "sk-secret" not in str(p.model_dump()) + str(p.sampling())
 
 
 def test_journal_resumes_and_cuts_a_torn_line(tmp_path: Path) -> None:

@@ -16,7 +16,6 @@ from draftdeck.errors import JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
 from draftdeck.regenerate import RegenerateParams, run_regenerate
-from draftdeck.regenerate.cli import regenerate_command
 from tests.unit.regen_standin import StandIn, completion, standin
 
 
@@ -81,12 +80,14 @@ def test_reasoning_when_reasoning_is_off_is_rejected(tmp_path: Path) -> None:
     assert dict(report.rejected) == {"reasoning_in_content": 1} and report.rows_out == 1
 
 
-def test_a_refused_key_stops_before_the_first_row(tmp_path: Path) -> None:
+def test_a_refused_key_stops_before_the_first_row(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with standin(StandIn(lambda msgs, n: completion(), key="right")) as server:
+        monkeypatch.setenv("TEST_REGEN_KEY", "wrong")
         with pytest.raises(UsageError, match="refused the API key"):
-            _run(tmp_path, server, api_key="wrong", retries=5)
+            _run(tmp_path, server, api_key_env="TEST_REGEN_KEY", retries=5)
         assert server.model_lists == 1 and server.requests == []  # no retries, no row sent
-        report, _ = _run(tmp_path, server, api_key="right")
+        monkeypatch.setenv("TEST_REGEN_KEY", "right")
+        report, _ = _run(tmp_path, server, api_key_env="TEST_REGEN_KEY")
     assert report.extra["regenerate"]["api_key_used"] is True
     assert "right" not in json.dumps(report.to_dict())
 
@@ -144,9 +145,9 @@ def test_context_window_errors_and_malformed_answers_have_their_codes(tmp_path: 
 
 
 def _cli() -> typer.Typer:
-    app = typer.Typer()
-    app.command()(regenerate_command)
-    return app
+    from draftdeck.cli import make_app
+
+    return make_app()
 
 
 def test_cli_exit_codes(tmp_path: Path) -> None:
@@ -154,18 +155,30 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     runner = CliRunner()
     with standin(StandIn(lambda msgs, n: completion("hi"), key="k")) as server:
-        base = [str(prompts), "--endpoint", server.url, "--model", "m", "--out", str(out)]
-        ok = runner.invoke(_cli(), [*base, "--api-key", "k", "--report", str(tmp_path / "r.json")])
+        base = ["regenerate", str(prompts), "--endpoint", server.url, "--model", "m", "--out", str(out)]
+        key = {"OPENAI_API_KEY": "k"}
+        ok = runner.invoke(_cli(), [*base, "--report", str(tmp_path / "r.json")], env=key)
         assert ok.exit_code == 0, ok.output
         assert json.loads((tmp_path / "r.json").read_text())["rows_out"] == 2
-        refused = runner.invoke(_cli(), [*base, "--api-key", "bad"])
+        refused = runner.invoke(_cli(), base, env={"OPENAI_API_KEY": "bad"})
         assert refused.exit_code == 2 and "refused the API key" in refused.output
-    both = runner.invoke(_cli(), [str(prompts), "--out", str(out), "--local", "x", "--endpoint", "http://y"])
+    both = runner.invoke(
+        _cli(), ["regenerate", str(prompts), "--out", str(out), "--local", "x", "--endpoint", "http://y"]
+    )
     assert both.exit_code == 2
     with standin(StandIn(lambda msgs, n: completion(""))) as server:
         empty = runner.invoke(
             _cli(),
-            [str(prompts), "--endpoint", server.url, "--model", "m", "--out", str(tmp_path / "e.jsonl")],
+            [
+                "regenerate",
+                str(prompts),
+                "--endpoint",
+                server.url,
+                "--model",
+                "m",
+                "--out",
+                str(tmp_path / "e.jsonl"),
+            ],
         )
     assert empty.exit_code == 1 and "no rows were written" in empty.output
 
