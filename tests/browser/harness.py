@@ -75,6 +75,7 @@ class Server:
     home: Path
     port: int = field(default_factory=free_port)
     extra_env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"  # what `up --host` binds; the tests still talk to it over 127.0.0.1
     proc: subprocess.Popen[bytes] | None = None
     log_path: Path = field(init=False)
     _groups: set[int] = field(default_factory=set)
@@ -108,7 +109,7 @@ class Server:
         argv = [sys.executable, "-m", "app.cli_service"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed when we stop
         self.proc = subprocess.Popen(
-            [*argv, "up", "--port", str(self.port)],
+            [*argv, "up", "--host", self.host, "--port", str(self.port)],
             cwd=self.home,
             env=self.env(),
             stdout=log,
