@@ -224,22 +224,23 @@ def _rows_sql(level: int, col: str) -> str:
 
 
 def _pairs_sql(level: int, col: str) -> str:
-    """(x, numerator, denominator) of a derived series at `level`: each denominator row joined to the
-    numerator row of the same step (raw) or step group (rollup) through the primary key or index."""
+    """(x, numerator, denominator) of a derived series at `level`, one row per step (raw) or step
+    group (rollup) where both counts have one. One pass over both series' index ranges grouped by
+    the key, not a join: a join's plan depends on table statistics a fresh run does not have yet."""
     if level == 0:
-        return (
-            f"SELECT CAST(d.{col} AS BIGINT) AS x, n.value AS a, d.value AS d FROM metric_points d"
-            " JOIN metric_points n ON n.job_id = d.job_id AND n.name = :n1 AND n.step = d.step"
-            " WHERE d.job_id = :j AND d.name = :n2 AND d.step BETWEEN :a AND :b"
-            f" AND d.{col} IS NOT NULL AND d.flag = 0 AND n.flag = 0"
-        )
-    lcol = {"step": "last_step", "tokens": "last_tokens", "wall_ms": "last_wall_ms"}[col]
+        table, key, x, v = "metric_points", "step", col, "value"
+        extra = " AND step BETWEEN :a AND :b AND flag = 0"
+    else:
+        table, key, v = "metric_rollups", "idx", "vsum"
+        x = {"step": "last_step", "tokens": "last_tokens", "wall_ms": "last_wall_ms"}[col]
+        extra = " AND level = :l AND idx BETWEEN :a AND :b"
     return (
-        f"SELECT CAST(d.{lcol} AS BIGINT) AS x, n.vsum AS a, d.vsum AS d FROM metric_rollups d"
-        " JOIN metric_rollups n ON n.job_id = d.job_id AND n.name = :n1 AND n.level = d.level"
-        " AND n.idx = d.idx"
-        " WHERE d.job_id = :j AND d.name = :n2 AND d.level = :l AND d.idx BETWEEN :a AND :b"
-        f" AND d.{lcol} IS NOT NULL"
+        f"SELECT CAST(MAX(CASE WHEN name = :n2 THEN {x} END) AS BIGINT) AS x,"
+        f" SUM(CASE WHEN name = :n1 THEN {v} END) AS a, SUM(CASE WHEN name = :n2 THEN {v} END) AS d"
+        f" FROM {table} WHERE job_id = :j AND name IN (:n1, :n2){extra}"
+        f" GROUP BY {key}"
+        f" HAVING COUNT(CASE WHEN name = :n1 THEN 1 END) > 0 AND COUNT(CASE WHEN name = :n2 THEN 1 END) > 0"
+        f" AND MAX(CASE WHEN name = :n2 THEN {x} END) IS NOT NULL"
     )
 
 

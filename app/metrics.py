@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case
+from sqlalchemy import case
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
@@ -35,7 +35,7 @@ SHIFT = 3  # log2 of the rollup fan-out (8)
 
 FINITE, NAN, POS_INF, NEG_INF = 0, 1, 2, 3
 MAX_NAME = 200
-LIVE_LIMIT = 10_000  # points per series per live read; the next read continues from the cursor
+LIVE_LIMIT = 5_000  # points per live read; the next read continues from the cursor
 
 
 def flag_of(value: float) -> int:
@@ -96,7 +96,11 @@ def record_points(
                 "flag": flag,
             }
         )
-    session.execute(MetricValue.__table__.insert(), rows)  # type: ignore[attr-defined]
+    table = MetricValue.__table__  # type: ignore[attr-defined]
+    # RETURNING through executemany ("insertmanyvalues"): the ids give each series its newest id.
+    ids = session.execute(table.insert().returning(table.c.id, sort_by_parameter_order=True), rows).scalars()
+    for r, point_id in zip(rows, ids, strict=True):
+        r["id"] = point_id
     _update_summaries(session, job_id, rows)
     _update_rollups(session, rows)
     _update_steps(session, job_id, rows)
@@ -136,6 +140,7 @@ def _update_summaries(session: Session, job_id: int, rows: list[dict[str, Any]])
             session.add(s)
         v, flag = r["value"], r["flag"]
         s.count += 1
+        s.last_id = max(s.last_id, r["id"])
         if s.first_step is None or r["step"] < s.first_step:
             s.first_step, s.first_value = r["step"], v
         if s.last_step is None or r["step"] >= s.last_step:
@@ -256,31 +261,34 @@ def summaries(session: Session, job_ids: Iterable[int]) -> dict[int, dict[str, M
     return out
 
 
-def points_after(
-    session: Session,
-    cursors: Mapping[tuple[int, str], int],
-    job_ids: Sequence[int],
-    prefix_filter: Sequence[str],
-) -> list[tuple[int, str, int, int | None, int, float | None, int]]:
-    """Points of `job_ids` whose series changed after the cursor (last step seen, per (job, name));
-    series not in `cursors` start from nothing. Only names starting with one of `prefix_filter`.
-    Rows: (job, name, step, tokens, wall_ms, value, flag), in step order per series."""
-    changed = [
-        s
-        for s in session.exec(select(MetricSeries).where(col(MetricSeries.job_id).in_(list(job_ids)))).all()
-        if s.name.startswith(tuple(prefix_filter))
-        and s.last_step is not None
-        and s.last_step > cursors.get((s.job_id, s.name), -1)
-    ]
-    out: list[tuple[int, str, int, int | None, int, float | None, int]] = []
+def points_since(
+    session: Session, job_id: int, names: Sequence[str], after_id: int, limit: int = LIVE_LIMIT
+) -> tuple[list[tuple[int, str, int, int | None, int, float | None, int]], int]:
+    """Points of `job_id` named in `names` with an id above `after_id`, in the order written:
+    ((id, name, step, tokens, wall_ms, value, flag) rows, the cursor after them). A run has one
+    writer, so its ids grow in commit order. A read cut by `limit` ends before the last step it
+    reached, so a step's counts (tau's accepted and steps) always arrive together."""
     p = MetricValue
-    for s in changed:
-        after = cursors.get((s.job_id, s.name), -1)
-        rows = session.execute(
-            sa_select(col(p.step), col(p.tokens), col(p.wall_ms), col(p.value), col(p.flag))
-            .where(and_(col(p.job_id) == s.job_id, col(p.name) == s.name, col(p.step) > after))
-            .order_by(col(p.step))
-            .limit(LIVE_LIMIT)
+    rows = list(
+        session.execute(
+            sa_select(
+                col(p.id), col(p.name), col(p.step), col(p.tokens), col(p.wall_ms), col(p.value), col(p.flag)
+            )
+            .where(col(p.id) > after_id, col(p.job_id) == job_id, col(p.name).in_(list(names)))
+            .order_by(col(p.id))
+            .limit(limit)
         ).tuples()
-        out.extend((s.job_id, s.name, *row) for row in rows)
+    )
+    if len(rows) == limit:
+        last_step = rows[-1][2]
+        cut = [r for r in rows if r[2] != last_step]
+        rows = cut or rows  # one step with more points than the limit: send it whole anyway
+    return rows, (rows[-1][0] if rows else after_id)
+
+
+def last_ids(session: Session, job_ids: Iterable[int]) -> dict[int, int]:
+    """Per job, the id of its newest point (0 when it has none): a live stream's starting cursor."""
+    out = dict.fromkeys(job_ids, 0)
+    for job, sums in summaries(session, out).items():
+        out[job] = max((s.last_id for s in sums.values()), default=0)
     return out

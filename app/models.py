@@ -147,6 +147,7 @@ class MetricSeries(SQLModel, table=True):
     last_wall_ms: int | None = Field(default=None, sa_type=BigInteger)
     min_value: float | None = None
     max_value: float | None = None
+    last_id: int = Field(default=0, sa_type=BigInteger)  # the newest point's id: where a live stream starts
 
 
 class MetricRollup(SQLModel, table=True):

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,10 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from sqlmodel import Session, col, select
 
-from app.db import get_engine
+from app import sse
 from app.deps import SessionDep
 from app.metric_query import MAX_BUDGET, QueryError, derived_parts, query
-from app.metrics import points_after, summaries, value_of
+from app.metrics import last_ids, points_since, summaries, value_of
 from app.models import TERMINAL, Alert, Job, MetricSeries
 from app.pages import render
 from app.settings import get_settings
@@ -36,8 +36,6 @@ EVAL_KIND = "eval"
 MISMATCH = 0.05  # |real - walked| / walked above this raises the alarm
 RUNS_SHOWN = 200
 MAX_COMPARE = 8
-POLL_SECONDS = 0.25
-KEEPALIVE_SECONDS = 15.0
 _STEP_DIR = re.compile(r"step-0*(\d+)")
 
 # The charts of a run page: (id, title, [(series, label)], y unit). `pos` is filled per run.
@@ -282,9 +280,6 @@ def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
             "markers": markers,
             "live": any(not v["terminal"] for v in views),
             "budget_max": MAX_BUDGET,
-            "derived": {
-                n: parts[1] for c in charts for n, _ in c["series"] if (parts := derived_parts(n)) is not None
-            },
         },
         param_keys=keys,
         differing=differing,
@@ -349,7 +344,7 @@ def runs_data(
     t0 = time.perf_counter()
     # Cursors first: a point written during the query comes again on the stream (the page drops
     # steps it already has) rather than being missed.
-    cursor = _cursor(session, jobs, names)
+    cursor = {feed_name(j): last for j, last in last_ids(session, jobs).items()}
     try:
         result = query(session, jobs, names, axis=x, lo=lo, hi=hi, budget=budget)
     except QueryError as exc:
@@ -367,69 +362,69 @@ def _stored_names(names: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _cursor(session: Session, jobs: Sequence[int], names: Sequence[str]) -> str:
-    stored = set(_stored_names(names))
-    sums = summaries(session, jobs)
-    return json.dumps(
-        {
-            str(j): {
-                n: s.last_step for n, s in sums.get(j, {}).items() if n in stored and s.last_step is not None
-            }
-            for j in jobs
-        },
-        separators=(",", ":"),
-    )
+def feed_name(job_id: int) -> str:
+    """A run's metric feed on the page's stream: its event name and its cursor's key (``m12=4051``)."""
+    return f"m{job_id}"
 
 
-def _parse_cursor(text: str) -> dict[tuple[int, str], int]:
-    try:
-        raw = json.loads(text) if text else {}
-        return {(int(j), str(n)): int(s) for j, per in raw.items() for n, s in per.items()}
-    except (ValueError, TypeError, AttributeError):
-        raise HTTPException(400, "cursor: not the JSON a chart request returned") from None
-
-
-def metric_events(
-    session: Session, jobs: Sequence[int], names: Sequence[str], cursors: dict[tuple[int, str], int]
-) -> list[dict[str, Any]]:
-    """New points after `cursors` (advanced in place) as rows {job, name, step, tokens, time, y};
-    derived series get a point where both of their counts have one at the same step."""
+def metric_feed(job_id: int, names: Sequence[str]) -> sse.Feed:
+    """New points of one run after an id cursor, as {job, name, step, tokens, time, y} items; a
+    derived series (a ratio of counts) gets an item where both its counts have a point at a step."""
     stored = _stored_names(names)
-    rows = points_after(session, cursors, jobs, stored)
-    wanted = set(stored)
-    by_key: dict[tuple[int, str, int], tuple[int | None, int, float | None, int]] = {}
-    out: list[dict[str, Any]] = []
-    for job, name, step, tokens, wall, value, flag in rows:
-        if name not in wanted:
-            continue
-        cursors[(job, name)] = max(cursors.get((job, name), -1), step)
-        by_key[(job, name, step)] = (tokens, wall, value, flag)
-        if name in names:
-            v = value_of(value, flag)
-            out.append(
-                {"job": job, "name": name, "step": step, "tokens": tokens, "time": wall, "y": _finite(v)}
-            )
-    for name in names:
-        parts = derived_parts(name)
-        if parts is None:
-            continue
-        for (job, n, step), (tokens, wall, den, _flag) in by_key.items():
-            if n != parts[1] or (job, parts[0], step) not in by_key:
-                continue
-            num = by_key[(job, parts[0], step)][2]
-            y = parts[2] + num / den if num is not None and den else None
-            out.append({"job": job, "name": name, "step": step, "tokens": tokens, "time": wall, "y": y})
-    out.sort(key=lambda r: (r["job"], r["name"], r["step"]))
-    return out
+    shown = set(names)
+    derived = [(n, parts) for n in names if (parts := derived_parts(n)) is not None]
+
+    def item(name: str, step: int, tokens: int | None, wall: int, y: float | None) -> dict[str, Any]:
+        return {"job": job_id, "name": name, "step": step, "tokens": tokens, "time": wall, "y": y}
+
+    def poll(session: Session, cursor: int) -> tuple[list[Any], int]:
+        rows, after = points_since(session, job_id, stored, cursor)
+        items: list[dict[str, Any]] = []
+        at: dict[tuple[str, int], tuple[int | None, int, float | None]] = {}
+        for _id, name, step, tokens, wall, value, flag in rows:
+            at[(name, step)] = (tokens, wall, value if flag == 0 else None)
+            if name in shown:
+                y = _finite(value_of(value, flag))
+                items.append(
+                    {"job": job_id, "name": name, "step": step, "tokens": tokens, "time": wall, "y": y}
+                )
+        for name, (num_name, den_name, offset) in derived:
+            for (n, step), (tokens, wall, den) in at.items():
+                if n != den_name or (num_name, step) not in at:
+                    continue
+                num = at[(num_name, step)][2]
+                y = offset + num / den if num is not None and den else None
+                items.append(
+                    {"job": job_id, "name": name, "step": step, "tokens": tokens, "time": wall, "y": y}
+                )
+        items.sort(key=lambda r: (r["name"], r["step"]))
+        return items, after
+
+    return sse.Feed(feed_name(job_id), poll)
 
 
 def _finite(v: float | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
-def _sse(event: str, data: Any, event_id: str | None = None) -> str:
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def run_stream(jobs: Sequence[int], names: Sequence[str], cursor: sse.Cursor) -> sse.Stream:
+    """The run page's stream: one metric feed per run, the runs' statuses, the open-alert count; it
+    ends once every run has ended and its last points went out."""
+
+    def statuses(session: Session) -> list[dict[str, Any]]:
+        rows = session.exec(select(Job).where(col(Job.id).in_(list(jobs))).order_by(col(Job.id))).all()
+        return [{"job": j.id, "status": j.status} for j in rows]
+
+    def ended(values: Any) -> dict[str, Any] | None:
+        runs = values["runs"]
+        return {"status": "ended"} if all(r["status"] in TERMINAL for r in runs) else None
+
+    return sse.Stream(
+        states=[sse.State("runs", statuses), sse.State("alerts", sse.open_alerts)],
+        feeds=[metric_feed(j, names) for j in jobs],
+        ended=ended,
+        cursor=cursor,
+    )
 
 
 @router.get("/runs/stream")
@@ -438,48 +433,18 @@ def runs_stream(
     session: SessionDep,
     jobs: list[int] = Query(default=[]),
     names: list[str] = Query(default=[]),
-    cursor: str = "",
 ) -> StreamingResponse:
-    """The page's one SSE stream. Events: `metrics` {points: [{job, name, step, tokens, time, y}]},
-    each with an id that is the cursor to resume from (EventSource sends it back as Last-Event-ID);
-    `status` {job, status} when a run's status changes; `end` {} when every run has ended and its
-    last points were sent, after which the stream closes."""
+    """The page's one SSE stream (app/sse.py). Events: ``m{job}`` [{job, name, step, tokens, time,
+    y}, ...] (new points of a run after the cursor ``m{job}=<point id>`` that GET /runs/data gave,
+    or Last-Event-ID on a reconnect), ``runs`` [{job, status}], ``alerts`` {open}, and ``end``."""
     for j in jobs:
         _run(session, j)
     if not names:
         raise HTTPException(400, "name at least one metric to stream")
-    cursors = _parse_cursor(request.headers.get("last-event-id") or cursor)
-    session.close()  # the stream opens a short session per poll; none is held between polls
-    return StreamingResponse(
-        _stream(list(jobs), list(names), cursors),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
-
-
-def _stream(jobs: list[int], names: list[str], cursors: dict[tuple[int, str], int]) -> Iterator[str]:
-    statuses: dict[int, str] = {}
-    quiet_since = time.monotonic()
-    yield "retry: 1000\n\n"
-    while True:
-        with Session(get_engine()) as session:
-            points = metric_events(session, jobs, names, cursors)
-            now = {j.id: j.status for j in session.exec(select(Job).where(col(Job.id).in_(jobs))).all()}
-        if points:
-            wire = {str(j): {n: s for (jj, n), s in cursors.items() if jj == j} for j in jobs}
-            yield _sse("metrics", {"points": points}, json.dumps(wire, separators=(",", ":")))
-            quiet_since = time.monotonic()
-        for j, st in now.items():
-            if j is not None and statuses.get(j) != st:
-                statuses[j] = st
-                yield _sse("status", {"job": j, "status": st})
-        if not points and all(st in TERMINAL for st in now.values()):
-            yield _sse("end", {})
-            return
-        if time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
-            yield ": keepalive\n\n"
-            quiet_since = time.monotonic()
-        time.sleep(POLL_SECONDS)
+    stream = run_stream(list(dict.fromkeys(jobs)), list(names), {})
+    stream.cursor.update(sse.start_cursor(request, stream.feeds))
+    session.close()  # polls open their own short sessions; none is held while the stream waits
+    return sse.response(stream)
 
 
 @router.get("/runs/{job_id}", response_class=HTMLResponse)

@@ -54,24 +54,11 @@
       data.series.forEach(function (s) {
         store[s.job + "|" + s.name] = { x: s.x, y: s.y, min: s.min, max: s.max, level: s.level, last: {} };
       });
-      cursor = data.cursor;
-      lastSteps(JSON.parse(data.cursor));
+      if (!stream) cursor = data.cursor;  // an open stream keeps its own cursor
       drawAll();
       setState(state.range ? "zoomed: " + fmtX(state.range.lo) + " – " + fmtX(state.range.hi) + levelNote() : "drag across a chart to zoom" + levelNote());
       if (cfg.live && !stream && root.getAttribute("data-stream") === "live") openStream();
     }).catch(function (err) { setState("could not load the charts: " + err.message); });
-  }
-
-  var seen = {};  // "job|name" -> last step the page holds (the stream skips what the query returned)
-  function lastSteps(c) {
-    Object.keys(c).forEach(function (j) {
-      Object.keys(c[j]).forEach(function (n) { var k = j + "|" + n; seen[k] = Math.max(seen[k] === undefined ? -1 : seen[k], c[j][n]); });
-      // a derived series (a ratio of counts) is as far as its denominator's count series
-      Object.keys(cfg.derived).forEach(function (d) {
-        var den = c[j][cfg.derived[d]];
-        if (den !== undefined) seen["d:" + j + "|" + d] = Math.max(seen["d:" + j + "|" + d] === undefined ? -1 : seen["d:" + j + "|" + d], den);
-      });
-    });
   }
 
   function levelNote() {
@@ -237,41 +224,42 @@
   // -- live: the page's one stream ------------------------------------------------------------
   var pending = false;
   function openStream() {
-    var url = "/runs/stream?" + qs({ cursor: cursor });
-    stream = new EventSource(url);
+    stream = new EventSource("/runs/stream?" + qs(cursor));
     root.setAttribute("data-stream", "open");
-    stream.addEventListener("metrics", function (ev) {
-      var now = Date.now();
-      JSON.parse(ev.data).points.forEach(function (p) {
-        var key = p.job + "|" + p.name;
-        var seenKey = cfg.derived[p.name] ? "d:" + key : key;
-        if (p.step <= (seen[seenKey] === undefined ? -1 : seen[seenKey])) return;
-        seen[seenKey] = p.step;
-        var s = store[key];
-        if (!s) s = store[key] = { x: [], y: [], min: [], max: [], level: 0 };
-        var x = state.axis === "step" ? p.step : state.axis === "tokens" ? p.tokens : p.time;
-        if (x === null || x === undefined) return;
-        if (s.x.length && x < s.x[s.x.length - 1]) return;
-        s.x.push(x); s.y.push(p.y); s.min.push(p.y); s.max.push(p.y);
-        live.arrivals += 1;
-        live.latencies.push(now - p.time);
-      });
-      if (!pending) {
-        pending = true;
-        requestAnimationFrame(function () { pending = false; drawAll(); });
-      }
-    });
-    stream.addEventListener("status", function (ev) {
-      var d = JSON.parse(ev.data);
-      document.querySelectorAll("#run-status[data-job='" + d.job + "'], [data-status-of='" + d.job + "']").forEach(function (el) {
-        el.textContent = d.status;
-        el.className = "status status-" + d.status;
+    cfg.jobs.forEach(function (job) { stream.addEventListener("m" + job, onPoints); });
+    stream.addEventListener("runs", function (ev) {
+      JSON.parse(ev.data).forEach(function (r) {
+        document.querySelectorAll("#run-status[data-job='" + r.job + "'], [data-status-of='" + r.job + "']").forEach(function (el) {
+          el.textContent = r.status;
+          el.className = "status status-" + r.status;
+        });
       });
     });
     stream.addEventListener("end", function () {
       stream.close();
       root.setAttribute("data-stream", "ended");
     });
+  }
+
+  // New points of one run. The query and the stream may overlap by a few points (the cursor is read
+  // before the query runs): a point at or before a series' last x is already drawn.
+  function onPoints(ev) {
+    var now = Date.now();
+    JSON.parse(ev.data).forEach(function (p) {
+      var key = p.job + "|" + p.name;
+      var x = state.axis === "step" ? p.step : state.axis === "tokens" ? p.tokens : p.time;
+      if (x === null || x === undefined) return;
+      var s = store[key];
+      if (!s) s = store[key] = { x: [], y: [], min: [], max: [], level: 0 };
+      if (s.x.length && x <= s.x[s.x.length - 1]) return;
+      s.x.push(x); s.y.push(p.y); s.min.push(p.y); s.max.push(p.y);
+      live.arrivals += 1;
+      live.latencies.push(now - p.time);
+    });
+    if (!pending) {
+      pending = true;
+      requestAnimationFrame(function () { pending = false; drawAll(); });
+    }
   }
 
   Object.defineProperty(live, "points", { get: function () {

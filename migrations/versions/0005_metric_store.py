@@ -62,6 +62,7 @@ def upgrade() -> None:
         sa.Column("last_wall_ms", sa.BigInteger(), nullable=True),
         sa.Column("min_value", sa.Float(), nullable=True),
         sa.Column("max_value", sa.Float(), nullable=True),
+        sa.Column("last_id", sa.BigInteger(), nullable=False),
         _fk("metric_series"),
         sa.PrimaryKeyConstraint("job_id", "name", name=op.f("pk_metric_series")),
     )

@@ -13,7 +13,7 @@ from sqlmodel import Session, select
 
 from app.db import make_engine, upgrade
 from app.metric_query import QueryError, query
-from app.metrics import points_after, record_metrics, record_points, summaries
+from app.metrics import last_ids, points_since, record_metrics, record_points, summaries
 from app.models import Job, MetricValue
 from draftdeck.jobs.context import MetricPoint
 
@@ -219,16 +219,21 @@ def test_tokens_and_time_axes(session: Session) -> None:
     assert (by_time.x, by_time.y) == ([1_000_000, 1_010_000], [9.0, 19.0])  # epoch ms; ties go by step
 
 
-def test_overlay_shares_one_grid_and_live_reads_follow_a_cursor(session: Session) -> None:
+def test_overlay_shares_one_grid_and_live_reads_follow_an_id_cursor(session: Session) -> None:
     a, b = _job(session), _job(session)
     _series(session, a, "train/loss", [1.0] * 50)
     _series(session, b, "train/loss", [2.0] * 80)
     r = query(session, [a, b], ["train/loss"], budget=1000)
     assert [s.job_id for s in r.series] == [a, b]
     assert r.series[0].x[-1] == 49 and r.series[1].x[-1] == 79
-    new = points_after(session, {(a, "train/loss"): 47}, [a], ["train/"])
-    assert [(row[0], row[1], row[2]) for row in new] == [(a, "train/loss", 48), (a, "train/loss", 49)]
-    assert points_after(session, {(a, "train/loss"): 49}, [a], ["train/"]) == []
+    ids = last_ids(session, [a, b])
+    rows, cursor = points_since(session, a, ["train/loss"], ids[a] - 2)
+    assert [(name, step) for _id, name, step, *_ in rows] == [("train/loss", 48), ("train/loss", 49)]
+    assert cursor == ids[a]
+    assert points_since(session, a, ["train/loss"], cursor) == ([], cursor)
+    record_metrics(session, a, 50, {"train/loss": 0.5, "train/lr": 1.0}, None)
+    rows, after = points_since(session, a, ["train/loss"], cursor)
+    assert [(name, step) for _id, name, step, *_ in rows] == [("train/loss", 50)] and after > cursor
 
 
 def test_migration_matches_the_models_and_downgrades(session: Session) -> None:
@@ -254,3 +259,14 @@ def test_migration_matches_the_models_and_downgrades(session: Session) -> None:
     assert {"metric_points", "metric_series", "metric_rollups", "metric_steps"} <= set(
         inspect(engine).get_table_names()
     )
+
+
+def test_a_live_read_cut_by_its_limit_keeps_a_steps_counts_together(session: Session) -> None:
+    job = _job(session)
+    names = ["heldout/walked/accepted", "heldout/walked/steps"]
+    for step in range(3):
+        record_metrics(session, job, step, dict(zip(names, (5.0, 2.0), strict=True)), None)
+    rows, cursor = points_since(session, job, names, 0, limit=3)
+    assert [step for _id, _n, step, *_ in rows] == [0, 0]  # not step 1's first count without its second
+    rest, _ = points_since(session, job, names, cursor)
+    assert [step for _id, _n, step, *_ in rest] == [1, 1, 2, 2]

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session
+from sqlmodel import Session, func, select
 
 from app.metrics import record_metrics
+from app.models import MetricValue
 from tests.run_helpers import make_eval, make_run
 
 
@@ -83,7 +84,9 @@ def test_data_route_validates_and_times_itself(client: TestClient) -> None:
     loss, tau = body["series"]
     assert loss["x"][0] == 0 and loss["x"][-1] == 199 and len(loss["x"]) <= 52
     assert tau["x"] == [0, 50, 100, 150]
-    assert json.loads(body["cursor"])[str(run)]["heldout/walked/steps"] == 150
+    with _session() as s:
+        newest = s.exec(select(func.max(MetricValue.id)).where(MetricValue.job_id == run)).one()
+    assert body["cursor"] == {f"m{run}": newest}
     assert client.get(f"/runs/data?jobs={run}&names=train/loss&x=epoch").status_code == 400
     assert client.get("/runs/data?jobs=999&names=train/loss").status_code == 404
 
@@ -95,6 +98,7 @@ def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: Tes
     with _session() as s:
         run = make_run(s, _jobs_dir(), steps=10, status="running")
     cursor = client.get(f"/runs/data?jobs={run}&names=train/loss&names=heldout/tau_walked").json()["cursor"]
+    url = f"/runs/stream?jobs={run}&names=train/loss&names=heldout/tau_walked&m{run}={cursor[f'm{run}']}"
 
     def write() -> None:
         time.sleep(0.3)
@@ -109,9 +113,7 @@ def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: Tes
     t = threading.Thread(target=write)
     t.start()
     events = []
-    with client.stream(
-        "GET", f"/runs/stream?jobs={run}&names=train/loss&names=heldout/tau_walked&cursor={cursor}"
-    ) as r:
+    with client.stream("GET", url) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("event:"):
@@ -120,8 +122,10 @@ def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: Tes
                 events[-1].append(json.loads(line.split(":", 1)[1]))
     t.join()
     kinds = [e[0] for e in events]
-    assert kinds[-1] == "end" and "status" in kinds
-    points = [p for e in events if e[0] == "metrics" for p in e[1]["points"]]
+    assert kinds[-1] == "end"
+    statuses = [e[1][0]["status"] for e in events if e[0] == "runs"]
+    assert statuses == ["running", "succeeded"]
+    points = [p for e in events if e[0] == f"m{run}" for p in e[1]]
     assert {(p["name"], p["step"], p["y"]) for p in points} == {
         ("train/loss", 10, 0.25),
         ("heldout/tau_walked", 50, 2.5),
