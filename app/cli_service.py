@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -120,6 +121,23 @@ def worker(
     if unknown:
         raise usage_exit(f"unknown queues: {', '.join(sorted(unknown))}; known: {', '.join(QUEUES)}")
     os.execv(sys.executable, worker_argv(queues, concurrency))
+
+
+DEMO_DIR = Path("var/demo")
+
+
+@service_app.command("demo")
+def demo_command(
+    workdir: Annotated[Path, typer.Option(help="folder for the tiny world, data and the run")] = DEMO_DIR,
+    quick: Annotated[bool, typer.Option(help="a smaller world and run (about a minute)")] = False,
+    seed: Annotated[int, typer.Option(min=0, help="seed of the world, the data and the run")] = 0,
+) -> None:
+    """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
+    as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
+    from app.demo import demo
+
+    _prepare()
+    demo(workdir, quick=quick, seed=seed)
 
 
 @db_app.command("upgrade")

@@ -24,8 +24,10 @@ log = logging.getLogger(__name__)
 SERVICE_RUNS: dict[str, Callable[[Any, SqlRunContext], Report]] = {"tokenize": chunks.plan_tokenize}
 
 
-def run_job(job_id: int, *, task_id: str | None = None) -> str:
-    """Run job `job_id` if it is still queued; return the status it ended in (or why it was skipped)."""
+def run_job(job_id: int, *, task_id: str | None = None, in_process: bool = False) -> str:
+    """Run job `job_id` if it is still queued; return the status it ended in (or why it was skipped).
+
+    `in_process` runs every kind's own `run` here (`draftdeck demo`), with no chunk tasks to hand to."""
     settings = get_settings()
     with session_scope() as session:
         job = records.get_job(session, job_id)
@@ -53,7 +55,7 @@ def run_job(job_id: int, *, task_id: str | None = None) -> str:
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     params = kind.params.model_validate(job.params)
     policy = params.policy()
-    run = SERVICE_RUNS.get(kind.name, kind.run)
+    run = kind.run if in_process else SERVICE_RUNS.get(kind.name, kind.run)
     with Heartbeat(job_id, settings.heartbeat_seconds):
         try:
             report = run(params, ctx)

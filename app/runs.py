@@ -107,27 +107,25 @@ def checkpoints(job: Job) -> tuple[list[dict[str, Any]], str | None]:
     return sorted(rows, key=lambda r: r["step"]), None
 
 
+def _eval_section(data: Any) -> dict[str, Any]:
+    """The figures of an eval.json (draftdeck/drafter/evaluate.py writes them under "eval")."""
+    section = data.get("eval") if isinstance(data, dict) else None
+    return section if isinstance(section, dict) else {}
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
 def _real_tau(data: Any) -> float | None:
-    """The real tau incl. bonus of an eval.json: pooled when given, else the per-response mean."""
-    if not isinstance(data, dict):
-        return None
-    tau = data.get("tau")
-    candidates = [data.get("tau_pooled"), tau.get("pooled") if isinstance(tau, dict) else tau]
-    if isinstance(tau, dict):
-        candidates.append(tau.get("mean"))
-    for value in candidates:
-        if isinstance(value, int | float) and math.isfinite(value):
-            return float(value)
-    return None
+    """The drafter's real tau incl. bonus, pooled over every verify step of the eval."""
+    drafter = (_eval_section(data).get("methods") or {}).get("drafter") or {}
+    return _finite(drafter.get("tau_incl_bonus_pooled"))
 
 
 def _walked_tau(data: Any) -> float | None:
-    if not isinstance(data, dict):
-        return None
-    walked = data.get("walked_tau", data.get("walked"))
-    if isinstance(walked, dict):
-        walked = walked.get("tau", walked.get("pooled"))
-    return float(walked) if isinstance(walked, int | float) and math.isfinite(walked) else None
+    """The walked tau incl. bonus of the same checkpoint over the same prompts' target outputs."""
+    return _finite((_eval_section(data).get("walked") or {}).get("tau_incl_bonus"))
 
 
 def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -144,6 +142,8 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
             continue
         m = _STEP_DIR.search(Path(ckpt).name) if ckpt else None
         step = int(m[1]) if m else None
+        if step is None and ckpt and Path(ckpt) == out:  # the run folder: its best checkpoint was used
+            step = next((c["step"] for c in ckpts if c.get("best")), None)
         data, error = _read_json(run_out(ev) / "eval.json")
         real = _real_tau(data)
         walked = _walked_tau(data)

@@ -134,7 +134,14 @@ def make_eval(
     out = jobs_dir / str(job.id)
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(
-        json.dumps({"tau": {"pooled": real_tau, "mean": real_tau}, "walked_tau": walked_tau})
+        json.dumps(  # the layout draftdeck/drafter/evaluate.py writes
+            {
+                "eval": {
+                    "methods": {"drafter": {"tau_incl_bonus_pooled": real_tau}},
+                    "walked": {"tau_incl_bonus": walked_tau},
+                }
+            }
+        )
     )
     if abs(real_tau - walked_tau) / walked_tau > 0.05:
         session.add(
