@@ -16,13 +16,13 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from draftdeck.errors import PathNotAllowedError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
-from draftdeck.paths import resolve_in_roots
+from draftdeck.paths import check_path_text, resolve_in_roots
 from draftdeck.quality import Policy
 
 MAX_INPUTS = 10_000
 MAX_ROW_BYTES_LIMIT = 1 << 30  # 1 GiB: a larger row is a bug upstream, and would not fit a reader's buffer
-MAX_PATH_CHARS = 4096
 
 
 def inputs_field(description: str) -> Any:
@@ -71,16 +71,14 @@ class JobParams(BaseModel):
 
     @model_validator(mode="after")
     def _paths_are_text(self) -> Self:
+        """Paths no filesystem call can take (NUL, a lone surrogate, a name over 255 bytes, a path
+        over 4095) are refused here, with the field's name, by the one check every path passes."""
         for name in self.path_fields():
             for value in self.paths_of(name):
-                if "\x00" in value:
-                    raise ValueError(f"{name}: a path may not contain a NUL byte")
-                if len(value) > MAX_PATH_CHARS:
-                    raise ValueError(f"{name}: a path of {len(value):,} characters is too long")
                 try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise ValueError(f"{name}: not a valid path (a lone surrogate)") from None
+                    check_path_text(value)
+                except PathNotAllowedError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
         return self
 
     def paths_of(self, name: str) -> list[str]:

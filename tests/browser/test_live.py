@@ -85,7 +85,7 @@ def test_progress_reaches_the_page_on_one_stream_that_closes_at_the_end(
     page: Any, server: Server, slow_file: Any
 ) -> None:
     pipe = slow_file()
-    job_id = server.submit("scan", path=str(pipe.path))
+    job_id = server.submit("scan", inputs=str(pipe.path))
     streams = stream_requests(page)
     page.goto(f"/jobs/{job_id}")
     page.evaluate("document.getElementById('job-live').dataset.mark = 'first render'")
@@ -118,7 +118,7 @@ def test_a_dropped_stream_reconnects_and_resumes_without_duplicates(
     browser: Any, server: Server, proxy: Proxy, slow_file: Any, watch: Any
 ) -> None:
     pipe = slow_file()
-    job_id = server.submit("scan", path=str(pipe.path))
+    job_id = server.submit("scan", inputs=str(pipe.path))
     context = browser.new_context(base_url=f"http://127.0.0.1:{proxy.port}")
     try:
         page = context.new_page()
@@ -157,7 +157,7 @@ def test_the_jobs_list_keeps_one_stream_and_redraws_when_jobs_change(
     streams = stream_requests(page)
     page.goto("/jobs")
     expect(page.locator("#jobs-stream")).to_have_attribute("data-sse-state", "open")
-    job_id = server.submit("scan", path=str(pipe.path))
+    job_id = server.submit("scan", inputs=str(pipe.path))
     row = page.locator(f"#jobs-table tr[data-job='{job_id}']")
     expect(row.locator(".status")).to_have_text("queued")  # a job from elsewhere shows up
     pipe.open()

@@ -89,18 +89,18 @@ def check_text(c: TestClient) -> None:
     assert_4xx(c.get("/jobs/%00"), "NUL in the URL path")
     assert_4xx(c.get("/datasets/compare?row=%00"), "NUL in compare's row")
     for name, path, reason in TEXT_CASES:
-        for kind, params in (("scan", {"path": path}), ("convert", {"paths": [path]})):
+        for kind, params in (("scan", {"inputs": [path]}), ("convert", {"inputs": [path]})):
             r = _send(c, "POST", "/api/jobs", json={"kind": kind, "params": params})
             assert r.status_code == 400 and reason in r.json()["detail"], (name, kind, r.text[:300])
-        for url, form in (("/jobs", {"kind": "scan", "path": path}), ("/datasets", {"path": path})):
+        for url, form in (("/jobs", {"kind": "scan", "inputs": path}), ("/datasets", {"path": path})):
             r = c.post(url, data={**form, "csrf": CSRF}, follow_redirects=False)
             assert_4xx(r, f"{name} in the form of {url}")
     # A lone surrogate can only come as a JSON escape (forms and URLs decode bytes, never to one).
-    raw = b'{"kind": "scan", "params": {"path": "data/\\ud800.jsonl"}}'
+    raw = b'{"kind": "scan", "params": {"inputs": ["data/\\ud800.jsonl"]}}'
     r = c.post("/api/jobs", content=raw, headers=JSON)
     assert (
         r.status_code == 400
-        and r.json()["detail"] == "params.path contains a lone surrogate (not valid Unicode)"
+        and r.json()["detail"] == "params.inputs[0] contains a lone surrogate (not valid Unicode)"
     )
     r = c.post("/api/jobs", content=b'{"kind": "scan", "params": {"\\udfff": 1}}', headers=JSON)
     assert r.status_code == 400 and "a key in params" in r.json()["detail"]
@@ -121,23 +121,23 @@ def test_nul_surrogates_and_long_names_are_400_with_the_reason(client: TestClien
 
 
 def test_a_huge_body_is_413_before_it_is_read(client: TestClient) -> None:
-    body = b'{"kind": "scan", "params": {"path": "' + b"x" * (50 << 20) + b'"}}'
+    body = b'{"kind": "scan", "params": {"inputs": "' + b"x" * (50 << 20) + b'"}}'
     started = time.monotonic()
     r = client.post("/api/jobs", content=body, headers=JSON)
     assert r.status_code == 413 and "over 1,048,576 bytes" in r.json()["detail"]
     assert time.monotonic() - started < 2.0
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the limit counts what arrives
-        yield b'{"kind": "scan", "params": {"path": "'
+        yield b'{"kind": "scan", "params": {"inputs": "'
         for _ in range(50):
             yield b"x" * (1 << 20)
         yield b'"}}'
 
     r = client.post("/api/jobs", content=chunks(), headers=JSON)
     assert r.status_code == 413
-    form = client.post("/jobs", data={"kind": "scan", "path": "x" * (2 << 20), "csrf": CSRF})
+    form = client.post("/jobs", data={"kind": "scan", "inputs": "x" * (2 << 20), "csrf": CSRF})
     assert form.status_code == 413
-    ok = client.post("/api/jobs", json={"kind": "scan", "params": {"path": "data/a.jsonl"}})
+    ok = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": ["data/a.jsonl"]}})
     assert ok.status_code == 201  # a normal body still reaches the route, replayed intact
 
 
