@@ -30,7 +30,7 @@ from draftdeck.jobs.registry import get_kind
 # Measured on a 2-core CPU (issue 9): ~120 s of target training, 1,000 prompts x 128 greedy tokens,
 # B = 8, 32 sequences x 8 anchors per step at lr 3e-3; the whole path in about 4.5 minutes.
 FULL = {"target_steps": 600, "prompts": 1000, "max_new": 128, "train_steps": 400, "eval_prompts": 100}
-QUICK = {"target_steps": 150, "prompts": 120, "max_new": 48, "train_steps": 40, "eval_prompts": 12}
+QUICK = {"target_steps": 80, "prompts": 120, "max_new": 48, "train_steps": 40, "eval_prompts": 12}
 
 
 def _run(kind_name: str, params: JobParams, say: Any) -> tuple[int, dict[str, Any]]:

@@ -35,8 +35,9 @@ from draftdeck.drafter.spec_decode import (
 from draftdeck.drafter.target import Target
 from draftdeck.drafter.walked import heldout_counts
 from draftdeck.errors import UsageError
+from draftdeck.fileio import sha256_file
 from draftdeck.jobs.context import RunContext
-from draftdeck.quality import Report
+from draftdeck.quality import Output, Report
 
 METHODS = ("drafter", "untrained", "prompt_lookup")
 METRIC_EVERY = 10  # prompts between metric points
@@ -344,5 +345,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     result["lossless"] = methods["drafter"]["lossless"]
     report.extra["eval"] = _finite(result)
     report.check_accounting()
-    report.write_json(out_dir / "eval.json")
+    path = out_dir / "eval.json"
+    report.write_json(path)
+    # The job's output: the file holding every figure, one row per prompt evaluated.
+    report.outputs.append(Output(str(path), report.rows_out, path.stat().st_size, sha256_file(path)))
+    report.check_accounting()
     return report

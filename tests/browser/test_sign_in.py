@@ -18,7 +18,9 @@ def test_reads_beyond_loopback_ask_to_sign_in_first(browser: Any, tmp_path: Path
     context = browser.new_context(base_url=server.url)
     try:
         (server.data_dir / "a.jsonl").write_text('{"messages": []}\n')
-        job_id = server.submit("scan", inputs=str(server.data_dir / "a.jsonl"))  # over the API, with the bearer
+        job_id = server.submit(
+            "scan", inputs=str(server.data_dir / "a.jsonl")
+        )  # over the API, with the bearer
         page = context.new_page()
         page.on("dialog", lambda d: (watch.dialogs.append(d.message), d.dismiss()))
         page.goto(f"/jobs/{job_id}")

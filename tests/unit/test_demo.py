@@ -1,0 +1,62 @@
+"""`draftdeck demo --quick`: the whole path (tiny target -> regenerate -> tokenize -> train -> eval) as
+jobs in the configured database, ending with one JSON line, and the run page drawing what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, select
+
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home: Path) -> None:
+    work = dd_home / "demo"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli_service", "demo", "--quick", "--workdir", str(work)],
+        cwd=dd_home, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(summary) == {"train_tau", "heldout_tau", "eval_tau", "untrained_tau", "prompt_lookup_tau",
+                            "lossless", "checkpoint"}  # fmt: skip
+    assert summary["lossless"] is True
+    assert summary["untrained_tau"] == pytest.approx(1.0, abs=0.05)  # a fresh drafter accepts ~nothing
+    assert summary["eval_tau"] > summary["untrained_tau"]  # 40 steps already learn something
+    assert Path(summary["checkpoint"], "model.safetensors").is_file()
+    eval_json = json.loads((work / "eval" / "eval.json").read_text())["eval"]
+    assert eval_json["methods"]["drafter"]["tau_incl_bonus_pooled"] == summary["eval_tau"]
+
+    from app.db import get_engine
+    from app.models import Job, JobStateHistory, MetricSeries
+
+    with Session(get_engine()) as session:
+        jobs = session.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]
+        assert [(j.kind, j.status) for j in jobs] == [
+            (kind, "succeeded") for kind in ("regenerate", "tokenize", "train", "eval")
+        ]
+        train = jobs[2]
+        history = session.exec(select(JobStateHistory).where(JobStateHistory.job_id == train.id)).all()
+        assert [(h.from_status, h.to_status) for h in history] == [
+            ("queued", "running"),
+            ("running", "succeeded"),
+        ]
+        names = {s.name for s in session.exec(select(MetricSeries).where(MetricSeries.job_id == train.id))}
+    assert {"train/loss", "heldout/walked/accepted", "heldout/walked/steps", "train/pos/1/correct"} <= names
+    from app.main import create_app
+
+    with TestClient(create_app()) as client:
+        page = client.get(f"/runs/{train.id}")
+        assert page.status_code == 200 and "incl. bonus" in page.text
+        data = client.get("/runs/data", params={"jobs": train.id, "names": "heldout/tau_walked"})
+        assert data.status_code == 200, data.text
+        assert str(round(summary["heldout_tau"], 3))[:4] in data.text  # the best checkpoint's walked tau
