@@ -30,8 +30,11 @@ typecheck: $(STAMP)
 test: $(STAMP) services lint typecheck  ## everything CI runs
 	$(BIN)/pytest -q --cov --cov-report=term:skip-covered -p no:cacheprovider
 
+# Every CPU benchmark; benchmarks/train_gpu.py is the check for a machine with a GPU (run it there).
+BENCHES := $(filter-out benchmarks/_% benchmarks/train_gpu.py,$(wildcard benchmarks/*.py))
+
 bench: $(STAMP)
-	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b; done
+	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .coverage

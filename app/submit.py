@@ -61,7 +61,12 @@ def retry(session: Session, job_id: int, settings: Settings) -> Job:
     again = session.exec(select(Job.id).where(Job.retry_of == job_id)).first()
     if again is not None:
         raise JobStateError(f"job {job_id} was already retried as job {again}; retry that one")
-    kind, params, queue_name = validate(old.kind, old.params, settings)
+    raw = dict(old.params)
+    if get_kind(old.kind).params.resumes_in_out and not raw.get("out"):
+        # A run that resumes from its output folder (train: the last checkpoint) continues where the
+        # failed attempt wrote, not in the new attempt's empty folder.
+        raw["out"] = str(settings.jobs_dir / str(old.id))
+    kind, params, queue_name = validate(old.kind, raw, settings)
     try:
         job = records.create_job(session, kind, params, queue_name, attempt=old.attempt + 1, retry_of=old.id)
     except IntegrityError:  # a concurrent retry of the same attempt won

@@ -67,6 +67,7 @@ class TrainParams(JobParams):
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    resumes_in_out: ClassVar[bool] = True
 
     @model_validator(mode="after")
     def _check(self) -> TrainParams:

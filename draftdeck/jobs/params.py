@@ -45,6 +45,9 @@ class JobParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
     input_paths: ClassVar[tuple[str, ...]] = ()  # must exist (inside the roots, on the server)
     output_paths: ClassVar[tuple[str, ...]] = ()  # may not exist yet (inside the roots, on the server)
+    # A kind whose run picks up what an earlier attempt left in `out` (train resumes from the last
+    # checkpoint): a retry of a job that had no `out` is pointed at the failed attempt's folder.
+    resumes_in_out: ClassVar[bool] = False
 
     @classmethod
     def path_fields(cls) -> tuple[str, ...]:
