@@ -81,6 +81,8 @@ def model_parameters(
         origin = typing.get_origin(base)
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         flag = str(extra.get("cli_flag") or _flag(name))  # a list option reads better singular: --endpoint
+        if base is bool:  # --reasoning/--no-reasoning: a flag whose default is on must be switchable off
+            flag = f"{flag}/--no-{flag[2:]}"
         decls = [flag] + ([str(extra["cli_short"])] if "cli_short" in extra else [])
         help_ = info.description or ""
         kwargs: dict[str, Any] = {"help": help_}
