@@ -130,3 +130,12 @@ def slow_file(server: Server) -> Iterator[Any]:
     yield make
     for f in made:
         f.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test in this folder is a browser test (`-m browser` / `-m "not browser"` split the run:
+    see the Makefile), whether or not its module says so."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.browser)
