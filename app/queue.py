@@ -71,6 +71,39 @@ def send(task_name: str, args: Sequence[Any], queue: str) -> str:
     return str(get_celery().send_task(task_name, args=list(args), queue=queue).id)
 
 
+def send_again(task_name: str, args: Sequence[Any], queue: str) -> str:
+    """Send a message the broker lost. A Redis that lost its data lost the queues' bindings too, and
+    this process's producer remembers them as declared: declare them again first, or the message
+    goes to no queue."""
+    app = get_celery()
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for q in app.conf.task_queues:
+            q.bind(channel).declare()
+    return send(task_name, args, queue)
+
+
+def holds_message(queue: str, task_id: str) -> bool | None:
+    """Whether the broker still holds the message `task_id` on `queue` (waiting, or delivered and
+    not acknowledged); None when it cannot tell. A bounded read: the queue's messages."""
+    settings = get_settings()
+    needle = task_id.encode()
+    try:
+        if settings.embedded:
+            folder = settings.broker_dir / "queue"
+            return any(needle in p.read_bytes() for p in folder.iterdir() if p.is_file())
+        import redis
+
+        client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
+        waiting = client.lrange(queue, 0, -1)
+        unacked = client.hvals("unacked")
+        return any(needle in blob for blob in [*waiting, *unacked])
+    except FileNotFoundError:
+        return False
+    except Exception:
+        return None
+
+
 def worker_argv(queues: str, concurrency: int, name: str | None = None) -> list[str]:
     """The command line of a Celery worker for `queues` (also what the integration tests start)."""
     node = name or f"draftdeck-{queues.replace(',', '-')}"
