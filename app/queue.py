@@ -84,8 +84,10 @@ def send_again(task_name: str, args: Sequence[Any], queue: str) -> str:
 
 
 def holds_message(queue: str, task_id: str) -> bool | None:
-    """Whether the broker still holds the message `task_id` on `queue` (waiting, or delivered and
-    not acknowledged); None when it cannot tell. A bounded read: the queue's messages."""
+    """Whether the message `task_id` still waits on `queue`; None when the broker cannot tell. A
+    message delivered to a worker that died before claiming its job does not count: Redis would give
+    it back only after the 12-hour visibility timeout (a double delivery is harmless: the claim is
+    a compare-and-set)."""
     settings = get_settings()
     needle = task_id.encode()
     try:
@@ -95,9 +97,7 @@ def holds_message(queue: str, task_id: str) -> bool | None:
         import redis
 
         client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
-        waiting = client.lrange(queue, 0, -1)
-        unacked = client.hvals("unacked")
-        return any(needle in blob for blob in [*waiting, *unacked])
+        return any(needle in blob for blob in client.lrange(queue, 0, -1))
     except FileNotFoundError:
         return False
     except Exception:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app.chunks import run_chunk
+from app.db import get_engine
 from app.liveness import start_beat
 from app.queue import RUN_CHUNK, RUN_JOB, get_celery
 from app.runner import run_job
@@ -43,6 +44,13 @@ def _beat_and_sweep(sender: Any = None, **_: Any) -> None:
     name = str(getattr(sender, "hostname", None) or celery_app.conf.get("worker_name") or "worker")
     _stops.append(start_beat(name, queues, settings.heartbeat_seconds))
     _stops.append(start_sweeper(settings))
+
+
+@worker_process_init.connect
+def _own_connections(**_: Any) -> None:
+    """A pool process forked from the main one (at start, or to replace one killed mid-task) must not
+    share the main process's pooled database connections: its beat and sweeper use them."""
+    get_engine().dispose(close=False)
 
 
 @worker_shutdown.connect
