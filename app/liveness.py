@@ -16,6 +16,8 @@ from app.models import Worker, utcnow
 
 log = logging.getLogger(__name__)
 
+FORGET_AFTER_SECONDS = 24 * 3600
+
 
 def beat(session: Session, name: str, queues: list[str]) -> None:
     now = utcnow()
@@ -30,6 +32,14 @@ def beat(session: Session, name: str, queues: list[str]) -> None:
 def forget(session: Session, name: str) -> None:
     session.execute(delete(Worker).where(col(Worker.name) == name))  # type: ignore[call-overload]
     session.commit()
+
+
+def prune(session: Session, older_than_seconds: float = FORGET_AFTER_SECONDS) -> int:
+    """Forget workers silent for a day (killed without their shutdown); return how many."""
+    cutoff = utcnow() - timedelta(seconds=older_than_seconds)
+    result = session.execute(delete(Worker).where(col(Worker.heartbeat_at) < cutoff))  # type: ignore[call-overload]
+    session.commit()
+    return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def live_workers(session: Session, lost_after_seconds: float) -> list[Worker]:

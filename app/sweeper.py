@@ -50,6 +50,7 @@ def sweep(session: Session, lost_after_seconds: float, *, limit: int = 100) -> S
     swept.rerun_chunks, swept.lost_chunks = mark_lost_chunks(session, lost_after_seconds, limit=limit)
     swept.lost_jobs = mark_lost_jobs(session, lost_after_seconds, limit=limit)
     swept.resent_jobs, swept.resent_chunks = resend_lost_messages(session, lost_after_seconds, limit=limit)
+    liveness.prune(session)
     return swept
 
 

@@ -235,6 +235,18 @@ def test_retry_of_a_lost_job_with_out_set_runs(migrated: Path, small_dir: Path) 
     assert [run_chunk(again.id, c.chunk_index) for c in records_of(again.id)][-1] == JobStatus.SUCCEEDED
 
 
+def test_workers_silent_for_a_day_are_forgotten(migrated: Path) -> None:
+    _live_worker("cpu")
+    with session_scope() as session:
+        liveness.beat(session, "celery@gone", ["gpu"])
+        session.execute(update(liveness.Worker).where(liveness.Worker.name == "celery@gone")  # type: ignore[call-overload,arg-type]
+                        .values(heartbeat_at=utcnow() - timedelta(days=2)))  # fmt: skip
+        session.commit()
+        assert liveness.serves(session, "cpu", LIMIT) and not liveness.serves(session, "gpu", LIMIT)
+        sweep(session, LIMIT)
+        assert [w.name for w in session.exec(select(liveness.Worker))] == ["celery@live"]
+
+
 def test_the_job_page_says_when_no_live_worker_serves_its_queue(migrated: Path) -> None:
     from fastapi.testclient import TestClient
 
