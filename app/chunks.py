@@ -36,7 +36,7 @@ from pathlib import Path
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
-from app import queue, records, state
+from app import leftovers, queue, records, state
 from app.context import Handoff, Heartbeat, SqlRunContext
 from app.db import session_scope
 from app.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
@@ -51,7 +51,7 @@ from draftdeck.tokenize.pipeline import TokenizeOptions
 
 log = logging.getLogger(__name__)
 
-PARTS = "chunks"  # chunk files and statistics, in the job's folder
+PARTS = leftovers.PARTS  # chunk files and statistics, in the job's folder
 CHECK_CANCEL_EVERY_SECONDS = 0.5
 
 
@@ -115,7 +115,7 @@ def enqueue_chunks(job_id: int, indexes: list[int], *, queue: str) -> None:
             session.execute(  # type: ignore[call-overload]
                 update(JobChunk)
                 .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
-                .values(task_id=task_id)
+                .values(task_id=task_id, sent_at=utcnow())
             )
             session.commit()
 
@@ -158,7 +158,8 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
                                 finished_at=utcnow())  # fmt: skip
             return f"skipped:job-{job.status}"
         claim = state.propose_chunk(session, job_id, index, ChunkStatus.RUNNING, f"claimed by {me}",
-                                    worker=me, task_id=task_id, started_at=utcnow())  # fmt: skip
+                                    worker=me, task_id=task_id, started_at=utcnow(),
+                                    heartbeat_at=utcnow())  # fmt: skip
         if not claim.accepted:
             # A redelivered message: the chunk is done, or runs (or died) elsewhere; the job's
             # heartbeat decides whether it is lost.
@@ -178,7 +179,7 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
     opts = _options(params)
     out = params.out_dir(job_dir)
     parts = job_dir / PARTS
-    with Heartbeat(job_id, settings.heartbeat_seconds):
+    with Heartbeat(job_id, settings.heartbeat_seconds, chunk=index):
         try:
             outcome = core.tokenize_chunk(
                 Path(chunk.input_path), index, out, parts, opts, _CancelCheck(job_id)
@@ -314,12 +315,13 @@ def _end_failed(job_id: int, message: str, report: Report | None, policy: Policy
 
 
 def cleanup(session: Session, job_id: int) -> None:
-    """A job that ended without succeeding: remove its chunk shards and chunk files (a chunk still
-    running removes its own shard when it finds the job ended); chunks not started are skipped."""
+    """A job that ended without succeeding: chunks not started are skipped; its chunk shards, chunk
+    files and temporaries are removed (a chunk still running removes its own shard when it finds
+    the job ended)."""
     state.skip_pending_chunks(session, job_id, "the job ended")
     for path in session.exec(
         select(JobChunk.shard_path).where(JobChunk.job_id == job_id, col(JobChunk.shard_path).is_not(None))
     ).all():
         if path and Path(path).name.startswith("chunk-"):
             Path(path).unlink(missing_ok=True)
-    shutil.rmtree(get_settings().jobs_dir / str(job_id) / PARTS, ignore_errors=True)
+    leftovers.remove_partial_files(session, job_id)

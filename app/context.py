@@ -65,10 +65,12 @@ class SqlRunContext:
 
 class Heartbeat:
     """Refreshes the job's heartbeat from a thread while the job runs, so the sweeper can tell a slow
-    job from a dead worker."""
+    job from a dead worker; with `chunk`, the chunk's beat too (another worker may keep the job's
+    beat fresh while this one is dead)."""
 
-    def __init__(self, job_id: int, every: float):
+    def __init__(self, job_id: int, every: float, chunk: int | None = None):
         self._job_id = job_id
+        self._chunk = chunk
         self._every = every
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{job_id}", daemon=True)
@@ -78,6 +80,8 @@ class Heartbeat:
             try:
                 with session_scope() as session:
                     records.heartbeat(session, self._job_id)
+                    if self._chunk is not None:
+                        records.heartbeat_chunk(session, self._job_id, self._chunk)
             except Exception:  # a missed beat is retried on the next tick
                 continue
 

@@ -46,6 +46,7 @@ class ChunkStatus(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     SKIPPED = "skipped"
+    LOST = "lost"  # its worker died in it twice, or no live worker was left to run it again
 
 
 def _big(nullable: bool = False) -> Any:
@@ -74,6 +75,7 @@ class Job(SQLModel, table=True):
     heartbeat_at: datetime | None = None
     worker: str | None = None
     task_id: str | None = None
+    sent_at: datetime | None = None  # when its message was last sent: the sweeper re-sends lost ones
     queue: str = "cpu"
     error: str | None = None
     cancel_requested: bool = False
@@ -241,6 +243,21 @@ class JobChunk(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    heartbeat_at: datetime | None = None  # beaten while the chunk runs: a dead worker stops it
+    sent_at: datetime | None = None  # when its message was last sent: the sweeper re-sends lost ones
+    losses: int = 0  # times its worker died in it; it runs again once
+
+
+class Worker(SQLModel, table=True):
+    """A live worker process (its Celery node) and the queues it serves, beaten by the worker itself:
+    the sweeper and the job page tell from it whether anyone serves a job's queue."""
+
+    __tablename__ = "workers"
+
+    name: str = Field(primary_key=True)
+    queues: str = ""  # comma-separated
+    started_at: datetime = Field(default_factory=utcnow)
+    heartbeat_at: datetime = Field(default_factory=utcnow)
 
 
 class JobStateHistory(SQLModel, table=True):

@@ -13,7 +13,7 @@ from fastapi.templating import Jinja2Templates
 from sqlmodel import Session, col, func, select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import records, state, submit
+from app import liveness, records, state, submit
 from app.auth import (
     TOKEN_COOKIE,
     csrf_token,
@@ -291,6 +291,8 @@ def _job_context(session: Session, job_id: int) -> dict[str, Any]:
         "outputs": outputs,
         "datasets": records.datasets_of(session, job_id),
         "terminal": job.status in ("succeeded", "failed", "cancelled"),
+        "no_worker": job.status in ("queued", "running")
+        and not liveness.serves(session, job.queue, get_settings().lost_after_seconds),
     }
 
 

@@ -71,6 +71,39 @@ def send(task_name: str, args: Sequence[Any], queue: str) -> str:
     return str(get_celery().send_task(task_name, args=list(args), queue=queue).id)
 
 
+def send_again(task_name: str, args: Sequence[Any], queue: str) -> str:
+    """Send a message the broker lost. A Redis that lost its data lost the queues' bindings too, and
+    this process's producer remembers them as declared: declare them again first, or the message
+    goes to no queue."""
+    app = get_celery()
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for q in app.conf.task_queues:
+            q.bind(channel).declare()
+    return send(task_name, args, queue)
+
+
+def holds_message(queue: str, task_id: str) -> bool | None:
+    """Whether the message `task_id` still waits on `queue`; None when the broker cannot tell. A
+    message delivered to a worker that died before claiming its job does not count: Redis would give
+    it back only after the 12-hour visibility timeout (a double delivery is harmless: the claim is
+    a compare-and-set)."""
+    settings = get_settings()
+    needle = task_id.encode()
+    try:
+        if settings.embedded:
+            folder = settings.broker_dir / "queue"
+            return any(needle in p.read_bytes() for p in folder.iterdir() if p.is_file())
+        import redis
+
+        client = redis.Redis.from_url(settings.broker_url, socket_timeout=5)
+        return any(needle in blob for blob in client.lrange(queue, 0, -1))
+    except FileNotFoundError:
+        return False
+    except Exception:
+        return None
+
+
 def worker_argv(queues: str, concurrency: int, name: str | None = None) -> list[str]:
     """The command line of a Celery worker for `queues` (also what the integration tests start)."""
     node = name or f"draftdeck-{queues.replace(',', '-')}"

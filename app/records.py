@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.dataset_records import add_datasets, found_at
-from app.models import Alert, Dataset, Job, JobEvent, JobOutput, JobStatus, utcnow
+from app.models import Alert, ChunkStatus, Dataset, Job, JobChunk, JobEvent, JobOutput, JobStatus, utcnow
 from draftdeck.quality import Output, Policy, Report
 
 log = logging.getLogger(__name__)
@@ -103,6 +103,19 @@ def heartbeat(session: Session, job_id: int) -> None:
     session.execute(  # type: ignore[call-overload]
         update(Job)
         .where(col(Job.id) == job_id, col(Job.status) == JobStatus.RUNNING)
+        .values(heartbeat_at=utcnow())
+    )
+    session.commit()
+
+
+def heartbeat_chunk(session: Session, job_id: int, index: int) -> None:
+    session.execute(  # type: ignore[call-overload]
+        update(JobChunk)
+        .where(
+            col(JobChunk.job_id) == job_id,
+            col(JobChunk.chunk_index) == index,
+            col(JobChunk.status) == ChunkStatus.RUNNING,
+        )
         .values(heartbeat_at=utcnow())
     )
     session.commit()

@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from app import chunks, records, state
+from app import chunks, records, state, sweeper
 from app.context import Handoff, Heartbeat, SqlRunContext
 from app.db import session_scope
 from app.models import JobStatus, utcnow
@@ -46,7 +46,7 @@ def run_job(job_id: int, *, task_id: str | None = None, in_process: bool = False
             if job.status == JobStatus.RUNNING and job.heartbeat_at is not None:
                 age = (utcnow() - job.heartbeat_at).total_seconds()
                 if age > settings.lost_after_seconds:
-                    state.fail_lost(session, job_id, f"redelivered after {age:.0f} s without heartbeat")
+                    sweeper.fail_lost(session, job_id, f"redelivered after {age:.0f} s without heartbeat")
             log.info("job %s is %s; not running it again", job_id, job.status)
             return f"skipped:{job.status}"
         kind = get_kind(job.kind)

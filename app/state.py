@@ -264,6 +264,23 @@ class RerunChunk(ChunkRule):
     TO = ChunkStatus.PENDING
 
 
+class LoseChunkOnce(ChunkRule):
+    """running -> pending: the chunk's worker died in it (its beat is stale) for the first time and a
+    live worker serves its queue; it runs again there (chunks are idempotent: same shard, same
+    checksum)."""
+
+    FROM = frozenset({ChunkStatus.RUNNING})
+    TO = ChunkStatus.PENDING
+
+
+class LoseChunk(ChunkRule):
+    """running -> lost: the chunk's worker died in it a second time, no live worker is left to run
+    it again, or its job was marked lost; the job fails "worker lost", naming the chunk."""
+
+    FROM = frozenset({ChunkStatus.RUNNING})
+    TO = ChunkStatus.LOST
+
+
 CHUNK_RULES: tuple[type[ChunkRule], ...] = (
     ClaimChunk,
     FinishChunk,
@@ -271,6 +288,8 @@ CHUNK_RULES: tuple[type[ChunkRule], ...] = (
     CancelChunk,
     SkipChunk,
     RerunChunk,
+    LoseChunkOnce,
+    LoseChunk,
 )
 _CHUNK_PAIRS: set[tuple[str, str]] = {(f, r.TO) for r in CHUNK_RULES for f in r.FROM}
 

@@ -84,7 +84,7 @@ def enqueue(session: Session, job: Job) -> None:
         log.exception("could not enqueue job %s", job.id)
         state.propose(session, job.id, JobStatus.FAILED, f"could not enqueue: {exc}")
         return
-    session.execute(update(Job).where(col(Job.id) == job.id).values(task_id=task_id))  # type: ignore[call-overload]
+    session.execute(update(Job).where(col(Job.id) == job.id).values(task_id=task_id, sent_at=utcnow()))  # type: ignore[call-overload]
     session.commit()
     job.task_id = task_id
 

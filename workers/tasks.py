@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_ready
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from app.chunks import run_chunk
+from app.db import get_engine
+from app.liveness import start_beat
 from app.queue import RUN_CHUNK, RUN_JOB, get_celery
 from app.runner import run_job
 from app.settings import get_settings
@@ -29,7 +31,29 @@ def run_chunk_task(self: Task, job_id: int, index: int) -> str:
     return run_chunk(job_id, index, task_id=self.request.id)
 
 
+_stops: list[Any] = []
+
+
 @worker_ready.connect
-def _sweep_from_workers_too(**_: Any) -> None:
-    """Workers sweep too, so lost jobs are caught even while no web process runs."""
-    start_sweeper(get_settings())
+def _beat_and_sweep(sender: Any = None, **_: Any) -> None:
+    """The worker beats its row in `workers` (with the queues it serves) from its main process, which
+    outlives its pool's children. Workers sweep too, so lost jobs are caught even while no web process
+    runs."""
+    settings = get_settings()
+    queues = sorted(celery_app.amqp.queues.consume_from or celery_app.amqp.queues)
+    name = str(getattr(sender, "hostname", None) or celery_app.conf.get("worker_name") or "worker")
+    _stops.append(start_beat(name, queues, settings.heartbeat_seconds))
+    _stops.append(start_sweeper(settings))
+
+
+@worker_process_init.connect
+def _own_connections(**_: Any) -> None:
+    """A pool process forked from the main one (at start, or to replace one killed mid-task) must not
+    share the main process's pooled database connections: its beat and sweeper use them."""
+    get_engine().dispose(close=False)
+
+
+@worker_shutdown.connect
+def _stop_beat(**_: Any) -> None:
+    for stop in _stops:
+        stop.set()

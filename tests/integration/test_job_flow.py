@@ -163,3 +163,24 @@ def test_killed_worker_is_detected_and_retry_succeeds(stack: Stack, client: Test
     assert retried["attempt"] == 2 and retried["retry_of"] == job_id
     assert len(retried["outputs"]) == 1 and retried["outputs"][0]["rows"] == 10
     assert _job(client, job_id)["outputs"] == [], "the lost attempt gained no output later"
+
+
+def test_a_job_whose_message_the_broker_lost_is_sent_again(stack: Stack, client: TestClient) -> None:
+    """SQL is the source of truth: the broker loses the queued job's message (Redis restarted without
+    its data: FLUSHDB, bindings included; the file broker's message file deleted); the sweeper sends
+    it again once it is older than the lost-worker limit, and the job runs exactly once."""
+    (stack.data / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    job_id = _submit(client, "data/chat.jsonl")
+    if stack.mode == "services":
+        import redis
+
+        client_ = redis.Redis.from_url(stack.env["REDIS_URL"])
+        assert client_.llen("cpu") == 1
+        client_.flushdb()
+    else:
+        [message] = list((stack.home / "broker" / "queue").iterdir())
+        message.unlink()
+    stack.start_worker()
+    job = wait_for(_ended(client, job_id), 60, "the re-sent job to end", stack)
+    assert job["status"] == "succeeded", job
+    assert sum("started on" in e["message"] for e in job["events"]) == 1

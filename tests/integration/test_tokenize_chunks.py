@@ -109,42 +109,105 @@ def test_one_and_two_workers_give_the_cli_dataset(
     assert time.monotonic() - started < 90
 
 
-def test_a_worker_killed_in_a_chunk_marks_the_job_lost(
-    stack: Stack, client: TestClient, small_tokenizer: Path
-) -> None:
-    """kill -9 of the process running a chunk: the beat stops, the sweeper marks the job lost (never
-    left running), the redelivered chunk message does not run the chunk twice, no output is recorded."""
-    import os
-    import signal
-
+def _chunk_rows(job_id: int) -> list:  # type: ignore[type-arg]
     from app.db import session_scope
     from app.models import JobChunk
 
+    with session_scope() as session:
+        return list(
+            session.exec(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index))
+        )
+
+
+def _kill_running_chunk(stack: Stack, job_id: int, losses: int) -> str:
+    """kill -9 the pool process running the job's chunk (its `losses`-th run); return its worker."""
+    import os
+    import signal
+
+    def running() -> object:
+        rows = _chunk_rows(job_id)
+        return next((c for c in rows if c.status == "running" and c.worker and c.losses == losses), None)
+
+    chunk = wait_for(running, 60, f"the chunk to run (losses={losses})", stack, every=0.05)
+    os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    return str(chunk.worker)
+
+
+def _submit_big(client: TestClient, stack: Stack, small_tokenizer: Path, **extra: object) -> int:
     tok = stack.data / "tok"
     shutil.copytree(small_tokenizer, tok)
     src = write_chat_input(stack.data / "big.jsonl", 6000)
-    stack.start_worker()
-    params = {"inputs": [str(src)], "tokenizer": str(tok), "on_missing": "drop", "chunk_rows": 100_000}
+    params = {
+        "inputs": [str(src)],
+        "tokenizer": str(tok),
+        "on_missing": "drop",
+        "chunk_rows": 100_000,
+        **extra,
+    }
     r = client.post("/api/jobs", json={"kind": "tokenize", "params": params})
     assert r.status_code == 201, r.text
-    job_id = r.json()["id"]
+    return int(r.json()["id"])
 
-    def running_chunk() -> JobChunk | None:
-        with session_scope() as session:
-            rows = list(session.exec(select(JobChunk).where(JobChunk.job_id == job_id)))
-        return next((c for c in rows if c.status == "running" and c.worker), None)
 
-    chunk = wait_for(running_chunk, 60, "the chunk to run", stack, every=0.05)
-    os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)
-    job = wait_for(
-        lambda: (j := client.get(f"/api/jobs/{job_id}").json())["status"] != "running" and j,
-        60,
-        "the job to be marked lost",
-        stack,
+def _ended(client: TestClient, job_id: int):  # type: ignore[no-untyped-def]
+    return lambda: (
+        (j := client.get(f"/api/jobs/{job_id}").json())["status"] not in ("queued", "running") and j
     )
-    assert job["status"] == "failed" and job["error"].startswith("worker lost"), job
+
+
+def test_a_chunk_whose_worker_died_runs_again_once(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """kill -9 of the process running a chunk: the sweeper finds the chunk by its own stale beat and
+    runs it again once, on the live worker (its pool restarted the process); the job succeeds."""
+    stack.start_worker()
+    job_id = _submit_big(client, stack, small_tokenizer)
+    dead = _kill_running_chunk(stack, job_id, 0)
+    job = wait_for(_ended(client, job_id), 90, "the job to end", stack)
+    assert job["status"] == "succeeded", (job["error"], stack.worker_logs())
+    [chunk] = _chunk_rows(job_id)
+    assert (chunk.status, chunk.losses) == ("done", 1) and chunk.worker != dead
+    assert any("runs again once" in e["message"] for e in job["events"]) or chunk.losses == 1
+
+
+def test_a_chunk_lost_twice_fails_the_job_and_retry_with_out_works(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """Killed in the same chunk twice: the job fails "worker lost", naming the chunk; the chunk row
+    is `lost`, never left `running`; no chunk input, shard or temporary is left; Retry (with `out`
+    set) runs and succeeds."""
+    stack.start_worker()
+    out = stack.data / "out"
+    job_id = _submit_big(client, stack, small_tokenizer, out=str(out))
+    _kill_running_chunk(stack, job_id, 0)
+    _kill_running_chunk(stack, job_id, 1)
+    job = wait_for(_ended(client, job_id), 60, "the job to be marked lost", stack)
+    assert job["status"] == "failed" and job["error"].startswith("worker lost: chunk 0 lost twice"), job
     assert job["outputs"] == []
-    with session_scope() as session:
-        [after] = list(session.exec(select(JobChunk).where(JobChunk.job_id == job_id)))
-    assert after.status == "running" and after.worker == chunk.worker, "the chunk ran once"
-    assert not (stack.home / "jobs" / str(job_id) / "dataset" / "manifest.json").exists()
+    assert [c.status for c in _chunk_rows(job_id)] == ["lost"]
+    assert not (stack.home / "jobs" / str(job_id) / "chunks").exists()
+    assert not out.exists() or list(out.iterdir()) == [], "no chunk shard or .tmp- file left"
+    r = client.post(f"/api/jobs/{job_id}/retry", json={})
+    assert r.status_code == 201, r.text
+    again = wait_for(_ended(client, r.json()["id"]), 90, "the retry to end", stack)
+    assert again["status"] == "succeeded", again["error"]
+    assert (out / "manifest.json").is_file()
+
+
+def test_a_chunk_lost_with_no_live_worker_fails_the_job(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """The whole worker killed mid-chunk (kill -9 of its process group): nobody serves the queue, so
+    the job fails "worker lost" naming the chunk, within the lost-worker limit; the page says so."""
+    import os
+    import signal
+
+    worker = stack.start_worker()
+    job_id = _submit_big(client, stack, small_tokenizer)
+    wait_for(lambda: any(c.status == "running" for c in _chunk_rows(job_id)), 60, "the chunk to run", stack)
+    os.killpg(worker.pid, signal.SIGKILL)
+    job = wait_for(_ended(client, job_id), 40, "the job to be marked lost", stack)
+    assert job["status"] == "failed", job
+    assert job["error"].startswith("worker lost: chunk 0 lost, and no live worker serves queue cpu"), job
+    assert [c.status for c in _chunk_rows(job_id)] == ["lost"]
+    assert not (stack.home / "jobs" / str(job_id) / "chunks").exists()

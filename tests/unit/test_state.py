@@ -222,7 +222,10 @@ def _chunk_status(session: Session, job_id: int) -> str:
         (state.FailChunk, ChunkStatus.RUNNING, ChunkStatus.DONE),
         (state.CancelChunk, ChunkStatus.PENDING, ChunkStatus.DONE),
         (state.SkipChunk, ChunkStatus.PENDING, ChunkStatus.RUNNING),
-        (state.RerunChunk, ChunkStatus.DONE, ChunkStatus.RUNNING),
+        # running -> pending is LoseChunkOnce's: refused from a status no rule to `pending` accepts
+        (state.RerunChunk, ChunkStatus.DONE, ChunkStatus.SKIPPED),
+        (state.LoseChunkOnce, ChunkStatus.RUNNING, ChunkStatus.CANCELLED),
+        (state.LoseChunk, ChunkStatus.RUNNING, ChunkStatus.PENDING),
     ],
 )
 class TestChunkRules:

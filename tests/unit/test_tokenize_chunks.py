@@ -177,35 +177,39 @@ def test_a_failing_policy_fails_the_job_in_the_final_step(migrated: Path, small_
 
 
 def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path, small_dir: Path) -> None:
-    """The sweeper leaves a job alone while chunks wait in the queue (no chunk beats for it then);
-    once none waits and the beat is stale (a worker died in a chunk), the job is marked lost."""
+    """The sweeper leaves a job alone while chunks wait in the queue (no chunk beats for it then) and a
+    live worker serves it; a chunk whose worker died in it a second time fails the job (its own beat
+    is stale), naming the chunk."""
     from datetime import timedelta
 
     from sqlalchemy import update
 
+    from app import liveness
     from app import records as jobs
     from app.chunks import run_chunk
     from app.db import session_scope
     from app.models import Job, JobChunk, utcnow
     from app.runner import run_job
+    from app.sweeper import sweep
 
     job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
     old = utcnow() - timedelta(hours=1)
     with session_scope() as session:
+        liveness.beat(session, "celery@test", ["cpu"])
         session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
         session.commit()
         assert mark_lost_jobs(session, 30) == []
     n = len(_chunks(job_id))
     assert n >= 2 and [run_chunk(job_id, i) for i in range(1, n)] == ["done"] * (n - 1)
-    with session_scope() as session:  # chunk 0: claimed by a worker that then died
+    with session_scope() as session:  # chunk 0: claimed by a worker that then died, for the second time
         session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == 0)  # type: ignore[call-overload,arg-type]
-                        .values(status="running"))  # fmt: skip
+                        .values(status="running", losses=1, started_at=old, heartbeat_at=old))  # fmt: skip
         session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
         session.commit()
-        assert mark_lost_jobs(session, 30) == [job_id]
+        assert sweep(session, 30).lost_chunks == [(job_id, 0)]
         job = jobs.get_job(session, job_id)
-    assert job is not None and job.status == "failed" and (job.error or "").startswith("worker lost")
+    assert job is not None and job.status == "failed" and (job.error or "").startswith("worker lost: chunk 0")
     assert run_chunk(job_id, 0) == "skipped:job-failed"
 
 
