@@ -403,10 +403,6 @@ def metric_feed(job_id: int, names: Sequence[str]) -> sse.Feed:
     return sse.Feed(feed_name(job_id), poll)
 
 
-def _finite(v: float | None) -> float | None:
-    return v if v is not None and math.isfinite(v) else None
-
-
 def run_stream(jobs: Sequence[int], names: Sequence[str], cursor: sse.Cursor) -> sse.Stream:
     """The run page's stream: one metric feed per run, the runs' statuses, the open-alert count; it
     ends once every run has ended and its last points went out."""
