@@ -172,6 +172,17 @@ def build_chat_dataset(
     return {"tokenizer": tok_dir, "source": src, "dataset": ds_dir}
 
 
+def stop_group(proc: subprocess.Popen[Any], timeout: float = 15) -> None:
+    """Stop a server started in its own process group: SIGTERM, then SIGKILL after `timeout` s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @contextlib.contextmanager
 def web_server(home: Path, roots: Path, log: Path) -> Iterator[str]:
     """`draftdeck web` (the command a user runs) on a free port with its own home; yields its URL once
@@ -201,10 +212,4 @@ def web_server(home: Path, roots: Path, log: Path) -> Iterator[str]:
                 time.sleep(0.2)
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)

@@ -6,10 +6,8 @@ editable install of this checkout, and `draftdeck up` runs from an empty tempora
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
@@ -22,6 +20,7 @@ import pytest
 
 from tests.browser.harness import free_port
 from tests.conftest import REPO_ROOT
+from tests.datasets_helpers import stop_group
 
 pytestmark = pytest.mark.slow
 
@@ -108,11 +107,5 @@ def test_the_wheel_serves_pages_static_files_and_migrates_outside_the_checkout(
         assert (cwd / "var" / "draftdeck.db").exists()
         assert get(url + "/api/jobs")[1] == b"[]"
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
     assert "Traceback" not in (tmp_path / "up.log").read_text(errors="replace")
