@@ -241,6 +241,7 @@ def _run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dic
     return {
         "job": job,
         "terminal": job.status in TERMINAL,
+        "out": str(run_out(job)),
         "checkpoints": ckpts,
         "evals": ev_rows,
         "alarms": alarms(session, job, ev_rows),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -26,6 +26,7 @@ from draftdeck.cli.common import err, out, usage_exit
 from draftdeck.cli.data import REPORT
 from draftdeck.cli.options import job_command
 from draftdeck.drafter.eval_params import EvalParams
+from draftdeck.drafter.export_params import ExportParams
 from draftdeck.drafter.params import TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
@@ -125,20 +126,14 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
 
-def export_drafter(
-    checkpoint: Annotated[Path, typer.Argument(help="a checkpoint folder, or a train run (its best)")],
-    out_dir: Annotated[Path, typer.Option("--out", help="new folder in z-lab's format")],
-) -> None:
-    """Export a drafter checkpoint to z-lab's DFlash format (config.json with dflash_config +
-    model.safetensors), which vLLM ("method": "dflash") and SGLang (DFLASH) load."""
-    from draftdeck.drafter.export import export_drafter as export
+def export_drafter(params: ExportParams) -> None:
+    from draftdeck.drafter.export_params import run_export
 
-    try:
-        folder = export(checkpoint, out_dir)
-    except (InputError, UsageError, FileNotFoundError, FileExistsError) as exc:
-        raise usage_exit(str(exc)) from None
-    config = json.loads((folder / "config.json").read_text())
-    out.print(f"wrote {folder}: dflash_config {json.dumps(config.get('dflash_config'))}", highlight=False)
+    if params.out is None:
+        raise usage_exit("--out is required: the new folder in z-lab's format")
+    _run(run_export, params, f"export {params.inputs[0]}", None)
+    config = json.loads((Path(params.out) / "config.json").read_text())
+    out.print(f"wrote {params.out}: dflash_config {json.dumps(config.get('dflash_config'))}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -152,4 +147,8 @@ def register(app: typer.Typer) -> None:
                     doc="Real speculative decoding of a checkpoint with its target on held-out prompts:"
                     " tau incl. bonus, acceptance, speed, lossless check, and the baselines.")
     )  # fmt: skip
-    app.command("export-drafter")(export_drafter)
+    app.command("export-drafter")(
+        job_command(ExportParams, export_drafter, required=("out",),
+                    doc="Export a drafter checkpoint (or a train run's best) to z-lab's DFlash format"
+                    " (config.json with dflash_config + model.safetensors), which vLLM and SGLang load.")
+    )  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from draftdeck.drafter import eval_params
+from draftdeck.drafter import eval_params, export_params
 from draftdeck.drafter import params as train_params
 from draftdeck.jobs import convert, scan, tokenize
 from draftdeck.jobs.context import RunContext
@@ -69,6 +69,8 @@ KINDS: dict[str, JobKind] = {
                 "Train a DFlash drafter on tokenized datasets against its frozen target (resumable)"),
         JobKind("eval", "gpu", eval_params.EvalParams, _run_eval,
                 "Real speculative decoding of a drafter checkpoint: tau incl. bonus, baselines, lossless"),
+        JobKind("export-drafter", "cpu", export_params.ExportParams, export_params.run_export,
+                "Export a drafter checkpoint (or a run's best) to z-lab's format for vLLM and SGLang"),
     )
 }  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,25 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     with TestClient(create_app()) as client:
         page = client.get(f"/runs/{train.id}")
         assert page.status_code == 200 and "incl. bonus" in page.text
+        # the run page's Export button starts an export job of the run folder (its best checkpoint)
+        assert 'name="kind" value="export-drafter"' in page.text
+        csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
+        assert csrf is not None
+        made = client.post(
+            "/jobs",
+            data={"kind": "export-drafter", "inputs": str(work / "run"), "csrf": csrf[1]},
+            follow_redirects=False,
+        )
+        assert made.status_code == 303 and made.headers["location"].startswith("/jobs/"), made.text[-500:]
         data = client.get("/runs/data", params={"jobs": train.id, "names": "heldout/tau_walked"})
         assert data.status_code == 200, data.text
         assert str(round(summary["heldout_tau"], 3))[:4] in data.text  # the best checkpoint's walked tau
+
+    exported = dd_home / "exported"
+    cli = subprocess.run(
+        [sys.executable, "-m", "draftdeck.cli", "export-drafter", str(work / "run"), "--out", str(exported)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    config = json.loads((exported / "config.json").read_text())
+    assert config["dflash_config"]["block_size"] == 8 and (exported / "model.safetensors").is_file()
