@@ -56,6 +56,11 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     from app.main import create_app
 
     with TestClient(create_app()) as client:
+        # each job page shows what its kind measured: rows/s and endpoint health, tau per draft source
+        regen_page, eval_page = client.get(f"/jobs/{jobs[0].id}").text, client.get(f"/jobs/{jobs[3].id}").text
+        assert 'id="endpoint-health"' in regen_page and "rows/s" in regen_page
+        assert 'id="eval-methods"' in eval_page and "prompt lookup" in eval_page
+        assert f"{summary['eval_tau']:.3f}" in eval_page
         page = client.get(f"/runs/{train.id}")
         assert page.status_code == 200 and "incl. bonus" in page.text
         # the run page's Export button starts an export job of the run folder (its best checkpoint)
