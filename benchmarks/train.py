@@ -31,41 +31,9 @@ import statistics
 import tempfile
 import time
 
-import numpy as np
 import torch
 
-
-def build(root: Path, seq: int, rows: int) -> tuple[Path, Path]:
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
-    from draftdeck.chat.render import tokenizer_fingerprint
-    from draftdeck.chat.testing import small_bpe_tokenizer
-    from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
-
-    tok = AutoTokenizer.from_pretrained(small_bpe_tokenizer())
-    cfg = Qwen3Config(
-        hidden_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=384,
-        vocab_size=len(tok) + 8,
-        max_position_embeddings=4096,
-    )
-    torch.manual_seed(0)
-    target = root / "target"
-    Qwen3ForCausalLM(cfg).save_pretrained(target)
-    tok.save_pretrained(target)
-    rng = np.random.default_rng(0)
-    w = ShardWriter(root / "ds", shard_rows=256)
-    for i in range(rows):
-        mask = np.zeros(seq, np.uint8)
-        mask[seq // 8 :] = 1
-        w.add(ShardRow(rng.integers(0, len(tok), seq).astype(np.int32), mask, "bench.jsonl", i, -1, False))
-    fp = tokenizer_fingerprint(target, tok.chat_template or "", {})
-    write_pretokenized_metadata(root / "ds", w.close(), fingerprint=fp, chat_template=tok.chat_template)
-    return target, root / "ds"
+from benchmarks._train_world import build_world
 
 
 def main() -> None:
@@ -85,7 +53,9 @@ def main() -> None:
     from draftdeck.jobs.context import LocalContext
 
     root = Path(tempfile.mkdtemp(prefix="dd-bench-train-"))
-    target, ds = build(root, args.seq, rows=args.batch * (2 * args.steps + 4))
+    target, ds = build_world(
+        root, seq=args.seq, rows=args.batch * (2 * args.steps + 4), hidden=128, layers=4, heads=4, kv_heads=2
+    )
     params = TrainParams(
         inputs=[str(ds)],
         target=str(target),

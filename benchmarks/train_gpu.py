@@ -26,42 +26,17 @@ import tempfile
 import time
 from typing import Any
 
-import numpy as np
 import torch
+
+from benchmarks._train_world import build_world
 
 
 def build(root: Path, a: argparse.Namespace) -> tuple[Path, Path]:
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
-    from draftdeck.chat.render import tokenizer_fingerprint
-    from draftdeck.chat.testing import small_bpe_tokenizer
-    from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
-
-    tok = AutoTokenizer.from_pretrained(small_bpe_tokenizer())
     heads = max(a.hidden // 128, 2)
-    cfg = Qwen3Config(
-        hidden_size=a.hidden,
-        num_hidden_layers=a.target_layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(heads // 4, 1),
-        head_dim=a.hidden // heads,
-        intermediate_size=3 * a.hidden,
-        vocab_size=max(a.vocab, len(tok) + 8),
-        max_position_embeddings=max(4096, a.seq),
-    )
-    torch.manual_seed(0)
-    target = root / "target"
-    Qwen3ForCausalLM(cfg).save_pretrained(target)
-    tok.save_pretrained(target)
-    rng = np.random.default_rng(0)
-    w = ShardWriter(root / "ds", shard_rows=256)
-    for i in range(a.batch * 64):
-        mask = np.zeros(a.seq, np.uint8)
-        mask[a.seq // 8 :] = 1
-        w.add(ShardRow(rng.integers(0, len(tok), a.seq).astype(np.int32), mask, "bench.jsonl", i, -1, False))
-    fp = tokenizer_fingerprint(target, tok.chat_template or "", {})
-    write_pretokenized_metadata(root / "ds", w.close(), fingerprint=fp, chat_template=tok.chat_template)
-    return target, root / "ds"
+    return build_world(
+        root, seq=a.seq, rows=a.batch * 64, hidden=a.hidden, layers=a.target_layers, heads=heads,
+        kv_heads=max(heads // 4, 1), vocab=a.vocab,
+    )  # fmt: skip
 
 
 def flops_per_step(tr: Any, a: argparse.Namespace) -> float:
