@@ -27,6 +27,8 @@ class JobCreate(BaseModel):
 
 class JobCreated(BaseModel):
     id: int
+    # As the job will run them: every path resolved by the one rule (draftdeck/paths.py), absolute.
+    params: dict[str, Any] = {}
 
 
 class JobPublic(BaseModel):
@@ -119,7 +121,7 @@ def create_job(body: JobCreate, session: SessionDep, settings: SettingsDep) -> J
     except UsageError as exc:
         raise HTTPException(400, str(exc)) from None
     assert job.id is not None
-    return JobCreated(id=job.id)
+    return JobCreated(id=job.id, params=job.params)
 
 
 @router.get("/jobs", response_model=list[JobPublic])

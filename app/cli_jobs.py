@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -105,8 +106,13 @@ def jobs_submit(
 ) -> None:
     """Queue a job; print its id."""
     client = Client(server)
-    job_id = client.call("POST", "/api/jobs", {"kind": kind, "params": parse_params(param or [])})["id"]
+    job = client.call("POST", "/api/jobs", {"kind": kind, "params": parse_params(param or [])})
+    job_id = job["id"]
     out.print(job_id)
+    # The server's parameters, paths resolved by its one rule: where it will read and write.
+    err.print(
+        f"job {job_id} queued: {escape(json.dumps(job.get('params', {})))}", highlight=False, soft_wrap=True
+    )
     if wait:
         _wait(client, job_id)
 
@@ -119,6 +125,7 @@ def _wait(client: Client, job_id: int) -> None:
                 f"job {job_id} {job['status']}" + (f": {escape(job['error'])}" if job.get("error") else ""),
                 highlight=False,
             )
+            _print_outputs(job, err)
             raise typer.Exit(0 if job["status"] == "succeeded" else 1)
         time.sleep(0.5)
 
@@ -151,14 +158,20 @@ def jobs_show(
     for e in job["events"]:
         at = datetime.fromisoformat(e["at"]).strftime("%H:%M:%S")
         out.print(f"  {at} {e['level']:<8} {escape(e['message'])}", highlight=False)
-    for o in job["outputs"]:
-        out.print(
+    _print_outputs(job, out)
+
+
+def _print_outputs(job: dict[str, Any], console: Console) -> None:
+    """Where a job wrote: each output file and dataset, with its absolute path on the server."""
+    for o in job.get("outputs", []):
+        console.print(
             f"  output {escape(o['path'])}  rows={o['rows']:,} bytes={o['bytes']:,}"
             f" sha256={o['sha256'][:12]}",
             highlight=False,
+            soft_wrap=True,  # a path stays one line, to copy
         )
-    for d in job["datasets"]:
-        out.print(f"  dataset {d['id']}: {escape(d['path'])}", highlight=False)
+    for d in job.get("datasets", []):
+        console.print(f"  dataset {d['id']}: {escape(d['path'])}", highlight=False, soft_wrap=True)
 
 
 @jobs_app.command("cancel")

@@ -1,9 +1,10 @@
-"""Confining user-given paths to the configured data roots."""
+"""What a path a user typed means (one rule for every entry point), and confining it to the data
+roots."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from draftdeck.errors import PathNotAllowedError
@@ -37,34 +38,57 @@ def check_path_text(path: str | os.PathLike[str]) -> None:
             )
 
 
-def resolve_in_roots(path: str | os.PathLike[str], roots: Iterable[Path], *, must_exist: bool = True) -> Path:
-    """Return `path` fully resolved (symlinks included) if it lies inside one of `roots`.
+def resolve_user_path(
+    path: str | os.PathLike[str], roots: Sequence[Path] | None = None, *, cwd: Path | None = None
+) -> Path:
+    """THE rule for a path a user typed, in every entry point (form, JSON API, `jobs submit`, CLI)
+    and for inputs and outputs alike: the absolute path it names, symlinks resolved.
 
-    A relative path is looked up in the current directory, then in each root in turn; the first
-    place where it exists wins (a new path, with `must_exist=False`, goes under the first root).
-    So `data/train.jsonl` typed in the folder DraftDeck runs from, and `train.jsonl` inside the
-    `data` root, name the same file. Raises :class:`PathNotAllowedError` naming the path and the
-    roots when it resolves outside them, or when `must_exist` and it is missing, or when no
+    An absolute path is itself. A relative one is taken from the working folder (`cwd`: the server's,
+    or the shell's for an in-process command) when that lands inside a root; otherwise from the first
+    root. With `roots=None` (the in-process CLI, which has no sandbox) every place is allowed, so a
+    relative path is simply relative to the working folder. So `data/x.jsonl` typed in the folder
+    DraftDeck runs from is `./data/x.jsonl` everywhere, and `x.jsonl` on the server is the same file
+    as `data/x.jsonl` (first root `./data`). Whether the file exists never changes the answer: an
+    input and an output typed alike are the same file.
+    """
+    check_path_text(path)
+    raw = Path(path).expanduser()
+    if raw.is_absolute():
+        return raw.resolve()
+    from_cwd = ((cwd or Path.cwd()) / raw).resolve()
+    if roots is None:
+        return from_cwd
+    resolved_roots = [Path(r).resolve() for r in roots]
+    if not resolved_roots or _inside(from_cwd, resolved_roots):
+        return from_cwd
+    return (resolved_roots[0] / raw).resolve()
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def resolve_in_roots(
+    path: str | os.PathLike[str], roots: Iterable[Path], *, must_exist: bool = True, cwd: Path | None = None
+) -> Path:
+    """:func:`resolve_user_path`, confined: the path if it lies inside one of `roots`.
+
+    Raises :class:`PathNotAllowedError` naming the path (and the absolute path it resolved to) and
+    the roots when it resolves outside them, or when `must_exist` and it is missing, or when no
     filesystem could hold it (:func:`check_path_text`).
     """
     check_path_text(path)
-    roots = [Path(r).resolve() for r in roots]
-    if not roots:
+    resolved_roots = [Path(r).resolve() for r in roots]
+    if not resolved_roots:
         raise PathNotAllowedError("no data roots are configured (set DRAFTDECK_DATA_ROOTS)")
-    raw = Path(path).expanduser()
-    bases = [Path.cwd(), *roots] if not raw.is_absolute() else [Path("/")]
-    candidates = [(base / raw).resolve() for base in bases]
-    inside = [c for c in candidates if any(c == root or c.is_relative_to(root) for root in roots)]
-    if not inside:
-        shown = ", ".join(str(r) for r in roots)
+    resolved = resolve_user_path(path, resolved_roots, cwd=cwd)
+    where = "" if str(resolved) == os.fspath(path) else f" ({resolved})"
+    if not _inside(resolved, resolved_roots):
+        shown = ", ".join(str(r) for r in resolved_roots)
         raise PathNotAllowedError(
-            f"{path}: outside the data roots ({shown}); set DRAFTDECK_DATA_ROOTS to allow it"
+            f"{path}{where}: outside the data roots ({shown}); set DRAFTDECK_DATA_ROOTS to allow it"
         )
-    existing = [c for c in inside if c.exists()]
-    if existing:
-        return existing[0]
-    if must_exist:
-        raise PathNotAllowedError(f"{path}: no such file or directory in the data roots")
-    # A new path (an output): under the first root when that is allowed, else wherever it was allowed.
-    first_root = (roots[0] / raw).resolve()
-    return first_root if first_root in inside else inside[0]
+    if must_exist and not resolved.exists():
+        raise PathNotAllowedError(f"{path}{where}: no such file or directory")
+    return resolved

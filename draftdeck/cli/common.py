@@ -81,4 +81,5 @@ def run_in_process(title: str, label: str, work: Callable[[Any], Report], report
     print_report(result, title)
     if report_path:
         result.write_json(report_path)
+        out.print(f"report: {escape(str(report_path.resolve()))}", highlight=False, soft_wrap=True)
     return result

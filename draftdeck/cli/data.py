@@ -83,7 +83,9 @@ def convert(params: ConvertParams, *, report: Path | None, workers: int | None) 
     out.print(f"formats: {formats or '-'}", highlight=False)
     for o in result.outputs:
         out.print(
-            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
+            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}",
+            highlight=False,
+            soft_wrap=True,
         )
 
 

@@ -159,7 +159,8 @@ def job_command(
         from draftdeck.cli.common import usage_exit
 
         try:
-            params = params_from(model, {k: v for k, v in values.items() if k in field_names})
+            # Absolute by the one path rule (draftdeck/paths.py), so every summary names where it wrote.
+            params = params_from(model, {k: v for k, v in values.items() if k in field_names}).absolute()
         except UsageError as exc:
             raise usage_exit(str(exc)) from None
         body(params, **{k: v for k, v in values.items() if k not in field_names})

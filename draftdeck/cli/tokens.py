@@ -24,6 +24,7 @@ from draftdeck.cli.data import REPORT
 from draftdeck.cli.options import job_command, option
 from draftdeck.errors import InputError, UsageError
 from draftdeck.jobs.tokenize import TokenizeParams, tokenize_files
+from draftdeck.paths import resolve_user_path
 
 
 class ExportFormat(StrEnum):
@@ -60,7 +61,9 @@ def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> No
     )
     for o in result.outputs:
         console.print(
-            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
+            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}",
+            highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -114,9 +117,10 @@ def vocab_command(
     except (InputError, UsageError) as exc:
         raise usage_exit(str(exc)) from None
     console.print(
-        f"wrote {out}: {len(vocab.ids):,} draft tokens of {len(vocab.t2d):,}, covering "
+        f"wrote {resolve_user_path(out)}: {len(vocab.ids):,} draft tokens of {len(vocab.t2d):,}, covering "
         f"{vocab.coverage:.2%} of trained tokens",
         highlight=False,
+        soft_wrap=True,
     )
 
 
@@ -130,7 +134,7 @@ def export_command(
 
     ds = _open_dataset(dataset)
     n = export_speculators_jsonl(ds, out)
-    console.print(f"wrote {out}: {n:,} rows", highlight=False)
+    console.print(f"wrote {resolve_user_path(out)}: {n:,} rows", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from draftdeck.errors import PathNotAllowedError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
-from draftdeck.paths import check_path_text, resolve_in_roots
+from draftdeck.paths import check_path_text, resolve_in_roots, resolve_user_path
 from draftdeck.quality import Policy
 
 MAX_INPUTS = 10_000
@@ -93,14 +94,24 @@ class JobParams(BaseModel):
     def confined(self, roots: list[Path]) -> Self:
         """A copy whose paths are resolved inside `roots` (raises PathNotAllowedError): the server's
         sandbox for everything that arrives over HTTP."""
+        return self._map_paths(
+            lambda value, must_exist: resolve_in_roots(value, roots, must_exist=must_exist)
+        )
+
+    def absolute(self) -> Self:
+        """A copy whose paths are absolute by the same rule as :meth:`confined`, with no sandbox:
+        what the in-process CLI runs, so that its summaries say where each output went."""
+        return self._map_paths(lambda value, must_exist: resolve_user_path(value))
+
+    def _map_paths(self, resolve: Callable[[str, bool], Path]) -> Self:
         updates: dict[str, Any] = {}
         for names, must_exist in ((self.input_paths, True), (self.output_paths, False)):
             for name in names:
                 value = getattr(self, name)
                 if isinstance(value, list):
-                    updates[name] = [str(resolve_in_roots(v, roots, must_exist=must_exist)) for v in value]
+                    updates[name] = [str(resolve(v, must_exist)) for v in value]
                 elif value is not None:
-                    updates[name] = str(resolve_in_roots(value, roots, must_exist=must_exist))
+                    updates[name] = str(resolve(value, must_exist))
         return self.model_copy(update=updates)
 
     def check(self, roots: list[Path]) -> None:

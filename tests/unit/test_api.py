@@ -210,3 +210,56 @@ def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
         from app.models import JobOutput
 
         assert len(s.exec(select(JobOutput).where(JobOutput.job_id == job.id)).all()) == 1
+
+
+@pytest.fixture
+def server_folder(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The server started from the folder above its home, with the default roots: ./data and the
+    home (`home`, standing for `var`)."""
+    from app.settings import get_settings
+
+    folder = migrated.parent
+    (folder / "data").mkdir()
+    (folder / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    monkeypatch.chdir(folder)
+    monkeypatch.delenv("DRAFTDECK_DATA_ROOTS")
+    get_settings.cache_clear()
+    assert get_settings().roots == [(folder / "data").resolve(), migrated.resolve()]
+    return folder.resolve()
+
+
+@pytest.mark.parametrize(
+    "out,where",
+    [
+        ("data/ui_train.jsonl", "data/ui_train.jsonl"),  # was data/data/ui_train.jsonl
+        ("home/datasets/big.jsonl", "home/datasets/big.jsonl"),  # a root by its name: was data/home/...
+        ("ui_train.jsonl", "data/ui_train.jsonl"),  # outside every root from the cwd: the first root
+    ],
+)
+def test_a_relative_out_means_one_place_on_the_form_and_the_api(
+    client: TestClient, server_folder: Path, out: str, where: str
+) -> None:
+    body = {"kind": "convert", "params": {"inputs": "data/a.jsonl", "to": "openai", "out": out}}
+    r = client.post("/api/jobs", json=body)
+    assert r.status_code == 201, r.text
+    assert r.json()["params"]["out"] == str(server_folder / where)  # the answer says where it will go
+    client.get("/jobs/new?kind=convert")
+    form = {"kind": "convert", "inputs": "data/a.jsonl", "to": "openai", "out": out}
+    r = client.post("/jobs", data={**form, "csrf": client.cookies.get("dd_csrf")}, follow_redirects=False)
+    assert r.status_code == 303, r.text
+    job = client.get(f"/api/jobs/{r.headers['location'].rsplit('/', 1)[1]}").json()
+    assert job["params"]["out"] == str(server_folder / where)
+    assert job["params"]["inputs"] == [str(server_folder / "data" / "a.jsonl")]
+
+
+def test_an_input_and_an_output_typed_alike_are_one_file(client: TestClient, server_folder: Path) -> None:
+    """Inputs follow the same rule as outputs, so `a.jsonl` and `data/a.jsonl` are the same file, and
+    a relative input is never looked for in a second root."""
+    (server_folder / "home" / "only_in_home.jsonl").write_text('{"messages": []}\n')
+    ok = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": "a.jsonl"}})
+    assert ok.json()["params"]["inputs"] == [str(server_folder / "data" / "a.jsonl")]
+    r = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": "only_in_home.jsonl"}})
+    assert r.status_code == 400
+    assert str(server_folder / "data" / "only_in_home.jsonl") in r.json()["detail"]  # where it looked
+    r = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": "home/only_in_home.jsonl"}})
+    assert r.status_code == 201

@@ -61,7 +61,7 @@ def test_jobs_commands_round_trip_over_http(server: str, migrated: Path) -> None
         app, ["jobs", "submit", "scan", "-p", "inputs=data/a.jsonl", "-p", "inputs=data/b.jsonl"]
     )
     assert r.exit_code == 0, r.output
-    job_id = int(r.output.strip())
+    job_id = int(r.stdout.strip())  # stdout: the id alone (stderr: the resolved parameters)
     listed = runner.invoke(app, ["jobs", "list", "--server", server])
     assert listed.exit_code == 0 and "scan" in listed.output and "queued" in listed.output
     shown = runner.invoke(app, ["jobs", "show", str(job_id), "--json"])
@@ -143,3 +143,57 @@ def test_up_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     )
     assert r.returncode != 0
     assert "without DRAFTDECK_TOKEN" in r.stderr + r.stdout
+
+
+def test_submit_wait_says_where_the_output_went(server: str, migrated: Path) -> None:
+    """`jobs submit --wait` names the resolved output (absolute, on the server), not only the status."""
+    from sqlmodel import select
+
+    from app.db import session_scope
+    from app.models import Job
+    from app.runner import run_job
+
+    (migrated / "data" / "a.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"},'
+                                               ' {"role": "assistant", "content": "hello"}]}\n')  # fmt: skip
+    ran: list[str] = []
+
+    def worker() -> None:  # stands in for `draftdeck worker`: runs the one job once it is queued
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with session_scope() as session:
+                job_id = session.exec(select(Job.id)).first()
+            if job_id is not None:
+                ran.append(run_job(job_id))
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    r = runner.invoke(
+        app,
+        ["jobs", "submit", "convert", "-p", "inputs=data/a.jsonl", "-p", "to=openai",
+         "-p", "out=data/ui_train.jsonl", "--wait"],
+    )  # fmt: skip
+    thread.join(timeout=30)
+    assert ran == ["succeeded"] and r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    where = str((migrated / "data" / "ui_train.jsonl").resolve())
+    assert f"succeeded output {where} rows=1" in text
+    assert Path(where).exists() and not (migrated / "data" / "data").exists()
+
+
+def test_in_process_summaries_name_the_absolute_output(
+    dd_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = tmp_path / "work"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "a.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"},'
+                                             ' {"role": "assistant", "content": "hello"}]}\n')  # fmt: skip
+    monkeypatch.chdir(folder)
+    r = runner.invoke(
+        app, ["convert", "data/a.jsonl", "--to", "openai", "--out", "data/x.jsonl", "--report", "r.json"]
+    )
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert f"wrote {folder.resolve() / 'data' / 'x.jsonl'}: 1 rows" in text
+    assert f"report: {folder.resolve() / 'r.json'}" in text

@@ -148,7 +148,7 @@ class TestPaths:
             resolve_in_roots("nope.jsonl", [tmp_path])
 
 
-def test_relative_paths_are_found_from_the_current_folder_or_any_root(
+def test_relative_paths_are_from_the_current_folder_else_the_first_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data, home = tmp_path / "data", tmp_path / "var"
@@ -160,7 +160,9 @@ def test_relative_paths_are_found_from_the_current_folder_or_any_root(
     roots = [data, home]
     assert resolve_in_roots("data/train.jsonl", roots) == (data / "train.jsonl").resolve()  # from the cwd
     assert resolve_in_roots("train.jsonl", roots) == (data / "train.jsonl").resolve()  # from the first root
-    assert resolve_in_roots("made.jsonl", roots) == (home / "made.jsonl").resolve()  # from a later root
+    assert resolve_in_roots("var/made.jsonl", roots) == (home / "made.jsonl").resolve()  # a later root
+    with pytest.raises(PathNotAllowedError, match="no such file"):  # never searched for in a later root
+        resolve_in_roots("made.jsonl", roots)
     assert (
         resolve_in_roots("out/new.jsonl", roots, must_exist=False) == (data / "out" / "new.jsonl").resolve()
     )
