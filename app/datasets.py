@@ -24,7 +24,7 @@ from app.dataset_records import add_datasets, found_at
 from app.deps import SessionDep, SettingsDep
 from app.models import Alert, Dataset
 from app.pages import render
-from app.settings import Settings
+from app.settings import Settings, get_settings
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.filters import Filters, Step, navigate, position_in
 from draftdeck.browse.info import cached_info, load_info, sources_of, stats_payload
@@ -135,7 +135,7 @@ def compare_page(
         side: dict[str, Any] = {"ds": ds, "info": info, "sample": None, "message": None}
         if row_n is not None and error is None:
             try:
-                side["sample"] = read_sample(info, row_n)
+                side["sample"] = read_sample(info, row_n, roots=get_settings().roots)
             except InputError as exc:
                 side["message"] = str(exc)
         sides.append(side)
@@ -254,7 +254,7 @@ def _sample_response(
     status = 400 if filter_error else 200
     sample: Sample | None = None
     try:
-        sample = context["sample"] = read_sample(info, n, window_from)
+        sample = context["sample"] = read_sample(info, n, window_from, roots=get_settings().roots)
         pos, count = position_in(open_store(Path(ds.path)), f, n)
         context.update(position=pos, matching=count)
     except InputError as exc:
@@ -308,7 +308,7 @@ def go(
         return _sample_response(request, session, ds, current, f, partial=htmx, filter_error=error)
     try:
         info = cached_info(Path(ds.path))
-        tok_dir = info.tokenizer_dir()
+        tok_dir = info.tokenizer_dir(get_settings().roots)
         table = token_table(tok_dir) if (tok_dir and f.q) else None
         step = navigate(open_store(Path(ds.path)), table, f, to, current, _rng)
     except InputError as exc:

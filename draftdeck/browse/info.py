@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from draftdeck.errors import InputError
 from draftdeck.quality import DatasetAlert, DatasetFacts, dataset_alerts
 from draftdeck.shards.manifest import MANIFEST, Manifest, read_manifest
 from draftdeck.shards.stats import STATS
+from draftdeck.shards.tokenizer_lookup import find_tokenizer
 
 
 @dataclass
@@ -59,12 +61,13 @@ class DatasetInfo:
     def report(self) -> dict[str, Any] | None:
         return self.manifest.report if self.manifest else None
 
-    def tokenizer_dir(self) -> str | None:
-        """The tokenizer folder when it is on this machine (a relative path is from the dataset)."""
-        if self.manifest is None or not self.tokenizer_path:
+    def tokenizer_dir(self, roots: Iterable[Path] = ()) -> str | None:
+        """The tokenizer folder when it is on this machine: by the path the manifest records, else by
+        its fingerprint among the tokenizers under `roots` (draftdeck/shards/tokenizer_lookup.py)."""
+        if self.manifest is None:
             return None
-        path = self.manifest.tokenizer_dir(base=self.path)
-        return str(path.resolve()) if path.is_dir() else None
+        found = find_tokenizer(self.manifest, self.path, roots)
+        return str(found) if found is not None else None
 
 
 def _read_stats(path: Path) -> tuple[dict[str, Any], str | None]:

@@ -3,7 +3,9 @@ differs between two datasets (the compare page)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from draftdeck.browse.info import DatasetInfo
@@ -33,14 +35,14 @@ class Sample:
     notice: str | None  # why the chips show ids instead of text
 
 
-def read_sample(info: DatasetInfo, n: int, window_from: int = 0) -> Sample:
+def read_sample(info: DatasetInfo, n: int, window_from: int = 0, roots: Iterable[Path] = ()) -> Sample:
     """Row n's facts (over the whole row) and its chips; at most CHIP_WINDOW chips are drawn, from
     `window_from`, so a 32K-token row costs no more to draw than a 4K one."""
     store = open_store(info.path)
     row = store.row(n)
     ids = [int(t) for t in row["input_ids"]]
     mask = [int(m) for m in row["loss_mask"]]
-    tok_dir = info.tokenizer_dir()
+    tok_dir = info.tokenizer_dir(roots)  # `roots`: where to look for it by fingerprint
     notice = None
     if tok_dir is not None:
         chips = chips_for(ids, mask, token_table(tok_dir))

@@ -76,11 +76,36 @@ def _open_dataset(dataset: Path) -> Any:
         raise usage_exit(str(exc)) from None
 
 
+def _manifest_tokenizer(ds: Any) -> Path:
+    """The dataset's tokenizer on this machine (draftdeck/shards/tokenizer_lookup.py), searched for
+    by fingerprint in the data roots the server would use; UsageError saying what was tried."""
+    import os
+
+    from draftdeck.shards.tokenizer_lookup import find_tokenizer
+
+    text = os.environ.get("DRAFTDECK_DATA_ROOTS", "")
+    roots = [Path(p) for p in text.replace(",", ":").split(":") if p.strip()] or [Path.cwd() / "data"]
+    found = find_tokenizer(ds.manifest, ds.path, roots)
+    if found is None:
+        ref = ds.manifest.tokenizer
+        named = f"{ref.path!r} (fingerprint {ref.fingerprint[:12]})" if ref else "none"
+        raise UsageError(
+            f"{ds.path}: the manifest's tokenizer {named} is not on this machine, by path nor by"
+            f" fingerprint under {', '.join(map(str, roots))}; pass --tokenizer DIR"
+        )
+    return found
+
+
 def inspect_command(
     dataset: Annotated[Path, typer.Argument(help="dataset folder written by `draftdeck tokenize`")],
     row: Annotated[int, typer.Option("--row", min=0, help="row number (0-based)")] = 0,
     tokenizer: Annotated[
-        Path | None, typer.Option("--tokenizer", help="tokenizer folder (default: the one in the manifest)")
+        Path | None,
+        typer.Option(
+            "--tokenizer",
+            help="tokenizer folder (default: the manifest's, by its path or by its fingerprint under"
+            " $DRAFTDECK_DATA_ROOTS, else ./data)",
+        ),
     ] = None,
 ) -> None:
     """Print one row's tokens: trained tokens in green, context dimmed; whitespace and specials visible."""
@@ -90,7 +115,7 @@ def inspect_command(
     ds = _open_dataset(dataset)
     try:
         data = ds.row(row)
-        tok = load_tokenizer(tokenizer or ds.manifest.tokenizer_dir())
+        tok = load_tokenizer(tokenizer or _manifest_tokenizer(ds))
     except (IndexError, InputError, UsageError) as exc:
         raise usage_exit(str(exc)) from None
     console.print(

@@ -530,7 +530,7 @@ def conclude(
         Manifest(
             shards=shards,
             tokenizer=TokenizerRef(
-                path=str(opts.tokenizer),
+                path=str(Path(opts.tokenizer).resolve()),  # as typed, it means nothing from another folder
                 fingerprint=tokenizer_fingerprint(opts.tokenizer, renderer.template, opts.template_kwargs),
                 vocab_size=len(tok),
                 chat_template=renderer.template,

@@ -311,3 +311,51 @@ def test_decode_check_catches_tokens_that_do_not_give_back_the_text(tmp_path: Pa
     assert report.rejected["mask_mismatch"] == 1 and report.rows_out == 1  # type: ignore[union-attr]
     assert "Hello tHere" in report.examples["mask_mismatch"][0].reason  # type: ignore[union-attr]
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_the_manifest_finds_its_tokenizer_from_another_folder_and_after_a_move(
+    cli_env: Path, tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tokenized from the CLI with the tokenizer typed relative (`data/models/tok`): the manifest
+    records where it is, `inspect` works from another folder, and once the folder moved inside the
+    data roots it is found again by its fingerprint (by the CLI and the browser alike); an old
+    manifest holding the path as typed still reads."""
+    import shutil
+
+    from draftdeck.browse.info import load_info
+    from draftdeck.cli import app
+    from draftdeck.shards.tokenizer_lookup import clear_cache
+
+    project = tmp_path / "project"
+    shutil.copytree(small_dir, project / "data" / "models" / "tok")
+    monkeypatch.chdir(project)
+    runner = CliRunner()
+    res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", "data/models/tok", "--out", "var/ds",
+                              "--workers", "1"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    out = project / "var" / "ds"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"]["path"] == str((project / "data" / "models" / "tok").resolve())
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert runner.invoke(app, ["inspect", str(out), "--row", "0"]).exit_code == 0
+
+    # The tokenizer moved (another machine's layout): its recorded folder is gone.
+    roots = [tmp_path / "root"]
+    (tmp_path / "root" / "tokenizers").mkdir(parents=True)
+    moved = (project / "data" / "models" / "tok").rename(tmp_path / "root" / "tokenizers" / "small")
+    clear_cache()
+    res = runner.invoke(app, ["inspect", str(out), "--row", "0"])
+    assert res.exit_code == 2 and "not on this machine" in " ".join(res.output.split())
+    assert load_info(out).tokenizer_dir(roots=[project]) is None  # no folder there matches
+    monkeypatch.setenv("DRAFTDECK_DATA_ROOTS", str(roots[0]))
+    assert runner.invoke(app, ["inspect", str(out), "--row", "0"]).exit_code == 0
+    assert load_info(out).tokenizer_dir(roots=roots) == str(moved.resolve())
+
+    # A manifest written before the path was resolved: the path as typed, from the project folder.
+    shutil.copytree(moved, project / "data" / "models" / "tok")
+    manifest["tokenizer"]["path"] = "data/models/tok"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    assert load_info(out).tokenizer_dir() == str((project / "data" / "models" / "tok").resolve())
