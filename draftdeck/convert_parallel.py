@@ -54,7 +54,7 @@ from draftdeck.errors import JobFailed
 from draftdeck.formats import sharegpt
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
 from draftdeck.formats.detect import parse
-from draftdeck.formats.model import SourceRef
+from draftdeck.formats.model import PROVENANCE_KEY, SourceRef, origin_of
 from draftdeck.formats.readers import JsonlRange, RawRow, RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
 from draftdeck.formats.writers import (
@@ -107,7 +107,9 @@ _SHAREGPT_ROLES = {k: v for k, v in sharegpt.FROM_MAP.items() if v in ("system",
 _OPENAI_KEYS = ("messages", "tools")
 
 
-def plain_row(value: Any, to: str, max_chars: int, dups: bool) -> tuple[str, bytes, int | None] | None:
+def plain_row(
+    value: Any, to: str, max_chars: int, dups: bool, origin: tuple[str, int | None] = ("", None)
+) -> tuple[str, bytes, int | None] | None:
     """The fast path for the usual row, or None to take the general one.
 
     A row qualifies when it is OpenAI ``messages`` or ShareGPT ``conversations`` of plain two-key turns
@@ -197,6 +199,9 @@ def plain_row(value: Any, to: str, max_chars: int, dups: bool) -> tuple[str, byt
         out = {"messages": [{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]}
     for k in meta:
         out[k] = value[k]
+    found = origin_of(value.get(PROVENANCE_KEY), *origin)  # as the writers do (`origin`: file, row)
+    if found is not None:
+        out[PROVENANCE_KEY] = {"file": found[0], "row": found[1]}
     dkey = None
     if dups:  # the parts of duplicate_key, in the same order
         parts: list[object] = []
@@ -220,7 +225,7 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
         if row.error:
             yield ("x", line, index, row.error, row.reason or "")
             continue
-        fast = plain_row(row.value, to, max_chars, dups)
+        fast = plain_row(row.value, to, max_chars, dups, (name, line if line is not None else index))
         if fast is not None:
             yield ("s", line, index, fast[0], (fast[1], fast[2]))
             continue
@@ -306,8 +311,10 @@ class Chunk(NamedTuple):
     newlines: int
 
 
-def _work_chunk(opts: ConvertOptions, to: str, path: str, name: str, start: int, end: int) -> Chunk:
-    rows = JsonlRange(Path(path), start, end, 1, display_name=name, max_row_bytes=opts.max_row_bytes)
+def _work_chunk(
+    opts: ConvertOptions, to: str, path: str, name: str, start: int, end: int, first_line: int = 1
+) -> Chunk:
+    rows = JsonlRange(Path(path), start, end, first_line, display_name=name, max_row_bytes=opts.max_row_bytes)
     kinds = bytearray()
     families: list[str] = []
     fam_index: dict[str, int] = {}
@@ -497,20 +504,21 @@ def write_converted(
             if pool is None:
                 pool = _Workers(options, to)
             pending: deque[int] = deque()  # the end offsets of the ranges sent, in order
-            lines_before = 0
-            for start, end in jsonl_chunks(f, options.chunk_bytes):
-                chunks += 1
-                pool.send((str(f), name, start, end))
-                pending.append(end)
-                if len(pending) >= in_flight:
-                    chunk = pool.receive()
-                    _apply_chunk(chunk, state, name, out, lines_before)
-                    lines_before += chunk.newlines
-                    progress(done_before + pending.popleft(), total, "bytes")
+            # Each range is sent with the number of its first line (the parent counts the newlines
+            # before it, at memory speed): the provenance a worker writes into each output row
+            # names the row's line in the whole file, and the output bytes are those of one process.
+            first_line = 1
+            with open(f, "rb", buffering=0) as counting:
+                for start, end in jsonl_chunks(f, options.chunk_bytes):
+                    chunks += 1
+                    pool.send((str(f), name, start, end, first_line))
+                    first_line += _newlines(counting, start, end)
+                    pending.append(end)
+                    if len(pending) >= in_flight:
+                        _apply_chunk(pool.receive(), state, name, out, 0)
+                        progress(done_before + pending.popleft(), total, "bytes")
             while pending:
-                chunk = pool.receive()
-                _apply_chunk(chunk, state, name, out, lines_before)
-                lines_before += chunk.newlines
+                _apply_chunk(pool.receive(), state, name, out, 0)
                 progress(done_before + pending.popleft(), total, "bytes")
             done_before += f.stat().st_size
         for item in state.drain():
@@ -526,6 +534,19 @@ def write_converted(
             pool.close()
     report.extra["placeholder"] = state.placeholder_summary()
     report.extra["parallel"] = {"workers": options.workers, "chunks": chunks}
+
+
+def _newlines(f: Any, start: int, end: int) -> int:
+    """The newlines in bytes [start, end) of the open file `f`."""
+    f.seek(start)
+    count, left = 0, end - start
+    while left > 0:
+        block = f.read(min(left, 1 << 22))
+        if not block:
+            break
+        count += block.count(b"\n")
+        left -= len(block)
+    return count
 
 
 class WorkerError(RuntimeError):
@@ -573,7 +594,7 @@ class _Workers:
             self.conns.append(mine)
             self.procs.append(proc)
 
-    def send(self, task: tuple[str, str, int, int]) -> None:
+    def send(self, task: tuple[str, str, int, int, int]) -> None:
         self.conns[self.sent % len(self.conns)].send(task)
         self.sent += 1
 

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Role = Literal["system", "user", "assistant", "tool"]
+# The field a converted row carries its original file and row in (OpenAI and ShareGPT JSONL: a
+# top-level key, which trainers ignore; Parquet: inside `meta`): {"file": absolute path, "row": the
+# 1-based line of a JSONL file, else the 0-based record}, what the shards' source/source_row hold.
+PROVENANCE_KEY = "draftdeck_source"
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 
@@ -68,6 +72,16 @@ class Conversation:
     )
     meta: dict[str, Any] = field(default_factory=dict)  # fields kept verbatim that the model has no place for
 
+    def origin(self) -> tuple[str, int] | None:
+        """(file, row) of the original data: the provenance a converted row carries (so a file
+        converted twice still names the first one), else where this conversation was read."""
+        src = self.source
+        if src is None:
+            return origin_of(self.meta.get(PROVENANCE_KEY), None, None)
+        return origin_of(
+            self.meta.get(PROVENANCE_KEY), src.file, src.line if src.line is not None else src.index
+        )
+
     @property
     def has_assistant(self) -> bool:
         return any(m.role == "assistant" for m in self.messages)
@@ -75,3 +89,13 @@ class Conversation:
     @property
     def has_user(self) -> bool:
         return any(m.role == "user" for m in self.messages)
+
+
+def origin_of(kept: Any, file: str | None, row: int | None) -> tuple[str, int] | None:
+    """(file, row) of a row's original data: its kept PROVENANCE_KEY value when that is well formed,
+    else `file` and `row` (where it was read), else None."""
+    if isinstance(kept, dict):
+        kept_file, kept_row = kept.get("file"), kept.get("row")
+        if isinstance(kept_file, str) and kept_file and type(kept_row) is int:
+            return kept_file, kept_row
+    return (file, row) if file and row is not None else None

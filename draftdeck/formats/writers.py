@@ -11,6 +11,10 @@ Shapes written:
 - ``parquet``: columns ``messages`` (list of structs: role, content, reasoning, tool_calls, tool_call_id,
   name), ``tools`` and ``meta`` (JSON text: their shapes vary per row), ``source_format``.
 
+Every row says where it came from: ``draftdeck_source: {"file", "row"}`` (a top-level key in JSONL,
+inside ``meta`` in Parquet; trainers ignore it), the original file and row even after several
+conversions, so tokenizing a converted file still attributes each row to its original data.
+
 Both JSONL shapes hold every field of the canonical model, so OpenAI -> ShareGPT -> OpenAI is lossless.
 What a target cannot hold is counted as ``unrepresentable_field`` (and left out): a kept top-level
 field (meta) whose name the target format reserves (``messages``, ``conversations``, ``tools``, ``system``).
@@ -30,7 +34,7 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 
 from draftdeck.fileio import atomic_output, sha256_file
-from draftdeck.formats.model import Conversation, Message, SourceRef, ToolCall
+from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, SourceRef, ToolCall
 from draftdeck.quality import Output, Report
 
 if TYPE_CHECKING:
@@ -114,7 +118,17 @@ def _record(
     out: dict[str, Any] = {key: turns}
     if conv.tools:
         out["tools"] = conv.tools
-    return _meta(conv, out, report) if conv.meta else out
+    if conv.meta:
+        _meta(conv, out, report)
+    return _with_provenance(conv, out)
+
+
+def _with_provenance(conv: Conversation, out: dict[str, Any]) -> dict[str, Any]:
+    """`out` with the original file and row under PROVENANCE_KEY (replacing a kept copy of it)."""
+    origin = conv.origin()
+    if origin is not None:
+        out[PROVENANCE_KEY] = {"file": origin[0], "row": origin[1]}
+    return out
 
 
 def to_openai(conv: Conversation, report: Report | None = None) -> dict[str, Any]:
@@ -174,6 +188,7 @@ def _json_text(value: Any) -> str:
 
 
 def to_parquet_row(conv: Conversation) -> dict[str, Any]:
+    meta = _with_provenance(conv, dict(conv.meta))  # a Parquet row keeps its provenance in `meta`
     return {
         "messages": [
             {
@@ -189,7 +204,7 @@ def to_parquet_row(conv: Conversation) -> dict[str, Any]:
             for m in conv.messages
         ],
         "tools": _json_text(conv.tools) if conv.tools else None,
-        "meta": _json_text(conv.meta) if conv.meta else None,
+        "meta": _json_text(meta) if meta else None,
         "source_format": conv.source_format,
     }
 

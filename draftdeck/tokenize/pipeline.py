@@ -145,13 +145,18 @@ class Item:
     line: int | None
     row: int
     has_assistant: bool
+    # The original data (a converted row's provenance): what the shards' source/source_row record.
+    origin_file: str | None = None
+    origin_row: int = -1
 
 
 def to_item(conv: Conversation) -> Item:
     src = conv.source
     line = None if src is None else (src.line if src.line is not None else src.index)
+    origin = conv.origin()
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
-                line if line is not None else -1, conv.has_assistant)  # fmt: skip
+                line if line is not None else -1, conv.has_assistant,
+                origin[0] if origin else None, origin[1] if origin else -1)  # fmt: skip
 
 
 def _encode(
@@ -305,8 +310,8 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
         report.rows_out += 1
         keep.append((ids, mask))
-        sources.append(file)
-        source_rows.append(row_no)
+        sources.append(owner.origin_file or file)
+        source_rows.append(owner.origin_row if owner.origin_file else row_no)
         turns.append(r.turn)
         truncs.append(truncated)
     block = Block(

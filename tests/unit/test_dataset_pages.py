@@ -615,6 +615,35 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
     assert client.get(f"/datasets/{ds_id}/stats.json").json()["rows"] == len(rows)
 
 
+def test_the_source_panel_opens_the_original_row_of_a_converted_file(client: Any, migrated: Path) -> None:
+    """Converted (JSON array -> OpenAI JSONL) then tokenized: the panel shows the row of the original
+    file, and the statistics count the original file as the source."""
+    import json
+
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.convert import convert
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+    from tests.datasets_helpers import sample_conversations
+
+    data = migrated / "data"
+    original = data / "original.json"  # a JSON array: rows are 0-based records
+    original.write_text(json.dumps([{"messages": c} for c in sample_conversations()]))
+    converted = data / "converted.jsonl"
+    convert([original], converted, "openai")
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    out_dir = migrated / "datasets" / "from-converted"
+    tokenize_files([converted], out_dir, TokenizeOptions(tok, workers=1))
+    ds_id = registered(client, out_dir)
+    rows = shard_rows(out_dir)
+    assert rows and {r["source"] for r in rows} == {str(original)}
+    for n, row in enumerate(rows):
+        source = client.get(f"/datasets/{ds_id}/rows/{n}/source").text
+        assert 'id="source-conversation"' in source and f"original.json[{row['source_row']}]" in source
+    per_source = client.get(f"/datasets/{ds_id}/stats.json").json()["per_source"]
+    assert [s["source"] for s in per_source] == [str(original)]
+
+
 @pytest.mark.services
 def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip

@@ -359,3 +359,36 @@ def test_the_manifest_finds_its_tokenizer_from_another_folder_and_after_a_move(
     manifest["tokenizer"]["path"] = "data/models/tok"
     (out / "manifest.json").write_text(json.dumps(manifest))
     assert load_info(out).tokenizer_dir() == str((project / "data" / "models" / "tok").resolve())
+
+
+@pytest.mark.parametrize("middle", ["sharegpt", "parquet"])
+def test_provenance_survives_conversion_twice_and_reaches_the_shards(
+    tmp_path: Path, small_dir: Path, middle: str
+) -> None:
+    """Several files converted into one, that one converted again, then tokenized: every shard row
+    names its original file and row (1-based line of a JSONL file, 0-based record of a JSON array),
+    so per-source statistics see every original file, not the converted one."""
+    import shutil
+
+    from draftdeck.convert import convert
+
+    fmt = FIXTURES.parent / "formats"
+    originals = [tmp_path / "chat.jsonl", tmp_path / "sharegpt.json", tmp_path / "alpaca.json"]
+    shutil.copy(CHAT, originals[0])
+    shutil.copy(fmt / "sharegpt.json", originals[1])
+    shutil.copy(fmt / "alpaca.json", originals[2])
+    first = tmp_path / "merged.jsonl"
+    convert(originals, first, "openai")
+    rows = [json.loads(x) for x in first.read_text().splitlines()]
+    assert {r["draftdeck_source"]["file"] for r in rows} == {str(p) for p in originals}
+    second = tmp_path / f"again.{'parquet' if middle == 'parquet' else 'jsonl'}"
+    convert([first], second, middle)  # the provenance of the first conversion is kept, not replaced
+    out = tmp_path / "ds"
+    tokenize_files([second], out, TokenizeOptions(small_dir, on_missing="drop", workers=1))
+    ds = ShardDataset(out)
+    got = {(ds.row(i)["source"], ds.row(i)["source_row"]) for i in range(len(ds))}
+    want = {(r["draftdeck_source"]["file"], r["draftdeck_source"]["row"]) for r in rows}
+    assert got <= want and {f for f, _ in got} == {str(p) for p in originals}
+    assert (str(originals[0]), 1) in got  # chat.jsonl's first line
+    stats = json.loads((out / "stats.json").read_text())
+    assert str(second) not in json.dumps(stats) and str(originals[1]) in json.dumps(stats)
