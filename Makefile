@@ -1,5 +1,7 @@
 # Two commands on a fresh machine: `make up` runs DraftDeck, `make test` passes the tests.
 PYTHON ?= python3
+HOST ?= 127.0.0.1
+PORT ?= 8000
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -14,8 +16,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-up: $(STAMP)  ## install and start DraftDeck on embedded defaults (SQLite + file broker, http://127.0.0.1:8000)
-	$(BIN)/draftdeck up
+up: $(STAMP)  ## install and start DraftDeck on embedded defaults (SQLite + file broker); `make up PORT=8001`
+	$(BIN)/draftdeck up --host $(HOST) --port $(PORT)
 
 services:  ## start PostgreSQL and Redis if they are down; install chromium if missing
 	scripts/services.sh

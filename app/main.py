@@ -10,7 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import api, datasets, pages, runs, sse
+from app import api, datasets, pages, picker, runs, sse
 from app.auth import CSRF_COOKIE, AccessGuard
 from app.limits import RequestLimits, cap_log_lines
 from app.resources import resource_dir
@@ -81,6 +81,7 @@ def create_app() -> FastAPI:
     app.mount("/static", StaticFiles(directory=resource_dir("static")), name="static")
     app.include_router(api.router)
     app.include_router(sse.router)  # before the pages: /jobs/events is not /jobs/{job_id}
+    app.include_router(picker.router)  # before the pages: /jobs/new/files is not /jobs/{job_id}/...
     app.include_router(pages.router)
     app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)

@@ -189,6 +189,7 @@ def _form_fields(kind_name: str) -> list[dict[str, Any]]:
                 "default": spec.get("default"),
                 "required": name in required,
                 "path": name in kind.params.input_paths,
+                "output": name in kind.params.output_paths,
             }
         )
     return fields

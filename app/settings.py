@@ -97,6 +97,8 @@ class Settings(BaseSettings):
     def ensure_dirs(self) -> None:
         for d in (self.home_dir, self.jobs_dir, self.broker_dir / "queue", self.broker_dir / "processed"):
             d.mkdir(parents=True, exist_ok=True)
+        if not self.data_roots:  # the default ./data: created, so the first start has a place for files
+            self.roots[0].mkdir(parents=True, exist_ok=True)
 
 
 @lru_cache

@@ -203,3 +203,87 @@ def test_plain_uvicorn_on_all_interfaces_without_a_token(migrated: Path) -> None
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+# -- paths: one rule, and the New-job form's picker only inside the roots ------------------------------
+
+
+def test_one_path_rule_for_server_and_cli(tmp_path: Path) -> None:
+    from draftdeck.paths import resolve_user_path
+
+    data, var = tmp_path / "data", tmp_path / "var"
+    roots = [data, var]
+    for where in (tmp_path, tmp_path / "elsewhere"):
+        assert resolve_user_path("/abs/x.jsonl", roots, cwd=where) == Path("/abs/x.jsonl")
+    assert resolve_user_path("data/x.jsonl", roots, cwd=tmp_path) == data / "x.jsonl"
+    assert resolve_user_path("var/datasets/big", roots, cwd=tmp_path) == var / "datasets" / "big"
+    assert resolve_user_path("x.jsonl", roots, cwd=tmp_path) == data / "x.jsonl"  # the first root
+    assert resolve_user_path("x.jsonl", roots, cwd=data) == data / "x.jsonl"  # the cwd lies in a root
+    # the CLI has no sandbox: a relative path is from its working folder, whatever the roots
+    assert resolve_user_path("data/x.jsonl", None, cwd=tmp_path) == tmp_path / "data" / "x.jsonl"
+    assert resolve_user_path("x.jsonl", None, cwd=tmp_path) == tmp_path / "x.jsonl"
+
+
+@pytest.fixture
+def picker(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    data = migrated / "data"
+    (data / "sets").mkdir()
+    (data / "sets" / "train.parquet").write_bytes(b"PAR1" + b"\0" * 60)
+    (data / "<img src=x onerror=alert(1)>.jsonl").write_text('{"messages": []}\n')
+    (data / "rows.json.gz").write_bytes(b"\x1f\x8b")
+    (data / "tok").mkdir()
+    (data / "tok" / "tokenizer.json").write_text("{}")
+    (migrated.parent / "secret").mkdir()
+    (data / "escape").symlink_to(migrated.parent / "secret")
+    with TestClient(_app(monkeypatch)) as c:
+        yield c
+
+
+def test_the_picker_lists_roots_folders_and_files_with_size_and_kind(
+    picker: TestClient, migrated: Path
+) -> None:
+    roots = picker.get("/jobs/new/files", params={"field": "inputs"})
+    assert roots.status_code == 200 and f'data-pick-path="{migrated.resolve()}"' in roots.text
+    page = picker.get("/jobs/new/files", params={"field": "inputs", "dir": str(migrated / "data")})
+    assert page.status_code == 200
+    text = page.text
+    assert "<img src=x" not in text and "&lt;img src=x onerror=alert(1)&gt;.jsonl" in text  # escaped
+    assert "sets/" in text and "JSONL · 17 B" in text and "JSON, gzip" in text and ">tokenizer<" in text
+    assert text.index("sets/") < text.index("rows.json.gz")  # folders first
+    inner = picker.get("/jobs/new/files", params={"field": "inputs", "dir": "data/sets"})  # the one rule
+    assert "train.parquet" in inner.text and "Parquet · 64 B" in inner.text
+
+
+@pytest.mark.parametrize("bad", ["/etc", "../..", "data/escape", "data/../../secret"])
+def test_the_picker_lists_nothing_outside_the_roots(picker: TestClient, bad: str) -> None:
+    r = picker.get("/jobs/new/files", params={"field": "inputs", "dir": bad})
+    assert r.status_code == 400 and "outside the data roots" in r.text
+    assert (
+        picker.get("/jobs/new/files", params={"field": 'x" onmouseover=1', "dir": "data"}).status_code == 400
+    )
+
+
+def test_the_form_shows_the_absolute_path_a_field_will_use(picker: TestClient, migrated: Path) -> None:
+    r = picker.get("/jobs/new/resolve", params={"kind": "convert", "field": "out", "out": "data/x.jsonl"})
+    assert f'→ <code class="path">{(migrated / "data" / "x.jsonl").resolve()}</code>' in r.text
+    typed = "data/sets/train.parquet\nnope.jsonl\n/etc/passwd"
+    r = picker.get("/jobs/new/resolve", params={"kind": "convert", "field": "inputs", "inputs": typed})
+    assert str((migrated / "data" / "sets" / "train.parquet").resolve()) in r.text
+    assert "nope.jsonl" in r.text and "no such file" in r.text and "outside the data roots" in r.text
+    form = picker.get("/jobs/new?kind=convert").text
+    assert 'hx-get="/jobs/new/resolve"' in form and 'hx-get="/jobs/new/files?field=out"' in form
+
+
+def test_first_start_creates_the_default_data_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.settings import Settings
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("DRAFTDECK_DATA_ROOTS", raising=False)
+    Settings(home=tmp_path / "var").ensure_dirs()  # what `draftdeck up` and `web` run first
+    assert (tmp_path / "data").is_dir()
+
+
+def test_make_up_takes_a_port() -> None:
+    r = subprocess.run(["make", "-n", "-o", ".venv/.installed", "up", "PORT=8001"], cwd=REPO_ROOT,
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode == 0 and "draftdeck up --host 127.0.0.1 --port 8001" in r.stdout
