@@ -476,3 +476,39 @@ def test_pages_fit_a_narrow_screen_with_long_paths(browser: Any, server: Server,
         assert wrap.evaluate("e => getComputedStyle(e).overflowX") == "auto"
     finally:
         context.close()
+
+
+def test_file_picker_fills_the_form_and_shows_the_resolved_paths_on_a_narrow_screen(
+    page: Any, server: Server, data_file: Any
+) -> None:
+    """At 390 px: Browse data roots -> the home -> data/ -> "use" a file puts its absolute path in
+    the inputs; a relative `out` shows the absolute path it will use; the job writes exactly there.
+    A hostile file name is listed as text (the page fixture fails on any dialog or script error)."""
+    page.set_viewport_size({"width": 390, "height": 844})
+    sub = server.data_dir / "picked"
+    sub.mkdir(exist_ok=True)
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    good = data_file([chat], name="picked/chat.jsonl")
+    data_file([{"messages": []}], name="picked/<img src=x onerror=alert(1)>.jsonl")
+    page.goto("/jobs/new?kind=convert")
+    page.click("#new-job button.picker-open[hx-target='#picker-inputs']")
+    home = server.home.resolve()
+    page.click(f"#picker-inputs button.picker-name[title='{home}']")
+    page.click(f"#picker-inputs button.picker-name[title='{home / 'data'}']")
+    page.click(f"#picker-inputs button.picker-name[title='{home / 'data' / 'picked'}']")
+    listing = page.locator("#picker-inputs .picker-entry")
+    expect(listing.filter(has_text="chat.jsonl")).to_contain_text("JSONL")
+    expect(listing.filter(has_text="onerror")).to_contain_text("<img src=x onerror=alert(1)>.jsonl")
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the form with the picker open is {width} px wide on a 390 px screen"
+    listing.filter(has_text="chat.jsonl").locator("button.picker-use").click()
+    expect(page.locator("#new-job textarea[name=inputs]")).to_have_value(str(good.resolve()))
+    expect(page.locator("#resolved-inputs")).to_contain_text(str(good.resolve()))
+    page.select_option("#new-job select[name=to]", "openai")
+    page.fill("#new-job input[name=out]", "data/from_picker.jsonl")
+    where = home / "data" / "from_picker.jsonl"
+    expect(page.locator("#resolved-out")).to_have_text(f"→ {where}")
+    page.click("#new-job button[type=submit]")
+    job_id = job_id_of(page)
+    job = server.wait_status(job_id)
+    assert job["status"] == "succeeded" and job["params"]["out"] == str(where) and where.exists()
