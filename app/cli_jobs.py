@@ -104,7 +104,8 @@ def jobs_submit(
     wait: Annotated[bool, typer.Option(help="wait until the job ends")] = False,
     server: ServerOpt = None,
 ) -> None:
-    """Queue a job; print its id."""
+    """Queue a job; print its id (on stderr: its parameters as the server resolved them; with --wait,
+    where its outputs went)."""
     client = Client(server)
     job = client.call("POST", "/api/jobs", {"kind": kind, "params": parse_params(param or [])})
     job_id = job["id"]

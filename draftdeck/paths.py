@@ -83,12 +83,13 @@ def resolve_in_roots(
     if not resolved_roots:
         raise PathNotAllowedError("no data roots are configured (set DRAFTDECK_DATA_ROOTS)")
     resolved = resolve_user_path(path, resolved_roots, cwd=cwd)
-    where = "" if str(resolved) == os.fspath(path) else f" ({resolved})"
+    # The path as typed comes first (what the user recognises), then the absolute path it meant.
+    meant = "" if str(resolved) == os.fspath(path) else f"; it means {resolved}"
     if not _inside(resolved, resolved_roots):
         shown = ", ".join(str(r) for r in resolved_roots)
         raise PathNotAllowedError(
-            f"{path}{where}: outside the data roots ({shown}); set DRAFTDECK_DATA_ROOTS to allow it"
+            f"{path}: outside the data roots ({shown}){meant}; set DRAFTDECK_DATA_ROOTS to allow it"
         )
     if must_exist and not resolved.exists():
-        raise PathNotAllowedError(f"{path}{where}: no such file or directory")
+        raise PathNotAllowedError(f"{path}: no such file or directory{meant}")
     return resolved
