@@ -143,27 +143,23 @@ def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 
     running_chunk = exists().where(
         col(JobChunk.job_id) == Job.id, col(JobChunk.status) == ChunkStatus.RUNNING
     )
-    waiting = exists().where(
-        col(JobChunk.job_id) == Job.id,
-        col(JobChunk.status) == ChunkStatus.PENDING,
-        col(JobChunk.task_id).is_not(None),
-    )
     stale = session.exec(
-        select(Job.id, Job.queue, waiting)
+        select(Job)
         .where(Job.status == JobStatus.RUNNING, col(Job.heartbeat_at) < cutoff, ~running_chunk)
         .limit(limit)
     ).all()
     lost: list[int] = []
-    for job_id, queue_name, is_waiting in stale:
-        assert job_id is not None
-        if is_waiting:
-            if liveness.serves(session, queue_name, lost_after_seconds):
-                continue
-            detail = f"no live worker serves queue {queue_name} (chunks {_pending(session, job_id)} wait)"
+    for job in stale:
+        assert job.id is not None
+        live = liveness.of_job(session, job, lost_after_seconds)  # the rule Cancel and the page use
+        if not live.stranded:
+            continue
+        if live.waiting:
+            detail = f"no live worker serves queue {job.queue} (chunks {_pending(session, job.id)} wait)"
         else:
             detail = f"no heartbeat for {lost_after_seconds:.0f} s"
-        if fail_lost(session, job_id, detail).accepted:
-            lost.append(job_id)
+        if fail_lost(session, job.id, detail).accepted:
+            lost.append(job.id)
     return lost
 
 
