@@ -113,6 +113,12 @@ def test_retry_reuses_the_done_chunks_and_runs_only_the_rest(
     assert run_chunk(new_id, 3) == "succeeded"
     job = _job(new_id)
     assert job.result["chunks_reused"]["summary"] == f"3 of 4 chunks reused from job {job_id}"
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    with TestClient(create_app()) as client:  # the new attempt's page says it
+        assert f"3 of 4 chunks reused from job {job_id}" in client.get(f"/jobs/{new_id}").text
     with session_scope() as session:  # reused chunks were never claimed by a worker
         moves = [(h.chunk_index, h.from_status, h.to_status) for h in state.history(session, new_id)
                  if h.chunk_index is not None]  # fmt: skip

@@ -367,3 +367,20 @@ def test_waiting_chunks_a_live_worker_serves_are_not_lost_but_cancel_ends_them_a
     assert job.status == "cancelled" and "its chunks wait in the queue" in (job.error or "")
     with session_scope() as session:
         assert session.exec(select(JobChunk.status).where(JobChunk.job_id == job_id)).one() == "skipped"
+
+
+def test_a_redelivered_message_of_a_job_whose_chunks_wait_does_not_fail_it(migrated: Path) -> None:
+    """The job's own message comes again (its planning worker's ack was lost) while its chunks wait
+    on a served queue: the same rule says waiting, not lost; it is neither run again nor failed."""
+    from app.runner import run_job
+
+    _live_worker("cpu")
+    with session_scope() as session:
+        job_id = _running(session, beat_age=OLD, chunks_waiting=True)
+    assert run_job(job_id) == "skipped:running"
+    assert _job(job_id).status == "running"
+    with session_scope() as session:
+        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None))  # type: ignore[call-overload,arg-type]
+        session.commit()
+    assert run_job(job_id) == "skipped:failed"  # chunks never sent: nothing will run them, it is lost
+    assert (_job(job_id).error or "").startswith("worker lost: redelivered after")
