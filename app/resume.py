@@ -249,8 +249,9 @@ def delete_expired(session: Session, keep_hours: float, *, limit: int = 100) -> 
             .values(shard_path=None)
         )
         session.commit()
-        shutil.rmtree(kept_dir(job_id), ignore_errors=True)
-        records.add_event(session, job_id, "info",
-                          f"kept chunks deleted: nobody retried the job within {keep_hours:g} h")  # fmt: skip
-        log.info("job %s: kept chunks deleted after %g h", job_id, keep_hours)
+        if kept_dir(job_id).is_dir():
+            shutil.rmtree(kept_dir(job_id), ignore_errors=True)
+            message = f"kept chunks deleted: nobody retried the job within {keep_hours:g} h"
+            records.add_event(session, job_id, "info", message)
+            log.info("job %s: kept chunks deleted after %g h", job_id, keep_hours)
     return list(jobs)
