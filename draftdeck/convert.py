@@ -44,7 +44,7 @@ from xxhash import xxh3_64_intdigest
 
 from draftdeck.errors import InputError, JobFailed, UsageError
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
-from draftdeck.formats.detect import parse
+from draftdeck.formats.detect import check_format_name, parse
 from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.formats.tables import expand_inputs, open_reader
@@ -62,6 +62,7 @@ class ConvertOptions:
     policy: Policy = field(default_factory=Policy)
     allow_prompt_only: bool = False  # yield rows with no assistant turn (for regeneration)
     tree_paths: str = "all"  # "all": one conversation per leaf; "best": the best-ranked path only
+    from_format: str | None = None  # one shape every row must have (draftdeck.formats.detect); None: detect
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     placeholder_min_rows: int = 32
     placeholder_max_chars: int = 24
@@ -79,6 +80,10 @@ class ConvertOptions:
             raise UsageError("chunk_bytes must be positive")
         if self.tree_paths not in ("all", "best"):
             raise UsageError(f"tree paths must be 'all' or 'best', not {self.tree_paths!r}")
+        try:
+            check_format_name(self.from_format)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         if self.placeholder_min_rows < 2:
             raise UsageError("placeholder_min_rows must be at least 2")
 
@@ -213,7 +218,7 @@ class _Reader:
         self.report = report
         self.options = options
         self.actions: dict[str, Action] = {}
-        self.parse_options = ParseOptions(tree_paths=options.tree_paths)
+        self.parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
         self.seen: set[int] = set()
         self.counts: dict[tuple[str, ...], int] = {}
         self.flagged: set[tuple[str, ...]] = set()

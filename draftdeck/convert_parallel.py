@@ -209,7 +209,7 @@ def plain_row(value: Any, to: str, max_chars: int, dups: bool) -> tuple[str, byt
 def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str) -> Iterator[Record]:
     """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state."""
     encoder = JSONL_ENCODERS[to]
-    parse_options = ParseOptions(tree_paths=options.tree_paths)
+    parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
     policy = options.policy
     drops: dict[str, bool] = {}
     allow_prompt_only = options.allow_prompt_only
