@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,6 +330,8 @@ def read_conversations(
     report: Report,
     options: ConvertOptions | None = None,
     progress: Progress = no_progress,
+    *,
+    open_file: Callable[..., Any] = open_reader,
 ) -> Iterator[Conversation]:
     """Yield the valid conversations of `paths`, counting every input row in `report`.
 
@@ -342,6 +344,8 @@ def read_conversations(
         options: policy, ``allow_prompt_only`` (yield rows without an assistant turn, for
             regeneration; otherwise they are rejected as no_assistant_turn), ``tree_paths``, limits.
         progress: called with (bytes done, bytes total, "bytes") across all inputs; may raise Cancelled.
+        open_file: opens one file as a row reader (:func:`draftdeck.formats.tables.open_reader`'s
+            signature); `scan` passes one that also watches each raw row, to read the input once.
 
     Raises:
         InputError: an input is missing or unreadable as a whole.
@@ -359,7 +363,7 @@ def read_conversations(
     formats = report.formats
     try:
         for f in files:
-            reader = open_reader(f, max_row_bytes=opts.max_row_bytes)
+            reader = open_file(f, max_row_bytes=opts.max_row_bytes)
             with reader:
                 name = reader.name
                 for i, row in enumerate(reader):
