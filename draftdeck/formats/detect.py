@@ -54,6 +54,7 @@ FORMAT_NAMES: tuple[str, ...] = get_args(FormatName)
 
 LIST_KEYS = ("messages", "conversations", "conversation")
 MEDIA_KEYS = ("images", "image", "audios", "audio", "videos", "video")
+_MEDIA_KEY_SET = frozenset(MEDIA_KEYS)
 MEDIA_PLACEHOLDERS = ("<image>", "<audio>", "<video>")
 
 
@@ -78,23 +79,27 @@ def turn_style(value: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def parse_turns(family: str, key: str, value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    """The conversation of a row whose turns under `key` have the style of `family`."""
+    if family == openai.FAMILY:
+        if key == "messages":
+            return openai.parse_row(value, ctx)
+        convs = sharegpt.parse_row(value, ctx, key)  # reads role/content turns as OpenAI messages
+        for conv in convs:
+            conv.source_format = openai.FAMILY
+        return convs
+    if family == sharegpt.FAMILY:
+        return sharegpt.parse_row(value, ctx, key)
+    return pairs.parse_row(value, ctx, key)
+
+
 def _list_parser(family: str) -> Parser:
-    def parse_turns(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    def parse_list(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
         style = turn_style(value)
         assert style is not None and style[0] == family
-        key = style[1]
-        if family == openai.FAMILY:
-            if key == "messages":
-                return openai.parse_row(value, ctx)
-            convs = sharegpt.parse_row(value, ctx, key)  # reads role/content turns as OpenAI messages
-            for conv in convs:
-                conv.source_format = openai.FAMILY
-            return convs
-        if family == sharegpt.FAMILY:
-            return sharegpt.parse_row(value, ctx, key)
-        return pairs.parse_row(value, ctx, key)
+        return parse_turns(family, style[1], value, ctx)
 
-    return parse_turns
+    return parse_list
 
 
 def _is_style(family: str) -> Callable[[dict[str, Any]], bool]:
@@ -170,6 +175,8 @@ SHAPES: tuple[Shape, ...] = (
     ),
 )
 SHAPES_BY_NAME: dict[str, Shape] = {s.name: s for s in SHAPES}
+LIST_SHAPES = frozenset({openai.FAMILY, sharegpt.FAMILY, pairs.FAMILY})  # told apart by turn_style
+OTHER_SHAPES = tuple(s for s in SHAPES if s.name not in LIST_SHAPES)
 assert tuple(SHAPES_BY_NAME) == FORMAT_NAMES, "FormatName and SHAPES must list the same shapes"
 
 
@@ -181,20 +188,30 @@ def check_format_name(name: str | None) -> None:
 
 def detect(value: dict[str, Any]) -> tuple[str, Parser]:
     """Return (family, parser) for one row, or raise RowRejected("unknown_format", ...)."""
-    for shape in SHAPES:
+    style = turn_style(value)
+    if style is not None:
+        return style[0], SHAPES_BY_NAME[style[0]].parser
+    for shape in OTHER_SHAPES:
         if shape.matches(value):
             return shape.name, shape.parser
+    raise unknown_format(value)
+
+
+def unknown_format(value: dict[str, Any]) -> RowRejected:
+    """The rejection of a row no shape matches, naming what it holds."""
     for key in LIST_KEYS[:2]:
         found = value.get(key)
         if found is not None:
-            raise RowRejected(
+            return RowRejected(
                 "unknown_format", f"{key} is a JSON {type(found).__name__}, not a list of turns"
             )
-    raise RowRejected("unknown_format", f"no known chat shape has the keys: {keys_of(value)}")
+    return RowRejected("unknown_format", f"no known chat shape has the keys: {keys_of(value)}")
 
 
 def media_of(value: dict[str, Any]) -> str | None:
     """What images, audio or video the row points at (None for a text-only row)."""
+    if value.keys().isdisjoint(_MEDIA_KEY_SET):  # the usual row: one set test, no per-key lookups
+        return None
     found = []
     for key in MEDIA_KEYS:
         media = value.get(key)
@@ -233,5 +250,10 @@ def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:
                 f"not {forced} (which needs {shape.needs}): {seen}; keys: {keys_of(value)}",
             )
         return shape.name, shape.parser(value, ctx)
-    family, parser = detect(value)
-    return family, parser(value, ctx)
+    style = turn_style(value)  # most rows: a list of turns, so look once and parse it directly
+    if style is not None:
+        return style[0], parse_turns(style[0], style[1], value, ctx)
+    for shape in OTHER_SHAPES:
+        if shape.matches(value):
+            return shape.name, shape.parser(value, ctx)
+    raise unknown_format(value)
