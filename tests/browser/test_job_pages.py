@@ -250,7 +250,11 @@ def test_hostile_keys_values_and_file_names_are_shown_as_text(
     expect(page.locator("#job-status")).to_have_text("succeeded")
     expect(page.locator("#keysets tbody tr").first.locator("code")).to_have_text(f"{SCRIPT}, ok")
     expect(page.locator(".params dd").first).to_have_text(str(path))
-    expect(page.locator("#issues .examples li")).to_have_text(re.compile(r"^line 3 invalid JSON"))
+    examples = page.locator("#issues .examples li")
+    expect(examples.filter(has_text="invalid JSON")).to_have_text(re.compile(r"^line 3 invalid JSON"))
+    # the pre-flight names the hostile key in its unknown_format reasons: as text, on both tables
+    expect(examples.filter(has_text="no known chat shape").first).to_contain_text(SCRIPT)
+    expect(page.locator("#scan-would-reject")).to_contain_text(f"no known chat shape has the keys: {SCRIPT}")
     # A failing job with the same kind of name: the error, the log and the alert show it as text too.
     empty = data_file([], name=f"{SCRIPT.replace('/', '')}.jsonl")
     start_from_form(page, empty)
