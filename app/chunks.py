@@ -70,7 +70,9 @@ def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
     paths = [Path(p) for p in params.inputs]
     try:
         plan = core.plan_chunks(
-            lambda report: read_inputs(paths, report, ctx.progress, strict=opts.strict),
+            lambda report: read_inputs(
+                paths, report, ctx.progress, strict=opts.strict, from_format=opts.from_format
+            ),
             parts,
             params.chunk_rows or opts.shard_rows,
         )
