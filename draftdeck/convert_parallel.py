@@ -53,7 +53,7 @@ from draftdeck.convert import (
 from draftdeck.errors import JobFailed
 from draftdeck.formats import sharegpt
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
-from draftdeck.formats.detect import parse
+from draftdeck.formats.detect import media_of, parse
 from draftdeck.formats.model import PROVENANCE_KEY, SourceRef, origin_of
 from draftdeck.formats.readers import JsonlRange, RawRow, RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
@@ -120,7 +120,7 @@ def plain_row(
     result is what the general path gives, (family, output line, duplicate key), without building the
     canonical model: the tests compare both paths byte for byte.
     """
-    if type(value) is not dict:
+    if type(value) is not dict or media_of(value) is not None:  # media: the general path refuses it
         return None
     known: tuple[str, ...]
     turns = value.get("messages")
@@ -214,7 +214,7 @@ def plain_row(
 def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str) -> Iterator[Record]:
     """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state."""
     encoder = JSONL_ENCODERS[to]
-    parse_options = ParseOptions(tree_paths=options.tree_paths)
+    parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
     policy = options.policy
     drops: dict[str, bool] = {}
     allow_prompt_only = options.allow_prompt_only
@@ -225,7 +225,12 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
         if row.error:
             yield ("x", line, index, row.error, row.reason or "")
             continue
-        fast = plain_row(row.value, to, max_chars, dups, (name, line if line is not None else index))
+        # a forced shape is checked by the general path (a plain row may not be of that shape)
+        fast = (
+            plain_row(row.value, to, max_chars, dups, (name, line if line is not None else index))
+            if parse_options.from_format is None
+            else None
+        )
         if fast is not None:
             yield ("s", line, index, fast[0], (fast[1], fast[2]))
             continue

@@ -9,8 +9,15 @@ from pydantic import Field
 
 from draftdeck.convert import ConvertOptions, check_out, convert
 from draftdeck.errors import PolicyError
+from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
-from draftdeck.jobs.params import JobParams, build_options, inputs_field, max_row_bytes_field
+from draftdeck.jobs.params import (
+    JobParams,
+    build_options,
+    from_format_field,
+    inputs_field,
+    max_row_bytes_field,
+)
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Policy, Report
 
@@ -33,6 +40,7 @@ class ConvertParams(JobParams):
     tree_paths: Literal["all", "best"] = Field(
         default="all", description="message trees: every leaf or the best-ranked path"
     )
+    from_format: FormatName | None = from_format_field()
     allow_prompt_only: bool = Field(
         default=False, description="keep rows without an assistant turn (to regenerate answers)"
     )

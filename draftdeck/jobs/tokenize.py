@@ -11,8 +11,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
-from draftdeck.jobs.params import JobParams, build_options, inputs_field
+from draftdeck.jobs.params import JobParams, build_options, from_format_field, inputs_field
 from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.store import MANIFEST
 from draftdeck.tokenize.pipeline import TokenizeOptions
@@ -44,6 +45,7 @@ class TokenizeParams(JobParams):
     shard_rows: int = Field(default=10_000, ge=1, le=10_000_000, description="rows per Arrow shard")
     verify_all: bool = Field(default=False, description="check every row of the fast encoder against HF")
     strict: bool = Field(default=False, description="every warning fails the job")
+    from_format: FormatName | None = from_format_field()
     encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
     chunk_rows: int | None = Field(
         default=None, ge=1, le=10_000_000, description="conversations per chunk task (default: shard_rows)"

@@ -72,6 +72,7 @@ class TokenizeOptions:
     verify_every: int = 32
     strict: bool = False
     encoder: Literal["auto", "hf", "tiktoken"] = "auto"
+    from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
     workers: int = 0  # 0: one per CPU core
     chunk_size: int = 256
 
@@ -562,7 +563,7 @@ def tokenize_files(
     from draftdeck.tokenize.inputs import read_inputs
 
     return tokenize(
-        lambda report: read_inputs(paths, report, progress, strict=opts.strict),
+        lambda report: read_inputs(paths, report, progress, strict=opts.strict, from_format=opts.from_format),
         out_dir,
         opts,
         progress=None,

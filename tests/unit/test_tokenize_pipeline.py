@@ -392,3 +392,28 @@ def test_provenance_survives_conversion_twice_and_reaches_the_shards(
     assert (str(originals[0]), 1) in got  # chat.jsonl's first line
     stats = json.loads((out / "stats.json").read_text())
     assert str(second) not in json.dumps(stats) and str(originals[1]) in json.dumps(stats)
+    # the job's chunk tasks (pickled items) carry the same provenance
+    from draftdeck.tokenize.chunks import tokenize_files_chunked
+
+    chunked = tmp_path / "chunked"
+    opts = TokenizeOptions(small_dir, on_missing="drop", workers=1)
+    tokenize_files_chunked([second], chunked, tmp_path / "parts", opts, chunk_rows=2)
+    cds = ShardDataset(chunked)
+    assert {(cds.row(i)["source"], cds.row(i)["source_row"]) for i in range(len(cds))} == got
+
+
+def test_from_forces_one_shape_in_both_readers(tmp_path: Path, small_dir: Path) -> None:
+    """`--from` reaches tokenize's reading (one process and chunk tasks): other shapes are rejected."""
+    from draftdeck.tokenize.chunks import tokenize_files_chunked
+
+    shapes = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+    paths = [shapes / "dolly.jsonl", shapes / "swift_turn_pairs.jsonl"]
+    opts = TokenizeOptions(small_dir, workers=1, from_format="instruction_response")
+    one = tokenize_files(paths, tmp_path / "one", opts)
+    chunked = tokenize_files_chunked(paths, tmp_path / "two", tmp_path / "parts", opts, chunk_rows=1)
+    for report in (one, chunked):
+        assert report.rows_out == 2 and report.rejected == {"format_mismatch": 2}
+        assert dict(report.formats) == {"instruction_response": 2}
+        report.check_accounting()
+    detected = tokenize_files(paths, tmp_path / "three", TokenizeOptions(small_dir, workers=1))
+    assert detected.rows_out == 4 and dict(detected.formats) == {"instruction_response": 2, "turn_pairs": 2}
