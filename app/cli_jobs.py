@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.cli.common import err, out, usage_exit
+from draftdeck.units import binary_size, count
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -153,7 +154,7 @@ def jobs_show(
         out.print(f"  {at} {e['level']:<8} {escape(e['message'])}", highlight=False)
     for o in job["outputs"]:
         out.print(
-            f"  output {escape(o['path'])}  rows={o['rows']:,} bytes={o['bytes']:,}"
+            f"  output {escape(o['path'])}  {count(o['rows'], 'rows')}, {binary_size(o['bytes'])}"
             f" sha256={o['sha256'][:12]}",
             highlight=False,
         )

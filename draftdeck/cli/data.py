@@ -21,6 +21,7 @@ from draftdeck.cli.options import job_command, option
 from draftdeck.errors import UsageError
 from draftdeck.jobs.convert import ConvertParams, convert_files
 from draftdeck.jobs.scan import ScanParams, scan_files
+from draftdeck.units import binary_size, count
 
 REPORT = option("report", Path | None, None, help="write the JSON report here")
 
@@ -55,7 +56,7 @@ def scan(params: ScanParams, *, report: Path | None) -> None:
     files = result.extra.get("files", [result.extra])
     for f in files:
         out.print(
-            f"{f['bytes']:,} bytes · {f['container']}"
+            f"{binary_size(f['bytes'])} · {f['container']}"
             + (f" · {f['compression']}" if f["compression"] else "")
             + (f" · {f['file']}" if len(files) > 1 else ""),
             highlight=False,
@@ -83,7 +84,8 @@ def convert(params: ConvertParams, *, report: Path | None, workers: int | None) 
     out.print(f"formats: {formats or '-'}", highlight=False)
     for o in result.outputs:
         out.print(
-            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
+            f"wrote {o.path}: {count(o.rows, 'rows')}, {binary_size(o.bytes)}, sha256 {o.sha256[:16]}",
+            highlight=False,
         )
 
 

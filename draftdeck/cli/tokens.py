@@ -24,6 +24,7 @@ from draftdeck.cli.data import REPORT
 from draftdeck.cli.options import job_command, option
 from draftdeck.errors import InputError, UsageError
 from draftdeck.jobs.tokenize import TokenizeParams, tokenize_files
+from draftdeck.units import binary_size, count
 
 
 class ExportFormat(StrEnum):
@@ -60,7 +61,8 @@ def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> No
     )
     for o in result.outputs:
         console.print(
-            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}", highlight=False
+            f"wrote {o.path}: {count(o.rows, 'rows')}, {binary_size(o.bytes)}, sha256 {o.sha256[:16]}",
+            highlight=False,
         )
 
 
@@ -130,7 +132,7 @@ def export_command(
 
     ds = _open_dataset(dataset)
     n = export_speculators_jsonl(ds, out)
-    console.print(f"wrote {out}: {n:,} rows", highlight=False)
+    console.print(f"wrote {out}: {count(n, 'rows')}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

@@ -166,5 +166,5 @@ def test_the_jobs_list_keeps_one_stream_and_redraws_when_jobs_change(
     expect(row.locator(".progress")).to_have_text("9 B")  # bytes read so far, drawn from the stream
     pipe.close()
     expect(row.locator(".status")).to_have_text("succeeded")
-    expect(row.locator(".progress")).to_have_text("1 rows")
+    expect(row.locator(".progress")).to_have_text("1 row")
     assert len(streams) == 1
