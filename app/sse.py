@@ -50,12 +50,13 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import object_session
 from sqlmodel import Session, col, func, select
 from starlette.concurrency import run_in_threadpool
 
 from app import records
 from app.db import get_engine
-from app.models import TERMINAL, Alert, Job, JobEvent, JobStatus
+from app.models import TERMINAL, Alert, ChunkStatus, Job, JobChunk, JobEvent, JobStatus
 from draftdeck.units import binary_size, count, duration, rate
 
 router = APIRouter(include_in_schema=False)
@@ -231,7 +232,27 @@ def _speed(job: Job) -> tuple[str | None, str | None]:
     left = None
     if job.progress_total and job.progress_total > job.progress_done:
         left = f"about {duration((job.progress_total - job.progress_done) / per_second)} left"
+    done = _chunks_done(job)
+    if done is not None:  # chunks are the unit of work; rows and tokens are what people compare
+        rows, tokens = done
+        return f"{rate(rows / seconds, 'rows')} · {rate(tokens / seconds, 'tokens')}", left
     return rate(per_second, job.progress_unit), left
+
+
+def _chunks_done(job: Job) -> tuple[int, int] | None:
+    """(rows, tokens) of a chunked job's finished chunks, read in the session the job was loaded in
+    (the page's or the stream's poll); None for other jobs or a job outside a session."""
+    session = object_session(job)
+    if job.progress_unit != "chunks" or not isinstance(session, Session):
+        return None
+    reports = session.exec(
+        select(JobChunk.rows_out, JobChunk.report).where(
+            JobChunk.job_id == job.id, JobChunk.status == ChunkStatus.DONE
+        )
+    ).all()
+    rows = sum(r or 0 for r, _ in reports)
+    tokens = sum(int((report or {}).get("tokens") or 0) for _, report in reports)
+    return rows, tokens
 
 
 def job_view(job: Job) -> dict[str, Any]:

@@ -183,3 +183,26 @@ def test_rates_show_on_the_job_page_and_the_jobs_list(client: TestClient, migrat
     for url in (f"/jobs/{job.id}", "/jobs"):
         page = client.get(url).text
         assert "100 rows/s · about 6.0 s left" in page, url
+
+
+def test_a_chunked_tokenize_shows_rows_and_tokens_per_second(client: TestClient, migrated: Path) -> None:
+    """Its progress unit is chunks; the rate is the finished chunks' rows and tokens over the time."""
+    from sqlmodel import update
+
+    from app import records, state
+    from app.db import session_scope
+    from app.models import ChunkStatus, Job, JobChunk, JobStatus
+
+    with session_scope() as s:
+        job = records.create_job(s, "tokenize", {"inputs": ["x"], "tokenizer": "t"}, "cpu")
+        assert state.propose(s, job.id or 0, JobStatus.RUNNING, "test", worker="w:1").accepted
+        started = records.get_job(s, job.id or 0).started_at  # type: ignore[union-attr]
+        s.execute(update(Job).where(Job.id == job.id).values(
+            progress_done=1, progress_total=3, progress_unit="chunks",
+            heartbeat_at=started + timedelta(seconds=10)))  # fmt: skip
+        s.add(JobChunk(job_id=job.id, chunk_index=0, status=ChunkStatus.DONE, rows_out=30,
+                       report={"tokens": 600}))  # fmt: skip
+        s.add(JobChunk(job_id=job.id, chunk_index=1, status=ChunkStatus.RUNNING))
+        s.commit()
+    page = client.get(f"/jobs/{job.id}").text
+    assert "3.0 rows/s · 60.0 tokens/s · about 20.0 s left" in page
