@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.cli.common import err, out, usage_exit
+from draftdeck.units import binary_size, count
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -166,7 +167,7 @@ def _print_outputs(job: dict[str, Any], console: Console) -> None:
     """Where a job wrote: each output file and dataset, with its absolute path on the server."""
     for o in job.get("outputs", []):
         console.print(
-            f"  output {escape(o['path'])}  rows={o['rows']:,} bytes={o['bytes']:,}"
+            f"  output {escape(o['path'])}  {count(o['rows'], 'rows')}, {binary_size(o['bytes'])}"
             f" sha256={o['sha256'][:12]}",
             highlight=False,
             soft_wrap=True,  # a path stays one line, to copy

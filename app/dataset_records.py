@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlmodel import Session, col, select
 
-from app.models import Alert, Dataset
+from app.models import Alert, Dataset, Job
 from draftdeck.browse.info import alerts_for, load_info
 from draftdeck.quality import DatasetAlert
 
@@ -50,6 +50,25 @@ def found_in_outputs(output_paths: Iterable[str | Path]) -> list[FoundDataset]:
     return [found_at(f) for f in folders]
 
 
+# Folder names that say nothing about the data (a job's default output folder is "dataset"): a dataset
+# in one is named after the job and its input instead, so the list is not a column of "dataset".
+GENERIC_NAMES = frozenset({"dataset", "datasets", "out", "output", "outputs", "data", "shards", "tokenized"})
+
+
+def dataset_name(session: Session, folder: Path, job_id: int | None) -> str:
+    """The output folder's name; in a generic folder, "<first input's stem>-job<id>" for a job's
+    dataset and "<parent>-<folder>" for a registered one."""
+    if folder.name.lower() not in GENERIC_NAMES:
+        return folder.name
+    job = session.get(Job, job_id) if job_id is not None else None
+    if job is not None:
+        inputs = job.params.get("inputs") or []
+        first = inputs[0] if isinstance(inputs, list) and inputs else inputs
+        stem = Path(str(first)).name.split(".")[0] if first else job.kind
+        return f"{stem}-job{job_id}"
+    return f"{folder.parent.name}-{folder.name}" if folder.parent.name else folder.name
+
+
 def add_datasets(session: Session, found: Iterable[FoundDataset], *, job_id: int | None) -> list[Dataset]:
     """Add a Dataset row (and its alerts, once per kind) for each folder not registered yet. No commit:
     the caller's transaction decides. Returns the rows, new or existing."""
@@ -60,7 +79,10 @@ def add_datasets(session: Session, found: Iterable[FoundDataset], *, job_id: int
             out.append(existing)
             continue
         ds = Dataset(
-            path=str(f.path), name=f.path.name, job_id=job_id, origin="job" if job_id else "registered"
+            path=str(f.path),
+            name=dataset_name(session, f.path, job_id),
+            job_id=job_id,
+            origin="job" if job_id else "registered",
         )
         session.add(ds)
         raised = set(session.exec(select(Alert.kind).where(col(Alert.dataset) == ds.path)).all())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
@@ -27,9 +28,9 @@ from app.pages import render
 from app.settings import Settings, get_settings
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.filters import Filters, Step, navigate, position_in
-from draftdeck.browse.info import cached_info, load_info, sources_of, stats_payload
+from draftdeck.browse.info import DatasetInfo, cached_info, load_info, sources_of, stats_payload
 from draftdeck.browse.loading import forget_store, open_store, token_table
-from draftdeck.browse.sample import Sample, read_sample, row_diff
+from draftdeck.browse.sample import RowKey, Sample, find_row, read_sample, row_diff, row_key
 from draftdeck.browse.source import find_source_row
 from draftdeck.errors import InputError, PathNotAllowedError
 from draftdeck.paths import resolve_in_roots
@@ -127,15 +128,20 @@ def compare_page(
     session.commit()
     row_n, error = _row_number(row)
     sides: list[dict[str, Any]] = []
+    key: RowKey | None = None  # the first side's row, as (source, source row, turn)
     for dataset_id, ds in chosen:
         if ds is None:
             error = f"no dataset {dataset_id}"
             continue
         info = load_info(Path(ds.path))
-        side: dict[str, Any] = {"ds": ds, "info": info, "sample": None, "message": None}
-        if row_n is not None and error is None:
+        side: dict[str, Any] = {"ds": ds, "info": info, "sample": None, "message": None, "matched": None}
+        if row_n is not None and error is None and sides and sides[0]["sample"] is None:
+            side["message"] = f"nothing to pair with: row {row_n} of the first dataset could not be read"
+        elif row_n is not None and error is None:
             try:
-                side["sample"] = read_sample(info, row_n, roots=get_settings().roots)
+                side.update(_compared_row(info, row_n, key, first=not sides, roots=get_settings().roots))
+                if not sides and side["sample"] is not None:
+                    key = row_key(side["sample"])
             except InputError as exc:
                 side["message"] = str(exc)
         sides.append(side)
@@ -144,6 +150,32 @@ def compare_page(
     return render(request, "datasets_compare.html", session, nav="datasets", datasets=everything, sides=sides,
                   a=a, b=b, row=row if row is not None else "", error=error, diff=diff,
                   status_code=400 if error else 200)  # fmt: skip
+
+
+def _compared_row(
+    info: DatasetInfo, n: int, key: RowKey | None, *, first: bool, roots: Sequence[Path]
+) -> dict[str, Any]:
+    """The first side shows row n; the other the row made from the same conversation (source file,
+    row in it, turn), wherever the other dataset holds it, so filtered or reordered datasets line up.
+    Without a source on the first side, rows are paired by number, and the page says so."""
+    if first or key is None:
+        sample = read_sample(info, n, roots=roots)
+        how = "by row number: the first dataset does not record each row's source" if not first else None
+        return {"sample": sample, "matched": how}
+    store = open_store(info.path)
+    sources = store.column("source")
+    if sources is None or sources.null_count == len(sources):
+        return {
+            "sample": read_sample(info, n, roots=roots),
+            "matched": "by row number: this dataset does not record sources",
+        }
+    found = find_row(store, key)
+    source, source_row, turn = key
+    where = f"{Path(source).name} row {source_row}" + (f", turn {turn}" if turn is not None else "")
+    if found is None:
+        return {"sample": None, "message": f"no row of this dataset comes from {where}"}
+    sample = read_sample(info, found, roots=roots)
+    return {"sample": sample, "matched": f"row {found} here comes from {where}"}
 
 
 @router.get("/datasets/{dataset_id}", response_class=HTMLResponse)

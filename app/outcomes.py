@@ -10,6 +10,7 @@ from app import records, state
 from app.db import session_scope
 from app.models import JobStatus
 from draftdeck.quality import Policy, Report
+from draftdeck.units import count
 
 
 def worker_name() -> str:
@@ -23,7 +24,7 @@ def record_success(job_id: int, report: Report, policy: Policy) -> str:
             session,
             job_id,
             JobStatus.SUCCEEDED,
-            f"succeeded: {report.rows_in:,} rows in, {report.rows_out:,} out,"
+            f"succeeded: {count(report.rows_in, 'rows')} in, {report.rows_out:,} out,"
             f" {report.rows_rejected:,} rejected",
             report=report,
             policy=policy,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -25,28 +28,18 @@ from app.auth import (
     token_required,
 )
 from app.deps import SessionDep, SettingsDep
-from app.models import Alert, Job, JobEvent, JobOutput
+from app.models import Alert, Dataset, Job, JobEvent, JobOutput, JobStatus
 from app.resources import resource_dir
 from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
 from draftdeck.jobs.registry import KINDS
+from draftdeck.units import binary_size, count, duration, noun_for
 
 router = APIRouter(include_in_schema=False)
 templates = Jinja2Templates(directory=resource_dir("templates"))
 WriteDep = Depends(require_page_write)
 LOG_TAIL = 200
 JOBS_SHOWN = 100
-
-
-def _fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "?"
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if size < 1024 or unit == "TB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
 
 
 def _short_path(value: object) -> str:
@@ -61,35 +54,90 @@ def _short_path(value: object) -> str:
 
 
 def _job_inputs(job: Job) -> list[str]:
-    """The input paths of a job, in order: what identifies it in a list."""
-    kind = KINDS.get(job.kind)
-    names = kind.params.input_paths if kind else ()
-    found: list[str] = []
-    for name in names:
-        value = job.params.get(name)
-        found.extend(str(v) for v in (value if isinstance(value, list) else [value]) if v is not None)
-    return found
+    """The data a job reads, in order: what identifies it in a list. Only `inputs` (every kind names
+    its data so): a tokenizer, target model or policy file is a parameter, not one more input."""
+    value = job.params.get("inputs")
+    return [str(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
+
+
+_FLAG = re.compile(r"(?:\b(?:pass|use|with|set)\s+)?--([a-z][a-z0-9-]*)(?:\s+([A-Za-z0-9_.]+))?")
+
+
+def form_words(text: str | None, kind_name: str) -> str:
+    """A message of the core (written for the CLI: "pass --on-missing drop") in the form's words ("set
+    on_missing to drop in the form"), for the kind's fields; other text is left as it is."""
+    if not text:
+        return ""
+    kind = KINDS.get(kind_name)
+    if kind is None:
+        return text
+    fields = {f["name"]: f for f in _form_fields(kind_name)}
+
+    def say(m: re.Match[str]) -> str:
+        name, value = m.group(1).replace("-", "_"), m.group(2)
+        field = fields.get(name)
+        if field is None:
+            return m.group(0)
+        if field["widget"] == "checkbox":
+            return f"tick “{name}” in the form" + (f" {value}" if value else "")
+        if value is not None and value in field["options"]:
+            return f"set “{name}” to {value} in the form"
+        return f"“{name}” (in the form)" + (f" {value}" if value else "")
+
+    return _FLAG.sub(say, text)
+
+
+def new_job_link(kind: str, params: Mapping[str, Any]) -> str:
+    """The New-job form of `kind` prefilled with `params` (lists repeat their key)."""
+    query: list[tuple[str, str]] = [("kind", kind)]
+    for name, value in params.items():
+        if value is None or value == [] or value == {}:
+            continue
+        if isinstance(value, list):
+            query.extend((name, str(v)) for v in value)
+        elif isinstance(value, dict):
+            query.append((name, json.dumps(value)))
+        elif isinstance(value, bool):
+            query.append((name, "true" if value else "false"))
+        else:
+            query.append((name, str(value)))
+    return "/jobs/new?" + urlencode(query)
+
+
+def next_steps(job: Job, outputs: Sequence[JobOutput], datasets: Sequence[Dataset]) -> list[tuple[str, str]]:
+    """(label, link) of what a user does after this job, where they are: a scanned file is converted,
+    a converted file tokenized, a tokenized dataset opened; a failed job is changed and started again."""
+    inputs = _job_inputs(job)
+    files = [o.path for o in outputs]
+    if job.status == JobStatus.SUCCEEDED:
+        if job.kind == "scan" and inputs:
+            return [("Convert this", new_job_link("convert", {"inputs": inputs}))]
+        if job.kind == "convert" and files:
+            return [("Tokenize this", new_job_link("tokenize", {"inputs": files}))]
+        if job.kind == "tokenize" and datasets:
+            return [(f"Open dataset {d.name}", f"/datasets/{d.id}") for d in datasets]
+        return []
+    if job.status == JobStatus.FAILED and job.kind in KINDS:
+        return [("Change and start again", new_job_link(job.kind, job.params))]
+    return []
 
 
 def _duration(job: Job) -> str | None:
     if job.started_at is None or job.finished_at is None:
         return None
-    seconds = (job.finished_at - job.started_at).total_seconds()
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, sec = divmod(int(seconds), 60)
-    return f"{minutes} min {sec} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+    return duration((job.finished_at - job.started_at).total_seconds())
 
 
-templates.env.filters["bytes"] = _fmt_bytes
+templates.env.filters["bytes"] = binary_size
+templates.env.filters["count"] = lambda n, noun: count(n, noun) if isinstance(n, int) else f"? {noun}"
+templates.env.filters["noun"] = lambda n, noun: noun_for(n if isinstance(n, int) else None, noun)
 templates.env.filters["thousands"] = lambda n: (
     f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else n
 )
 templates.env.filters["short_path"] = _short_path
 templates.env.globals["job_inputs"] = _job_inputs
 templates.env.globals["duration"] = _duration
+templates.env.filters["form_words"] = form_words
 
 
 def _open_alerts(session: Session) -> int:
@@ -228,7 +276,13 @@ def new_job_page(
 ) -> HTMLResponse:
     if kind not in KINDS:
         raise HTTPException(404, f"unknown job kind {kind!r}")
-    return _new_job_form(request, session, settings, kind)
+    # Prefilled from the query (a next step's link: the previous job's files); a list field's values
+    # come one a line, as the form takes them.
+    fields = {f["name"] for f in _form_fields(kind)}
+    values = {
+        name: "\n".join(request.query_params.getlist(name)) for name in fields if name in request.query_params
+    }
+    return _new_job_form(request, session, settings, kind, values=values)
 
 
 def _new_job_form(
@@ -285,12 +339,14 @@ def _job_context(session: Session, job_id: int) -> dict[str, Any]:
     ).all()
     issues = [e for e in events if e.code]
     issues.sort(key=lambda e: ({"error": 0, "rejected": 1, "warning": 2}.get(e.level, 3), -e.count))
+    datasets = records.datasets_of(session, job_id)
     return {
         "job": job,
+        "next_steps": next_steps(job, outputs, datasets),
         "log": list(reversed(events)),
         "issues": issues,
         "outputs": outputs,
-        "datasets": records.datasets_of(session, job_id),
+        "datasets": datasets,
         "terminal": job.status in ("succeeded", "failed", "cancelled"),
         "no_worker": job.status in ("queued", "running")
         and not liveness.of_job(session, job, get_settings().lost_after_seconds).served,

@@ -16,11 +16,12 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.deps import SettingsDep
-from app.pages import _fmt_bytes, render
+from app.pages import render
 from draftdeck.browse.files import folder_kind, list_folder
 from draftdeck.errors import PathNotAllowedError
 from draftdeck.jobs.registry import KINDS
 from draftdeck.paths import resolve_in_roots
+from draftdeck.units import binary_size
 
 router = APIRouter()
 FIELD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # a parameter name: safe in element ids
@@ -71,7 +72,7 @@ def file_picker(
         left_out=listing.left_out,
         entries=[
             {"name": e.name, "path": str(e.path), "is_dir": e.is_dir, "kind": e.kind,
-             "size": _fmt_bytes(e.size) if e.size is not None else None,
+             "size": binary_size(e.size) if e.size is not None else None,
              "open": _files_url(name, e.path) if e.is_dir else None}
             for e in listing.entries
         ],

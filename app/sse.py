@@ -50,12 +50,14 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import object_session
 from sqlmodel import Session, col, func, select
 from starlette.concurrency import run_in_threadpool
 
 from app import records
 from app.db import get_engine
-from app.models import TERMINAL, Alert, Job, JobEvent, JobStatus
+from app.models import TERMINAL, Alert, ChunkStatus, Job, JobChunk, JobEvent, JobStatus
+from draftdeck.units import binary_size, count, duration, rate
 
 router = APIRouter(include_in_schema=False)
 
@@ -195,17 +197,12 @@ def start_cursor(request: Request, feeds: Sequence[Feed]) -> Cursor:
 
 # -- what pages show -----------------------------------------------------------------------------
 def _amount(n: int, unit: str) -> str:
-    if unit == "bytes":
-        size = float(n)
-        for name in ("B", "KB", "MB", "GB", "TB"):
-            if size < 1024 or name == "TB":
-                return f"{size:.0f} {name}" if name == "B" else f"{size:.1f} {name}"
-            size /= 1024
-    return f"{n:,} {unit}"
+    return binary_size(n) if unit == "bytes" else count(n, unit)
 
 
 def progress_view(job: Job) -> dict[str, Any]:
-    """A job's progress as counts plus the one label both the template and the stream show."""
+    """A job's progress as counts plus the one label both the template and the stream show, and while it
+    runs its rate and time left: ratios of the stored counts and timestamps, never stored themselves."""
     done, total, unit = job.progress_done, job.progress_total, job.progress_unit
     percent: int | None = None
     if job.status in TERMINAL:
@@ -217,7 +214,45 @@ def progress_view(job: Job) -> dict[str, Any]:
         label = _amount(done, unit) if done else ""
     else:
         label = "waiting for a worker"
-    return {"done": done, "total": total, "unit": unit, "percent": percent, "label": label}
+    speed, eta = _speed(job)
+    return {"done": done, "total": total, "unit": unit, "percent": percent, "label": label,
+            "rate": speed, "eta": eta}  # fmt: skip
+
+
+def _speed(job: Job) -> tuple[str | None, str | None]:
+    """(rate, time left) of a running job: what it has done over the time from its start to its last
+    progress or heartbeat (both refresh `heartbeat_at`), so the value holds still between writes."""
+    if job.status != JobStatus.RUNNING or not job.progress_done or job.started_at is None:
+        return None, None
+    seen = job.heartbeat_at or job.started_at
+    seconds = (seen - job.started_at).total_seconds()
+    if seconds <= 0:
+        return None, None
+    per_second = job.progress_done / seconds
+    left = None
+    if job.progress_total and job.progress_total > job.progress_done:
+        left = f"about {duration((job.progress_total - job.progress_done) / per_second)} left"
+    done = _chunks_done(job)
+    if done is not None:  # chunks are the unit of work; rows and tokens are what people compare
+        rows, tokens = done
+        return f"{rate(rows / seconds, 'rows')} · {rate(tokens / seconds, 'tokens')}", left
+    return rate(per_second, job.progress_unit), left
+
+
+def _chunks_done(job: Job) -> tuple[int, int] | None:
+    """(rows, tokens) of a chunked job's finished chunks, read in the session the job was loaded in
+    (the page's or the stream's poll); None for other jobs or a job outside a session."""
+    session = object_session(job)
+    if job.progress_unit != "chunks" or not isinstance(session, Session):
+        return None
+    reports = session.exec(
+        select(JobChunk.rows_out, JobChunk.report).where(
+            JobChunk.job_id == job.id, JobChunk.status == ChunkStatus.DONE
+        )
+    ).all()
+    rows = sum(r or 0 for r, _ in reports)
+    tokens = sum(int((report or {}).get("tokens") or 0) for _, report in reports)
+    return rows, tokens
 
 
 def job_view(job: Job) -> dict[str, Any]:

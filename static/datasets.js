@@ -95,12 +95,17 @@
   function bars(el, labels, ys, xLabel, yLabel) {
     if (typeof uPlot === "undefined") return;
     var xs = labels.map(function (_, i) { return i; });
-    var width = Math.max(320, el.clientWidth - 16);
+    var width = Math.max(300, el.clientWidth - 16);
+    // Every bar keeps its bar, but only every `each`-th gets its label when they would not fit side by
+    // side (about 7 px a character at the axis font, plus a gap), so labels never overlap on a phone.
+    var longest = labels.reduce(function (n, l) { return Math.max(n, String(l).length); }, 1);
+    var each = Math.max(1, Math.ceil(labels.length * (longest * 7 + 12) / Math.max(width - 70, 1)));
+    var shown = xs.filter(function (i) { return i % each === 0; });
     var opts = {
       width: width, height: 240,
       scales: { x: { time: false, range: [-0.6, Math.max(labels.length - 0.4, 0.6)] } },
       axes: [
-        { label: xLabel, splits: function () { return xs; },
+        { label: xLabel, splits: function () { return shown; },
           values: function (u, splits) { return splits.map(function (i) { return labels[i] || ""; }); } },
         { label: yLabel },
       ],
@@ -111,6 +116,7 @@
       ],
     };
     el.replaceChildren();
+    el.setAttribute("data-x-labels", String(shown.length));
     new uPlot(opts, [xs, ys], el);
   }
 

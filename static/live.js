@@ -50,6 +50,11 @@
       parts.push(busy);
     }
     if (p.label) parts.push(el("span", "muted small", p.label));
+    if (p.rate) {
+      var speed = el("span", "rate small", p.rate + (p.eta ? " · " + p.eta : ""));
+      speed.setAttribute("data-rate", "");
+      parts.push(speed);
+    }
     span.replaceChildren.apply(span, parts);
   }
 

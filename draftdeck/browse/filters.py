@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.tokens import TokenTable
 from draftdeck.shards.store import ShardDataset
+from draftdeck.units import count
 
 SEARCH_BUDGET_ROWS = 20_000
 SEARCH_BUDGET_SECONDS = 2.0
@@ -230,7 +231,7 @@ def first_match(
                 return Step(None, f"no row contains {f.q!r}", searched=searched)
             return Step(
                 None,
-                f"{f.q!r} not found in the {searched:,} rows searched (up to row {last:,})",
+                f"{f.q!r} not found in the {count(searched, 'rows')} searched (up to row {last:,})",
                 searched=searched,
                 resume_at=resume,
             )

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
+
+import pyarrow.compute as pc
 
 from draftdeck.browse.info import DatasetInfo
 from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.tokens import Chip, chips_for, id_chips
+from draftdeck.shards.store import ShardDataset
 
 CHIP_WINDOW = 4096  # tokens drawn per page; longer rows get links to the next and previous windows
 
@@ -89,14 +92,46 @@ class RowDiff:
 
 def row_diff(a: Sample, b: Sample) -> RowDiff:
     """How the same row differs between two datasets, position by position; marks the chips whose mask
-    differs (``diff``) on both sides."""
+    differs (``diff``) on both sides. Masks are compared only up to the first position whose ids
+    differ: past it the rows are out of step (a changed template shifts everything after), and an id
+    that happens to agree there says nothing about the mask."""
     ca, cb = a.chips, b.chips
     first_id = next((i for i, (x, y) in enumerate(zip(ca, cb, strict=False)) if x.id != y.id), None)
     if first_id is None and len(ca) != len(cb):
         first_id = min(len(ca), len(cb))
-    mask_diff = [i for i, (x, y) in enumerate(zip(ca, cb, strict=False)) if x.id == y.id and x.mask != y.mask]
+    in_step = min(len(ca), len(cb)) if first_id is None else first_id
+    mask_diff = [i for i in range(in_step) if ca[i].mask != cb[i].mask]
     for i in mask_diff:
         ca[i].diff = cb[i].diff = True
     return RowDiff(
         first_id is None, first_id, len(mask_diff), mask_diff[0] if mask_diff else None, len(ca), len(cb)
     )
+
+
+RowKey = tuple[str, int, int | None]
+
+
+def row_key(sample: Sample) -> RowKey | None:
+    """What identifies a row across datasets made from the same data: (source file, row in it, turn).
+    None when the dataset does not record its source."""
+    if not sample.source or sample.source_row is None:
+        return None
+    return str(sample.source), int(sample.source_row), None if sample.turn is None else int(sample.turn)
+
+
+def find_row(store: ShardDataset, key: RowKey) -> int | None:
+    """The first row of `store` with this (source, source row, turn), or None. A source path that
+    differs only in its folder (the data was moved or tokenized elsewhere) matches by file name when
+    no row has the exact path."""
+    sources, rows, turns = store.column("source"), store.column("source_row"), store.column("turn")
+    if sources is None or rows is None:
+        return None
+    source, source_row, turn = key
+    same_row = pc.equal(rows, source_row)
+    if turns is not None and turn is not None:
+        same_row = pc.and_(same_row, pc.equal(turns, turn))
+    for wanted in (pc.equal(sources, source), pc.ends_with(sources, "/" + PurePath(source).name)):
+        hits = pc.indices_nonzero(pc.fill_null(pc.and_(same_row, wanted), False))
+        if len(hits):
+            return int(hits[0].as_py())
+    return None

@@ -24,6 +24,7 @@ from draftdeck.errors import UsageError
 from draftdeck.jobs.convert import ConvertParams, convert_files
 from draftdeck.jobs.scan import ScanParams, scan_files
 from draftdeck.quality import Report
+from draftdeck.units import binary_size, count
 
 REPORT = option("report", Path | None, None, help="write the JSON report here")
 
@@ -113,7 +114,7 @@ def print_scan(result: Report) -> None:
     files = extra.get("files", [extra])
     for f in files:
         out.print(
-            f"{f['bytes']:,} bytes · {f['container']}"
+            f"{binary_size(f['bytes'])} · {f['container']}"
             + (f" · {f['compression']}" if f["compression"] else "")
             + (f" · {f['file']}" if len(files) > 1 else ""),
             highlight=False, markup=False,
@@ -141,7 +142,7 @@ def convert(params: ConvertParams, *, report: Path | None, workers: int | None) 
     out.print(f"formats: {formats or '-'}", highlight=False)
     for o in result.outputs:
         out.print(
-            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}",
+            f"wrote {o.path}: {count(o.rows, 'rows')}, {binary_size(o.bytes)}, sha256 {o.sha256[:16]}",
             highlight=False,
             soft_wrap=True,
         )

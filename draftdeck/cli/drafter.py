@@ -31,6 +31,7 @@ from draftdeck.drafter.params import TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
+from draftdeck.units import count
 
 PRINT_EVERY_SECONDS = 2.0
 
@@ -83,7 +84,7 @@ def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report
     if report_path:
         report.write_json(report_path)
     out.print(
-        f"[bold]{escape(title)}[/]: {report.rows_in:,} rows in, {report.rows_out:,} used, "
+        f"[bold]{escape(title)}[/]: {count(report.rows_in, 'rows')} in, {report.rows_out:,} used, "
         f"{report.rows_rejected:,} rejected",
         highlight=False,
     )

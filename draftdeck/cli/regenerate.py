@@ -24,6 +24,7 @@ from draftdeck.errors import Cancelled, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
 from draftdeck.regenerate.params import RegenerateParams
+from draftdeck.units import count
 
 
 def regenerate(params: RegenerateParams, *, report: Path | None) -> None:
@@ -48,8 +49,8 @@ def regenerate(params: RegenerateParams, *, report: Path | None) -> None:
         result.write_json(report)
     regen = result.extra["regenerate"]
     out.print(
-        f"wrote {escape(str(target))}: {result.rows_out:,} rows of {result.rows_in:,} read,"
-        f" {regen['completion_tokens']:,} tokens in {result.extra['elapsed_s']:.1f} s",
+        f"wrote {escape(str(target))}: {count(result.rows_out, 'rows')} of {result.rows_in:,} read,"
+        f" {count(regen['completion_tokens'], 'tokens')} in {result.extra['elapsed_s']:.1f} s",
         highlight=False,
     )
 

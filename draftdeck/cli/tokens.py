@@ -25,6 +25,7 @@ from draftdeck.cli.options import job_command, option
 from draftdeck.errors import InputError, UsageError
 from draftdeck.jobs.tokenize import TokenizeParams, tokenize_files
 from draftdeck.paths import resolve_user_path
+from draftdeck.units import binary_size, count
 
 
 class ExportFormat(StrEnum):
@@ -61,7 +62,7 @@ def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> No
     )
     for o in result.outputs:
         console.print(
-            f"wrote {o.path}: {o.rows:,} rows, {o.bytes:,} bytes, sha256 {o.sha256[:16]}",
+            f"wrote {o.path}: {count(o.rows, 'rows')}, {binary_size(o.bytes)}, sha256 {o.sha256[:16]}",
             highlight=False,
             soft_wrap=True,
         )
@@ -159,7 +160,7 @@ def export_command(
 
     ds = _open_dataset(dataset)
     n = export_speculators_jsonl(ds, out)
-    console.print(f"wrote {resolve_user_path(out)}: {n:,} rows", highlight=False, soft_wrap=True)
+    console.print(f"wrote {resolve_user_path(out)}: {count(n, 'rows')}", highlight=False, soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

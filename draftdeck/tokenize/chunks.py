@@ -208,10 +208,12 @@ class ChunkOutcome:
     shard: ShardInfo | None
     stats_path: str
     encoder: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 0  # in its shard: the service shows tokens/s while the job runs
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "index": self.index,
+            "tokens": self.tokens,
             "report": report_state(self.report),
             "shard": self.shard.to_dict() if self.shard else None,
             "stats_path": self.stats_path,
@@ -221,7 +223,8 @@ class ChunkOutcome:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ChunkOutcome:
         shard = ShardInfo(**d["shard"]) if d.get("shard") else None
-        return cls(d["index"], report_from_state(d["report"]), shard, d["stats_path"], d.get("encoder") or {})
+        return cls(d["index"], report_from_state(d["report"]), shard, d["stats_path"], d.get("encoder") or {},
+                   int(d.get("tokens") or 0))  # fmt: skip
 
 
 def tokenize_chunk(
@@ -263,7 +266,7 @@ def tokenize_chunk(
     stats.save_state(stats_path)
     used = "tiktoken" if fast is not None and not mismatch else "hf"
     encoder = {"used": used, "note": note, "mismatch_rows": mismatch, **counts}
-    return ChunkOutcome(index, report, shard, str(stats_path), encoder)
+    return ChunkOutcome(index, report, shard, str(stats_path), encoder, stats.tokens)
 
 
 def _run(

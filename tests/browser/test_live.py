@@ -94,14 +94,16 @@ def test_progress_reaches_the_page_on_one_stream_that_closes_at_the_end(
     pipe.write_rows([{"prompt": "q" * 50}])
     expect(page.locator("#job-status")).to_have_text("running")
     # Progress in bytes, drawn in place from the stream's JSON: no reload, no re-render of the partial.
-    label = page.locator("#job-live .status-line .progress")
+    label = page.locator("#job-live .status-line .progress > .muted")
     expect(label).to_have_text(re.compile(r"^\d+ B$"))
+    # and its rate, from the same counts over the time since it started
+    expect(page.locator("#job-live .status-line .progress [data-rate]")).to_have_text(re.compile(r"B/s$"))
     page.evaluate("document.getElementById('job-live').dataset.mark = 'running render'")
     first = label.inner_text()
     page.wait_for_timeout(600)  # a job writes progress at most every 0.5 s, and a scan every 2,048 rows
     pipe.write_rows([{"prompt": "x"}] * 3000)
     expect(label).not_to_have_text(first)
-    expect(label).to_have_text(re.compile(r"^\d+(\.\d)? [KM]?B$"))
+    expect(label).to_have_text(re.compile(r"^\d+(\.\d)? ([KM]i)?B$"))
     assert page.evaluate("document.getElementById('job-live').dataset.mark") == "running render"
     pipe.close()
     expect(page.locator("#job-status")).to_have_text("succeeded")
@@ -163,8 +165,9 @@ def test_the_jobs_list_keeps_one_stream_and_redraws_when_jobs_change(
     pipe.open()
     pipe.write_rows([{"q": 1}])
     expect(row.locator(".status")).to_have_text("running")
-    expect(row.locator(".progress")).to_have_text("9 B")  # bytes read so far, drawn from the stream
+    expect(row.locator(".progress > .muted")).to_have_text("9 B")  # bytes read so far, from the stream
+    expect(row.locator(".progress [data-rate]")).to_have_text(re.compile(r"B/s$"))
     pipe.close()
     expect(row.locator(".status")).to_have_text("succeeded")
-    expect(row.locator(".progress")).to_have_text("1 rows")
+    expect(row.locator(".progress")).to_have_text("1 row")
     assert len(streams) == 1

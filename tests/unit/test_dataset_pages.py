@@ -358,7 +358,7 @@ def test_text_search(client: Any, chat: dict[str, Path], tokenizer_dir: Path,
     monkeypatch.setattr(filters, "SEARCH_BUDGET_ROWS", 1)
     monkeypatch.setattr(filters, "SEARCH_BATCH", 1)
     r = client.get(f"/datasets/{ds_id}/go", params={"to": "first", "q": "qubits"})
-    assert "not found in the 1 rows searched" in r.text and 'id="resume-search"' in r.text
+    assert "not found in the 1 row searched" in r.text and 'id="resume-search"' in r.text
     resume = re.search(r'id="resume-search"', r.text)
     assert resume is not None
     at = 1
@@ -482,9 +482,12 @@ def test_compare(client: Any, chat: dict[str, Path], migrated: Path, tokenizer_d
     r = client.get("/datasets/compare", params={"a": a, "b": b})
     assert r.status_code == 200 and 'id="side-1"' in r.text and 'id="side-2"' in r.text
     r = client.get("/datasets/compare", params={"a": a, "b": b, "row": 0})
-    assert r.text.count('class="chips"') == 2
-    r = client.get("/datasets/compare", params={"a": a, "b": b, "row": 3})
-    assert r.text.count('class="chips"') == 1 and "row 3 is out of range" in r.text
+    # b holds no row of a's conversation: nothing to pair it with, and the page says which row it sought
+    assert (
+        r.text.count('class="chips"') == 1 and "no row of this dataset comes from chats.jsonl row 1" in r.text
+    )
+    r = client.get("/datasets/compare", params={"a": b, "b": a, "row": 3})
+    assert r.text.count('class="chips"') == 0 and "row 3 is out of range" in r.text
     r = client.get("/datasets/compare", params={"a": a, "b": b, "row": "x"})
     assert r.status_code == 400 and "whole number" in r.text
     # the same row under another mask: the differing positions are counted and outlined
@@ -493,11 +496,37 @@ def test_compare(client: Any, chat: dict[str, Path], migrated: Path, tokenizer_d
     c = registered(client, other)
     r = client.get("/datasets/compare", params={"a": b, "b": c, "row": 0})
     assert (
-        "Same token ids (3 tokens)" in r.text and "differ at 1 positions" in r.text and "first at 1" in r.text
+        "Same token ids (3 tokens)" in r.text and "differ at 1 position " in r.text and "first at 1" in r.text
     )
     assert [x["data-p"] for x in chips_of(r.text).chips if "diff" in x["class"].split()] == ["1", "1"]
-    r = client.get("/datasets/compare", params={"a": a, "b": c, "row": 0})
-    assert "Token ids differ from position" in r.text
+
+
+def test_compare_pairs_rows_by_source_and_stops_at_the_first_other_id(
+    client: Any, chat: dict[str, Path], migrated: Path, tokenizer_dir: Path
+) -> None:
+    """Another tokenization of the same conversations, in another order and with one row whose ids
+    diverge: each row is paired with the row of the same (source, source row, turn), not the same
+    index, and masks past the first differing id are not counted as differences."""
+    rows = shard_rows(chat["dataset"])
+    assert len(rows) >= 3 and len({(r["source_row"], r["turn"]) for r in rows}) == len(rows)
+    other = [dict(r) for r in reversed(rows)]
+    changed = other[0]  # the last row of a, now first: ids diverge at 2, every mask after it flipped
+    changed["input_ids"] = [*changed["input_ids"][:2], 7, *changed["input_ids"][3:]]
+    changed["loss_mask"] = changed["loss_mask"][:3] + [1 - m for m in changed["loss_mask"][3:]]
+    moved = write_dataset(migrated / "datasets" / "chat-reordered", other, tokenizer_dir)
+    a, b = registered(client, chat["dataset"]), registered(client, moved)
+    last = len(rows) - 1
+    r = client.get("/datasets/compare", params={"a": a, "b": b, "row": 0})
+    assert r.status_code == 200, r.text
+    assert (
+        f"row {last} here comes from chats.jsonl row {rows[0]['source_row']}, turn {rows[0]['turn']}"
+        in r.text
+    )
+    assert "Same token ids" in r.text and "Loss masks agree." in r.text
+    r = client.get("/datasets/compare", params={"a": a, "b": b, "row": last})
+    assert "row 0 here comes from" in r.text and "Token ids differ from position 2" in r.text
+    assert "masks are not compared" in r.text and not chips_of(r.text).chips[0].get("class", "").count("diff")
+    assert not [x for x in chips_of(r.text).chips if "diff" in x["class"].split()]
 
 
 def test_delete_needs_confirmation_and_stays_inside_roots(client: Any, chat: dict[str, Path],
