@@ -33,6 +33,9 @@ def record_success(job_id: int, report: Report, policy: Policy) -> str:
             progress_unit="rows",
         )
         if decision.accepted:
+            # heavy losses do not finish quiet: the core's figures past the job's thresholds
+            for kind, message in policy.loss_alerts(report):
+                records.raise_alert(session, kind, f"job {job_id}: {message}", job_id=job_id)
             return JobStatus.SUCCEEDED
         records.add_event(
             session,

@@ -30,6 +30,8 @@ def _policy(params: RegenerateParams, policy: Policy | None) -> Policy:
     pol = policy or Policy()
     if params.keep_cut_off and "answer_cut_off" not in pol.rules:
         pol.rules["answer_cut_off"] = Rule(Action.WARN)
+    # the source's answers are replaced: an empty one is a slot to fill, not a row to drop
+    pol.rules.setdefault("empty_assistant_turn", Rule(Action.WARN))
     return pol
 
 

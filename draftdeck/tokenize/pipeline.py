@@ -50,7 +50,7 @@ from draftdeck.chat.spans import RenderedRow, render_rows
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Output, Policy, Report
+from draftdeck.quality import LOSSES, Output, Policy, Report
 from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import Block, ShardRow, ShardWriter, write_metadata
@@ -71,6 +71,10 @@ class TokenizeOptions:
     verify_all: bool = False
     verify_every: int = 32
     strict: bool = False
+    max_rejected: float | None = None  # fail past this share of rejected rows (the job's default: 0.5)
+    alert_rejected: float | None = None  # alert thresholds (draftdeck.quality.LOSSES)
+    alert_duplicated: float | None = None
+    alert_truncated: float | None = None
     encoder: Literal["auto", "hf", "tiktoken"] = "auto"
     workers: int = 0  # 0: one per CPU core
     chunk_size: int = 256
@@ -86,6 +90,11 @@ class TokenizeOptions:
             raise UsageError("--shard-rows must be at least 1")
         if self.encoder not in ("auto", "hf", "tiktoken"):
             raise UsageError(f"encoder must be auto, hf or tiktoken, not {self.encoder!r}")
+
+    def policy(self) -> Policy:
+        """The job's verdict on the finished report: strict, the rejected share, the alert shares."""
+        alerts = {k: getattr(self, k) for k in LOSSES}
+        return Policy.build(None, self.strict, self.max_rejected, **alerts)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -507,7 +516,9 @@ def conclude(
     report.extra["trained_tokens"] = stats.trained
     report.extra["seconds"] = round(seconds, 3)
 
-    failures = Policy(strict=opts.strict).failures(report)
+    policy = opts.policy()
+    report.extra["losses"] = policy.losses(report)
+    failures = policy.failures(report)
     missing = report.rejected.get("no_assistant_turn", 0)
     if missing and opts.on_missing == "error":
         discard()
