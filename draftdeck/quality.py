@@ -324,8 +324,13 @@ class Policy:
 
     def loss_alerts(self, report: Report) -> list[tuple[str, str]]:
         """(alert kind, message) for every loss past its threshold: high_rejected, high_duplicated,
-        high_truncated."""
-        return [(f"high_{what}", e["alert"]) for what, e in self.losses(report).items() if "alert" in e]
+        high_truncation."""
+        kinds = {"truncated": "high_truncation"}  # the dataset alert's kind: one alert per job for it
+        return [
+            (kinds.get(what, f"high_{what}"), e["alert"])
+            for what, e in self.losses(report).items()
+            if "alert" in e
+        ]
 
     def severity(self, name: str) -> str:
         """How the job page labels a code: error (fails the job), rejected, or warning."""
