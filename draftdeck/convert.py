@@ -179,8 +179,11 @@ class _Reader:
             if self.action(code) is Action.REJECT:
                 self.report.reject(code, file, line, f"{where}{reason}")
                 return False
+        kept = conv.warnings if isinstance(conv, Conversation) else None
         for code, reason in issues:
             self.report.warn(code, file, line, f"{where}{reason}")
+            if kept is not None and code not in kept:
+                kept.append(code)
         return True
 
     def release(self, conv: Any, dkey: int | None) -> bool:
@@ -245,6 +248,8 @@ class _Reader:
             where = _where(src.line, src.index, src.path)
             if mode == "keep":
                 self.report.warn("placeholder_response", src.file, src.line, f"{where}{reason}; kept")
+                if isinstance(conv, Conversation):
+                    conv.warnings.append("placeholder_response")
             else:
                 self.report.warn(
                     "placeholder_stripped", src.file, src.line, f"{where}{reason}; answers removed"

@@ -136,10 +136,10 @@ class ChunkResult:
 
     @property
     def rows(self) -> list[ShardRow]:
-        b, off = self.block, self.block.offsets
+        b, off, issues = self.block, self.block.offsets, self.block.row_issues()
         return [
             ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
-                     b.turns[i], b.truncated[i])
+                     b.turns[i], b.truncated[i], issues[i])
             for i in range(len(b))
         ]  # fmt: skip
 
@@ -154,13 +154,14 @@ class Item:
     line: int | None
     row: int
     has_assistant: bool
+    warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
 
 
 def to_item(conv: Conversation) -> Item:
     src = conv.source
     line = None if src is None else (src.line if src.line is not None else src.index)
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
-                line if line is not None else -1, conv.has_assistant)  # fmt: skip
+                line if line is not None else -1, conv.has_assistant, tuple(conv.warnings))  # fmt: skip
 
 
 def _encode(
@@ -288,6 +289,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     source_rows: list[int] = []
     turns: list[int] = []
     truncs: list[bool] = []
+    issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
     for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
         owner = owners[k]
         file, line, row_no = owner.file, owner.line, owner.row
@@ -308,10 +310,14 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             )
             report.reject("no_trained_tokens", file, line, why)
             continue
+        codes = list(owner.warnings)
         if truncated:
             report.warn("truncated", file, line, f"cut to {opts.seq_length} tokens")
+            codes.append("truncated")
         if not (mask[:-1] & mask[1:]).any():
             report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
+            codes.append("no_dflash_anchor")
+        issues.append(codes)
         report.rows_out += 1
         keep.append((ids, mask))
         sources.append(file)
@@ -322,7 +328,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
         np.asarray([len(i) for i, _ in keep], dtype=np.int64),
-        sources, source_rows, turns, truncs,
+        sources, source_rows, turns, truncs, issues,
     )  # fmt: skip
     return ChunkResult(report, block, len(fast_set), hf_n, verified)
 
