@@ -22,7 +22,8 @@ Flow:
 Cancellation: a chunk checks the job's cancel flag before it starts and after every batch; it then
 stops, and the job is moved to ``cancelled``. Messages of chunks whose job is no longer running are
 skipped (their rows are marked ``skipped``). A failed chunk fails the job. A job that ends without
-succeeding loses its chunk shards and chunk files.
+succeeding loses its chunk files, temporaries and unfinished shards at once; a failed one keeps its
+done chunks for a Retry, which reuses them instead of running them again (app/resume.py).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from pathlib import Path
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
-from app import leftovers, queue, records, state
+from app import leftovers, queue, records, resume, state
 from app.context import Handoff, Heartbeat, SqlRunContext
 from app.db import session_scope
 from app.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
 from app.outcomes import record_failure, record_success, worker_name
 from app.settings import get_settings
 from draftdeck.errors import Cancelled, DraftDeckError, JobFailed
+from draftdeck.fileio import sha256_file
 from draftdeck.jobs.registry import get_kind
 from draftdeck.jobs.tokenize import TokenizeParams, dataset_output
 from draftdeck.quality import Policy, Report
@@ -68,19 +70,22 @@ def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
     paths = [Path(p) for p in params.inputs]
     try:
         plan = core.plan_chunks(
-            lambda report: read_inputs(paths, report, ctx.progress, strict=opts.strict),
+            lambda report: read_inputs(
+                paths, report, ctx.progress, strict=opts.strict, from_format=opts.from_format
+            ),
             parts,
             params.chunk_rows or opts.shard_rows,
         )
     except BaseException:
         shutil.rmtree(parts, ignore_errors=True)
         raise
+    options = resume.options_key(params)
     with session_scope() as session:
         for c in plan.chunks:
             session.add(JobChunk(job_id=ctx.job_id, chunk_index=c.index, input_path=c.path,
-                                 conversations=c.conversations))  # fmt: skip
+                                 conversations=c.conversations,
+                                 input_sha256=resume.chunk_key(Path(c.path), options)))  # fmt: skip
         session.commit()
-        records.record_progress(session, ctx.job_id, 0, len(plan.chunks), "chunks")
         records.add_event(
             session,
             ctx.job_id,
@@ -88,12 +93,19 @@ def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
             f"read {plan.read_report.rows_in:,} rows; {sum(c.conversations for c in plan.chunks):,} "
             f"conversations in {len(plan.chunks)} chunk tasks",
         )
+        reused = resume.take_over(session, ctx.job_id, out, parts).indexes
+        records.record_progress(session, ctx.job_id, len(reused), len(plan.chunks), "chunks")
+    to_run = [c.index for c in plan.chunks if c.index not in set(reused)]
+    if not to_run:  # every chunk was reused: only the final step is left, and it is ours
+        if _claim_final_step(ctx.job_id, worker_name()):
+            _finalize(ctx.job_id, params, opts, out, parts)
+        raise Handoff(f"all {len(plan.chunks)} chunks reused; final step run")
     try:
-        enqueue_chunks(ctx.job_id, [c.index for c in plan.chunks], queue=_queue(ctx.job_id))
+        enqueue_chunks(ctx.job_id, to_run, queue=_queue(ctx.job_id))
     except Exception:  # the broker is down: the runner fails the job; leave no chunk files behind
         shutil.rmtree(parts, ignore_errors=True)
         raise
-    raise Handoff(f"{len(plan.chunks)} chunk tasks enqueued")
+    raise Handoff(f"{len(to_run)} chunk tasks enqueued, {len(reused)} reused")
 
 
 def _options(params: TokenizeParams) -> TokenizeOptions:
@@ -208,7 +220,8 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
             done = state.propose_chunk(
                 session, job_id, index, ChunkStatus.DONE, f"{outcome.report.rows_out:,} rows out",
                 finished_at=utcnow(), rows_in=outcome.report.rows_in, rows_out=outcome.report.rows_out,
-                report=outcome.to_dict(), shard_path=str(out / shard.filename) if shard else None,
+                report={**outcome.to_dict(), "stats_sha256": sha256_file(Path(outcome.stats_path))},
+                shard_path=str(out / shard.filename) if shard else None,
                 bytes=shard.bytes if shard else 0, sha256=shard.sha256 if shard else None,
             ).accepted  # fmt: skip
             job = records.get_job(session, job_id)
@@ -220,19 +233,25 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
             records.record_progress(session, job_id, n_done, n_all, "chunks")
             if n_done < n_all:
                 return "done"
-            claimed = session.execute(  # type: ignore[call-overload]
-                update(JobChunk)
-                .where(
-                    col(JobChunk.job_id) == job_id,
-                    col(JobChunk.chunk_index) == 0,
-                    col(JobChunk.finalized_by).is_(None),
-                )
-                .values(finalized_by=me)
-            )
-            session.commit()
-            if claimed.rowcount != 1:  # type: ignore[attr-defined]
-                return "done"
+        if not _claim_final_step(job_id, me):
+            return "done"
         return _finalize(job_id, params, opts, out, parts)
+
+
+def _claim_final_step(job_id: int, me: str) -> bool:
+    """Of the tasks that saw every chunk done, exactly one wins the final step."""
+    with session_scope() as session:
+        claimed = session.execute(  # type: ignore[call-overload]
+            update(JobChunk)
+            .where(
+                col(JobChunk.job_id) == job_id,
+                col(JobChunk.chunk_index) == 0,
+                col(JobChunk.finalized_by).is_(None),
+            )
+            .values(finalized_by=me)
+        )
+        session.commit()
+        return bool(claimed.rowcount == 1)  # type: ignore[attr-defined]
 
 
 def _counts(session: Session, job_id: int) -> tuple[int, int]:
@@ -255,6 +274,9 @@ def _finalize(job_id: int, params: TokenizeParams, opts: TokenizeOptions, out: P
         ).all()
         outcomes = [core.ChunkOutcome.from_dict(r.report or {}) for r in rows]
         started = job.started_at
+        reuse = resume.Reuse(
+            job.retry_of, len(rows), [r.chunk_index for r in rows if r.reused_from is not None]
+        )
     seconds = (utcnow() - started).total_seconds() if started is not None else 0.0
     try:
         plan = core.Plan.load(parts)
@@ -274,6 +296,8 @@ def _finalize(job_id: int, params: TokenizeParams, opts: TokenizeOptions, out: P
         return JobStatus.FAILED
     shutil.rmtree(parts, ignore_errors=True)
     report.outputs.append(dataset_output(out, report))
+    if reuse.from_job is not None:
+        report.extra["chunks_reused"] = {**reuse.to_dict(), "summary": reuse.sentence()}
     return record_success(job_id, report, policy)
 
 
@@ -282,7 +306,8 @@ def _rerun(job_id: int, again: core.RerunChunks) -> None:
     with session_scope() as session:
         for index in again.indexes:
             state.propose_chunk(session, job_id, index, ChunkStatus.PENDING, again.reason, commit=False,
-                                worker=None, started_at=None, finished_at=None)  # fmt: skip
+                                worker=None, started_at=None, finished_at=None,
+                                reused_from=None)  # fmt: skip
         session.execute(  # type: ignore[call-overload]
             update(JobChunk)
             .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
@@ -315,13 +340,19 @@ def _end_failed(job_id: int, message: str, report: Report | None, policy: Policy
 
 
 def cleanup(session: Session, job_id: int) -> None:
-    """A job that ended without succeeding: chunks not started are skipped; its chunk shards, chunk
-    files and temporaries are removed (a chunk still running removes its own shard when it finds
-    the job ended)."""
+    """A job that ended without succeeding: chunks not started are skipped; a failed job's done
+    chunks are kept in its own folder for a Retry (app/resume.py); every other chunk shard, the chunk
+    files and temporaries are removed (a chunk still running removes its own shard when it finds the
+    job ended)."""
     state.skip_pending_chunks(session, job_id, "the job ended")
+    job = records.get_job(session, job_id)
+    parts = get_settings().jobs_dir / str(job_id) / PARTS
+    if job is not None and job.status == JobStatus.FAILED:
+        resume.keep_done_chunks(session, job_id, parts)
+    kept = resume.kept_dir(job_id)
     for path in session.exec(
         select(JobChunk.shard_path).where(JobChunk.job_id == job_id, col(JobChunk.shard_path).is_not(None))
     ).all():
-        if path and Path(path).name.startswith("chunk-"):
+        if path and Path(path).name.startswith("chunk-") and Path(path).parent != kept:
             Path(path).unlink(missing_ok=True)
     leftovers.remove_partial_files(session, job_id)

@@ -2,6 +2,9 @@
 chunk shards, and the hidden ``.tmp-<pid>-<name>`` files of a writer that died before its rename
 (draftdeck/fileio.py). Called on every failure path: an error, a cancel, a lost worker.
 
+A failed chunked job's done chunks are not partial: app/chunks.py's cleanup first moves them into the
+job's ``kept-chunks`` folder for a Retry (app/resume.py), which this module never touches.
+
 Only files the job itself writes are touched: its own folder under the jobs folder, chunk shards
 and temporaries inside a tokenize `out` folder (which must be empty when the job starts), and the
 temporaries named after a convert `out` file beside it. Nothing recorded as an output of a succeeded

@@ -1,18 +1,23 @@
 """Worker liveness, kept in SQL: each worker process beats its row in `workers` with the queues it
 serves; a worker whose beat is older than the lost-worker limit is gone. The sweeper asks before
-running a lost chunk again, and the job page says when no live worker serves a job's queue."""
+running a lost chunk again, and the job page says when no live worker serves a job's queue.
+
+:func:`of_job` is THE rule for "does anyone run this job", used by Cancel (a running job nobody
+runs is cancelled at once: nobody would read its flag), the job page's "no live worker" notice, and
+the sweeper (a running job nobody runs and nobody will run is lost)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import delete, update
+from sqlalchemy import delete, exists, update
 from sqlmodel import Session, col, select
 
 from app.db import session_scope
-from app.models import Worker, utcnow
+from app.models import ChunkStatus, Job, JobChunk, JobStatus, Worker, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,69 @@ def live_workers(session: Session, lost_after_seconds: float) -> list[Worker]:
 def serves(session: Session, queue: str, lost_after_seconds: float) -> bool:
     """Whether a live worker consumes `queue`."""
     return any(queue in w.queues.split(",") for w in live_workers(session, lost_after_seconds))
+
+
+@dataclass(frozen=True)
+class JobLiveness:
+    beating: bool  # a process beats for the job now (its own beat, or a running chunk's): it reads the flag
+    served: bool  # a live worker consumes the job's queue: queued work of it will be picked up
+    waiting: bool  # chunks of it wait in the queue (pending, their message sent)
+    reason: str  # the state in words, for the job page, a cancel and a "worker lost" failure
+
+    @property
+    def stranded(self) -> bool:
+        """Nobody runs it and nobody will: no beat, and no queued work that a live worker will take."""
+        return not self.beating and not (self.served and self.waiting)
+
+
+def of_job(session: Session, job: Job, lost_after_seconds: float) -> JobLiveness:
+    """Who runs job `job` (queued or running), by the job's and its chunks' beats and the workers
+    table; see the module's docstring for who asks."""
+    now = utcnow()
+    cutoff = now - timedelta(seconds=lost_after_seconds)
+    served = serves(session, job.queue, lost_after_seconds)
+    queue_words = (
+        f"a live worker serves queue {job.queue}" if served else f"no live worker serves queue {job.queue}"
+    )
+    if job.status == JobStatus.QUEUED:
+        return JobLiveness(False, served, served, queue_words)
+    own = job.heartbeat_at is not None and job.heartbeat_at >= cutoff
+    chunk_beats = bool(
+        session.execute(
+            select(
+                exists().where(
+                    col(JobChunk.job_id) == job.id,
+                    col(JobChunk.status) == ChunkStatus.RUNNING,
+                    col(JobChunk.heartbeat_at) >= cutoff,
+                )
+            )
+        ).scalar()
+    )
+    waiting = bool(
+        session.execute(
+            select(
+                exists().where(
+                    col(JobChunk.job_id) == job.id,
+                    col(JobChunk.status) == ChunkStatus.PENDING,
+                    col(JobChunk.task_id).is_not(None),
+                )
+            )
+        ).scalar()
+    )
+    beating = own or chunk_beats
+    if job.heartbeat_at is None:
+        beat = "no heartbeat"
+    else:
+        beat = f"heartbeat {(now - job.heartbeat_at).total_seconds():.0f} s old"
+    if beating:
+        reason = f"it runs ({'a chunk beats' if chunk_beats and not own else beat}); {queue_words}"
+    elif waiting:
+        reason = f"its chunks wait in the queue and {queue_words} ({beat})"
+    elif served:
+        reason = f"{queue_words}, but none runs this job ({beat})"
+    else:
+        reason = f"{queue_words} ({beat})"
+    return JobLiveness(beating, served, waiting, reason)
 
 
 def start_beat(name: str, queues: list[str], every: float) -> threading.Event:

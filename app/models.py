@@ -246,6 +246,10 @@ class JobChunk(SQLModel, table=True):
     heartbeat_at: datetime | None = None  # beaten while the chunk runs: a dead worker stops it
     sent_at: datetime | None = None  # when its message was last sent: the sweeper re-sends lost ones
     losses: int = 0  # times its worker died in it; it runs again once
+    # sha256 of what decides the chunk's shard (its input file, the tokenizer's files, the options):
+    # a retry reuses a done chunk of the failed attempt only when this matches (app/resume.py)
+    input_sha256: str | None = None
+    reused_from: int | None = None  # the failed attempt whose done chunk this one took over
 
 
 class Worker(SQLModel, table=True):

@@ -292,7 +292,7 @@ def _job_context(session: Session, job_id: int) -> dict[str, Any]:
         "datasets": records.datasets_of(session, job_id),
         "terminal": job.status in ("succeeded", "failed", "cancelled"),
         "no_worker": job.status in ("queued", "running")
-        and not liveness.serves(session, job.queue, get_settings().lost_after_seconds),
+        and not liveness.of_job(session, job, get_settings().lost_after_seconds).served,
     }
 
 

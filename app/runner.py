@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from app import chunks, records, state, sweeper
+from app import chunks, liveness, records, state, sweeper
 from app.context import Handoff, Heartbeat, SqlRunContext
 from app.db import session_scope
 from app.models import JobStatus, utcnow
@@ -43,9 +43,10 @@ def run_job(job_id: int, *, task_id: str | None = None, in_process: bool = False
             assert job is not None
             # A message for a job that is already running means its first worker died and the broker
             # redelivered it, or a second copy arrived while the first still runs. The heartbeat tells which.
+            # (A chunked job whose chunks wait in a served queue is waiting, not lost: the one rule.)
             if job.status == JobStatus.RUNNING and job.heartbeat_at is not None:
                 age = (utcnow() - job.heartbeat_at).total_seconds()
-                if age > settings.lost_after_seconds:
+                if liveness.of_job(session, job, settings.lost_after_seconds).stranded:
                     sweeper.fail_lost(session, job_id, f"redelivered after {age:.0f} s without heartbeat")
             log.info("job %s is %s; not running it again", job_id, job.status)
             return f"skipped:{job.status}"

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = 5.0
     lost_after_seconds: float = 30.0
     sweep_seconds: float = 5.0
+    # a failed chunked job's done chunks wait this long for a Retry to reuse them (app/resume.py)
+    keep_failed_chunks_hours: float = Field(default=24.0, ge=0)
 
     @field_validator("data_roots", mode="before")
     @classmethod

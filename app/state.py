@@ -218,6 +218,7 @@ def fail_lost(session: Session, job_id: int, detail: str) -> Decision:
 class ChunkRule:
     FROM: ClassVar[frozenset[ChunkStatus]]
     TO: ClassVar[ChunkStatus]
+    REQUIRES: ClassVar[frozenset[str]] = frozenset()  # fields the proposal must set
 
 
 class ClaimChunk(ChunkRule):
@@ -264,6 +265,16 @@ class RerunChunk(ChunkRule):
     TO = ChunkStatus.PENDING
 
 
+class ReuseChunk(ChunkRule):
+    """pending -> done: a retry took over this chunk's shard from the failed attempt it retries, the
+    chunk's key and the shard's sha256 verified (app/resume.py); it does not run. Only a proposal
+    naming the job it reuses from (``reused_from``) is accepted: no chunk is done unrun otherwise."""
+
+    FROM = frozenset({ChunkStatus.PENDING})
+    TO = ChunkStatus.DONE
+    REQUIRES = frozenset({"reused_from"})
+
+
 class LoseChunkOnce(ChunkRule):
     """running -> pending: the chunk's worker died in it (its beat is stale) for the first time and a
     live worker serves its queue; it runs again there (chunks are idempotent: same shard, same
@@ -288,10 +299,11 @@ CHUNK_RULES: tuple[type[ChunkRule], ...] = (
     CancelChunk,
     SkipChunk,
     RerunChunk,
+    ReuseChunk,
     LoseChunkOnce,
     LoseChunk,
 )
-_CHUNK_PAIRS: set[tuple[str, str]] = {(f, r.TO) for r in CHUNK_RULES for f in r.FROM}
+_CHUNK_PAIRS: dict[tuple[str, str], type[ChunkRule]] = {(f, r.TO): r for r in CHUNK_RULES for f in r.FROM}
 
 
 def propose_chunk(
@@ -311,7 +323,8 @@ def propose_chunk(
     ).scalar_one_or_none()
     if current is None:
         return Decision(False, "missing", f"job {job_id} has no chunk {index}")
-    if (current, to) not in _CHUNK_PAIRS:
+    rule = _CHUNK_PAIRS.get((current, to))
+    if rule is None or any(fields.get(name) is None for name in rule.REQUIRES):
         return Decision(False, current, f"chunk {index} is {current}; it cannot become {to}")
     result = session.execute(  # type: ignore[call-overload]
         update(JobChunk)

@@ -15,7 +15,7 @@ from sqlalchemy import update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
-from app import chunks, queue, records, state
+from app import chunks, liveness, queue, records, state
 from app.models import Job, JobStatus, utcnow
 from app.settings import Settings
 from app.state import JobStateError
@@ -90,8 +90,9 @@ def enqueue(session: Session, job: Job) -> None:
 
 
 def request_cancel(session: Session, job_id: int, settings: Settings) -> Job:
-    """Cancel a queued job at once; ask a running one to stop, and cancel it at once when no live
-    worker runs it (its heartbeat is older than the lost-worker limit: nobody would read the flag)."""
+    """Cancel a queued job at once; ask a running one to stop, and cancel it at once when nothing
+    beats for it (app/liveness.py's rule: a worker may be alive, but if neither the job nor a chunk
+    of it beats, nobody would read the flag; waiting chunks are skipped)."""
     job = records.get_job(session, job_id)
     if job is None:
         raise LookupError(job_id)
@@ -103,10 +104,9 @@ def request_cancel(session: Session, job_id: int, settings: Settings) -> Job:
         raise JobStateError(f"job {job_id} is {job.status}; only queued or running jobs can be cancelled")
     session.execute(update(Job).where(col(Job.id) == job_id).values(cancel_requested=True))  # type: ignore[call-overload]
     records.add_event(session, job_id, "info", "cancellation requested")
-    age = (utcnow() - job.heartbeat_at).total_seconds() if job.heartbeat_at else None
-    if age is None or age > settings.lost_after_seconds:
-        beat = "no heartbeat" if age is None else f"heartbeat {age:.0f} s old"
-        reason = f"cancelled: no live worker runs it ({beat})"
+    live = liveness.of_job(session, job, settings.lost_after_seconds)
+    if not live.beating:
+        reason = f"cancelled at once: nothing runs it ({live.reason})"
         if state.propose(session, job_id, JobStatus.CANCELLED, reason).accepted:
             chunks.cleanup(session, job_id)
     return _reloaded(session, job_id)

@@ -12,6 +12,8 @@ Each round, in this order:
    longer ago than the limit, is still not claimed, and is no longer in the broker (Redis restarted
    without its data, a deleted message file) is sent again; the claim's compare-and-set keeps a
    double delivery from running twice.
+4. Kept chunks: a failed chunked job keeps its done chunks for a Retry (app/resume.py); those of a
+   job failed longer ago than ``keep_failed_chunks_hours`` that nobody retried are deleted.
 
 Every status change goes through the state rules (app/state.py); a failed job's partial files are
 removed (app/leftovers.py). Several sweepers (the web's, each worker's) may race: the rules'
@@ -28,10 +30,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import exists, or_, update
 from sqlmodel import Session, col, select
 
-from app import chunks, liveness, queue, state
+from app import chunks, liveness, queue, resume, state
 from app.db import session_scope
 from app.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
-from app.settings import Settings
+from app.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +45,26 @@ class Swept:
     lost_jobs: list[int] = field(default_factory=list)
     resent_jobs: list[int] = field(default_factory=list)
     resent_chunks: list[tuple[int, int]] = field(default_factory=list)
+    expired_kept: list[int] = field(default_factory=list)  # jobs whose kept chunks were deleted
 
 
-def sweep(session: Session, lost_after_seconds: float, *, limit: int = 100) -> Swept:
+def sweep(
+    session: Session,
+    lost_after_seconds: float,
+    *,
+    limit: int = 100,
+    keep_failed_chunks_hours: float | None = None,
+) -> Swept:
+    keep_hours = (
+        get_settings().keep_failed_chunks_hours
+        if keep_failed_chunks_hours is None
+        else keep_failed_chunks_hours
+    )
     swept = Swept()
     swept.rerun_chunks, swept.lost_chunks = mark_lost_chunks(session, lost_after_seconds, limit=limit)
     swept.lost_jobs = mark_lost_jobs(session, lost_after_seconds, limit=limit)
     swept.resent_jobs, swept.resent_chunks = resend_lost_messages(session, lost_after_seconds, limit=limit)
+    swept.expired_kept = resume.delete_expired(session, keep_hours, limit=limit)
     liveness.prune(session)
     return swept
 
@@ -128,27 +143,23 @@ def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 
     running_chunk = exists().where(
         col(JobChunk.job_id) == Job.id, col(JobChunk.status) == ChunkStatus.RUNNING
     )
-    waiting = exists().where(
-        col(JobChunk.job_id) == Job.id,
-        col(JobChunk.status) == ChunkStatus.PENDING,
-        col(JobChunk.task_id).is_not(None),
-    )
     stale = session.exec(
-        select(Job.id, Job.queue, waiting)
+        select(Job)
         .where(Job.status == JobStatus.RUNNING, col(Job.heartbeat_at) < cutoff, ~running_chunk)
         .limit(limit)
     ).all()
     lost: list[int] = []
-    for job_id, queue_name, is_waiting in stale:
-        assert job_id is not None
-        if is_waiting:
-            if liveness.serves(session, queue_name, lost_after_seconds):
-                continue
-            detail = f"no live worker serves queue {queue_name} (chunks {_pending(session, job_id)} wait)"
+    for job in stale:
+        assert job.id is not None
+        live = liveness.of_job(session, job, lost_after_seconds)  # the rule Cancel and the page use
+        if not live.stranded:
+            continue
+        if live.waiting:
+            detail = f"no live worker serves queue {job.queue} (chunks {_pending(session, job.id)} wait)"
         else:
             detail = f"no heartbeat for {lost_after_seconds:.0f} s"
-        if fail_lost(session, job_id, detail).accepted:
-            lost.append(job_id)
+        if fail_lost(session, job.id, detail).accepted:
+            lost.append(job.id)
     return lost
 
 
@@ -246,7 +257,8 @@ def start_sweeper(settings: Settings) -> threading.Event:
         while not stop.wait(settings.sweep_seconds):
             try:
                 with session_scope() as session:
-                    sweep(session, settings.lost_after_seconds)
+                    sweep(session, settings.lost_after_seconds,
+                          keep_failed_chunks_hours=settings.keep_failed_chunks_hours)  # fmt: skip
             except Exception:  # the database may be restarting; try again next round
                 log.exception("sweeper round failed")
 

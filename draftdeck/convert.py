@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +59,7 @@ from typing import Any
 from draftdeck.convert_checks import _where, check_conversation, duplicate_key
 from draftdeck.errors import InputError, JobFailed, UsageError
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
-from draftdeck.formats.detect import parse
+from draftdeck.formats.detect import check_format_name, parse
 from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.formats.tables import expand_inputs, open_reader
@@ -94,6 +94,7 @@ class ConvertOptions:
     policy: Policy = field(default_factory=Policy)
     allow_prompt_only: bool = False  # yield rows with no assistant turn (for regeneration)
     tree_paths: str = "all"  # "all": one conversation per leaf; "best": the best-ranked path only
+    from_format: str | None = None  # one shape every row must have (draftdeck.formats.detect); None: detect
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     placeholders: str = "reject"  # what a placeholder row becomes: reject | strip | keep
     placeholder_min_rows: int = 32
@@ -114,6 +115,10 @@ class ConvertOptions:
             raise UsageError("chunk_bytes must be positive")
         if self.tree_paths not in ("all", "best"):
             raise UsageError(f"tree paths must be 'all' or 'best', not {self.tree_paths!r}")
+        try:
+            check_format_name(self.from_format)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         if self.placeholder_min_rows < 2:
             raise UsageError("placeholder_min_rows must be at least 2")
         if self.placeholder_filler_rows < 1:
@@ -138,7 +143,7 @@ class _Reader:
         self.report = report
         self.options = options
         self.actions: dict[str, Action] = {}
-        self.parse_options = ParseOptions(tree_paths=options.tree_paths)
+        self.parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
         self.seen: set[int] = set()
         self.rule = options.placeholder_rule
         self.checked = 0  # conversations past their own checks: the placeholder share's denominator
@@ -289,6 +294,8 @@ def read_conversations(
     report: Report,
     options: ConvertOptions | None = None,
     progress: Progress = no_progress,
+    *,
+    open_file: Callable[..., Any] = open_reader,
 ) -> Iterator[Conversation]:
     """Yield the valid conversations of `paths`, counting every input row in `report`.
 
@@ -301,6 +308,8 @@ def read_conversations(
         options: policy, ``allow_prompt_only`` (yield rows without an assistant turn, for
             regeneration; otherwise they are rejected as no_assistant_turn), ``tree_paths``, limits.
         progress: called with (bytes done, bytes total, "bytes") across all inputs; may raise Cancelled.
+        open_file: opens one file as a row reader (:func:`draftdeck.formats.tables.open_reader`'s
+            signature); `scan` passes one that also watches each raw row, to read the input once.
 
     Raises:
         InputError: an input is missing or unreadable as a whole.
@@ -318,7 +327,7 @@ def read_conversations(
     formats = report.formats
     try:
         for f in files:
-            reader = open_reader(f, max_row_bytes=opts.max_row_bytes)
+            reader = open_file(f, max_row_bytes=opts.max_row_bytes)
             with reader:
                 name = reader.name
                 for i, row in enumerate(reader):

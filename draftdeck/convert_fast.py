@@ -8,6 +8,7 @@ import orjson
 from xxhash import xxh3_64_intdigest
 
 from draftdeck.formats import sharegpt
+from draftdeck.formats.detect import media_of
 from draftdeck.formats.writers import RESERVED, SHAREGPT_FROM, encode_line
 from draftdeck.placeholders import normalise
 
@@ -27,7 +28,7 @@ def plain_row(value: Any, to: str, max_chars: int, dups: bool) -> tuple[str, byt
     result is what the general path gives, (family, output line, duplicate key), without building the
     canonical model: the tests compare both paths byte for byte.
     """
-    if type(value) is not dict:
+    if type(value) is not dict or media_of(value) is not None:  # media: the general path refuses it
         return None
     known: tuple[str, ...]
     turns = value.get("messages")

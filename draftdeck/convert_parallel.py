@@ -107,7 +107,7 @@ Record = tuple[Any, ...]
 def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str) -> Iterator[Record]:
     """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state."""
     encoder = JSONL_ENCODERS[to]
-    parse_options = ParseOptions(tree_paths=options.tree_paths)
+    parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
     policy = options.policy
     drops: dict[str, bool] = {}
     allow_prompt_only = options.allow_prompt_only
@@ -119,7 +119,8 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
         if row.error:
             yield ("x", line, index, row.error, row.reason or "")
             continue
-        fast = plain_row(row.value, to, max_chars, dups)
+        # a forced shape is checked by the general path (a plain row may not be of that shape)
+        fast = plain_row(row.value, to, max_chars, dups) if parse_options.from_format is None else None
         if fast is not None:
             yield ("s", line, index, fast[0], (fast[1], fast[2]))
             continue

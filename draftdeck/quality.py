@@ -51,6 +51,12 @@ CODES: dict[str, IssueCode] = _codes(
     ("oversize_row", Action.REJECT, "the row is larger than the configured limit"),
     ("not_an_object", Action.REJECT, "the row is valid JSON but not an object"),
     ("unknown_format", Action.REJECT, "no known chat shape matches the row's keys"),
+    ("format_mismatch", Action.REJECT, "the row is not of the shape --from forces"),
+    (
+        "multimodal_content",
+        Action.REJECT,
+        "the row holds images, audio or video: a text drafter cannot learn them",
+    ),
     ("empty_conversation", Action.REJECT, "the conversation has no messages"),
     ("empty_turn", Action.WARN, "a message has neither text, reasoning nor tool calls"),
     ("empty_assistant_turn", Action.REJECT, "an empty assistant turn (trains only end-of-turn tokens)"),

@@ -1,20 +1,172 @@
-"""`scan`: a pre-flight look at one data file before anything is converted or tokenized.
+"""`scan`: a pre-flight look at data files before anything is converted or tokenized.
 
-It streams the file and reports rows, bytes, parse errors (file, line, reason) and the top-level
-key sets with their counts. Zero parsed rows fails: an empty or unreadable file is never a success.
+The input is read once, through :func:`draftdeck.convert.read_conversations` with convert's default
+checks (and the same ``--from``), so the scan says what a convert would do, row by row:
+
+- ``rows_in``; ``rows_out``: the rows convert would keep; ``rejected`` (and ``examples``): what it
+  would reject and why, per code (reader errors such as json_error included); ``warnings``;
+  ``formats``: the detected shape of each row, counted as convert counts it.
+- ``extra``: the file, bytes, container and compression; ``keysets`` (top-level key sets and their
+  row counts, the raw view); ``prompt_only`` (rows with a user turn and no answer: convert rejects
+  them as no_assistant_turn unless ``--allow-prompt-only``, for regeneration); ``placeholder`` (short
+  answers, as convert's placeholder check normalises them, on two rows or more: candidates among
+  the kept rows, and the answers over the threshold that convert rejects as placeholder_response);
+  ``would_keep`` and ``would_reject`` (per code: rows and one example with file, row and reason).
+
+Rows balance as in convert: ``rows_in + rows_expanded = rows_out + rejected``. An empty input, or one
+where no row parses as a JSON object, fails: an unreadable file is never a success. A file of valid
+rows that convert would not keep (all prompt-only, say) is a successful scan that says so.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
+from draftdeck.convert import ConvertOptions, placeholder_key, read_conversations
 from draftdeck.errors import JobFailed
-from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RowReader
+from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
+from draftdeck.formats.tables import open_reader
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Policy, Report
+from draftdeck.quality import Report
 
 MAX_KEYSETS = 50
+MAX_PLACEHOLDER_CANDIDATES = 10
+
+
+class _WatchedReader:
+    """A row reader whose rows are also seen by the scan (key sets, JSON objects) as convert reads them."""
+
+    def __init__(self, reader: Any, scan: _Watch):
+        self.reader = reader
+        self.scan = scan
+
+    def __enter__(self) -> _WatchedReader:
+        self.reader.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> Any:
+        return self.reader.__exit__(*exc)
+
+    def __iter__(self) -> Iterator[RawRow]:
+        keysets = self.scan.keysets
+        for row in self.reader:
+            value = row.value
+            if row.error is None and isinstance(value, dict):
+                self.scan.objects += 1
+                keysets[tuple(sorted(value))] += 1
+            yield row
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reader, name)
+
+
+class _Watch:
+    """What the scan sees of the raw rows while read_conversations reads them."""
+
+    def __init__(self, names: dict[Path, str]):
+        self.names = names
+        self.keysets: Counter[tuple[str, ...]] = Counter()
+        self.objects = 0
+        self.readers: list[Any] = []
+
+    def open(self, path: Path, **kwargs: Any) -> _WatchedReader:
+        reader = open_reader(path, display_name=self.names.get(path), **kwargs)
+        self.readers.append(reader)
+        return _WatchedReader(reader, self)
+
+
+def _file_facts(reader: Any) -> dict[str, Any]:
+    return {
+        "file": reader.name,
+        "bytes": reader.bytes_read,
+        "container": reader.container,
+        "compression": reader.compression,
+    }
+
+
+def _placeholder_figures(
+    report: Report, candidates: Counter[tuple[str, ...]], options: ConvertOptions
+) -> dict[str, Any]:
+    flagged = report.extra.get("placeholder", {})
+    # an answer on one row is just a short answer; a candidate is one that repeats
+    repeated = Counter({key: n for key, n in candidates.items() if n >= 2})
+    return {
+        "min_rows": options.placeholder_min_rows,
+        "max_chars": options.placeholder_max_chars,
+        "flagged": {
+            "answers": flagged.get("answers", []),
+            "rows": report.rejected.get("placeholder_response", 0)
+            + report.warnings.get("placeholder_response", 0),
+        },
+        "candidate_rows": sum(repeated.values()),
+        "candidates": [
+            {"answer": " / ".join(key), "rows": n}
+            for key, n in repeated.most_common(MAX_PLACEHOLDER_CANDIDATES)
+        ],
+    }
+
+
+def _would_reject(report: Report) -> list[dict[str, Any]]:
+    out = []
+    for code, n in report.rejected.most_common():
+        examples = report.examples.get(code) or []
+        ex = examples[0] if examples else None
+        example = {"file": ex.file, "row": ex.line, "reason": ex.reason} if ex is not None else None
+        out.append({"code": code, "rows": n, "example": example})
+    return out
+
+
+def scan_paths(
+    paths: Sequence[Path],
+    *,
+    progress: Progress = no_progress,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    display_names: Sequence[str] | None = None,
+    from_format: str | None = None,
+) -> Report:
+    """Scan `paths` (files or ``save_to_disk`` folders, read in order as one convert would) and return
+    the report. Raises :class:`JobFailed` (carrying the report) when no row parsed, InputError for a
+    missing or unreadable input."""
+    names = dict(zip(paths, display_names, strict=True)) if display_names else {}
+    options = ConvertOptions(max_row_bytes=max_row_bytes, from_format=from_format)
+    report = Report()
+    watch = _Watch(names)
+    candidates: Counter[tuple[str, ...]] = Counter()
+    max_chars = options.placeholder_max_chars
+    for conv in read_conversations(list(paths), report, options, progress, open_file=watch.open):
+        report.rows_out += 1
+        key = placeholder_key(conv, max_chars)
+        if key is not None:
+            candidates[key] += 1
+    report.check_accounting()
+    files = [_file_facts(r) for r in watch.readers]
+    shown = ", ".join(names.get(p, str(p)) for p in paths)
+    keysets = watch.keysets.most_common(MAX_KEYSETS)
+    extra: dict[str, Any] = files[0] if len(files) == 1 else {"files": files}
+    report.extra.update(extra)
+    report.extra.update(
+        {
+            "bytes": sum(f["bytes"] for f in files),
+            "keysets": [{"keys": list(k), "rows": n} for k, n in keysets],
+            "keysets_total": len(watch.keysets),
+            "prompt_only": report.rejected.get("no_assistant_turn", 0)
+            + report.warnings.get("no_assistant_turn", 0),
+            "placeholder": _placeholder_figures(report, candidates, options),
+            "would_keep": report.rows_out,
+            "would_reject": _would_reject(report),
+        }
+    )
+    if from_format is not None:
+        report.extra["from_format"] = from_format
+    if report.rows_in == 0:
+        raise JobFailed(f"{shown}: empty input ({report.extra['bytes']} bytes, no rows)", report)
+    if watch.objects == 0:
+        top = ", ".join(f"{n} {c}" for c, n in report.rejected.most_common(3))
+        raise JobFailed(f"{shown}: no row parsed out of {report.rows_in} ({top})", report)
+    return report
 
 
 def scan_file(
@@ -23,48 +175,13 @@ def scan_file(
     progress: Progress = no_progress,
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     display_name: str | None = None,
+    from_format: str | None = None,
 ) -> Report:
-    """Scan `path` and return its report.
-
-    Raises :class:`JobFailed` (carrying the report) when no row parsed.
-    """
-    report = Report()
-    keysets: Counter[tuple[str, ...]] = Counter()
-    with RowReader(path, display_name=display_name, max_row_bytes=max_row_bytes) as reader:
-        for i, row in enumerate(reader):
-            report.rows_in += 1
-            if row.error:
-                report.reject(
-                    row.error, row.file, row.line if row.line is not None else row.index, row.reason or ""
-                )
-            elif not isinstance(row.value, dict):
-                report.reject(
-                    "not_an_object", row.file, row.line, f"a JSON {type(row.value).__name__}, not an object"
-                )
-            else:
-                report.rows_out += 1
-                keysets[tuple(sorted(row.value))] += 1
-            if i % 2048 == 0:
-                progress(reader.bytes_read, reader.size, "bytes")
-        progress(reader.bytes_read, reader.size, "bytes")
-        report.extra.update(
-            {
-                "file": reader.name,
-                "bytes": reader.bytes_read,
-                "container": reader.container,
-                "compression": reader.compression,
-                "keysets": [{"keys": list(k), "rows": n} for k, n in keysets.most_common(MAX_KEYSETS)],
-                "keysets_total": len(keysets),
-            }
-        )
-    report.formats.update({"+".join(k) or "(no keys)": n for k, n in keysets.most_common(MAX_KEYSETS)})
-    report.check_accounting()
-    failures = Policy().failures(report)
-    if report.rows_in == 0:
-        raise JobFailed(
-            f"{report.extra['file']}: empty input ({report.extra['bytes']} bytes, no rows)", report
-        )
-    if failures and report.rows_out == 0:
-        top = ", ".join(f"{n} {c}" for c, n in report.rejected.most_common(3))
-        raise JobFailed(f"{report.extra['file']}: no row parsed out of {report.rows_in} ({top})", report)
-    return report
+    """Scan one file (see :func:`scan_paths`)."""
+    return scan_paths(
+        [path],
+        progress=progress,
+        max_row_bytes=max_row_bytes,
+        display_names=[display_name] if display_name else None,
+        from_format=from_format,
+    )

@@ -1,8 +1,9 @@
 """`draftdeck scan` and `draftdeck convert`: options derived from the kinds' parameter models.
 
-    draftdeck scan INPUT... [--max-row-bytes N] [--report FILE]
-    draftdeck convert INPUT... --to openai|sharegpt|parquet --out PATH [--report FILE] [--strict]
-        [--max-rejected F] [--policy-file FILE] [--tree-paths all|best] [--allow-prompt-only] [--workers N]
+    draftdeck scan INPUT... [--from FORMAT] [--max-row-bytes N] [--report FILE]
+    draftdeck convert INPUT... --to openai|sharegpt|parquet --out PATH [--from FORMAT] [--report FILE]
+        [--strict] [--max-rejected F] [--policy-file FILE] [--tree-paths all|best] [--allow-prompt-only]
+        [--workers N]
 
 Exit codes: 0 success, 1 the policy failed the job (an empty output always does), 2 usage errors
 (bad options, missing or unreadable inputs, an output that would replace an input, bad policy files).
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.cli.common import out, run_in_process, usage_exit
@@ -21,6 +23,7 @@ from draftdeck.cli.options import job_command, option
 from draftdeck.errors import UsageError
 from draftdeck.jobs.convert import ConvertParams, convert_files
 from draftdeck.jobs.scan import ScanParams, scan_files
+from draftdeck.quality import Report
 
 REPORT = option("report", Path | None, None, help="write the JSON report here")
 
@@ -41,24 +44,79 @@ def scan(params: ScanParams, *, report: Path | None) -> None:
         f"scan {' '.join(params.inputs)}",
         f"scan {names}",
         lambda progress: scan_files(
-            paths, progress=progress, max_row_bytes=params.max_row_bytes, display_names=params.inputs
+            paths, progress=progress, max_row_bytes=params.max_row_bytes, display_names=params.inputs,
+            from_format=params.from_format,
         ),
         report,
+    )  # fmt: skip
+    print_scan(result)
+
+
+def _table(*columns: str) -> Table:
+    table = Table(show_edge=False, header_style="bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i == 0 or name == "example" else "right")
+    return table
+
+
+def print_scan(result: Report) -> None:
+    """The pre-flight figures after the summary: shapes, what convert would keep and reject, prompt-only
+    rows, placeholder candidates, key sets and the file's container. User text is never read as markup."""
+    extra = result.extra
+    out.print("[bold]shapes[/]", highlight=False)
+    shapes = _table("shape", "rows")
+    for name, n in result.formats.most_common():
+        shapes.add_row(escape(name), f"{n:,}")
+    out.print(shapes)
+    out.print(
+        f"convert would keep {extra['would_keep']:,} of {result.rows_in:,} rows"
+        + (f" (+{result.rows_expanded:,} expanded)" if result.rows_expanded else ""),
+        highlight=False,
     )
+    if extra["would_reject"]:
+        out.print("[bold]convert would reject[/]", highlight=False)
+        rejects = _table("code", "rows", "example")
+        for item in extra["would_reject"]:
+            ex = item["example"]
+            where = "" if ex is None else f"{ex['file']}" + (f":{ex['row']}" if ex["row"] is not None else "")
+            text = "" if ex is None else f"{where}: {ex['reason']}"
+            rejects.add_row(escape(item["code"]), f"{item['rows']:,}", escape(text))
+        out.print(rejects)
+    prompt_only = extra["prompt_only"]
+    if prompt_only:
+        out.print(
+            f"prompt-only rows: {prompt_only:,} (no answer yet: `regenerate` answers them, or convert"
+            " --allow-prompt-only keeps them)",
+            highlight=False,
+            markup=False,
+        )
+    ph = extra["placeholder"]
+    if ph["flagged"]["rows"] or ph["candidates"]:
+        out.print(
+            f"[bold]placeholder candidates[/] (answers of at most {ph['max_chars']} characters; on"
+            f" {ph['min_rows']}+ rows they are rejected as placeholder_response)",
+            highlight=False,
+        )
+        cands = _table("answer", "rows", "verdict")
+        for answer in ph["flagged"]["answers"]:
+            cands.add_row(escape(repr(answer)), "", "rejected")
+        if ph["flagged"]["rows"]:
+            cands.add_row("(all rejected answers)", f"{ph['flagged']['rows']:,}", "rejected")
+        for c in ph["candidates"]:
+            cands.add_row(escape(repr(c["answer"])), f"{c['rows']:,}", "kept")
+        out.print(cands)
     out.print("[bold]key sets[/]", highlight=False)
-    keys = Table(show_edge=False, header_style="bold")
-    keys.add_column("top-level keys")
-    keys.add_column("rows", justify="right")
-    for ks in result.extra["keysets"]:
-        keys.add_row(", ".join(ks["keys"]) or "(none)", f"{ks['rows']:,}")
+    keys = _table("top-level keys", "rows")
+    for ks in extra["keysets"]:
+        keys.add_row(escape(", ".join(ks["keys"])) or "(none)", f"{ks['rows']:,}")
     out.print(keys)
-    files = result.extra.get("files", [result.extra])
+    files = extra.get("files", [extra])
     for f in files:
         out.print(
             f"{f['bytes']:,} bytes · {f['container']}"
             + (f" · {f['compression']}" if f["compression"] else "")
             + (f" · {f['file']}" if len(files) > 1 else ""),
-            highlight=False,
+            highlight=False, markup=False,
         )  # fmt: skip
 
 
@@ -97,7 +155,8 @@ WORKERS = option(
 def register(app: typer.Typer) -> None:
     app.command("scan")(
         job_command(ScanParams, scan, extra=[REPORT],
-                    doc="Pre-flight data files in-process: rows, bytes, parse errors and key sets.")
+                    doc="Pre-flight data files in-process: shapes, what convert would keep and reject (with"
+                    " examples), prompt-only rows, placeholder candidates and key sets.")
     )  # fmt: skip
     app.command("convert")(
         job_command(ConvertParams, convert, required=("to", "out"), extra=[REPORT, WORKERS],

@@ -1,9 +1,11 @@
-"""Alpaca (``instruction``, ``input``, ``output`` + ``system``, ``history`` pairs) and the
-query/response family (``query``/``response``, ``question``/``answer``, ``prompt``/``response`` or
-``prompt``/``completion``, with the same optional ``system`` and ``history``).
+"""Alpaca (``instruction``, ``input``, ``output`` + ``system``, ``history`` pairs), instruction/response
+(Dolly's ``instruction``, ``context``, ``response``, ``category``) and the query/response family
+(``query``/``response``, ``question``/``answer``, ``prompt``/``response``, ``prompt``/``completion``, or
+torchtune's instruct default ``input``/``output``, with the same optional ``system`` and ``history``).
 
-The user turn is the instruction, then the input on the next line when there is one (LLaMA-Factory's
-joining). ``history`` is a list of ``[user, assistant]`` pairs before the final exchange.
+The user turn is the instruction, then the input (or Dolly's context) on the next line when there is
+one (LLaMA-Factory's joining). ``history`` is a list of ``[user, assistant]`` pairs before the final
+exchange.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from draftdeck.formats.model import Conversation, Message
 from draftdeck.formats.openai import meta_of
 
 ALPACA = "alpaca"
+INSTRUCTION_RESPONSE = "instruction_response"
 QUERY_RESPONSE = "query_response"
-PAIRS = (("query", "response"), ("question", "answer"), ("prompt", "response"), ("prompt", "completion"))
+PAIRS = (
+    ("query", "response"),
+    ("question", "answer"),
+    ("prompt", "response"),
+    ("prompt", "completion"),
+    ("input", "output"),
+)
 
 
 def history_messages(history: Any, ctx: ParseContext) -> list[Message]:
@@ -55,6 +64,15 @@ def parse_alpaca(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]
     messages = _build(value, user, value.get("output"), "output", ctx)
     meta = meta_of(value, ("instruction", "input", "output", "system", "history"))
     return [Conversation(messages, source_format=ALPACA, meta=meta)]
+
+
+def parse_instruction_response(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    instruction = text_of(value.get("instruction"), "instruction", ctx)
+    context = text_of(value.get("context"), "context", ctx)
+    user = f"{instruction}\n{context}" if instruction and context else (instruction or context)
+    messages = _build(value, user, value.get("response"), "response", ctx)
+    meta = meta_of(value, ("instruction", "context", "response", "system", "history"))
+    return [Conversation(messages, source_format=INSTRUCTION_RESPONSE, meta=meta)]
 
 
 def pair_of(value: dict[str, Any]) -> tuple[str, str] | None:

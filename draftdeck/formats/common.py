@@ -26,9 +26,11 @@ class RowRejected(Exception):
 
 @dataclass
 class ParseOptions:
-    """What a family parser may need to know. `tree_paths`: "all" (one conversation per leaf) or "best"."""
+    """What a family parser may need to know. `tree_paths`: "all" (one conversation per leaf) or "best";
+    `from_format`: a shape name of draftdeck.formats.detect that every row must have (None: detect)."""
 
     tree_paths: str = "all"
+    from_format: str | None = None
 
 
 class ParseContext:
@@ -92,12 +94,17 @@ class Parts:
     tool_calls: list[ToolCall] = field(default_factory=list)
 
 
+# image, image_url, input_image, audio, input_audio, video, video_url... (OpenAI, torchtune, HF)
+MEDIA_PART_PREFIXES = ("image", "input_image", "audio", "input_audio", "video", "input_video")
+
+
 def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
     """OpenAI-style content: a string, None, or a list of typed parts.
 
     Part types: ``text`` (``text`` or ``value``), ``reasoning``/``thinking`` (to reasoning),
-    ``tool_call`` (a call as JSON text or object). Bare strings in the list are text. Other part
-    types (images, audio) cannot be held by the canonical model: counted as unrepresentable_field.
+    ``tool_call`` (a call as JSON text or object). Bare strings in the list are text. Image, audio
+    and video parts reject the row as multimodal_content (a text drafter cannot learn from them);
+    other part types cannot be held by the canonical model: counted as unrepresentable_field.
     """
     if isinstance(content, str):
         return Parts(content)
@@ -126,6 +133,11 @@ def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
         elif kind in ("tool_call", "function_call"):
             raw = part.get("value", part.get("tool_call", part.get("function")))
             parts.tool_calls.extend(parse_tool_call_value(raw, f"{where}.content[{i}]", ctx))
+        elif isinstance(kind, str) and kind.startswith(MEDIA_PART_PREFIXES):
+            raise RowRejected(
+                "multimodal_content",
+                f"{where}.content[{i}] is a {kind!r} part; a text drafter cannot learn from it",
+            )
         else:
             ctx.warn("unrepresentable_field", f"{where}.content[{i}] has part type {kind!r}; it was left out")
     parts.text = "".join(texts)

@@ -1,63 +1,259 @@
-"""Per-row format detection: which family a JSON object belongs to, and its parser.
+"""Per-row format detection: which shape a JSON object has, and its parser.
 
 Detection looks at one row at a time (a file may mix shapes; the mix is counted in
-``report.formats``). The order matters where keys overlap:
+``report.formats``). The shapes are tried in the order of :data:`SHAPES`, which matters where keys
+overlap:
 
-1. ``messages`` (a list)                          -> openai    (ultrachat rows also hold ``prompt``)
-2. ``conversations`` (a list of from/value turns) -> sharegpt; of role/content turns -> openai
-   (SpecForge stores OpenAI messages under ``conversations``; both go through the ShareGPT parser)
-3. ``history``/``trajectory`` of message objects  -> trajectory
-4. ``prompt`` node with ``replies`` (or a node)   -> tree
-5. ``instruction`` + ``output``                   -> alpaca
-6. query/response, question/answer, prompt/response, prompt/completion -> query_response
-7. ``prompt`` / ``question`` / ``instruction`` / ``turns`` alone     -> prompt (prompt-only)
+1. ``messages`` / ``conversations`` lists, by the keys of their first turn: ``role``/``content`` ->
+   openai (SpecForge stores OpenAI messages under ``conversations``), ``from``/``value`` -> sharegpt
+   (LLaMA-Factory's sharegpt column may be called ``messages``), ``{human, assistant}`` pair objects
+   (ms-swift's ``conversation``) -> turn_pairs. Ultrachat rows hold ``prompt`` beside ``messages``.
+2. ``history``/``trajectory`` of message objects -> trajectory
+3. ``prompt`` node with ``replies`` (or a node) -> tree
+4. ``instruction`` + ``output`` -> alpaca; ``instruction`` + ``response`` (+ ``context``, Dolly) ->
+   instruction_response
+5. query/response, question/answer, prompt/response, prompt/completion, input/output (torchtune's
+   instruct default) -> query_response
+6. ``prompt`` / ``question`` / ``instruction`` / ``turns`` alone -> prompt (prompt-only)
 
-Anything else raises RowRejected("unknown_format") naming the keys the row had.
+Anything else raises RowRejected("unknown_format") naming the keys the row had. A row that points at
+images, audio or video (LLaVA's ``image``, ms-swift's and LLaMA-Factory's ``images``/``audios``/
+``videos`` lists beside ``<image>`` placeholders in the text) is refused as ``multimodal_content``
+whatever its shape: a text drafter would learn the placeholder, not the picture.
+
+``ParseOptions.from_format`` forces one shape: the row is read by that shape's parser when it has
+that shape's keys, and rejected as ``format_mismatch`` (naming what the shape needs and what the row
+has) when it has not.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
-from draftdeck.formats import alpaca, openai, prompt, sharegpt, trajectory, tree
+from draftdeck.formats import alpaca, openai, pairs, prompt, sharegpt, trajectory, tree
 from draftdeck.formats.common import ParseContext, RowRejected, keys_of
 from draftdeck.formats.model import Conversation
 
 Parser = Callable[[dict[str, Any], ParseContext], list[Conversation]]
 
+# The names `--from` takes, as a type the parameter models (and so the form, API and CLI) share.
+FormatName = Literal[
+    "openai",
+    "sharegpt",
+    "turn_pairs",
+    "trajectory",
+    "tree",
+    "alpaca",
+    "instruction_response",
+    "query_response",
+    "prompt",
+]
+FORMAT_NAMES: tuple[str, ...] = get_args(FormatName)
+
+LIST_KEYS = ("messages", "conversations", "conversation")
+MEDIA_KEYS = ("images", "image", "audios", "audio", "videos", "video")
+_MEDIA_KEY_SET = frozenset(MEDIA_KEYS)
+MEDIA_PLACEHOLDERS = ("<image>", "<audio>", "<video>")
+
+
+def turn_style(value: dict[str, Any]) -> tuple[str, str] | None:
+    """(family, key) of the first list of turns in `value`, judged by its first turn's keys."""
+    for key in LIST_KEYS:
+        turns = value.get(key)
+        if not isinstance(turns, list):
+            continue
+        first = turns[0] if turns else None
+        if isinstance(first, dict):
+            if "from" in first:
+                return sharegpt.FAMILY, key
+            if "role" in first:
+                return openai.FAMILY, key
+            if "human" in first or "assistant" in first:
+                return pairs.FAMILY, key
+        if key == "messages":
+            return openai.FAMILY, key  # an empty list, or turns the OpenAI parser names the fault of
+        if key == "conversations":
+            return sharegpt.FAMILY, key
+    return None
+
+
+def parse_turns(family: str, key: str, value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    """The conversation of a row whose turns under `key` have the style of `family`."""
+    if family == openai.FAMILY:
+        if key == "messages":
+            return openai.parse_row(value, ctx)
+        convs = sharegpt.parse_row(value, ctx, key)  # reads role/content turns as OpenAI messages
+        for conv in convs:
+            conv.source_format = openai.FAMILY
+        return convs
+    if family == sharegpt.FAMILY:
+        return sharegpt.parse_row(value, ctx, key)
+    return pairs.parse_row(value, ctx, key)
+
+
+def _list_parser(family: str) -> Parser:
+    def parse_list(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+        style = turn_style(value)
+        assert style is not None and style[0] == family
+        return parse_turns(family, style[1], value, ctx)
+
+    return parse_list
+
+
+def _is_style(family: str) -> Callable[[dict[str, Any]], bool]:
+    def matches(value: dict[str, Any]) -> bool:
+        style = turn_style(value)
+        return style is not None and style[0] == family
+
+    return matches
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    name: str  # the family counted in report.formats and named by --from
+    needs: str  # what a row of this shape holds, for format_mismatch reasons
+    matches: Callable[[dict[str, Any]], bool]
+    parser: Parser
+
+
+SHAPES: tuple[Shape, ...] = (
+    Shape(
+        openai.FAMILY,
+        "a messages (or conversations) list of role/content turns",
+        _is_style(openai.FAMILY),
+        _list_parser(openai.FAMILY),
+    ),
+    Shape(
+        sharegpt.FAMILY,
+        "a conversations (or messages) list of from/value turns",
+        _is_style(sharegpt.FAMILY),
+        _list_parser(sharegpt.FAMILY),
+    ),
+    Shape(
+        pairs.FAMILY,
+        "a conversation list of {human, assistant} objects",
+        _is_style(pairs.FAMILY),
+        _list_parser(pairs.FAMILY),
+    ),
+    Shape(
+        trajectory.FAMILY,
+        "a history or trajectory list of messages or steps",
+        lambda v: ("history" in v or "trajectory" in v) and trajectory.trajectory_key(v) is not None,
+        trajectory.parse_row,
+    ),
+    Shape(
+        tree.FAMILY,
+        "a prompt node with replies",
+        lambda v: tree.root_of(v) is not None,
+        tree.parse_row,
+    ),
+    Shape(
+        alpaca.ALPACA,
+        "instruction and output",
+        lambda v: "instruction" in v and "output" in v,
+        alpaca.parse_alpaca,
+    ),
+    Shape(
+        alpaca.INSTRUCTION_RESPONSE,
+        "instruction and response (context optional)",
+        lambda v: "instruction" in v and "response" in v,
+        alpaca.parse_instruction_response,
+    ),
+    Shape(
+        alpaca.QUERY_RESPONSE,
+        "query/response, question/answer, prompt/response, prompt/completion or input/output text",
+        lambda v: alpaca.pair_of(v) is not None,
+        alpaca.parse_query_response,
+    ),
+    Shape(
+        prompt.FAMILY,
+        "prompt, question or instruction text, or a turns list",
+        lambda v: prompt.prompt_key(v) is not None,
+        prompt.parse_row,
+    ),
+)
+SHAPES_BY_NAME: dict[str, Shape] = {s.name: s for s in SHAPES}
+LIST_SHAPES = frozenset({openai.FAMILY, sharegpt.FAMILY, pairs.FAMILY})  # told apart by turn_style
+OTHER_SHAPES = tuple(s for s in SHAPES if s.name not in LIST_SHAPES)
+assert tuple(SHAPES_BY_NAME) == FORMAT_NAMES, "FormatName and SHAPES must list the same shapes"
+
+
+def check_format_name(name: str | None) -> None:
+    """Raise ValueError for a `--from` name no shape has, listing the known ones."""
+    if name is not None and name not in SHAPES_BY_NAME:
+        raise ValueError(f"unknown input format {name!r}; known formats: {', '.join(FORMAT_NAMES)}")
+
 
 def detect(value: dict[str, Any]) -> tuple[str, Parser]:
     """Return (family, parser) for one row, or raise RowRejected("unknown_format", ...)."""
-    msgs = value.get("messages")
-    if isinstance(msgs, list):
-        return openai.FAMILY, openai.parse_row
-    conv = value.get("conversations")
-    if isinstance(conv, list):
-        first = conv[0] if conv else None
-        if isinstance(first, dict) and "role" in first and "from" not in first:
-            return openai.FAMILY, sharegpt.parse_row  # OpenAI messages stored under `conversations`
-        return sharegpt.FAMILY, sharegpt.parse_row
-    if ("history" in value or "trajectory" in value) and trajectory.trajectory_key(value):
-        return trajectory.FAMILY, trajectory.parse_row
-    if tree.root_of(value) is not None:
-        return tree.FAMILY, tree.parse_row
-    if "instruction" in value and "output" in value:
-        return alpaca.ALPACA, alpaca.parse_alpaca
-    if alpaca.pair_of(value) is not None:
-        return alpaca.QUERY_RESPONSE, alpaca.parse_query_response
-    if prompt.prompt_key(value) is not None:
-        return prompt.FAMILY, prompt.parse_row
-    if msgs is not None or conv is not None:
-        key = "messages" if msgs is not None else "conversations"
-        found = msgs if msgs is not None else conv
-        raise RowRejected("unknown_format", f"{key} is a JSON {type(found).__name__}, not a list of turns")
-    raise RowRejected("unknown_format", f"no known chat shape has the keys: {keys_of(value)}")
+    style = turn_style(value)
+    if style is not None:
+        return style[0], SHAPES_BY_NAME[style[0]].parser
+    for shape in OTHER_SHAPES:
+        if shape.matches(value):
+            return shape.name, shape.parser
+    raise unknown_format(value)
+
+
+def unknown_format(value: dict[str, Any]) -> RowRejected:
+    """The rejection of a row no shape matches, naming what it holds."""
+    for key in LIST_KEYS[:2]:
+        found = value.get(key)
+        if found is not None:
+            return RowRejected(
+                "unknown_format", f"{key} is a JSON {type(found).__name__}, not a list of turns"
+            )
+    return RowRejected("unknown_format", f"no known chat shape has the keys: {keys_of(value)}")
+
+
+def media_of(value: dict[str, Any]) -> str | None:
+    """What images, audio or video the row points at (None for a text-only row)."""
+    if value.keys().isdisjoint(_MEDIA_KEY_SET):  # the usual row: one set test, no per-key lookups
+        return None
+    found = []
+    for key in MEDIA_KEYS:
+        media = value.get(key)
+        if media is None or media == "" or media == []:
+            continue
+        n = len(media) if isinstance(media, list) else 1
+        found.append(f"{key} ({n})")
+    if not found:
+        return None
+    text = repr(value)  # rows with media are rare: count their placeholders the simple way
+    marks = [f"{text.count(m)} {m}" for m in MEDIA_PLACEHOLDERS if m in text]
+    return ", ".join(found) + (f" and placeholders {', '.join(marks)}" if marks else "")
 
 
 def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:
-    """Detect and parse one row: (family, conversations). Raises RowRejected."""
+    """Detect (or, with ``from_format``, check) and parse one row: (family, conversations).
+
+    Raises RowRejected."""
     if not isinstance(value, dict):
         raise RowRejected("not_an_object", f"a JSON {type(value).__name__}, not an object")
-    family, parser = detect(value)
-    return family, parser(value, ctx)
+    media = media_of(value)
+    if media is not None:
+        raise RowRejected(
+            "multimodal_content", f"the row holds {media}; a text drafter cannot learn from them"
+        )
+    forced = ctx.options.from_format
+    if forced is not None:
+        shape = SHAPES_BY_NAME[forced]
+        if not shape.matches(value):
+            try:
+                seen = f"it reads as {detect(value)[0]}"
+            except RowRejected:
+                seen = "it matches no known shape"
+            raise RowRejected(
+                "format_mismatch",
+                f"not {forced} (which needs {shape.needs}): {seen}; keys: {keys_of(value)}",
+            )
+        return shape.name, shape.parser(value, ctx)
+    style = turn_style(value)  # most rows: a list of turns, so look once and parse it directly
+    if style is not None:
+        return style[0], parse_turns(style[0], style[1], value, ctx)
+    for shape in OTHER_SHAPES:
+        if shape.matches(value):
+            return shape.name, shape.parser(value, ctx)
+    raise unknown_format(value)

@@ -28,7 +28,9 @@ ROLE_MAP = {
     "system": "system",
     "developer": "system",
     "user": "user",
+    "human": "user",  # ShareGPT's role names inside `messages` (role: human / gpt)
     "assistant": "assistant",
+    "gpt": "assistant",
     "tool": "tool",
     "function": "tool",
     "ipython": "tool",

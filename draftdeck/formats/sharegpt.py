@@ -8,6 +8,7 @@
 - ``reasoning_content`` on a turn is the reasoning (a leading ``<think>`` block in text too);
   ``<tool_call>`` XML inside text stays text: it is what the model generated.
 - Turns with ``role``/``content`` under ``conversations`` (SpecForge) are read as OpenAI messages.
+- The same from/value turns under ``messages`` (LLaMA-Factory's sharegpt columns renamed) read the same.
 """
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ def parse_turn(d: Any, where: str, ctx: ParseContext, messages: list[Message]) -
     messages.append(finish_assistant(msg))
 
 
-def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
-    turns = value["conversations"]
+def parse_row(value: dict[str, Any], ctx: ParseContext, key: str = "conversations") -> list[Conversation]:
+    """The turns under `key` (`conversations`, or `messages` where LLaMA-Factory's sharegpt column is
+    named so)."""
+    turns = value[key]
     if not isinstance(turns, list):
-        raise RowRejected("unknown_format", f"conversations is a JSON {type(turns).__name__}, not a list")
+        raise RowRejected("unknown_format", f"{key} is a JSON {type(turns).__name__}, not a list")
     messages: list[Message] = []
     system = value.get("system")
     if system is not None and system != "":
@@ -117,7 +120,8 @@ def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
                     msg = Message(role, text)  # type: ignore[arg-type]
                     append(finish_assistant(msg) if role == "assistant" and "<think>" in text else msg)
                     continue
-        parse_turn(turn, f"conversations[{i}]", ctx, messages)
+        parse_turn(turn, f"{key}[{i}]", ctx, messages)
     tools = parse_tools(value.get("tools"), "tools", ctx)
     fmt = FAMILY
-    return [Conversation(messages, tools=tools, source_format=fmt, meta=openai.meta_of(value, ROW_KEYS))]
+    known = ROW_KEYS if key == "conversations" else (key, "system", "tools")
+    return [Conversation(messages, tools=tools, source_format=fmt, meta=openai.meta_of(value, known))]

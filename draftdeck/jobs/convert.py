@@ -9,11 +9,13 @@ from pydantic import Field
 
 from draftdeck.convert import ConvertOptions, check_out, convert
 from draftdeck.errors import PolicyError
+from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
     build_options,
+    from_format_field,
     inputs_field,
     loss_thresholds,
     max_rejected_field,
@@ -41,6 +43,7 @@ class ConvertParams(JobParams):
     tree_paths: Literal["all", "best"] = Field(
         default="all", description="message trees: every leaf or the best-ranked path"
     )
+    from_format: FormatName | None = from_format_field()
     allow_prompt_only: bool = Field(
         default=False, description="keep rows without an assistant turn (to regenerate answers)"
     )

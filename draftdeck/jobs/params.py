@@ -30,6 +30,18 @@ def inputs_field(description: str) -> Any:
     return Field(min_length=1, max_length=MAX_INPUTS, description=description)
 
 
+def from_format_field() -> Any:
+    """`from_format` (CLI `--from`): one input shape every row must have, for the kinds reading chat rows.
+    Its type is :data:`draftdeck.formats.detect.FormatName`, so an unknown name is refused listing
+    the known ones."""
+    return Field(
+        default=None,
+        description="read every row as this shape (default: detect per row); a row of another shape"
+        " is rejected as format_mismatch",
+        json_schema_extra={"cli_flag": "--from"},
+    )
+
+
 def max_row_bytes_field() -> Any:
     return Field(
         default=DEFAULT_MAX_ROW_BYTES,

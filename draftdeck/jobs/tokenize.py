@@ -11,11 +11,13 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
     build_options,
+    from_format_field,
     inputs_field,
     loss_thresholds,
     max_rejected_field,
@@ -55,6 +57,7 @@ class TokenizeParams(JobParams):
     alert_rejected: float | None = alert_field("rejected")
     alert_duplicated: float | None = alert_field("a duplicate")
     alert_truncated: float | None = alert_field("cut at seq_length")
+    from_format: FormatName | None = from_format_field()
     encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
     chunk_rows: int | None = Field(
         default=None, ge=1, le=10_000_000, description="conversations per chunk task (default: shard_rows)"

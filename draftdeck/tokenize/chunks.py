@@ -388,7 +388,11 @@ def tokenize_files_chunked(
     opts.check()
     check_out_dir(out_dir)
     started = time.monotonic()
-    plan = plan_chunks(lambda r: read_inputs(paths, r, strict=opts.strict), parts_dir, chunk_rows)
+    plan = plan_chunks(
+        lambda r: read_inputs(paths, r, strict=opts.strict, from_format=opts.from_format),
+        parts_dir,
+        chunk_rows,
+    )
     done = {
         c.index: tokenize_chunk(Path(c.path), c.index, out_dir, parts_dir, opts) for c in order(plan.chunks)
     }

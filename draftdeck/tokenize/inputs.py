@@ -15,10 +15,17 @@ from draftdeck.quality import Report
 
 
 def read_inputs(
-    paths: Sequence[Path], report: Report, progress: Progress = no_progress, *, strict: bool = False
+    paths: Sequence[Path],
+    report: Report,
+    progress: Progress = no_progress,
+    *,
+    strict: bool = False,
+    from_format: str | None = None,
 ) -> Iterator[Conversation]:
-    """Conversations of `paths`; prompt-only rows are rejected as ``no_assistant_turn``."""
+    """Conversations of `paths`; prompt-only rows are rejected as ``no_assistant_turn``; with
+    `from_format` every row must have that shape (else ``format_mismatch``)."""
     from draftdeck.convert import ConvertOptions, read_conversations
     from draftdeck.quality import Policy
 
-    return read_conversations(list(paths), report, ConvertOptions(policy=Policy(strict=strict)), progress)
+    options = ConvertOptions(policy=Policy(strict=strict), from_format=from_format)
+    return read_conversations(list(paths), report, options, progress)

@@ -76,6 +76,7 @@ class TokenizeOptions:
     alert_duplicated: float | None = None
     alert_truncated: float | None = None
     encoder: Literal["auto", "hf", "tiktoken"] = "auto"
+    from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
     workers: int = 0  # 0: one per CPU core
     chunk_size: int = 256
 
@@ -574,7 +575,7 @@ def tokenize_files(
     from draftdeck.tokenize.inputs import read_inputs
 
     return tokenize(
-        lambda report: read_inputs(paths, report, progress, strict=opts.strict),
+        lambda report: read_inputs(paths, report, progress, strict=opts.strict, from_format=opts.from_format),
         out_dir,
         opts,
         progress=None,

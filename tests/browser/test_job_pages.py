@@ -70,25 +70,36 @@ def test_scan_from_form_shows_rows_keysets_issues_outputs(page: Any, server: Ser
     expect(page.locator("#job-status")).to_have_text("succeeded")
     assert_not_reloaded(page)
     expect(count(page, "in")).to_have_text("4")
-    expect(count(page, "out")).to_have_text("3")
-    expect(count(page, "rejected")).to_have_text("1")
+    expect(count(page, "out")).to_have_text("2")  # the rows convert would keep: not the bare prompt
+    expect(count(page, "rejected")).to_have_text("2")
+    figures = page.locator("#job-figures")
+    expect(figures.locator('[data-count="would-keep"] .num')).to_have_text("2")
+    expect(figures.locator('[data-count="prompt-only"] .num')).to_have_text("1")
+    expect(page.locator("#scan-shapes tbody tr")).to_have_text(
+        [re.compile("openai\\s*2"), re.compile("prompt\\s*1")]
+    )
+    would_reject = page.locator("#scan-would-reject tbody tr")
+    expect(would_reject).to_have_count(2)
+    expect(would_reject.filter(has_text="no_assistant_turn")).to_contain_text(":3 no assistant message")
+    expect(would_reject.filter(has_text="json_error")).to_contain_text(":4 invalid JSON")
     keysets = page.locator("#keysets tbody tr")
     expect(keysets).to_have_count(2)
     expect(keysets.nth(0)).to_contain_text("messages")
     expect(keysets.nth(0).locator("td.num")).to_have_text("2")
     expect(keysets.nth(1)).to_contain_text("id, prompt")
-    issue = page.locator("#issues tbody.issue")
-    expect(issue).to_have_count(1)
+    expect(page.locator("#issues tbody.issue")).to_have_count(2)
+    issue = page.locator("#issues tbody.issue").filter(has_text="json_error")
     expect(issue.locator("code")).to_have_text("json_error")
     expect(issue.locator(".sev")).to_have_text("rejected")
     expect(issue.locator(".examples li")).to_have_text(re.compile(r"^line 4 invalid JSON"))
     outputs = page.locator("#outputs tbody tr")
     expect(outputs).to_have_count(1)
     expect(outputs).to_contain_text(f"jobs/{job_id}/scan-report.json")
-    expect(outputs.locator("td.num").first).to_have_text("3")
+    expect(outputs.locator("td.num").first).to_have_text("2")
     # The page shows what the job recorded, and the report file on disk says the same.
     report = json.loads(Path(server.job(job_id)["outputs"][0]["path"]).read_text())
-    assert (report["rows_in"], report["rows_out"], report["rejected"]) == (4, 3, {"json_error": 1})
+    assert (report["rows_in"], report["rows_out"]) == (4, 2)
+    assert report["rejected"] == {"json_error": 1, "no_assistant_turn": 1}
     # Its event stream is closed (or was never opened, if the job ended before the page loaded).
     expect(page.locator("#job-stream")).not_to_have_attribute("data-sse-state", re.compile("open|connect"))
 
@@ -137,7 +148,7 @@ def test_job_page_goes_live_from_running_to_succeeded(page: Any, server: Server,
     expect(page.locator("#job-status")).to_have_text("succeeded")
     assert_not_reloaded(page)
     expect(count(page, "in")).to_have_text("4")
-    expect(page.locator("#job-log")).to_contain_text("succeeded: 4 rows in, 4 out, 0 rejected")
+    expect(page.locator("#job-log")).to_contain_text("succeeded: 4 rows in, 0 out, 4 rejected")  # prompts
     # Terminal: the stream closed, and nothing asks the server again in the next 2.5 s.
     expect(page.locator("#job-stream")).to_have_attribute("data-sse-state", "closed")
     polled: list[str] = []
@@ -239,7 +250,11 @@ def test_hostile_keys_values_and_file_names_are_shown_as_text(
     expect(page.locator("#job-status")).to_have_text("succeeded")
     expect(page.locator("#keysets tbody tr").first.locator("code")).to_have_text(f"{SCRIPT}, ok")
     expect(page.locator(".params dd").first).to_have_text(str(path))
-    expect(page.locator("#issues .examples li")).to_have_text(re.compile(r"^line 3 invalid JSON"))
+    examples = page.locator("#issues .examples li")
+    expect(examples.filter(has_text="invalid JSON")).to_have_text(re.compile(r"^line 3 invalid JSON"))
+    # the pre-flight names the hostile key in its unknown_format reasons: as text, on both tables
+    expect(examples.filter(has_text="no known chat shape").first).to_contain_text(SCRIPT)
+    expect(page.locator("#scan-would-reject")).to_contain_text(f"no known chat shape has the keys: {SCRIPT}")
     # A failing job with the same kind of name: the error, the log and the alert show it as text too.
     empty = data_file([], name=f"{SCRIPT.replace('/', '')}.jsonl")
     start_from_form(page, empty)

@@ -106,7 +106,7 @@ def test_progress_reaches_the_page_on_one_stream_that_closes_at_the_end(
     pipe.close()
     expect(page.locator("#job-status")).to_have_text("succeeded")
     expect(page.locator("#job-live [data-count='in'] .num")).to_have_text("3,001")
-    expect(page.locator("#job-log")).to_contain_text("succeeded: 3,001 rows in, 3,001 out, 0 rejected")
+    expect(page.locator("#job-log")).to_contain_text("succeeded: 3,001 rows in, 0 out, 3,001 rejected")
     expect(page.locator("#job-stream")).to_have_attribute("data-sse-state", "closed")
     page.wait_for_timeout(2000)  # EventSource would be back within its 1 s retry if it had not closed
     assert len(streams) == 1 and streams[0].url.startswith(f"{server.url}/jobs/{job_id}/events?log=")

@@ -47,7 +47,8 @@ def _ended(client: TestClient, job_id: int):  # type: ignore[no-untyped-def]
 
 def test_scan_job_succeeds_through_a_real_worker(stack: Stack, client: TestClient) -> None:
     (stack.data / "chat.jsonl").write_text(
-        '{"messages": [{"role": "user", "content": "hi"}]}\n\n{"conversations": []}\nnot json\n',
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+        '\n{"conversations": []}\nnot json\n',
         encoding="utf-8",
     )
     stack.start_worker()
@@ -55,12 +56,16 @@ def test_scan_job_succeeds_through_a_real_worker(stack: Stack, client: TestClien
     job = wait_for(_ended(client, job_id), 60, "the scan to end", stack)
     assert job["status"] == "succeeded", job
     result = job["result"]
-    assert (result["rows_in"], result["rows_out"], result["rejected"]) == (3, 2, {"json_error": 1})
+    # rows_out: the rows convert would keep (an empty conversation it would not)
+    assert (result["rows_in"], result["rows_out"]) == (3, 1)
+    assert result["rejected"] == {"json_error": 1, "empty_conversation": 1}
+    examples = {item["code"]: item["example"] for item in result["would_reject"]}
+    assert (examples["empty_conversation"]["row"], examples["json_error"]["row"]) == (3, 4)
     assert {tuple(k["keys"]) for k in result["keysets"]} == {("messages",), ("conversations",)}
     assert result["examples"]["json_error"][0]["line"] == 4
     assert job["worker"] and job["started_at"] and job["finished_at"]
     [output] = job["outputs"]
-    assert output["rows"] == 2 and Path(output["path"]).is_file()
+    assert output["rows"] == 1 and Path(output["path"]).is_file()
     issues = [e for e in job["events"] if e["code"] == "json_error"]
     assert issues and issues[0]["count"] == 1 and issues[0]["level"] == "rejected"
 
@@ -153,7 +158,13 @@ def test_killed_worker_is_detected_and_retry_succeeds(stack: Stack, client: Test
     assert any(a["kind"] == "worker_lost" and a["job_id"] == job_id for a in alerts)
 
     fifo.unlink()
-    fifo.write_bytes(b'{"messages": []}\n' * 10)
+    fifo.write_bytes(
+        b"".join(
+            b'{"messages": [{"role": "user", "content": "q%d"}, {"role": "assistant", "content": "a%d"}]}\n'
+            % (i, i)
+            for i in range(10)
+        )
+    )  # ten rows convert would keep (the scan's rows out)
     r = client.post(f"/api/jobs/{job_id}/retry", json={})
     assert r.status_code == 201, r.text
     retry_id = r.json()["id"]

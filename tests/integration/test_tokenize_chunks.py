@@ -149,6 +149,13 @@ def _submit_big(client: TestClient, stack: Stack, small_tokenizer: Path, **extra
     return int(r.json()["id"])
 
 
+def _wait_for_cleanup(stack: Stack, job_id: int) -> None:
+    """The failure is committed first, then whoever failed the job (the sweeper of the web or of a
+    worker) removes its partial files: the chunk folder goes away just after the status changes."""
+    parts = stack.home / "jobs" / str(job_id) / "chunks"
+    wait_for(lambda: not parts.exists(), 10, "the failed job's chunk files to be removed", stack)
+
+
 def _ended(client: TestClient, job_id: int):  # type: ignore[no-untyped-def]
     return lambda: (
         (j := client.get(f"/api/jobs/{job_id}").json())["status"] not in ("queued", "running") and j
@@ -191,7 +198,7 @@ def test_a_chunk_lost_twice_fails_the_job_and_retry_with_out_works(
     assert job["status"] == "failed" and job["error"].startswith("worker lost: chunk 0 lost twice"), job
     assert job["outputs"] == []
     assert [c.status for c in _chunk_rows(job_id)] == ["lost"]
-    assert not (stack.home / "jobs" / str(job_id) / "chunks").exists()
+    _wait_for_cleanup(stack, job_id)
     assert not out.exists() or list(out.iterdir()) == [], "no chunk shard or .tmp- file left"
     r = client.post(f"/api/jobs/{job_id}/retry", json={})
     assert r.status_code == 201, r.text
@@ -216,4 +223,68 @@ def test_a_chunk_lost_with_no_live_worker_fails_the_job(
     assert job["status"] == "failed", job
     assert job["error"].startswith("worker lost: chunk 0 lost, and no live worker serves queue cpu"), job
     assert [c.status for c in _chunk_rows(job_id)] == ["lost"]
-    assert not (stack.home / "jobs" / str(job_id) / "chunks").exists()
+    _wait_for_cleanup(stack, job_id)
+
+
+def test_retry_after_a_chunk_lost_twice_reuses_the_chunks_already_done(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """A few chunks; the worker is killed twice in the last one after the others are done: the job
+    fails "worker lost". Its Retry (with `out` set) takes over the done chunks, byte-identical, runs
+    only the lost one, and says so."""
+    import os
+    import signal
+
+    from sqlalchemy import func
+
+    from app.db import session_scope
+    from app.models import JobChunk
+
+    stack.start_worker()
+    out = stack.data / "out"
+    job_id = _submit_big(client, stack, small_tokenizer, out=str(out), chunk_rows=2000)
+    shards: dict[int, bytes] = {}
+
+    def last_running(losses: int) -> object:
+        """The chunk that runs while all others are done (chunks run one at a time here)."""
+        rows = _chunk_rows(job_id)
+        if not rows:
+            return None  # not planned yet
+        assert len(rows) >= 3
+        running = [c for c in rows if c.status == "running" and c.worker and c.losses == losses]
+        done = [c for c in rows if c.status == "done"]
+        return running[0] if len(running) == 1 and len(done) == len(rows) - 1 else None
+
+    for losses in (0, 1):
+        chunk = wait_for(
+            lambda n=losses: last_running(n), 90, f"the last chunk to run ({losses})", stack, every=0.05
+        )
+        if not shards:
+            shards = {
+                c.chunk_index: Path(c.shard_path).read_bytes()
+                for c in _chunk_rows(job_id)
+                if c.status == "done"
+            }
+        os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)  # type: ignore[attr-defined]
+    n = len(_chunk_rows(job_id))
+    lost = next(i for i in range(n) if i not in shards)
+    job = wait_for(_ended(client, job_id), 60, "the job to be marked lost", stack)
+    assert job["status"] == "failed" and job["error"].startswith(f"worker lost: chunk {lost} lost twice"), job
+    _wait_for_cleanup(stack, job_id)
+    assert list(out.iterdir()) == [], "out is empty: the done chunks wait in the job's own folder"
+
+    r = client.post(f"/api/jobs/{job_id}/retry", json={})
+    assert r.status_code == 201, r.text
+    new_id = r.json()["id"]
+    again = wait_for(_ended(client, new_id), 90, "the retry to end", stack)
+    assert again["status"] == "succeeded", (again["error"], stack.worker_logs())
+    with session_scope() as session:
+        reused = session.exec(
+            select(func.count()).where(JobChunk.job_id == new_id, JobChunk.reused_from == job_id)
+        ).one()
+    assert reused == n - 1
+    rows = _chunk_rows(new_id)
+    assert [c.worker is None for c in rows] == [i != lost for i in range(n)], "only the lost chunk ran"
+    assert again["result"]["chunks_reused"]["summary"] == f"{n - 1} of {n} chunks reused from job {job_id}"
+    # the final step renamed the reused shards: same bytes under their final names
+    assert all((out / f"data-{i:05d}-of-{n:05d}.arrow").read_bytes() == data for i, data in shards.items())

@@ -210,3 +210,23 @@ def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
         from app.models import JobOutput
 
         assert len(s.exec(select(JobOutput).where(JobOutput.job_id == job.id)).all()) == 1
+
+
+def test_an_optional_choice_starts_unset_in_the_form(client: TestClient, migrated: Path) -> None:
+    """`from_format` has no default: the form's select must not submit its first shape unasked (it did,
+    and every row not of that shape was rejected as format_mismatch)."""
+    import re
+
+    _file(migrated)
+    page = client.get("/jobs/new", params={"kind": "scan"}).text
+    select = re.search(r'<select name="from_format">(.*?)</select>', page, re.S)
+    assert select is not None
+    first = re.search(r"<option ([^>]*)>", select.group(1))
+    assert first is not None and 'value=""' in first.group(1) and "selected" in first.group(1)
+    csrf = client.cookies.get("dd_csrf")
+    for given, stored in (("", None), ("sharegpt", "sharegpt")):
+        form = {"kind": "scan", "inputs": "data/a.jsonl", "from_format": given, "csrf": csrf}
+        r = client.post("/jobs", data=form, follow_redirects=False)
+        assert r.status_code == 303, r.text
+        job_id = int(r.headers["location"].rsplit("/", 1)[1])
+        assert client.get(f"/api/jobs/{job_id}").json()["params"].get("from_format") == stored

@@ -122,7 +122,9 @@ def test_scan_reads_any_readable_file_and_sets_exit_codes(dd_home: Path, tmp_pat
     r = runner.invoke(app, ["scan", str(outside), "--report", str(tmp_path / "r.json")])
     assert r.exit_code == 0, r.output
     report = json.loads((tmp_path / "r.json").read_text())
-    assert (report["rows_in"], report["rows_out"], report["rejected"]) == (2, 1, {"json_error": 1})
+    # the parsed row is an empty conversation: convert would not keep it, and the scan says so
+    assert (report["rows_in"], report["rows_out"]) == (2, 0)
+    assert report["rejected"] == {"json_error": 1, "empty_conversation": 1}
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     r = runner.invoke(app, ["scan", str(empty)])

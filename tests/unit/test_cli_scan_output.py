@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,3 +56,65 @@ def test_paths_that_look_like_markup_are_printed_as_they_are(tmp_path: Path) -> 
     assert r.returncode == 2
     assert "[/x]missing.jsonl: no such file" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _scan_args(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "400", "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "draftdeck.cli", "scan", *args],
+        cwd=home, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def _row(question: str, answer: str | None = None) -> str:
+    turns = [{"role": "user", "content": question}] + (
+        [{"role": "assistant", "content": answer}] if answer is not None else []
+    )
+    return json.dumps({"messages": turns})
+
+
+def test_preflight_figures_are_printed(tmp_path: Path) -> None:
+    target = tmp_path / "data" / "mixed.jsonl"
+    target.parent.mkdir()
+    lines = [_row(f"q{i}", "Sure") for i in range(3)] + [_row("only a question")]
+    lines += [json.dumps({"instruction": "Say hi", "context": "", "response": "hi"})]
+    lines += [json.dumps({"images": ["x.png"], "messages": [{"role": "user", "content": "<image>[red]?"}]})]
+    lines += [json.dumps({"[bold]odd[/]": 1})]
+    target.write_text("\n".join(lines) + "\n")
+    r = _scan_args(tmp_path, str(target), "--report", str(tmp_path / "scan.json"))
+    assert r.returncode == 0, r.stderr
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert "shapes" in r.stdout.splitlines()
+    assert ["openai", "│", "4"] in rows and ["instruction_response", "│", "1"] in rows
+    assert "convert would keep 4 of 7 rows" in r.stdout
+    assert "convert would reject" in r.stdout.splitlines()
+    assert f"no_assistant_turn  │    1 │ {target}:4: no assistant message" in r.stdout
+    assert (
+        f"multimodal_content │    1 │ {target}:6: the row holds images (1) and placeholders 1 <image>"
+        in r.stdout
+    )
+    assert (
+        f"unknown_format     │    1 │ {target}:7: no known chat shape has the keys: [bold]odd[/]" in r.stdout
+    )
+    assert "prompt-only rows: 1 " in r.stdout
+    assert ["'sure'", "│", "3", "│", "kept"] in rows
+    assert ["[bold]odd[/]", "│", "1"] in rows  # a key set printed as it is, never read as markup
+    report = json.loads((tmp_path / "scan.json").read_text())
+    assert report["would_keep"] == 4 and report["prompt_only"] == 1
+    assert report["rows_in"] + report["rows_expanded"] == report["rows_out"] + sum(
+        report["rejected"].values()
+    )
+
+
+def test_from_forces_a_shape_and_an_unknown_one_is_a_usage_error(tmp_path: Path) -> None:
+    target = tmp_path / "data" / "rows.jsonl"
+    target.parent.mkdir()
+    target.write_text(
+        _row("q", "a long answer here") + "\n" + json.dumps({"input": "2+2", "output": "4"}) + "\n"
+    )
+    r = _scan_args(tmp_path, str(target), "--from", "query_response")
+    assert r.returncode == 0, r.stderr
+    assert f"format_mismatch │    1 │ {target}:1: not query_response (which needs" in r.stdout
+    r = _scan_args(tmp_path, str(target), "--from", "llava")
+    assert r.returncode == 2
+    assert "'llava' is not one of 'openai', 'sharegpt', 'turn_pairs'" in " ".join(r.stderr.split())

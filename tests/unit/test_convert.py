@@ -44,7 +44,8 @@ class TestFixtures:
             paths, tmp_path / "o.jsonl", "openai", options=ConvertOptions(allow_prompt_only=True)
         )
         # 4 alpaca + 5 bad_bytes + 9 openai + 4 prompts + 3 query/response + 9 sharegpt + 1 traj + 1 tree
-        assert report.rows_in == 36
+        # + 2 dolly + 4 multimodal + 2 sharegpt-in-messages + 2 swift pairs + 2 torchtune input/output
+        assert report.rows_in == 48
         # the tree gives 2 conversations, the trajectory 2 (two agents)
         assert report.rows_expanded == 2
         assert dict(report.rejected) == {
@@ -52,18 +53,21 @@ class TestFixtures:
             "encoding_error": 1,
             "json_error": 2,
             "not_an_object": 1,
+            "multimodal_content": 3,
         }
         assert dict(report.formats) == {
             "alpaca": 4,
-            "openai": 11,
+            "instruction_response": 2,
+            "openai": 13,
             "prompt": 4,
-            "query_response": 3,
-            "sharegpt": 8,
+            "query_response": 5,
+            "sharegpt": 9,
             "trajectory": 1,
             "tree": 1,
+            "turn_pairs": 2,
         }
-        assert report.rows_out == 33
-        assert report.outputs[0].rows == 33
+        assert report.rows_out == 42
+        assert report.outputs[0].rows == 42
 
     def test_openai_fixture_checks(self) -> None:
         convs, report = _read([FIXTURES / "openai_mixed.jsonl"])

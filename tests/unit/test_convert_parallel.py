@@ -7,6 +7,7 @@ Every comparison runs both paths on the same input: ``workers=1`` (read_conversa
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,8 @@ def test_real_files_one_at_a_time_with_tiny_chunks(tmp_path: Path) -> None:
 def test_own_fixtures_same_bytes_and_report(tmp_path: Path) -> None:
     paths = sorted(p for p in FIXTURES.iterdir() if p.name != "unknown_keys.jsonl")
     one, two = _both(tmp_path, paths, "openai", chunk_bytes=256, allow_prompt_only=True)
-    assert one.rows_in == 36
+    assert one.rows_in == 48
+    assert one.rejected["multimodal_content"] == 3
     assert two.extra["parallel"]["chunks"] >= 3
 
 
@@ -536,3 +538,17 @@ def test_jsonl_content_under_a_json_name(tmp_path: Path) -> None:
     one, two = _both(tmp_path, [src], chunk_bytes=1500)
     assert two.extra["parallel"]["chunks"] > 3
     assert [e.line for e in one.examples["json_error"]] == [121]
+
+
+def test_forced_shape_same_bytes_and_report(tmp_path: Path) -> None:
+    # plain OpenAI rows take the workers' fast path unless a shape is forced: then every row is checked
+    src = tmp_path / "forced.jsonl"
+    plain = [
+        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "x" * 40}]}
+        for i in range(60)
+    ]
+    pairs = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a long enough answer"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in plain + [{"conversations": pairs}] * 2))
+    one, _ = _both(tmp_path, [src], "openai", chunk_bytes=1024, from_format="sharegpt")
+    assert one.rejected == {"format_mismatch": 60}
+    assert one.rows_out == 2 and one.formats == {"sharegpt": 2}

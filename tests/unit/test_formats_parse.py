@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -139,22 +141,24 @@ class TestOpenAI:
         _, _, warnings = _parse({"messages": [{"role": "user", "content": "x", "loss_weight": 0.0}]})
         assert "loss_weight" in warnings["unrepresentable_field"]
 
-    def test_image_part_is_reported_not_dropped_silently(self) -> None:
-        _, [conv], warnings = _parse(
-            {
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "image_url", "image_url": {"url": "x"}},
-                            {"type": "text", "text": "what?"},
-                        ],
-                    }
-                ]
-            }
-        )
-        assert conv.messages[0].content == "what?"
-        assert "image_url" in warnings["unrepresentable_field"]
+    def test_image_part_rejects_the_row_as_multimodal(self) -> None:
+        # a text drafter cannot learn from a picture: leaving the part out silently trained on half a turn
+        with pytest.raises(RowRejected) as exc:
+            _parse(
+                {
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": [
+                                {"type": "image_url", "image_url": {"url": "x"}},
+                                {"type": "text", "text": "what?"},
+                            ],
+                        }
+                    ]
+                }
+            )
+        assert exc.value.code == "multimodal_content"
+        assert "messages[0].content[0]" in exc.value.reason and "image_url" in exc.value.reason
 
 
 class TestShareGPT:
@@ -365,3 +369,118 @@ class TestUnknown:
 )
 def test_split_think(text: str, expected: tuple[str | None, str]) -> None:
     assert split_think(text) == expected
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+
+
+def _fixture_rows(name: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (FIXTURES / name).read_text().splitlines() if line.strip()]
+
+
+def _turns(conv: Any) -> list[tuple[str, str]]:
+    return [(m.role, m.content) for m in conv.messages]
+
+
+class TestShapesPeopleWrite:
+    """Each shape read right, from the project's fixtures (each failed or read wrong before)."""
+
+    def test_from_value_turns_under_messages(self) -> None:
+        row = _fixture_rows("sharegpt_in_messages.jsonl")[0]
+        family, [conv], warnings = _parse(row)
+        assert family == "sharegpt"
+        assert _turns(conv) == [
+            ("system", "Be brief."),
+            ("user", "Capital of France?"),
+            ("assistant", "Paris."),
+        ]
+        assert warnings == {}
+
+    def test_human_and_gpt_roles_inside_messages(self) -> None:
+        row = _fixture_rows("sharegpt_in_messages.jsonl")[1]
+        family, [conv], _ = _parse(row)
+        assert family == "openai"
+        assert _turns(conv) == [("user", "Two plus two?"), ("assistant", "Four.")]
+        assert conv.meta == {"id": "r2"}
+
+    def test_dolly_instruction_context_response(self) -> None:
+        with_context, without = _fixture_rows("dolly.jsonl")
+        family, [conv], _ = _parse(with_context)
+        assert family == "instruction_response"  # was read as a prompt-only row, the answer dropped
+        assert _turns(conv) == [
+            ("user", f"{with_context['instruction']}\n{with_context['context']}"),
+            ("assistant", with_context["response"]),
+        ]
+        assert conv.meta == {"category": "closed_qa"}
+        _, [conv], _ = _parse(without)
+        assert _turns(conv) == [("user", "Which is a species of fish? Tope or Rope"), ("assistant", "Tope")]
+
+    def test_torchtune_input_output(self) -> None:
+        family, [conv], _ = _parse(_fixture_rows("torchtune_input_output.jsonl")[0])
+        assert family == "query_response"
+        assert _turns(conv) == [("user", "Translate to French: good morning"), ("assistant", "Bonjour")]
+
+    def test_ms_swift_human_assistant_pairs(self) -> None:
+        first, second = _fixture_rows("swift_turn_pairs.jsonl")
+        family, [conv], warnings = _parse(first)
+        assert family == "turn_pairs"
+        assert _turns(conv) == [
+            ("system", "You are a helpful assistant."),
+            ("user", "What is 1+1?"),
+            ("assistant", "2"),
+            ("user", "And 2+2?"),
+            ("assistant", "4"),
+        ]
+        assert warnings == {}
+        assert _turns(_parse(second)[1][0]) == [("user", "Name a colour."), ("assistant", "Blue.")]
+
+    def test_pair_without_either_side_is_refused(self) -> None:
+        with pytest.raises(RowRejected) as exc:
+            _parse({"conversation": [{"human": "q", "assistant": "a"}, {"note": "x"}]})
+        assert exc.value.code == "unknown_format" and "conversation[1]" in exc.value.reason
+
+    def test_images_and_audio_are_refused_naming_what_was_found(self) -> None:
+        llava, two_images, audio, no_media = _fixture_rows("multimodal.jsonl")
+        for row, found in (
+            (llava, ["image (1)", "1 <image>"]),
+            (two_images, ["images (2)", "2 <image>"]),
+            (audio, ["audios (1)", "1 <audio>"]),
+        ):
+            with pytest.raises(RowRejected) as exc:
+                _parse(row)
+            assert exc.value.code == "multimodal_content"
+            for text in found:
+                assert text in exc.value.reason
+        family, [conv], _ = _parse(no_media)  # an empty images list is a text row
+        assert family == "openai" and conv.has_assistant
+
+
+class TestForcedFormat:
+    def test_forced_shape_reads_the_row_that_matches(self) -> None:
+        # an ultrachat row holds prompt and messages: detection reads messages, --from prompt the prompt
+        row = {
+            "prompt": "p",
+            "messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}],
+        }
+        assert _parse(row)[0] == "openai"
+        family, [conv], _ = _parse(row, from_format="prompt")
+        assert family == "prompt" and _turns(conv) == [("user", "p")]
+
+    def test_row_of_another_shape_is_rejected_naming_why(self) -> None:
+        row = _fixture_rows("dolly.jsonl")[0]
+        with pytest.raises(RowRejected) as exc:
+            _parse(row, from_format="alpaca")
+        assert exc.value.code == "format_mismatch"
+        assert "not alpaca (which needs instruction and output)" in exc.value.reason
+        assert "it reads as instruction_response" in exc.value.reason
+        assert "context, instruction, response" in exc.value.reason
+        with pytest.raises(RowRejected, match="it matches no known shape") as exc:
+            _parse({"x": 1}, from_format="sharegpt")
+        assert exc.value.code == "format_mismatch"
+
+    def test_unknown_format_name_lists_the_known_ones(self) -> None:
+        from draftdeck.convert import ConvertOptions
+        from draftdeck.errors import UsageError
+
+        with pytest.raises(UsageError, match="unknown input format 'llava'; known formats: openai, sharegpt"):
+            ConvertOptions(from_format="llava")

@@ -117,3 +117,33 @@ def test_all_real_files_in_one_run(tmp_path: Path) -> None:
     assert report.rows_in == sum(v[0] for v in EXPECTED.values())
     assert report.rows_out == sum(v[1] for v in EXPECTED.values())
     assert report.outputs[0].rows == report.rows_out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_real_file_scans_as_convert_would_read_it(name: str) -> None:
+    """scan's pre-flight is convert's verdict: the same rows kept, rejected and warned, per shape."""
+    from draftdeck.scan import scan_file
+
+    rows_in, rows_out, formats, rejected, warnings = EXPECTED[name]
+    report = scan_file(real_file(name))
+    assert (report.rows_in, report.rows_out, report.extra["would_keep"]) == (rows_in, rows_out, rows_out)
+    assert dict(report.formats) == formats
+    assert dict(report.rejected) == rejected
+    assert dict(report.warnings) == warnings
+    assert report.extra["prompt_only"] == rejected.get("no_assistant_turn", 0)
+    assert sum(item["rows"] for item in report.extra["would_reject"]) == sum(rejected.values())
+    assert sum(ks["rows"] for ks in report.extra["keysets"]) == rows_in
+
+
+def test_forcing_a_shape_on_real_files(tmp_path: Path) -> None:
+    chat = real_file("torchtune__chat_tiny.json")
+    report = convert([chat], tmp_path / "a.jsonl", "openai", options=ConvertOptions(from_format="sharegpt"))
+    assert (report.rows_out, dict(report.formats)) == (1, {"sharegpt": 1})
+    from draftdeck.scan import scan_file
+
+    scanned = scan_file(real_file("FastChat__dummy_conversation.json"), from_format="alpaca")
+    assert (scanned.rows_out, dict(scanned.rejected)) == (0, {"format_mismatch": 500})
+    [item] = scanned.extra["would_reject"]
+    assert (
+        "not alpaca (which needs instruction and output): it reads as sharegpt" in item["example"]["reason"]
+    )

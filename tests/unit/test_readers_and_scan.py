@@ -86,8 +86,15 @@ class TestScan:
         path = tmp_path / "s.jsonl"
         path.write_bytes(_jsonl(ROWS) + b"[1, 2]\nnope\n")
         report = scan_file(path)
-        assert (report.rows_in, report.rows_out) == (4, 2)
-        assert report.rejected == {"not_an_object": 1, "json_error": 1}
+        # rows_out is what convert would keep: a question without an answer and an empty conversation
+        # are parsed rows convert rejects (before, scan called all parsed rows "out")
+        assert (report.rows_in, report.rows_out) == (4, 0)
+        assert report.rejected == {
+            "not_an_object": 1,
+            "json_error": 1,
+            "no_assistant_turn": 1,
+            "empty_conversation": 1,
+        }
         assert report.extra["keysets"] == [
             {"keys": ["messages"], "rows": 1},
             {"keys": ["conversations", "id"], "rows": 1},
@@ -109,7 +116,8 @@ class TestScan:
 
     def test_fifty_megabyte_single_line_parses(self, tmp_path: Path) -> None:
         path = tmp_path / "one-line.jsonl"
-        path.write_text(json.dumps({"messages": [{"role": "user", "content": "y" * 50_000_000}]}))
+        big = [{"role": "user", "content": "y" * 50_000_000}, {"role": "assistant", "content": "n"}]
+        path.write_text(json.dumps({"messages": big}))
         report = scan_file(path)
         assert (report.rows_in, report.rows_out) == (1, 1)
 
@@ -166,3 +174,109 @@ def test_relative_paths_are_found_from_the_current_folder_or_any_root(
     )
     with pytest.raises(PathNotAllowedError, match="outside the data roots"):
         resolve_in_roots("../../x.jsonl", roots, must_exist=False)
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+
+
+def _qa(question: str, answer: str | None) -> dict:
+    turns = [{"role": "user", "content": question}]
+    if answer is not None:
+        turns.append({"role": "assistant", "content": answer})
+    return {"messages": turns}
+
+
+class TestScanPreflight:
+    """scan says what convert would do: shapes, prompt-only rows, placeholders, rejections with examples."""
+
+    def test_user_only_file_is_not_200_rows_out(self, tmp_path: Path) -> None:
+        path = tmp_path / "prompts.jsonl"
+        path.write_bytes(_jsonl([_qa(f"question {i}", None) for i in range(200)]))
+        report = scan_file(path)
+        assert (report.rows_in, report.rows_out) == (200, 0)  # was (200, 200)
+        assert report.rejected == {"no_assistant_turn": 200}
+        assert report.extra["prompt_only"] == 200
+        assert report.formats == {"openai": 200}
+        assert report.extra["would_keep"] == 0
+        [item] = report.extra["would_reject"]
+        assert item["code"] == "no_assistant_turn" and item["rows"] == 200
+        assert item["example"]["file"] == str(path) and item["example"]["row"] == 1
+        assert "prompt-only" in item["example"]["reason"]
+
+    def test_shapes_placeholders_and_rejections_match_a_real_convert(self, tmp_path: Path) -> None:
+        from draftdeck.convert import convert
+
+        rows = [_qa(f"q{i}", "OK.") for i in range(40)]  # the dummy answer seeds pad prompts with
+        rows += [_qa(f"yes or no {i}?", "Yes") for i in range(3)]  # short, repeated, under the threshold
+        rows += [_qa("why is the sky blue?", "Rayleigh scattering of sunlight by the air.")]
+        path = tmp_path / "mixed.jsonl"
+        fixtures = ["dolly.jsonl", "swift_turn_pairs.jsonl", "multimodal.jsonl", "sharegpt_in_messages.jsonl"]
+        path.write_bytes(_jsonl(rows) + b"".join((FIXTURES / f).read_bytes() for f in fixtures) + b"[1]\n")
+        report = scan_file(path)
+        converted = convert([path], tmp_path / "out.jsonl", "openai")
+        # the scan's verdicts are convert's own, row for row
+        assert (report.rows_in, report.rows_out, report.rows_expanded) == (
+            converted.rows_in,
+            converted.rows_out,
+            converted.rows_expanded,
+        )
+        assert report.rejected == converted.rejected
+        assert report.formats == converted.formats
+        report.check_accounting()
+        assert report.rejected == {"placeholder_response": 40, "multimodal_content": 3, "not_an_object": 1}
+        assert report.formats == {
+            "openai": 46,
+            "instruction_response": 2,
+            "turn_pairs": 2,
+            "sharegpt": 1,
+        }
+        ph = report.extra["placeholder"]
+        assert ph["flagged"] == {"answers": ["ok"], "rows": 40}
+        assert ph["candidates"] == [{"answer": "yes", "rows": 3}]
+        codes = {item["code"]: item for item in report.extra["would_reject"]}
+        assert codes["multimodal_content"]["rows"] == 3
+        assert "image (1)" in codes["multimodal_content"]["example"]["reason"]
+        assert codes["multimodal_content"]["example"]["row"] == 49
+        assert report.extra["prompt_only"] == 0
+        assert report.extra["would_keep"] == report.rows_out == 3 + 1 + 2 + 2 + 1 + 2
+
+    def test_forced_format_rejects_other_shapes(self, tmp_path: Path) -> None:
+        path = tmp_path / "two.jsonl"
+        path.write_bytes((FIXTURES / "dolly.jsonl").read_bytes() + _jsonl([_qa("q", "a")]))
+        report = scan_file(path, from_format="instruction_response")
+        assert report.formats == {"instruction_response": 2}
+        assert report.rejected == {"format_mismatch": 1}
+        assert report.extra["from_format"] == "instruction_response"
+        [item] = report.extra["would_reject"]
+        assert item["example"]["row"] == 3 and "it reads as openai" in item["example"]["reason"]
+
+    def test_a_named_pipe_is_read_once(self, tmp_path: Path) -> None:
+        import os
+        import threading
+
+        fifo = tmp_path / "rows.jsonl"
+        os.mkfifo(fifo)
+
+        def feed() -> None:
+            with open(fifo, "wb") as f:
+                f.write(_jsonl([_qa("q", "a"), _qa("p", None)]))
+
+        writer = threading.Thread(target=feed)
+        writer.start()
+        report = scan_file(fifo)
+        writer.join(5)
+        assert (report.rows_in, report.rows_out, report.extra["prompt_only"]) == (2, 1, 1)
+        assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 2}]
+
+    def test_several_files_are_scanned_as_one_convert_reads_them(self, tmp_path: Path) -> None:
+        from draftdeck.jobs.scan import scan_files
+
+        a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+        a.write_bytes(_jsonl([_qa("q", "a long enough answer to not be a placeholder")]))
+        b.write_bytes(_jsonl([_qa("q", "a long enough answer to not be a placeholder"), _qa("x", None)]))
+        report = scan_files([a, b], max_row_bytes=1 << 20)
+        assert (report.rows_in, report.rows_out) == (3, 2)  # duplicates across files warn, as in convert
+        assert report.warnings == {"duplicate_conversation": 1}
+        assert [f["file"] for f in report.extra["files"]] == [str(a), str(b)]
+        assert report.extra["bytes"] == a.stat().st_size + b.stat().st_size
+        assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 3}]

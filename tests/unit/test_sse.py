@@ -148,33 +148,49 @@ def take(stream: sse.Stream, seconds: float, poll_seconds: float = 0.05) -> list
 
 
 def test_jobs_list_stream_sends_new_jobs_and_how_active_ones_end(migrated: Path) -> None:
+    """Driven by the stream's own messages, not a clock: each change is made after the message that
+    shows the state before it, while the stream waits, so every poll sees one known state."""
     with Session(get_engine()) as session:
         old = new_job(session)
         finish(session, old)
         running = new_job(session)
         assert state.propose(session, running, JobStatus.RUNNING, "test").accepted
     list_state = sse.jobs_list_state(active={running}, after=running)
-
-    def later() -> None:
-        time.sleep(0.3)
-        with Session(get_engine()) as session:
-            newer = new_job(session)
-            time.sleep(0.3)
-            assert state.propose(session, running, JobStatus.SUCCEEDED, "test").accepted
-            assert state.propose(session, newer, JobStatus.CANCELLED, "test").accepted
-
-    t = threading.Thread(target=later)
-    t.start()
-    msgs = take(sse.Stream(states=[list_state]), 1.2)
-    t.join()
-    seen = [[(j["id"], j["status"]) for j in m["data"]] for m in msgs]
     newer = running + 1
+
+    def change_after(n_seen: int) -> None:
+        with Session(get_engine()) as session:
+            if n_seen == 1:  # the page shows the running job: a new job arrives
+                assert new_job(session) == newer
+            elif n_seen == 2:  # both end between two polls
+                assert state.propose(session, running, JobStatus.SUCCEEDED, "test").accepted
+                assert state.propose(session, newer, JobStatus.CANCELLED, "test").accepted
+
+    async def run() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        seen: list[dict[str, Any]] = []
+        after: list[dict[str, Any]] = []
+        stream = sse.events(sse.Stream(states=[list_state]), poll_seconds=0.02)
+        with anyio.fail_after(60):  # a bound for a broken stream only; no timing is checked
+            async for chunk in stream:
+                seen += parse(chunk)
+                change_after(len(seen))
+                if len(seen) == 4:
+                    break
+        # nothing more comes once nothing is watched (a bounded look: it can only miss, never invent)
+        with anyio.move_on_after(0.3):
+            async for chunk in stream:
+                after += parse(chunk)
+        return seen, after
+
+    msgs, more = anyio.run(run)
+    seen = [[(j["id"], j["status"]) for j in m["data"]] for m in msgs]
     assert seen == [
         [(running, "running")],
         [(newer, "queued"), (running, "running")],
         [(newer, "cancelled"), (running, "succeeded")],
         [],  # both ended and were sent: nothing is watched any more
     ]
+    assert more == []
     assert all((old, "succeeded") not in s for s in seen)
 
 

@@ -226,6 +226,7 @@ def _chunk_status(session: Session, job_id: int) -> str:
         (state.RerunChunk, ChunkStatus.DONE, ChunkStatus.SKIPPED),
         (state.LoseChunkOnce, ChunkStatus.RUNNING, ChunkStatus.CANCELLED),
         (state.LoseChunk, ChunkStatus.RUNNING, ChunkStatus.PENDING),
+        (state.ReuseChunk, ChunkStatus.PENDING, ChunkStatus.CANCELLED),
     ],
 )
 class TestChunkRules:
@@ -233,7 +234,8 @@ class TestChunkRules:
         self, session: Session, rule: type[state.ChunkRule], start: ChunkStatus, refused: ChunkStatus
     ) -> None:
         job_id, index = _chunk(session, start)
-        assert state.propose_chunk(session, job_id, index, rule.TO, rule.__name__).accepted
+        fields = {name: job_id for name in rule.REQUIRES}
+        assert state.propose_chunk(session, job_id, index, rule.TO, rule.__name__, **fields).accepted
         assert _chunk_status(session, job_id) == rule.TO
         [h] = session.exec(
             select(JobStateHistory).where(JobStateHistory.job_id == job_id, JobStateHistory.chunk_index == 0)
@@ -249,6 +251,15 @@ class TestChunkRules:
         decision = state.propose_chunk(session, job_id, index, rule.TO, "not allowed")
         assert not decision.accepted and decision.status == refused
         assert _chunk_status(session, job_id) == refused
+
+
+def test_a_pending_chunk_becomes_done_unrun_only_when_reused(session: Session) -> None:
+    job_id, index = _chunk(session, ChunkStatus.PENDING)
+    assert not state.propose_chunk(session, job_id, index, ChunkStatus.DONE, "no claim").accepted
+    assert _chunk_status(session, job_id) == ChunkStatus.PENDING
+    assert state.propose_chunk(
+        session, job_id, index, ChunkStatus.DONE, "reused", reused_from=job_id
+    ).accepted
 
 
 def test_every_rule_names_what_it_prevents() -> None:

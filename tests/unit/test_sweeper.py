@@ -283,3 +283,104 @@ def test_migration_0006_matches_the_models_and_downgrades(migrated: Path) -> Non
     assert "losses" not in {c["name"] for c in inspect(engine).get_columns("job_chunks")}
     command.upgrade(cfg, "head")
     assert "workers" in inspect(engine).get_table_names()
+
+
+# -- one liveness rule: Cancel, the job page and the sweeper (app/liveness.py's of_job) --------------
+def _running(session: Session, *, beat_age: timedelta | None, chunks_waiting: bool = False) -> int:
+    job = records.create_job(session, "tokenize", {"inputs": ["x.jsonl"], "tokenizer": "t"}, "cpu")
+    assert job.id is not None
+    beat = None if beat_age is None else utcnow() - beat_age
+    session.execute(update(Job).where(Job.id == job.id).values(status="running", heartbeat_at=beat))  # type: ignore[call-overload,arg-type]
+    if chunks_waiting:
+        session.add(JobChunk(job_id=job.id, chunk_index=0, status="pending", task_id="t-0", sent_at=utcnow()))
+    session.commit()
+    return job.id
+
+
+def _cancel(job_id: int) -> Job:
+    from app.submit import request_cancel
+
+    with session_scope() as session:
+        return request_cancel(session, job_id, get_settings())
+
+
+def _page_says_no_worker(job_id: int) -> bool:
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+
+    with TestClient(create_app()) as client:
+        return 'id="job-no-worker"' in client.get(f"/jobs/{job_id}").text
+
+
+def test_cancel_of_a_job_whose_worker_lives_but_nothing_beats_for_it_is_at_once(migrated: Path) -> None:
+    """The worker is alive (workers table) but the job's beat is stale: its process died and the
+    worker's pool replaced it. Nobody would read the flag: cancelled at once; the page shows no
+    "no live worker" notice (one serves the queue), and the sweeper finds the same job lost."""
+    _live_worker("cpu")
+    with session_scope() as session:
+        job_id = _running(session, beat_age=OLD)
+        other = _running(session, beat_age=OLD)
+        live = liveness.of_job(session, records.get_job(session, job_id), 30)  # type: ignore[arg-type]
+    assert (live.beating, live.served, live.stranded) == (False, True, True)
+    assert not _page_says_no_worker(job_id)
+    job = _cancel(job_id)
+    assert job.status == "cancelled"
+    assert "nothing runs it (a live worker serves queue cpu, but none runs this job (heartbeat 36" in (
+        job.error or ""
+    )
+    with session_scope() as session:
+        assert mark_lost_jobs(session, 30) == [other]
+
+
+def test_cancel_with_no_live_worker_is_at_once_and_the_page_says_why(migrated: Path) -> None:
+    with session_scope() as session:
+        job_id = _running(session, beat_age=OLD)
+    assert _page_says_no_worker(job_id)
+    job = _cancel(job_id)
+    assert job.status == "cancelled" and "nothing runs it (no live worker serves queue cpu (heartbeat 36" in (
+        job.error or ""
+    )
+
+
+def test_cancel_of_a_beating_job_asks_it_to_stop_even_without_a_workers_row(migrated: Path) -> None:
+    """A fresh beat means a process runs the job now and reads the flag: it is asked, not ended
+    under it (the page still says no worker serves the queue for the work that is left)."""
+    with session_scope() as session:
+        job_id = _running(session, beat_age=timedelta(seconds=1))
+    job = _cancel(job_id)
+    assert job.status == "running" and job.cancel_requested
+    assert _page_says_no_worker(job_id)
+
+
+def test_waiting_chunks_a_live_worker_serves_are_not_lost_but_cancel_ends_them_at_once(
+    migrated: Path,
+) -> None:
+    """No chunk runs, some wait: the sweeper leaves the job alone (a live worker will take them);
+    Cancel ends it at once (nothing runs to read the flag) and skips the waiting chunks."""
+    _live_worker("cpu")
+    with session_scope() as session:
+        job_id = _running(session, beat_age=OLD, chunks_waiting=True)
+        assert mark_lost_jobs(session, 30) == []
+    assert not _page_says_no_worker(job_id)
+    job = _cancel(job_id)
+    assert job.status == "cancelled" and "its chunks wait in the queue" in (job.error or "")
+    with session_scope() as session:
+        assert session.exec(select(JobChunk.status).where(JobChunk.job_id == job_id)).one() == "skipped"
+
+
+def test_a_redelivered_message_of_a_job_whose_chunks_wait_does_not_fail_it(migrated: Path) -> None:
+    """The job's own message comes again (its planning worker's ack was lost) while its chunks wait
+    on a served queue: the same rule says waiting, not lost; it is neither run again nor failed."""
+    from app.runner import run_job
+
+    _live_worker("cpu")
+    with session_scope() as session:
+        job_id = _running(session, beat_age=OLD, chunks_waiting=True)
+    assert run_job(job_id) == "skipped:running"
+    assert _job(job_id).status == "running"
+    with session_scope() as session:
+        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None))  # type: ignore[call-overload,arg-type]
+        session.commit()
+    assert run_job(job_id) == "skipped:failed"  # chunks never sent: nothing will run them, it is lost
+    assert (_job(job_id).error or "").startswith("worker lost: redelivered after")

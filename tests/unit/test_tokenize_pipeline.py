@@ -375,3 +375,20 @@ def test_tokenize_job_alerts_on_truncation(migrated: Path, small_dir: Path) -> N
     [(kind, message)] = _tokenize_job_alerts(data, tok, 3, 10)
     assert kind == "high_truncation" and "3 of 10 rows (30%) were cut" in message
     assert _tokenize_job_alerts(data, tok, 0, 10) == []
+
+
+def test_from_forces_one_shape_in_both_readers(tmp_path: Path, small_dir: Path) -> None:
+    """`--from` reaches tokenize's reading (one process and chunk tasks): other shapes are rejected."""
+    from draftdeck.tokenize.chunks import tokenize_files_chunked
+
+    shapes = Path(__file__).resolve().parents[1] / "fixtures" / "formats"
+    paths = [shapes / "dolly.jsonl", shapes / "swift_turn_pairs.jsonl"]
+    opts = TokenizeOptions(small_dir, workers=1, from_format="instruction_response")
+    one = tokenize_files(paths, tmp_path / "one", opts)
+    chunked = tokenize_files_chunked(paths, tmp_path / "two", tmp_path / "parts", opts, chunk_rows=1)
+    for report in (one, chunked):
+        assert report.rows_out == 2 and report.rejected == {"format_mismatch": 2}
+        assert dict(report.formats) == {"instruction_response": 2}
+        report.check_accounting()
+    detected = tokenize_files(paths, tmp_path / "three", TokenizeOptions(small_dir, workers=1))
+    assert detected.rows_out == 4 and dict(detected.formats) == {"instruction_response": 2, "turn_pairs": 2}
