@@ -42,6 +42,8 @@ Rows released before their key was flagged stay (counted in
 ``report.extra["placeholder"]["released_before_flag"]``); once flagged, a key stays flagged. A second
 pass would be exact in every case but reads the input twice; the buffer is exact for inputs with
 fewer candidates than it holds, and for the usual padding (one answer on most rows) at one read.
+Memory: one prompt hash (~60 bytes in a set) per distinct prompt of each candidate key not flagged
+yet; a flagged key drops its set.
 
 Duplicates: a 64-bit hash of the normalised messages (role, stripped content, reasoning, tool calls)
 per kept row, in a set: memory grows by ~60 bytes per distinct kept conversation, not with row size.
