@@ -6,9 +6,11 @@ from __future__ import annotations
 import os
 import socket
 
+from sqlmodel import select
+
 from app import records, state
 from app.db import session_scope
-from app.models import JobStatus
+from app.models import Alert, JobStatus
 from draftdeck.quality import Policy, Report
 from draftdeck.units import count
 
@@ -34,6 +36,12 @@ def record_success(job_id: int, report: Report, policy: Policy) -> str:
             progress_unit="rows",
         )
         if decision.accepted:
+            # heavy losses do not finish quiet: the core's figures past the job's thresholds, once per
+            # kind (a dataset the job made may have raised high_truncation already)
+            raised = set(session.exec(select(Alert.kind).where(Alert.job_id == job_id)).all())
+            for kind, message in policy.loss_alerts(report):
+                if kind not in raised:
+                    records.raise_alert(session, kind, f"job {job_id}: {message}", job_id=job_id)
             return JobStatus.SUCCEEDED
         records.add_event(
             session,

@@ -11,20 +11,39 @@ Two entry points:
 Checks per conversation (the code's action comes from the :class:`Policy`: reject, warn or fail):
 empty_conversation, empty_turn, no_user_turn, no_assistant_turn (unless prompt-only rows are
 allowed), trailing_user_turn, non_alternating, orphan_tool_result, invalid_tool_arguments,
-unrepresentable_field, placeholder_response and duplicate_conversation.
+unrepresentable_field, placeholder_response and duplicate_conversation; an empty assistant turn
+(no text, reasoning or tool calls: it would train only the template's end-of-turn tokens) is
+empty_assistant_turn, rejected by default, other empty messages are empty_turn (a warning).
 
 Placeholder answers (design). Seeds in the wild padded prompt-only data with a dummy ``"OK."``
-answer on every row. A row is a placeholder candidate when all its assistant turns are short
-(``placeholder_max_chars`` after normalisation: case-folded, whitespace collapsed, trailing
-punctuation dropped) and carry no tool calls; its key is the tuple of those normalised answers.
-When one key has been seen on ``placeholder_min_rows`` rows, it is a placeholder: those rows and
-every later row with the key get ``placeholder_response``. To decide in one pass, candidate rows
-wait in a bounded buffer (``placeholder_buffer`` rows, FIFO) until their key crosses the threshold
-or the buffer overflows; buffered rows are yielded late, so the output order differs from the input
-order for them only. A key that first crosses the threshold after its earliest rows left the buffer
-flags only the rows still held and the rows after (those already written are counted in
-``report.extra["placeholder"]["released_before_flag"]``). A second pass would be exact but reads the
-input twice; the buffer makes the usual case (a dummy answer on most rows) exact at one read.
+answer on every row. A row is a placeholder *candidate* when all its assistant turns are short text
+(``placeholder_max_chars`` after normalising: case-folded, whitespace collapsed, trailing punctuation
+dropped) with no tool calls and no reasoning; its key is the tuple of those normalised answers
+(:mod:`draftdeck.placeholders`). What makes padding is the same answer to many *different* prompts,
+so each key counts the distinct prompts (a hash of the non-assistant messages) it answers: the same
+row repeated by duplicated data is one prompt, and the duplicate check's business. A key is a
+placeholder when
+
+- it is a known filler (``ok``, ``okay``, ``n/a``, ``todo``, ``tbd``, ``placeholder``, ``…``, empty)
+  on ``placeholder_filler_rows`` (3) different prompts: a few are enough, whatever the input's size;
+- or any other short answer on ``placeholder_min_rows`` (32) different prompts that are also
+  ``placeholder_min_share`` (20 %) of the conversations checked so far: "Yes." to 40 different
+  questions among 1,000 rows is a real answer, "I cannot help." on most rows is padding.
+
+A flagged key's rows get ``placeholder_response``; ``placeholders`` says what then happens to them:
+``reject`` (the policy's action, reject by default), ``strip`` (the answers are removed and the row
+leaves as a prompt-only row, ready for regeneration, warned as ``placeholder_stripped``) or ``keep``
+(kept, warned). To decide in one pass, candidate rows wait in a bounded FIFO buffer
+(``placeholder_buffer`` rows) and are judged when they leave it: a filler key is flagged as soon as
+it crosses its threshold; any other key is judged with the counts of the moment a row of it leaves
+the buffer (overflow) or at the end of the input (then exact: the share is that of the whole input).
+Buffered rows are yielded late, so the output order differs from the input order for them only.
+Rows released before their key was flagged stay (counted in
+``report.extra["placeholder"]["released_before_flag"]``); once flagged, a key stays flagged. A second
+pass would be exact in every case but reads the input twice; the buffer is exact for inputs with
+fewer candidates than it holds, and for the usual padding (one answer on most rows) at one read.
+Memory: one prompt hash (~60 bytes in a set) per distinct prompt of each candidate key not flagged
+yet; a flagged key drops its set.
 
 Duplicates: a 64-bit hash of the normalised messages (role, stripped content, reasoning, tool calls)
 per kept row, in a set: memory grows by ~60 bytes per distinct kept conversation, not with row size.
@@ -39,9 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-from xxhash import xxh3_64_intdigest
-
+from draftdeck.convert_checks import _where, check_conversation, duplicate_key
 from draftdeck.errors import InputError, JobFailed, UsageError
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
 from draftdeck.formats.detect import check_format_name, parse
@@ -49,8 +66,25 @@ from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.formats.tables import expand_inputs, open_reader
 from draftdeck.formats.writers import TARGETS, Writer
+from draftdeck.placeholders import (
+    MODES,
+    PlaceholderRule,
+    is_filler,
+    placeholder_key,
+    prompt_key,
+    strip_answers,
+)
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Action, Policy, Report
+
+__all__ = [  # the checks and keys live in their own modules; importers of draftdeck.convert find them here
+    "ConvertOptions",
+    "check_conversation",
+    "convert",
+    "duplicate_key",
+    "placeholder_key",
+    "read_conversations",
+]
 
 PROGRESS_EVERY_ROWS = 2048
 
@@ -64,7 +98,10 @@ class ConvertOptions:
     tree_paths: str = "all"  # "all": one conversation per leaf; "best": the best-ranked path only
     from_format: str | None = None  # one shape every row must have (draftdeck.formats.detect); None: detect
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    placeholders: str = "reject"  # what a placeholder row becomes: reject | strip | keep
     placeholder_min_rows: int = 32
+    placeholder_min_share: float = 0.2
+    placeholder_filler_rows: int = 3
     placeholder_max_chars: int = 24
     placeholder_buffer: int = 4096
     check_duplicates: bool = True
@@ -86,128 +123,18 @@ class ConvertOptions:
             raise UsageError(str(exc)) from None
         if self.placeholder_min_rows < 2:
             raise UsageError("placeholder_min_rows must be at least 2")
+        if self.placeholder_filler_rows < 1:
+            raise UsageError("placeholder_filler_rows must be at least 1")
+        if not 0 <= self.placeholder_min_share <= 1:
+            raise UsageError("placeholder_min_share must be between 0 and 1")
+        if self.placeholders not in MODES:
+            raise UsageError(f"placeholders must be one of {', '.join(MODES)}, not {self.placeholders!r}")
 
-
-# -- per-conversation checks -------------------------------------------------------------------------
-def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tuple[str, str]]:
-    """The issues of one conversation, as (code, reason), rejection-worthy codes first."""
-    messages = conv.messages
-    if not messages:
-        return [("empty_conversation", "the conversation has no messages")]
-    issues: list[tuple[str, str]] = []
-    has_user = has_assistant = False
-    empty_at: list[int] = []
-    for i, m in enumerate(messages):
-        if m.role == "user":
-            has_user = True
-        elif m.role == "assistant":
-            has_assistant = True
-        content = m.content
-        if (
-            (not content or content.isspace())
-            and not m.tool_calls
-            and (not m.reasoning or m.reasoning.isspace())
-        ):
-            empty_at.append(i)
-    if len(empty_at) == len(messages):
-        return [("empty_conversation", f"all {len(messages)} messages are empty")]
-    if not has_user:
-        issues.append(("no_user_turn", f"roles: {', '.join(m.role for m in messages[:8])}"))
-    if not has_assistant and not allow_prompt_only:
-        issues.append(("no_assistant_turn", "no assistant message (prompt-only row; allow it to regenerate)"))
-    if empty_at:
-        issues.append(
-            (
-                "empty_turn",
-                f"message {empty_at[0]} ({messages[empty_at[0]].role}) is empty"
-                + (f" and {len(empty_at) - 1} more" if len(empty_at) > 1 else ""),
-            )
+    @property
+    def placeholder_rule(self) -> PlaceholderRule:
+        return PlaceholderRule(
+            self.placeholder_min_rows, self.placeholder_min_share, self.placeholder_filler_rows
         )
-    if not has_assistant:
-        return issues  # prompt-only: consecutive user turns and a final user turn are expected
-    last = messages[-1]
-    if last.role == "user":
-        issues.append(("trailing_user_turn", f"the last of {len(messages)} messages is a user message"))
-    prev: str | None = None
-    prev_at = 0
-    prev_calls = False
-    pending_ids: set[str] = set()
-    pending_anon = 0
-    orphan: str | None = None
-    non_alt: str | None = None
-    for i, m in enumerate(messages):
-        role = m.role
-        if role == "system":
-            continue
-        if role == "tool":
-            cid = m.tool_call_id
-            if cid is not None and cid in pending_ids:
-                pending_ids.discard(cid)
-            elif pending_anon > 0 and (cid is None or not pending_ids):
-                pending_anon -= 1
-            elif cid is None and pending_ids:
-                pending_ids.pop()
-            elif orphan is None:
-                orphan = f"message {i} (tool) answers no earlier tool call" + (
-                    f" (tool_call_id {cid!r})" if cid else ""
-                )
-        elif role == prev and non_alt is None and not (role == "assistant" and prev_calls):
-            non_alt = f"messages {prev_at} and {i} are both {role}"
-        if role == "assistant" and m.tool_calls:
-            pending_ids = {c.id for c in m.tool_calls if c.id}
-            pending_anon = sum(1 for c in m.tool_calls if not c.id)
-        elif role == "assistant" and "<tool_call>" in m.content:  # Hermes-style calls kept as text
-            pending_ids, pending_anon = set(), m.content.count("<tool_call>")
-        elif role == "user":
-            pending_ids, pending_anon = set(), 0
-        if role != "tool":
-            prev, prev_at = role, i
-            prev_calls = bool(m.tool_calls) or (role == "assistant" and pending_anon > 0)
-    if non_alt:
-        issues.append(("non_alternating", non_alt))
-    if orphan:
-        issues.append(("orphan_tool_result", orphan))
-    return issues
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.lower().split()).rstrip(".!?\u3002\uff01 ")
-
-
-def placeholder_key(conv: Conversation, max_chars: int) -> tuple[str, ...] | None:
-    key = []
-    for m in conv.messages:
-        if m.role == "assistant":
-            if m.tool_calls or len(m.content) > max_chars * 4:
-                return None
-            n = _norm(m.content)
-            if len(n) > max_chars:
-                return None
-            key.append(n)
-    return tuple(key) if key else None
-
-
-def duplicate_key(conv: Conversation) -> int:
-    """A 64-bit hash of the normalised messages, the same in every process (xxh3 of their JSON text):
-    worker processes compute it for the parent's duplicate set."""
-    parts: list[object] = []
-    append = parts.append
-    for m in conv.messages:
-        c = m.content
-        append(m.role)
-        append(c.strip() if c and (c[0].isspace() or c[-1].isspace()) else c)  # strip without copying
-        append(m.reasoning)
-        if m.tool_calls:
-            parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
-    return xxh3_64_intdigest(orjson.dumps(parts))
-
-
-def _where(line: int | None, index: int | None, path: str | None) -> str:
-    """A reason's prefix locating the record when the line number does not (JSON arrays, tables, trees)."""
-    pre = f"record {index}" if line is None and index is not None else ""
-    if path:
-        pre += f"{' ' if pre else ''}branch {path}"
-    return f"{pre}: " if pre else ""
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -220,8 +147,10 @@ class _Reader:
         self.actions: dict[str, Action] = {}
         self.parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
         self.seen: set[int] = set()
-        self.counts: dict[tuple[str, ...], int] = {}
-        self.flagged: set[tuple[str, ...]] = set()
+        self.rule = options.placeholder_rule
+        self.checked = 0  # conversations past their own checks: the placeholder share's denominator
+        self.prompts: dict[tuple[str, ...], set[int]] = {}  # per candidate key: its distinct prompts
+        self.flagged: dict[tuple[str, ...], int] = {}  # placeholder key -> distinct prompts when flagged
         # (placeholder key, item, duplicate key): items are Conversations, or a worker's prepared rows
         self.pending: deque[tuple[tuple[str, ...], Any, int | None]] = deque()
         self.released_before_flag = 0
@@ -257,8 +186,11 @@ class _Reader:
             if self.action(code) is Action.REJECT:
                 self.report.reject(code, file, line, f"{where}{reason}")
                 return False
+        kept = conv.warnings if isinstance(conv, Conversation) else None
         for code, reason in issues:
             self.report.warn(code, file, line, f"{where}{reason}")
+            if kept is not None and code not in kept:
+                kept.append(code)
         return True
 
     def release(self, conv: Any, dkey: int | None) -> bool:
@@ -270,46 +202,80 @@ class _Reader:
             self.seen.add(dkey)
         return True
 
-    def placeholder(self, conv: Any, key: tuple[str, ...], dkey: int | None) -> Iterator[Any]:
-        """A candidate placeholder (all answers short): hold it, or flag its key and judge the held rows."""
-        opts = self.options
-        n = self.counts[key] = self.counts.get(key, 0) + 1
-        if key in self.flagged or n >= opts.placeholder_min_rows:
-            if key not in self.flagged:
-                self.flagged.add(key)
-                self.released_before_flag += self.released_keys.pop(key, 0)
-                held = [(c, d) for k, c, d in self.pending if k == key]
-                if held:
-                    self.pending = deque(p for p in self.pending if p[0] != key)
-                for c, d in held:
-                    if self._placeholder_verdict(c, key, n, d):
-                        yield c
-            if self._placeholder_verdict(conv, key, n, dkey):
-                yield conv
+    def placeholder(self, conv: Any, key: tuple[str, ...], dkey: int | None, prompt: int) -> Iterator[Any]:
+        """A candidate placeholder (all answers short) answering `prompt` (its :func:`prompt_key`): judge
+        it when its key is flagged, else hold it (a known filler is flagged once it crosses its
+        threshold; other keys are judged when their rows leave the buffer)."""
+        if key in self.flagged:
+            out = self._judge(conv, key, dkey)
+            if out is not None:
+                yield out
             return
+        prompts = self.prompts.setdefault(key, set())
+        prompts.add(prompt)
         self.pending.append((key, conv, dkey))
-        if len(self.pending) > opts.placeholder_buffer:
-            k, c, d = self.pending.popleft()
-            self.released_keys[k] = self.released_keys.get(k, 0) + 1
-            if self.release(c, d):
-                yield c
+        if is_filler(key) and self.rule.passes(key, len(prompts), self.checked):
+            yield from self._flag(key)
+        elif len(self.pending) > self.options.placeholder_buffer:
+            yield from self._leave()
 
-    def _placeholder_verdict(self, conv: Any, key: tuple[str, ...], n: int, dkey: int | None) -> bool:
+    def _flag(self, key: tuple[str, ...]) -> Iterator[Any]:
+        """Make `key` a placeholder and judge its held rows, in order."""
+        self.flagged[key] = len(self.prompts.pop(key, ()))
+        self.released_before_flag += self.released_keys.pop(key, 0)
+        held = [(c, d) for k, c, d in self.pending if k == key]
+        self.pending = deque(p for p in self.pending if p[0] != key)
+        for c, d in held:
+            out = self._judge(c, key, d)
+            if out is not None:
+                yield out
+
+    def _leave(self) -> Iterator[Any]:
+        """The oldest held row must leave: flag its key if the counts of now make it a placeholder."""
+        key, conv, dkey = self.pending[0]
+        if self.rule.passes(key, len(self.prompts.get(key, ())), self.checked):
+            yield from self._flag(key)
+            return
+        self.pending.popleft()
+        self.released_keys[key] = self.released_keys.get(key, 0) + 1
+        if self.release(conv, dkey):
+            yield conv
+
+    def _judge(self, conv: Any, key: tuple[str, ...], dkey: int | None) -> Any | None:
+        """A row of a placeholder key, as ``placeholders`` says: the row to yield, or None."""
         shown = " / ".join(repr(k) for k in key[:3])
-        limit = self.options.placeholder_min_rows
-        reason = f"assistant answer {shown} is on {n}+ rows (placeholder threshold {limit})"
-        return self.verdict(conv, [("placeholder_response", reason)]) and self.release(conv, dkey)
+        n, rule = self.flagged[key], self.rule.describe(key)
+        reason = f"assistant answer {shown} answers {n}+ different prompts ({rule})"
+        mode = self.options.placeholders
+        if mode == "reject":
+            if not self.verdict(conv, [("placeholder_response", reason)]):
+                return None
+        else:
+            src = conv.source
+            where = _where(src.line, src.index, src.path)
+            if mode == "keep":
+                self.report.warn("placeholder_response", src.file, src.line, f"{where}{reason}; kept")
+                if isinstance(conv, Conversation):
+                    conv.warnings.append("placeholder_response")
+            else:
+                self.report.warn(
+                    "placeholder_stripped", src.file, src.line, f"{where}{reason}; answers removed"
+                )
+                conv = strip_answers(conv) if isinstance(conv, Conversation) else conv.without_answers()
+        return conv if self.release(conv, dkey) else None
 
     def drain(self) -> Iterator[Any]:
+        """The end of the input: every held row leaves, judged with the whole input's counts."""
         while self.pending:
-            _, c, d = self.pending.popleft()
-            if self.release(c, d):
-                yield c
+            yield from self._leave()
 
     def placeholder_summary(self) -> dict[str, Any]:
         return {
             "answers": [" / ".join(k) for k in sorted(self.flagged)][:20],
-            "min_rows": self.options.placeholder_min_rows,
+            "mode": self.options.placeholders,
+            "min_rows": self.rule.min_rows,
+            "min_share": self.rule.min_share,
+            "filler_rows": self.rule.filler_rows,
             "released_before_flag": self.released_before_flag,
         }
 
@@ -407,13 +373,14 @@ def read_conversations(
                             issues.extend(row_warnings)
                         if issues and not state.verdict(conv, issues):
                             continue
+                        state.checked += 1
                         dkey = duplicate_key(conv) if dups else None
                         pkey = placeholder_key(conv, max_chars)
                         if pkey is None:
                             if release(conv, dkey):
                                 yield conv
                         else:
-                            yield from state.placeholder(conv, pkey, dkey)
+                            yield from state.placeholder(conv, pkey, dkey, prompt_key(conv))
                 done_before += reader.size or 0
                 progress(done_before, total, "bytes")
         yield from state.drain()
@@ -483,6 +450,7 @@ def convert(
                 writer.write(conv)
                 report.rows_out += 1
         report.check_accounting()
+        report.extra["losses"] = pol.losses(report)
         failures = pol.failures(report)
         if failures:
             report.extra["elapsed_s"] = round(time.monotonic() - started, 3)

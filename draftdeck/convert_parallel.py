@@ -36,13 +36,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import orjson
-from xxhash import xxh3_64_intdigest
-
 from draftdeck.convert import (
     PROGRESS_EVERY_ROWS,
     ConvertOptions,
-    _norm,
     _Reader,
     _where,
     check_conversation,
@@ -50,21 +46,21 @@ from draftdeck.convert import (
     input_files,
     placeholder_key,
 )
+from draftdeck.convert_fast import plain_row
 from draftdeck.errors import JobFailed
-from draftdeck.formats import sharegpt
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
-from draftdeck.formats.detect import media_of, parse
-from draftdeck.formats.model import PROVENANCE_KEY, SourceRef, origin_of
+from draftdeck.formats.detect import parse
+from draftdeck.formats.model import SourceRef
 from draftdeck.formats.readers import JsonlRange, RawRow, RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
 from draftdeck.formats.writers import (
     JSONL_ENCODERS,
     RESERVED,
-    SHAREGPT_FROM,
     Writer,
     encode_line,
     meta_collision,
 )
+from draftdeck.placeholders import prompt_key, strip_answers
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Action, Report
 
@@ -91,6 +87,12 @@ class Prepared(NamedTuple):
     dkey: int | None
     data: bytes | None
     collisions: list[str] | None
+    prompt: int | None = None  # a placeholder candidate's prompt_key
+    stripped: bytes | None = None  # with ``placeholders="strip"``: its output line without the answers
+
+    def without_answers(self) -> Prepared:
+        """What _Reader writes for a stripped placeholder row."""
+        return self._replace(data=self.stripped)
 
     @property
     def source(self) -> SourceRef:  # what _Reader.verdict reads
@@ -102,115 +104,6 @@ class Prepared(NamedTuple):
 Record = tuple[Any, ...]
 
 
-_PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-_SHAREGPT_ROLES = {k: v for k, v in sharegpt.FROM_MAP.items() if v in ("system", "user", "assistant")}
-_OPENAI_KEYS = ("messages", "tools")
-
-
-def plain_row(
-    value: Any, to: str, max_chars: int, dups: bool, origin: tuple[str, int | None] = ("", None)
-) -> tuple[str, bytes, int | None] | None:
-    """The fast path for the usual row, or None to take the general one.
-
-    A row qualifies when it is OpenAI ``messages`` or ShareGPT ``conversations`` of plain two-key turns
-    (string role/from and content/value; system, user and assistant only; no ``<think>`` or
-    ``<tool_call>`` in answers), no tools, no kept field the target reserves, and when the general
-    checks would find nothing: no empty turn, a user turn, an assistant turn last-but-not-user,
-    alternating turns, and at least one answer too long to be a placeholder candidate. Then the
-    result is what the general path gives, (family, output line, duplicate key), without building the
-    canonical model: the tests compare both paths byte for byte.
-    """
-    if type(value) is not dict or media_of(value) is not None:  # media: the general path refuses it
-        return None
-    known: tuple[str, ...]
-    turns = value.get("messages")
-    if type(turns) is list:
-        family, role_key, text_key, role_map, known = "openai", "role", "content", _PLAIN_ROLES, _OPENAI_KEYS
-        if value.get("tools") is not None:
-            return None
-        system = None
-    else:
-        turns = value.get("conversations")
-        if type(turns) is not list or not turns:
-            return None
-        first = turns[0]
-        if type(first) is dict and "role" in first and "from" not in first:
-            return None  # OpenAI messages under `conversations`: the general path
-        family, role_key, text_key, role_map, known = (
-            "sharegpt",
-            "from",
-            "value",
-            _SHAREGPT_ROLES,
-            sharegpt.ROW_KEYS,
-        )
-        if value.get("tools") not in (None, ""):
-            return None
-        system = value.get("system")
-        if system == "":
-            system = None
-        elif system is not None and type(system) is not str:
-            return None
-    roles: list[str] = []
-    texts: list[str] = []
-    if system is not None:
-        roles.append("system")
-        texts.append(system)
-    for t in turns:
-        if type(t) is not dict or len(t) != 2:
-            return None
-        raw = t.get(role_key)
-        text = t.get(text_key)
-        if type(raw) is not str or type(text) is not str:
-            return None
-        role = role_map.get(raw)
-        if role is None:
-            return None
-        roles.append(role)
-        texts.append(text)
-    # the checks of check_conversation, on the only shapes that reach here: all must pass
-    has_user = long_answer = False
-    prev = None
-    for role, text in zip(roles, texts, strict=True):
-        if not text or text.isspace():
-            return None  # empty_turn (or empty_conversation)
-        if role == "system":
-            continue
-        if role == prev:
-            return None  # non_alternating
-        prev = role
-        if role == "user":
-            has_user = True
-        elif "<think>" in text or "<tool_call>" in text:
-            return None  # reasoning to split, or Hermes-style calls: the general path
-        elif not long_answer and (len(text) > max_chars * 4 or len(_norm(text)) > max_chars):
-            long_answer = True  # placeholder_key is None: the row is not a candidate
-    if not has_user or prev != "assistant" or not long_answer:
-        return None  # no_user_turn / no_assistant_turn / trailing_user_turn, or a placeholder candidate
-    meta = [k for k in value if k not in known]
-    if meta and not RESERVED.isdisjoint(meta):
-        return None
-    if to == "sharegpt":
-        out: dict[str, Any] = {
-            "conversations": [
-                {"from": SHAREGPT_FROM[r], "value": t} for r, t in zip(roles, texts, strict=True)
-            ]
-        }
-    else:
-        out = {"messages": [{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]}
-    for k in meta:
-        out[k] = value[k]
-    found = origin_of(value.get(PROVENANCE_KEY), *origin)  # as the writers do (`origin`: file, row)
-    if found is not None:
-        out[PROVENANCE_KEY] = {"file": found[0], "row": found[1]}
-    dkey = None
-    if dups:  # the parts of duplicate_key, in the same order
-        parts: list[object] = []
-        for r, t in zip(roles, texts, strict=True):
-            parts += (r, t.strip() if t[0].isspace() or t[-1].isspace() else t, None)
-        dkey = xxh3_64_intdigest(orjson.dumps(parts))
-    return family, encode_line(out), dkey
-
-
 def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str) -> Iterator[Record]:
     """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state."""
     encoder = JSONL_ENCODERS[to]
@@ -220,6 +113,7 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
     allow_prompt_only = options.allow_prompt_only
     max_chars = options.placeholder_max_chars
     dups = options.check_duplicates
+    strip = options.placeholders == "strip"
     for row in rows:
         line, index = row.line, row.index
         if row.error:
@@ -275,6 +169,12 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
                 preps.append(Prepared(name, line, index, path, issues, None, None, None, None))
                 continue
             data = encode_line(encoder(conv, None))
+            pkey = placeholder_key(conv, max_chars)
+            prompt = stripped = None
+            if pkey is not None:
+                prompt = prompt_key(conv)
+                if strip:
+                    stripped = encode_line(encoder(strip_answers(conv), None))
             preps.append(
                 Prepared(
                     name,
@@ -282,10 +182,12 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
                     index,
                     path,
                     issues,
-                    placeholder_key(conv, max_chars),
+                    pkey,
                     duplicate_key(conv) if dups else None,
                     data,
                     [k for k in conv.meta if k in RESERVED] or None if conv.meta else None,
+                    prompt,
+                    stripped,
                 )
             )
         yield ("p", line, index, family, preps)
@@ -391,6 +293,7 @@ def _apply(records: Iterable[Record], state: _Reader, name: str, lines_before: i
         if kind == "s":
             data, dkey = rest
             item = Prepared(name, line, index, None, [], None, dkey, data, None)
+            state.checked += 1
             if release(item, dkey):
                 yield item
             continue
@@ -402,11 +305,13 @@ def _apply(records: Iterable[Record], state: _Reader, name: str, lines_before: i
         for item in rest:
             if item.issues and not state.verdict(item, item.issues):
                 continue
+            state.checked += 1
             if item.pkey is None:
                 if release(item, item.dkey):
                     yield item
             else:
-                yield from state.placeholder(item, item.pkey, item.dkey)
+                assert item.prompt is not None
+                yield from state.placeholder(item, item.pkey, item.dkey, item.prompt)
 
 
 _DUPLICATE = [("duplicate_conversation", "the same messages appeared earlier")]
@@ -434,6 +339,7 @@ def _apply_chunk(chunk: Chunk, state: _Reader, name: str, out: _Out, lines_befor
             run_start = pos
             continue
         report.rows_in += 1
+        state.checked += 1
         formats[families[kind]] += 1
         end = pos + sizes[k]
         if dups:

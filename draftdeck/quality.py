@@ -59,6 +59,7 @@ CODES: dict[str, IssueCode] = _codes(
     ),
     ("empty_conversation", Action.REJECT, "the conversation has no messages"),
     ("empty_turn", Action.WARN, "a message has neither text, reasoning nor tool calls"),
+    ("empty_assistant_turn", Action.REJECT, "an empty assistant turn (trains only end-of-turn tokens)"),
     ("no_user_turn", Action.REJECT, "the conversation has no user message"),
     ("no_assistant_turn", Action.REJECT, "the conversation has no assistant message (prompt-only)"),
     ("trailing_user_turn", Action.WARN, "the conversation ends on a user message"),
@@ -66,7 +67,8 @@ CODES: dict[str, IssueCode] = _codes(
     ("unknown_role", Action.REJECT, "a message has a role no chat template knows"),
     ("invalid_tool_arguments", Action.WARN, "a tool call's arguments are not valid JSON (kept as text)"),
     ("orphan_tool_result", Action.WARN, "a tool result answers no earlier tool call"),
-    ("placeholder_response", Action.REJECT, "the same short answer (such as 'OK.') on many rows"),
+    ("placeholder_response", Action.REJECT, "the same short answer ('OK.') to many different prompts"),
+    ("placeholder_stripped", Action.WARN, "placeholder answers removed: the row is a prompt to regenerate"),
     ("duplicate_conversation", Action.WARN, "the conversation appeared earlier in the input"),
     ("unrepresentable_field", Action.WARN, "the target format cannot hold a field; it was left out"),
     ("template_error", Action.REJECT, "the chat template raised on the conversation"),
@@ -204,6 +206,14 @@ class Report:
         path.write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+# Policy's alert thresholds: the name of the loss and the codes counted (none: every rejected row).
+LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "alert_rejected": ("rejected", ()),
+    "alert_duplicated": ("duplicated", ("duplicate_conversation",)),
+    "alert_truncated": ("truncated", ("truncated",)),
+}
+
+
 @dataclass(frozen=True)
 class Rule:
     """A per-code override. `max_count`/`max_fraction` fail the job once a warned code passes them."""
@@ -232,6 +242,10 @@ class Policy:
     rules: dict[str, Rule] = field(default_factory=dict)
     strict: bool = False
     max_rejected: float | None = None
+    # alert (the job still succeeds) when more than this share of the rows was lost that way
+    alert_rejected: float | None = None
+    alert_duplicated: float | None = None
+    alert_truncated: float | None = None
 
     def action(self, name: str) -> Action:
         rule = self.rules.get(name)
@@ -253,10 +267,15 @@ class Policy:
                 )
             except (KeyError, ValueError) as exc:
                 raise PolicyError(f"policy for {name!r} is not valid: {spec!r} ({exc})") from exc
-        unknown = set(data) - {"codes", "strict", "max_rejected"}
+        unknown = set(data) - {"codes", "strict", "max_rejected", *LOSSES}
         if unknown:
             raise PolicyError(f"unknown policy keys: {', '.join(sorted(unknown))}")
-        return cls(rules=rules, strict=bool(data.get("strict", False)), max_rejected=data.get("max_rejected"))
+        return cls(
+            rules=rules,
+            strict=bool(data.get("strict", False)),
+            max_rejected=data.get("max_rejected"),
+            **{k: data[k] for k in LOSSES if k in data},
+        )
 
     @classmethod
     def from_file(cls, path: Path) -> Policy:
@@ -267,15 +286,57 @@ class Policy:
 
     @classmethod
     def build(
-        cls, policy_file: Path | None, strict: bool = False, max_rejected: float | None = None
+        cls,
+        policy_file: Path | None,
+        strict: bool = False,
+        max_rejected: float | None = None,
+        **alerts: float | None,
     ) -> Policy:
-        """The policy from a file (if any), with `strict` and `max_rejected` (CLI flags) layered on top."""
+        """The policy from a file (if any), with `strict`, `max_rejected` and the alert shares
+        (``alert_rejected=...``: the job's parameters) layered on top."""
         policy = cls.from_file(policy_file) if policy_file is not None else cls()
         if strict:
             policy.strict = True
         if max_rejected is not None:
             policy.max_rejected = max_rejected
+        for name, share in alerts.items():
+            if name not in LOSSES:
+                raise PolicyError(f"unknown alert threshold {name!r}; known: {', '.join(LOSSES)}")
+            if share is not None:
+                setattr(policy, name, share)
         return policy
+
+    def losses(self, report: Report) -> dict[str, dict[str, Any]]:
+        """The rows lost each way (rejected, duplicated, truncated) with their share of all rows and
+        the thresholds; ``alert`` is the message when the share passes its alert threshold. The core
+        puts this in the report (``extra["losses"]``); the service raises each alert."""
+        total = report.rows_in + report.rows_expanded
+        out: dict[str, dict[str, Any]] = {}
+        for name, (what, codes) in LOSSES.items():
+            n = report.rows_rejected if not codes else sum(
+                report.rejected.get(c, 0) + report.warnings.get(c, 0) for c in codes
+            )  # fmt: skip
+            share = n / total if total else 0.0
+            limit = getattr(self, name)
+            entry: dict[str, Any] = {"rows": n, "of": total, "share": round(share, 4), "alert_above": limit}
+            if name == "alert_rejected":
+                entry["fail_above"] = self.max_rejected
+            if limit is not None and n and share > limit:
+                entry["alert"] = (
+                    f"{n:,} of {total:,} rows {what} ({share:.1%}), above the alert threshold {limit:.0%}"
+                )
+            out[what] = entry
+        return out
+
+    def loss_alerts(self, report: Report) -> list[tuple[str, str]]:
+        """(alert kind, message) for every loss past its threshold: high_rejected, high_duplicated,
+        high_truncation."""
+        kinds = {"truncated": "high_truncation"}  # the dataset alert's kind: one alert per job for it
+        return [
+            (kinds.get(what, f"high_{what}"), e["alert"])
+            for what, e in self.losses(report).items()
+            if "alert" in e
+        ]
 
     def severity(self, name: str) -> str:
         """How the job page labels a code: error (fails the job), rejected, or warning."""

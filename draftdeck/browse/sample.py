@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 from draftdeck.browse.info import DatasetInfo
 from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.tokens import Chip, chips_for, id_chips
+from draftdeck.quality import CODES
 from draftdeck.shards.store import ShardDataset
 
 CHIP_WINDOW = 4096  # tokens drawn per page; longer rows get links to the next and previous windows
@@ -36,6 +37,7 @@ class Sample:
     source_row: Any
     turn: Any
     notice: str | None  # why the chips show ids instead of text
+    issues: list[tuple[str, str]]  # the row's warning codes with what they mean: the page's badges
 
 
 def read_sample(info: DatasetInfo, n: int, window_from: int = 0, roots: Iterable[Path] = ()) -> Sample:
@@ -77,7 +79,17 @@ def read_sample(info: DatasetInfo, n: int, window_from: int = 0, roots: Iterable
         source_row=row.get("source_row"),
         turn=row.get("turn"),
         notice=notice,
+        issues=row_issues(row),
     )
+
+
+def row_issues(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """(code, description) of each warning a kept row carries: its stored ``issues`` column, and
+    for shards written before that column, what the row itself says (``truncated``)."""
+    codes = [str(c) for c in row.get("issues") or ()]
+    if row.get("truncated") and "truncated" not in codes:
+        codes.append("truncated")
+    return [(c, CODES[c].description if c in CODES else "") for c in codes]
 
 
 @dataclass(frozen=True)

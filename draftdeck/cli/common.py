@@ -44,6 +44,9 @@ def print_report(report: Report, title: str) -> None:
         for ex in examples[:3]:
             where = f"{ex.file}:{ex.line}" if ex.line is not None else ex.file
             out.print(f"  [yellow]{name}[/] {escape(str(where))}: {escape(ex.reason)}", highlight=False)
+    for what, loss in (report.extra.get("losses") or {}).items():
+        if loss.get("alert"):
+            err.print(f"[bold yellow]alert high_{what}:[/] {escape(loss['alert'])}", highlight=False)
 
 
 def run_in_process(title: str, label: str, work: Callable[[Any], Report], report_path: Path | None) -> Report:

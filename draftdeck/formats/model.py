@@ -71,6 +71,8 @@ class Conversation:
         "unknown"  # detected family: openai, sharegpt, alpaca, query_response, prompt, tree, trajectory
     )
     meta: dict[str, Any] = field(default_factory=dict)  # fields kept verbatim that the model has no place for
+    # the warning codes the checks gave this kept row (convert's reader): tokenize stores them per row
+    warnings: list[str] = field(default_factory=list)
 
     def origin(self) -> tuple[str, int] | None:
         """(file, row) of the original data: the provenance a converted row carries (so a file

@@ -13,9 +13,12 @@ from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import (
     JobParams,
+    alert_field,
     build_options,
     from_format_field,
     inputs_field,
+    loss_thresholds,
+    max_rejected_field,
     max_row_bytes_field,
 )
 from draftdeck.progress import Progress, no_progress
@@ -31,9 +34,9 @@ class ConvertParams(JobParams):
         default=None, description="output file, written atomically (default: in the job's folder)"
     )
     strict: bool = Field(default=False, description="every warning fails the job")
-    max_rejected: float | None = Field(
-        default=None, ge=0, le=1, description="fail when more than this fraction of rows is rejected"
-    )
+    max_rejected: float | None = max_rejected_field()
+    alert_rejected: float | None = alert_field("rejected")
+    alert_duplicated: float | None = alert_field("a duplicate")
     policy_file: str | None = Field(
         default=None, description="JSON policy file: {strict, max_rejected, codes}"
     )
@@ -44,6 +47,23 @@ class ConvertParams(JobParams):
     allow_prompt_only: bool = Field(
         default=False, description="keep rows without an assistant turn (to regenerate answers)"
     )
+    placeholders: Literal["reject", "strip", "keep"] = Field(
+        default="reject",
+        description="rows whose answer is a placeholder: reject, strip the answers (a prompt-only row"
+        " to regenerate) or keep",
+    )
+    placeholder_min_rows: int = Field(
+        default=32, ge=2, le=1 << 40,
+        description="a short answer is a placeholder on at least this many different prompts ...",
+    )  # fmt: skip
+    placeholder_min_share: float = Field(
+        default=0.2, ge=0, le=1, description="... that are also this share of the rows"
+    )
+    placeholder_filler_rows: int = Field(
+        default=3, ge=1, le=1 << 40,
+        description="a known filler answer (ok, n/a, todo, placeholder, …, empty) is a placeholder on this"
+        " many different prompts",
+    )  # fmt: skip
     max_row_bytes: int = max_row_bytes_field()
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "policy_file")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
@@ -51,14 +71,17 @@ class ConvertParams(JobParams):
     def build_policy(self) -> Policy:
         """The policy (raises PolicyError for a bad policy file)."""
         return Policy.build(
-            Path(self.policy_file) if self.policy_file else None, self.strict, self.max_rejected
+            Path(self.policy_file) if self.policy_file else None,
+            self.strict,
+            self.max_rejected,
+            **loss_thresholds(self),
         )
 
     def policy(self) -> Policy:
         try:
             return self.build_policy()
         except PolicyError:  # run raises it again, failing the job with the reason
-            return Policy(strict=self.strict, max_rejected=self.max_rejected)
+            return Policy.build(None, self.strict, self.max_rejected, **loss_thresholds(self))
 
     def check(self, roots: list[Path]) -> None:
         if self.out is not None:

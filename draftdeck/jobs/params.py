@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from draftdeck.errors import PathNotAllowedError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.paths import check_path_text, resolve_in_roots, resolve_user_path
-from draftdeck.quality import Policy
+from draftdeck.quality import LOSSES, Policy
 
 MAX_INPUTS = 10_000
 MAX_ROW_BYTES_LIMIT = 1 << 30  # 1 GiB: a larger row is a bug upstream, and would not fit a reader's buffer
@@ -50,6 +50,25 @@ def max_row_bytes_field() -> Any:
         le=MAX_ROW_BYTES_LIMIT,
         description="rows above this size are rejected as oversize_row (at most 1 GiB)",
     )
+
+
+def max_rejected_field() -> Any:
+    return Field(
+        default=0.5, ge=0, le=1,
+        description="fail the job when more than this share of the rows is rejected (1: never)",
+    )  # fmt: skip
+
+
+def alert_field(what: str) -> Any:
+    return Field(
+        default=0.05, ge=0, le=1,
+        description=f"raise an alert (the job still succeeds) when more than this share of rows is {what}",
+    )  # fmt: skip
+
+
+def loss_thresholds(params: BaseModel) -> dict[str, float | None]:
+    """The alert thresholds a kind's parameters hold (alert_rejected, ...), for Policy.build."""
+    return {name: getattr(params, name) for name in LOSSES if name in type(params).model_fields}
 
 
 class JobParams(BaseModel):

@@ -13,7 +13,15 @@ from pydantic import Field
 
 from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
-from draftdeck.jobs.params import JobParams, build_options, from_format_field, inputs_field
+from draftdeck.jobs.params import (
+    JobParams,
+    alert_field,
+    build_options,
+    from_format_field,
+    inputs_field,
+    loss_thresholds,
+    max_rejected_field,
+)
 from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.store import MANIFEST
 from draftdeck.tokenize.pipeline import TokenizeOptions
@@ -45,6 +53,10 @@ class TokenizeParams(JobParams):
     shard_rows: int = Field(default=10_000, ge=1, le=10_000_000, description="rows per Arrow shard")
     verify_all: bool = Field(default=False, description="check every row of the fast encoder against HF")
     strict: bool = Field(default=False, description="every warning fails the job")
+    max_rejected: float | None = max_rejected_field()
+    alert_rejected: float | None = alert_field("rejected")
+    alert_duplicated: float | None = alert_field("a duplicate")
+    alert_truncated: float | None = alert_field("cut at seq_length")
     from_format: FormatName | None = from_format_field()
     encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
     chunk_rows: int | None = Field(
@@ -54,7 +66,7 @@ class TokenizeParams(JobParams):
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
 
     def policy(self) -> Policy:
-        return Policy(strict=self.strict)
+        return Policy.build(None, self.strict, self.max_rejected, **loss_thresholds(self))
 
     def options(self, **extra: Any) -> TokenizeOptions:
         """The core's options; `workers` (processes in this process's pool) is the caller's: chunk

@@ -7,7 +7,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from draftdeck.jobs.params import JobParams, inputs_field
+from draftdeck.jobs.params import JobParams, alert_field, inputs_field, loss_thresholds, max_rejected_field
+from draftdeck.quality import Policy
 
 
 class RegenerateParams(JobParams):
@@ -50,9 +51,14 @@ class RegenerateParams(JobParams):
         default_factory=dict, description="passed to the chat template (overrides `reasoning`)"
     )
     keep_cut_off: bool = Field(False, description="keep answers cut at max_tokens (warned, not rejected)")
+    max_rejected: float | None = max_rejected_field()
+    alert_rejected: float | None = alert_field("rejected")
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "local")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+
+    def policy(self) -> Policy:
+        return Policy.build(None, False, self.max_rejected, **loss_thresholds(self))
 
     @model_validator(mode="after")
     def _one_backend(self) -> RegenerateParams:

@@ -27,9 +27,11 @@ METRICS_EVERY_ROWS = 32
 
 
 def _policy(params: RegenerateParams, policy: Policy | None) -> Policy:
-    pol = policy or Policy()
+    pol = policy or params.policy()
     if params.keep_cut_off and "answer_cut_off" not in pol.rules:
         pol.rules["answer_cut_off"] = Rule(Action.WARN)
+    # the source's answers are replaced: an empty one is a slot to fill, not a row to drop
+    pol.rules.setdefault("empty_assistant_turn", Rule(Action.WARN))
     return pol
 
 
@@ -220,6 +222,7 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
         report.check_accounting()
         elapsed = time.monotonic() - started
         report.extra["elapsed_s"] = round(elapsed, 3)
+        report.extra["losses"] = pol.losses(report)
         failures = pol.failures(report)
         if failures:
             reasons = "; ".join(f.reason for f in failures[:5])

@@ -10,7 +10,9 @@ A dataset folder holds::
 Columns (speculators' names and meanings): ``input_ids`` list<int32>, ``loss_mask`` list<int64>
 (1 = the token is trained), ``seq_len`` int64, plus ``source`` (input file), ``source_row``
 (line or index in it), ``turn`` (the supervised assistant turn of a split row, -1 when every
-assistant turn of the conversation is supervised), ``n_trained`` and ``truncated``.
+assistant turn of the conversation is supervised), ``n_trained``, ``truncated`` and ``issues`` (the
+warning codes the row carries, list<string>: what the sample view shows as badges; shards written
+before it have no such column and read as before).
 
 Each shard is written under a temporary name, fsynced and renamed; ``state.json`` and
 ``manifest.json`` are written last, so a folder without a manifest is not a finished dataset.
@@ -24,7 +26,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,7 @@ def _features() -> Any:
             "turn": Value("int32"),
             "n_trained": Value("int64"),
             "truncated": Value("bool"),
+            "issues": List(Value("string")),
         }
     )
 
@@ -76,6 +79,7 @@ class ShardRow:
     source_row: int
     turn: int
     truncated: bool
+    issues: list[str] = field(default_factory=list)
 
     @property
     def n_trained(self) -> int:
@@ -94,6 +98,7 @@ class Block:
     source_rows: list[int]
     turns: list[int]
     truncated: list[bool]
+    issues: list[list[str]] | None = None  # per row; None: none on any row
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -114,13 +119,14 @@ class Block:
             [r.source_row for r in rows],
             [r.turn for r in rows],
             [r.truncated for r in rows],
+            [r.issues for r in rows],
         )
 
     def slice(self, a: int, b: int) -> Block:
         off = self.offsets
         ids, masks = self.ids[off[a] : off[b]], self.masks[off[a] : off[b]]
         return Block(ids, masks, self.lengths[a:b], self.sources[a:b], self.source_rows[a:b], self.turns[a:b],
-                     self.truncated[a:b])  # fmt: skip
+                     self.truncated[a:b], None if self.issues is None else self.issues[a:b])  # fmt: skip
 
     @classmethod
     def concat(cls, blocks: list[Block]) -> Block:
@@ -134,7 +140,11 @@ class Block:
             [x for b in blocks for x in b.source_rows],
             [x for b in blocks for x in b.turns],
             [x for b in blocks for x in b.truncated],
+            [x for b in blocks for x in b.row_issues()],
         )
+
+    def row_issues(self) -> list[list[str]]:
+        return self.issues if self.issues is not None else [[] for _ in range(len(self))]
 
     def n_trained(self) -> np.ndarray:
         csum = np.concatenate([[0], np.cumsum(self.masks, dtype=np.int64)])
@@ -159,6 +169,7 @@ def write_block(path: Path, b: Block, arrow_schema: pa.Schema | None = None) -> 
             pa.array(b.turns, pa.int32()),
             pa.array(b.n_trained(), pa.int64()),
             pa.array(b.truncated, pa.bool_()),
+            pa.array(b.row_issues(), pa.list_(pa.string())),
         ],
         schema=sch,
     )

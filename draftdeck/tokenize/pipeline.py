@@ -50,7 +50,7 @@ from draftdeck.chat.spans import RenderedRow, render_rows
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Output, Policy, Report
+from draftdeck.quality import LOSSES, Output, Policy, Report
 from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import Block, ShardRow, ShardWriter, write_metadata
@@ -71,6 +71,10 @@ class TokenizeOptions:
     verify_all: bool = False
     verify_every: int = 32
     strict: bool = False
+    max_rejected: float | None = None  # fail past this share of rejected rows (the job's default: 0.5)
+    alert_rejected: float | None = None  # alert thresholds (draftdeck.quality.LOSSES)
+    alert_duplicated: float | None = None
+    alert_truncated: float | None = None
     encoder: Literal["auto", "hf", "tiktoken"] = "auto"
     from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
     workers: int = 0  # 0: one per CPU core
@@ -87,6 +91,11 @@ class TokenizeOptions:
             raise UsageError("--shard-rows must be at least 1")
         if self.encoder not in ("auto", "hf", "tiktoken"):
             raise UsageError(f"encoder must be auto, hf or tiktoken, not {self.encoder!r}")
+
+    def policy(self) -> Policy:
+        """The job's verdict on the finished report: strict, the rejected share, the alert shares."""
+        alerts = {k: getattr(self, k) for k in LOSSES}
+        return Policy.build(None, self.strict, self.max_rejected, **alerts)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -128,10 +137,10 @@ class ChunkResult:
 
     @property
     def rows(self) -> list[ShardRow]:
-        b, off = self.block, self.block.offsets
+        b, off, issues = self.block, self.block.offsets, self.block.row_issues()
         return [
             ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
-                     b.turns[i], b.truncated[i])
+                     b.turns[i], b.truncated[i], issues[i])
             for i in range(len(b))
         ]  # fmt: skip
 
@@ -149,6 +158,7 @@ class Item:
     # The original data (a converted row's provenance): what the shards' source/source_row record.
     origin_file: str | None = None
     origin_row: int = -1
+    warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
 
 
 def to_item(conv: Conversation) -> Item:
@@ -157,7 +167,7 @@ def to_item(conv: Conversation) -> Item:
     origin = conv.origin()
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
                 line if line is not None else -1, conv.has_assistant,
-                origin[0] if origin else None, origin[1] if origin else -1)  # fmt: skip
+                origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings))  # fmt: skip
 
 
 def _encode(
@@ -285,6 +295,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     source_rows: list[int] = []
     turns: list[int] = []
     truncs: list[bool] = []
+    issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
     for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
         owner = owners[k]
         file, line, row_no = owner.file, owner.line, owner.row
@@ -305,10 +316,14 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             )
             report.reject("no_trained_tokens", file, line, why)
             continue
+        codes = list(owner.warnings)
         if truncated:
             report.warn("truncated", file, line, f"cut to {opts.seq_length} tokens")
+            codes.append("truncated")
         if not (mask[:-1] & mask[1:]).any():
             report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
+            codes.append("no_dflash_anchor")
+        issues.append(codes)
         report.rows_out += 1
         keep.append((ids, mask))
         sources.append(owner.origin_file or file)
@@ -319,7 +334,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
         np.asarray([len(i) for i, _ in keep], dtype=np.int64),
-        sources, source_rows, turns, truncs,
+        sources, source_rows, turns, truncs, issues,
     )  # fmt: skip
     return ChunkResult(report, block, len(fast_set), hf_n, verified)
 
@@ -513,7 +528,9 @@ def conclude(
     report.extra["trained_tokens"] = stats.trained
     report.extra["seconds"] = round(seconds, 3)
 
-    failures = Policy(strict=opts.strict).failures(report)
+    policy = opts.policy()
+    report.extra["losses"] = policy.losses(report)
+    failures = policy.failures(report)
     missing = report.rejected.get("no_assistant_turn", 0)
     if missing and opts.on_missing == "error":
         discard()

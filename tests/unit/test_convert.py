@@ -49,6 +49,7 @@ class TestFixtures:
         # the tree gives 2 conversations, the trajectory 2 (two agents)
         assert report.rows_expanded == 2
         assert dict(report.rejected) == {
+            "empty_assistant_turn": 1,  # sharegpt.json's row 10: an empty gpt turn
             "encoding_error": 1,
             "json_error": 2,
             "not_an_object": 1,
@@ -65,8 +66,8 @@ class TestFixtures:
             "tree": 1,
             "turn_pairs": 2,
         }
-        assert report.rows_out == 43
-        assert report.outputs[0].rows == 43
+        assert report.rows_out == 42
+        assert report.outputs[0].rows == 42
 
     def test_openai_fixture_checks(self) -> None:
         convs, report = _read([FIXTURES / "openai_mixed.jsonl"])
@@ -131,6 +132,9 @@ class TestChecks:
         conv = self._conv(
             Message("user", "q"), Message("assistant", " "), Message("user", "q"), Message("assistant", "a")
         )
+        # an empty answer trains nothing but the end-of-turn tokens: its own code, rejected by default
+        assert [c for c, _ in check_conversation(conv, False)] == ["empty_assistant_turn"]
+        conv = self._conv(Message("system", " "), Message("user", "q"), Message("assistant", "a"))
         assert [c for c, _ in check_conversation(conv, False)] == ["empty_turn"]
         assert [c for c, _ in check_conversation(self._conv(Message("user", "")), False)] == [
             "empty_conversation"
@@ -202,14 +206,80 @@ class TestPlaceholder:
         assert len(convs) == 50
         assert "'ok'" in report.examples["placeholder_response"][0].reason
 
+    def test_31_rows_of_ok_are_placeholders(self, tmp_path: Path) -> None:
+        # a known filler needs only a few different prompts, far below the general 32
+        rows = [_chat(f"question {i}?", "OK.") for i in range(31)]
+        convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)])
+        assert convs == [] and report.rejected == {"placeholder_response": 31}
+        assert "known filler" in report.examples["placeholder_response"][0].reason
+
+    @pytest.mark.parametrize("first", [True, False])
+    def test_yes_to_40_questions_among_1000_rows_kept(self, tmp_path: Path, first: bool) -> None:
+        yes = [_chat(f"Is {i} a whole number?", "Yes.") for i in range(40)]
+        normal = [
+            _chat(f"Explain topic {i}.", f"Topic {i} is explained at length here.") for i in range(1000)
+        ]
+        rows = yes + normal if first else normal[:500] + yes + normal[500:]
+        convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)])
+        assert not report.rejected and len(convs) == 1040  # 40 of 1,040 is no large share
+        assert report.extra["placeholder"]["answers"] == []
+
+    def test_real_answer_repeated_by_duplicated_data_is_a_duplicate(self, tmp_path: Path) -> None:
+        same = _chat("Describe the color yellow in 3 words.", "Bright, cheerful, warm.")
+        rows = [same] * 936 + [_chat(f"Explain topic {i}.", f"Topic {i} at length.") for i in range(64)]
+        convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)])
+        assert not report.rejected and len(convs) == 1000
+        assert report.warnings == {"duplicate_conversation": 935}
+
+    def test_one_short_answer_to_most_different_prompts_is_a_placeholder(self, tmp_path: Path) -> None:
+        rows = [_chat(f"prompt {i}", "I cannot help with that.") for i in range(200)]
+        rows += [_chat(f"Explain topic {i}.", f"Topic {i} at length.") for i in range(100)]
+        convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)])
+        assert report.rejected == {"placeholder_response": 200} and len(convs) == 100
+
+    def test_thresholds_are_options(self, tmp_path: Path) -> None:
+        yes = [_chat(f"Is {i} a whole number?", "Yes.") for i in range(40)]
+        normal = [_chat(f"Explain topic {i}.", f"Topic {i} at length.") for i in range(1000)]
+        _, report = _read([_jsonl(tmp_path / "a.jsonl", yes + normal)], placeholder_min_share=0.01)
+        assert report.rejected == {"placeholder_response": 40}
+        oks = [_chat(f"question {i}?", "OK.") for i in range(31)]
+        convs, report = _read([_jsonl(tmp_path / "b.jsonl", oks)], placeholder_filler_rows=32)
+        assert len(convs) == 31 and not report.rejected
+        with pytest.raises(UsageError):
+            ConvertOptions(placeholders="drop")
+
+    def test_strip_makes_prompt_only_rows(self, tmp_path: Path) -> None:
+        rows = [_chat(f"prompt {i}", "OK.") for i in range(200)]
+        src = _jsonl(tmp_path / "i.jsonl", rows)
+        out = tmp_path / "o.jsonl"
+        report = convert([src], out, "sharegpt", options=ConvertOptions(placeholders="strip"))
+        assert report.rows_out == 200 and not report.rejected
+        assert report.warnings == {"placeholder_stripped": 200}
+        lines = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+        assert lines[0] == {
+            "conversations": [{"from": "human", "value": "prompt 0"}],
+            "draftdeck_source": {"file": str(src), "row": 1},  # the padded row it came from
+        }
+        assert all(len(r["conversations"]) == 1 for r in lines)
+        # and they read back as prompts, ready for regeneration
+        convs, _ = _read([out], allow_prompt_only=True)
+        assert len(convs) == 200 and not any(c.has_assistant for c in convs)
+
+    def test_keep_keeps_them_with_a_warning(self, tmp_path: Path) -> None:
+        rows = [_chat(f"prompt {i}", "OK.") for i in range(40)]
+        convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)], placeholders="keep")
+        assert len(convs) == 40 and report.warnings == {"placeholder_response": 40}
+        assert convs[0].messages[-1].content == "OK."
+
     def test_below_threshold_kept_in_order_of_release(self, tmp_path: Path) -> None:
-        rows = [_chat(f"prompt {i}", "OK.") for i in range(10)]
+        rows = [_chat(f"prompt {i}", "Sure thing.") for i in range(10)]
         convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)])
         assert len(convs) == 10 and not report.rejected
         assert [c.messages[0].content for c in convs] == [f"prompt {i}" for i in range(10)]
 
     def test_buffer_overflow_counts_released_rows(self, tmp_path: Path) -> None:
-        rows = [_chat(f"p{i}", "OK.") for i in range(40)]
+        # not a filler: judged when its rows leave the 4-row buffer; the 32nd prompt flags it
+        rows = [_chat(f"p{i}", "Sure thing.") for i in range(40)]
         convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)], placeholder_buffer=4)
         assert report.rejected == {"placeholder_response": 40 - 27}
         assert report.extra["placeholder"]["released_before_flag"] == 27
@@ -222,6 +292,62 @@ class TestPlaceholder:
         opts = {"policy": Policy(rules={"placeholder_response": Rule(Action.WARN)})}
         convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)], **opts)
         assert len(convs) == 40 and report.warnings == {"placeholder_response": 40}
+
+    def test_answers_with_reasoning_are_no_candidates(self, tmp_path: Path) -> None:
+        rows = [
+            {"messages": [{"role": "user", "content": f"q{i}"},
+                          {"role": "assistant", "content": "OK.", "reasoning_content": f"think {i}"}]}
+            for i in range(40)
+        ]  # fmt: skip
+        convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)])
+        assert len(convs) == 40 and not report.rejected
+
+
+class TestEmptyAnswer:
+    def test_empty_assistant_turn_rejected_by_default(self, tmp_path: Path) -> None:
+        # the shape of axolotl's conversation.missingturns.json (in the shared real files)
+        turns = [("human", "q1"), ("gpt", ""), ("human", "q2"), ("gpt", "a2")]
+        row = {"conversations": [{"from": f, "value": v} for f, v in turns]}
+        src = _jsonl(tmp_path / "i.jsonl", [row, _chat("q", "a full answer")])
+        convs, report = _read([src])
+        assert len(convs) == 1 and report.rejected == {"empty_assistant_turn": 1}
+        assert "assistant message 1" in report.examples["empty_assistant_turn"][0].reason
+        from draftdeck.quality import Action, Rule
+
+        convs, report = _read([src], policy=Policy(rules={"empty_assistant_turn": Rule(Action.WARN)}))
+        assert len(convs) == 2 and report.warnings == {"empty_assistant_turn": 1}
+
+    def test_tool_call_with_empty_text_is_not_empty(self, tmp_path: Path) -> None:
+        conv = Conversation(
+            [Message("user", "q"), Message("assistant", "", tool_calls=[ToolCall("f", {}, id="c")]),
+             Message("tool", "r", tool_call_id="c"), Message("assistant", "done")]
+        )  # fmt: skip
+        assert check_conversation(conv, False) == []
+
+
+class TestLosses:
+    def test_losses_reported_with_thresholds(self, tmp_path: Path) -> None:
+        rows = [_chat("q", "the same long answer")] * 10 + [{"unknown": 1}] * 2
+        pol = Policy(max_rejected=0.5, alert_rejected=0.05, alert_duplicated=0.05)
+        report = convert([_jsonl(tmp_path / "i.jsonl", rows)], tmp_path / "o.jsonl", "openai", policy=pol)
+        losses = report.extra["losses"]
+        assert losses["rejected"]["rows"] == 2 and losses["rejected"]["fail_above"] == 0.5
+        assert "2 of 12 rows rejected (16.7%)" in losses["rejected"]["alert"]
+        assert losses["duplicated"]["rows"] == 9 and "alert" in losses["duplicated"]
+        assert "alert" not in losses["truncated"]
+        assert [k for k, _ in pol.loss_alerts(report)] == ["high_rejected", "high_duplicated"]
+
+    def test_5_of_6_rejected_fails_at_the_default_half(self, tmp_path: Path) -> None:
+        from draftdeck.jobs.convert import ConvertParams, convert_files
+
+        src = _jsonl(tmp_path / "i.jsonl", [_chat("q", "an answer")] + [{"unknown": i} for i in range(5)])
+        params = ConvertParams(inputs=[str(src)], to="openai")
+        with pytest.raises(JobFailed) as exc:
+            convert_files(params, tmp_path / "o.jsonl")
+        assert "5 of 6 rows rejected (83.3%)" in str(exc.value)
+        assert not (tmp_path / "o.jsonl").exists()
+        ok = ConvertParams(inputs=[str(src)], to="openai", max_rejected=0.9)
+        assert convert_files(ok, tmp_path / "o.jsonl").rows_out == 1
 
 
 class TestInputs:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from draftdeck.cli import app
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "formats"
+QUALITY = Path(__file__).resolve().parent.parent / "fixtures" / "quality"
 
 
 @pytest.fixture
@@ -43,14 +44,14 @@ class TestCli:
             str(rep),
         )
         assert code == 0, text
-        assert len(out.read_bytes().splitlines()) == 13
+        assert len(out.read_bytes().splitlines()) == 12  # sharegpt.json's empty gpt turn is rejected
         report = json.loads(rep.read_text())
         assert {"rows_in", "rows_out", "rejected", "warnings", "formats", "outputs", "examples"} <= set(
             report
         )
         assert report["formats"] == {"alpaca": 4, "openai": 1, "sharegpt": 8}
         [output] = report["outputs"]
-        assert (output["path"], output["rows"]) == (str(out), 13)
+        assert (output["path"], output["rows"]) == (str(out), 12)
         assert len(output["sha256"]) == 64
         assert "formats: sharegpt 8" in text
 
@@ -72,8 +73,8 @@ class TestCli:
         assert code == 1
         assert "--strict" in " ".join(text.split())
         bad = [str(data / "bad_bytes.jsonl"), "--to", "sharegpt", "--out", str(data / "o.jsonl")]
-        assert _run(*bad)[0] == 0
-        assert _run(*bad, "--max-rejected", "0.5")[0] == 1
+        assert _run(*bad)[0] == 1  # 4 of 5 rows rejected: past the default half
+        assert _run(*bad, "--max-rejected", "0.9")[0] == 0
 
     def test_policy_file(self, data: Path) -> None:
         pol = data / "policy.json"
@@ -122,6 +123,37 @@ class TestCli:
             == 0
         )
         assert len(out.read_bytes().splitlines()) == 4
+
+    def test_placeholders_strip_gives_prompts_to_regenerate(self, tmp_path: Path) -> None:
+        src, out, rep = QUALITY / "padded_ok.jsonl", tmp_path / "o.jsonl", tmp_path / "r.json"
+        code, text = _run(str(src), "--to", "sharegpt", "--out", str(out), "--allow-prompt-only")
+        assert code == 1 and "empty output" in text  # allowing prompt-only rows does not strip "OK."
+        code, text = _run(str(src), "--to", "sharegpt", "--out", str(out), "--placeholders", "strip",
+                          "--report", str(rep))  # fmt: skip
+        assert code == 0, text
+        rows = [orjson.loads(x) for x in out.read_bytes().splitlines()]
+        assert len(rows) == 200 and all([t["from"] for t in r["conversations"]] == ["human"] for r in rows)
+        assert json.loads(rep.read_text())["warnings"] == {"placeholder_stripped": 200}
+
+    def test_placeholder_thresholds_are_options(self, tmp_path: Path) -> None:
+        src, out, rep = QUALITY / "short_real_answers.jsonl", tmp_path / "o.jsonl", tmp_path / "r.json"
+        code, text = _run(str(src), "--to", "openai", "--out", str(out), "--report", str(rep))
+        assert code == 0, text
+        report = json.loads(rep.read_text())
+        assert report["rows_out"] == 1100 and report["rejected"] == {}  # "Yes." and a repeated answer kept
+        assert report["warnings"] == {"duplicate_conversation": 59}
+        code, text = _run(str(src), "--to", "openai", "--out", str(out), "--report", str(rep),
+                          "--placeholder-min-share", "0.01")  # fmt: skip
+        assert code == 0, text
+        assert json.loads(rep.read_text())["rejected"] == {"placeholder_response": 40}
+
+    def test_heavy_losses_fail_or_alert(self, tmp_path: Path) -> None:
+        src, out = QUALITY / "mostly_rejected.jsonl", tmp_path / "o.jsonl"
+        code, text = _run(str(src), "--to", "openai", "--out", str(out))
+        assert code == 1 and "5 of 6 rows rejected" in " ".join(text.split())
+        code, text = _run(str(src), "--to", "openai", "--out", str(out), "--max-rejected", "1")
+        assert code == 0, text
+        assert "alert high_rejected" in text and "5 of 6 rows rejected (83.3%)" in " ".join(text.split())
 
     def test_any_readable_path_is_accepted_in_process(self, data: Path, tmp_path: Path) -> None:
         """The data-root sandbox is the server's: a local user converts their own files anywhere."""
@@ -216,6 +248,26 @@ class TestJobKind:
         assert run_job(job_id) == "failed"
         job, _, _ = self._get(job_id)
         assert "empty output" in job.error and "bar, baz, foo" in job.error
+
+    def test_heavy_losses_raise_alerts(self, migrated: Path) -> None:
+        from sqlmodel import select
+
+        from app.db import session_scope
+        from app.models import Alert
+        from app.runner import run_job
+
+        shutil.copy(QUALITY / "short_real_answers.jsonl", migrated / "data" / "s.jsonl")
+        shutil.copy(QUALITY / "mostly_rejected.jsonl", migrated / "data" / "m.jsonl")
+        dup = self._job({"inputs": ["data/s.jsonl"]})  # 59 of 1,100 rows duplicated: 5.4 %
+        quiet = self._job({"inputs": ["data/s.jsonl"], "alert_duplicated": 0.1})
+        failed = self._job({"inputs": ["data/m.jsonl"]})
+        assert [run_job(j) for j in (dup, quiet, failed)] == ["succeeded", "succeeded", "failed"]
+        with session_scope() as session:
+            alerts = {(a.job_id, a.kind): a.message for a in session.exec(select(Alert))}
+        assert set(alerts) == {(dup, "high_duplicated")}
+        assert "59 of 1,100 rows duplicated (5.4%)" in alerts[(dup, "high_duplicated")]
+        job, _, _ = self._get(failed)
+        assert "5 of 6 rows rejected" in job.error
 
     def test_paths_outside_roots_refused(self, migrated: Path, tmp_path: Path) -> None:
         from draftdeck.errors import UsageError

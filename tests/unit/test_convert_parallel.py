@@ -173,7 +173,10 @@ def test_own_fixtures_same_bytes_and_report(tmp_path: Path) -> None:
 
 def test_generated_mixed_file(tmp_path: Path) -> None:
     src = _mixed_file(tmp_path / "mixed.jsonl", tail=b'{"messages": [{"role": "user"')  # truncated last line
-    one, two = _both(tmp_path, [src], chunk_bytes=3000, placeholder_min_rows=4, placeholder_buffer=16)
+    one, two = _both(
+        tmp_path, [src], chunk_bytes=3000, placeholder_min_rows=4, placeholder_min_share=0.0,
+        placeholder_buffer=4,
+    )  # fmt: skip
     # every path of the parent is taken: duplicates, placeholders (flagged late, after buffer overflow),
     # reserved fields, rejected and failed rows, blank lines, trees
     assert one.warnings["duplicate_conversation"] > 10
@@ -195,6 +198,15 @@ def test_generated_mixed_file_other_options(tmp_path: Path) -> None:
     policy = Policy(rules={"duplicate_conversation": Rule(Action.REJECT), "empty_turn": Rule(Action.REJECT)})
     _both(tmp_path, [src], "openai", chunk_bytes=1500, allow_prompt_only=True, policy=policy)
     _both(tmp_path, [src], "sharegpt", chunk_bytes=5000, check_duplicates=False, tree_paths="best")
+
+
+@pytest.mark.parametrize("mode", ["strip", "keep"])
+def test_placeholder_modes_same_bytes_and_report(tmp_path: Path, mode: str) -> None:
+    src = _mixed_file(tmp_path / "mixed.jsonl", n=1500, seed=3)
+    for to in ("sharegpt", "openai"):
+        one, _ = _both(tmp_path, [src], to, chunk_bytes=2500, placeholders=mode, placeholder_buffer=8)
+        code = "placeholder_stripped" if mode == "strip" else "placeholder_response"
+        assert one.warnings[code] > 10 and not one.rejected["placeholder_response"]
 
 
 def test_several_inputs_share_duplicates_and_placeholders(tmp_path: Path) -> None:

@@ -749,3 +749,57 @@ def test_long_rows_are_drawn_in_windows(client: Any, migrated: Path, tokenizer_d
     assert [int(c["data-p"]) for c in rest] == list(range(4096, 5000))
     trained = [c for c in chips + rest if "tr" in c["class"].split()]
     assert len(trained) == 4000 and 'id="window-prev"' in second.text
+
+
+def _badges(page: str) -> list[str]:
+    found = re.search(r'<dd id="row-issues">(.*?)</dd>', page, re.S)
+    return (
+        re.findall(r'class="sev sev-warning issue-badge" title="[^"]+">([a-z_]+)</span>', found.group(1))
+        if found
+        else []
+    )
+
+
+def test_row_issue_badges_new_and_old_shards(client: Any, migrated: Path) -> None:
+    """A kept row's warning codes (convert's checks, truncation) are stored per row by tokenize and
+    shown as badges on its sample; shards written before the `issues` column still show truncation."""
+    import json
+
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+
+    data = migrated / "data"
+    src = data / "warned.jsonl"
+    convs = [
+        [{"role": "user", "content": "q1"}, {"role": "user", "content": "again"},
+         {"role": "assistant", "content": "a fine answer"}],  # non_alternating: a warning, kept
+        [{"role": "user", "content": "write"}, {"role": "assistant", "content": " ".join(["word"] * 300)}],
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}],
+    ]  # fmt: skip
+    src.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs))
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    out_dir = data / "warned-ds"
+    tokenize_files([src], out_dir, TokenizeOptions(tok, workers=1, seq_length=64, max_rejected=None))
+    rows = shard_rows(out_dir)  # in the shards' order, each naming its line
+    want = {1: ["non_alternating"], 2: ["truncated"], 3: []}
+    assert {r["source_row"]: r["issues"] for r in rows} == want
+    ds_id = registered(client, out_dir)
+    pages = {r["source_row"]: client.get(f"/datasets/{ds_id}/rows/{n}").text for n, r in enumerate(rows)}
+    assert {line: _badges(p) for line, p in pages.items()} == want
+    assert 'title="user and assistant turns do not alternate"' in pages[1]
+    assert 'id="row-issues"' not in pages[3]
+    # shards of before the column (a copy rewritten without it) still read, truncation still shown
+    old_dir = data / "warned-old"
+    shutil.copytree(out_dir, old_dir)
+    for f in old_dir.glob("data-*.arrow"):
+        table = (
+            pa.ipc.open_stream(f.read_bytes()).read_all().drop_columns(["issues"])
+        )  # not mapped: rewritten
+        with pa.OSFile(str(f), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+    old_id = registered(client, old_dir)
+    old = {
+        r["source_row"]: _badges(client.get(f"/datasets/{old_id}/rows/{n}").text) for n, r in enumerate(rows)
+    }
+    assert old == {1: [], 2: ["truncated"], 3: []}

@@ -52,8 +52,8 @@ EXPECTED: dict[str, tuple[int, int, dict[str, int], dict[str, int], dict[str, in
     "axolotl__alpaca.json": (2, 2, {"alpaca": 2}, {}, {}),
     # a single JSON object, not a list
     "axolotl__conversation.json": (1, 1, {"sharegpt": 1}, {}, {}),
-    # the second turn is an empty gpt value
-    "axolotl__conversation.missingturns.json": (1, 1, {"sharegpt": 1}, {}, {"empty_turn": 1}),
+    # the second turn is an empty gpt value: nothing to train on there, the row is rejected
+    "axolotl__conversation.missingturns.json": (1, 0, {"sharegpt": 1}, {"empty_assistant_turn": 1}, {}),
     "speculators__dolphin_reasoning.jsonl": (1, 1, {"sharegpt": 1}, {}, {}),
     "speculators__gsm8k_singleturn.jsonl": (1, 1, {"query_response": 1}, {}, {}),
     # <tool_call> XML inside gpt text, answered by a `tool` turn: no orphan, no alternation warning.

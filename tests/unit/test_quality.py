@@ -115,3 +115,43 @@ class TestPolicy:
     def test_every_code_has_a_description(self) -> None:
         assert all(c.description for c in CODES.values())
         assert code("json_error").action is Action.REJECT
+
+
+class TestLosses:
+    def test_figures_thresholds_and_alerts(self) -> None:
+        r = _report(100, 90, json_error=10)
+        r.warn("duplicate_conversation", "f.jsonl", 3, "again", n=4)
+        r.warn("truncated", "f.jsonl", 4, "cut", n=6)
+        pol = Policy(max_rejected=0.5, alert_rejected=0.05, alert_duplicated=0.05, alert_truncated=0.05)
+        losses = pol.losses(r)
+        assert losses["rejected"] == {
+            "rows": 10, "of": 100, "share": 0.1, "alert_above": 0.05, "fail_above": 0.5,
+            "alert": "10 of 100 rows rejected (10.0%), above the alert threshold 5%",
+        }  # fmt: skip
+        assert "alert" not in losses["duplicated"] and losses["duplicated"]["rows"] == 4
+        assert pol.loss_alerts(r) == [
+            ("high_rejected", losses["rejected"]["alert"]),
+            ("high_truncation", "6 of 100 rows truncated (6.0%), above the alert threshold 5%"),
+        ]
+        assert Policy().loss_alerts(r) == []  # no thresholds: figures only
+
+    def test_thresholds_from_flags_and_files(self, tmp_path: Path) -> None:
+        pol = Policy.build(None, max_rejected=0.5, alert_rejected=0.1, alert_truncated=None)
+        assert (pol.max_rejected, pol.alert_rejected, pol.alert_truncated) == (0.5, 0.1, None)
+        with pytest.raises(PolicyError, match="alert_lost"):
+            Policy.build(None, alert_lost=0.1)
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps({"alert_duplicated": 0.2}))
+        assert Policy.from_file(path).alert_duplicated == 0.2
+
+
+class TestPlaceholderRule:
+    def test_fillers_need_a_few_prompts_other_answers_a_share(self) -> None:
+        from draftdeck.placeholders import PlaceholderRule, normalise
+
+        rule = PlaceholderRule()
+        assert [normalise(t) for t in ("OK.", " Okay! ", "...", "N/A", "…")] == ["ok", "okay", "", "n/a", "…"]
+        assert rule.passes(("ok",), 3, 1_000_000) and not rule.passes(("ok",), 2, 2)
+        assert not rule.passes(("yes",), 40, 1040)  # 3.8 % of the rows
+        assert rule.passes(("yes",), 40, 150) and not rule.passes(("yes",), 31, 31)
+        assert rule.passes(("ok", "ok"), 3, 10) and not rule.passes(("ok", "sure"), 3, 10)

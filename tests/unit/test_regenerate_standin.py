@@ -66,9 +66,10 @@ def test_empty_and_cut_off_answers_are_rejected_with_their_codes(tmp_path: Path)
         completion("half", "length"),
     ]
     with standin(StandIn(lambda msgs, n: replies[int(msgs[-1]["content"].split()[-1])])) as server:
-        report, rows = _run(tmp_path, server)
+        report, rows = _run(tmp_path, server, max_rejected=1)  # 2 of 3 rejected: past the default half
     assert report.rows_in == 3 and report.rows_out == 1
     assert dict(report.rejected) == {"empty_answer": 1, "answer_cut_off": 1}
+    assert "2 of 3 rows rejected" in report.extra["losses"]["rejected"]["alert"]
     assert report.extra["regenerate"]["completion_tokens"] == 9  # rejected answers' tokens count too
     assert "finish_reason 'length'" in report.examples["answer_cut_off"][0].reason
     assert rows[0]["source_ref"]["line"] == 1 and rows[0]["generation"]["model"] == "m"
@@ -131,6 +132,13 @@ def test_a_slow_server_hits_the_timeout(tmp_path: Path) -> None:
     assert "timed out after 0.2s" in err.value.report.examples["server_error"][0].reason  # type: ignore[attr-defined]
 
 
+def test_most_rows_rejected_fails_the_job_by_default(tmp_path: Path) -> None:
+    replies = [completion("fine"), completion(None), completion(None)]
+    server = StandIn(lambda msgs, n: replies[int(msgs[-1]["content"].split()[-1])])
+    with standin(server) as running, pytest.raises(JobFailed, match=r"2 of 3 rows rejected \(66.7%\)"):
+        _run(tmp_path, running)
+
+
 def test_context_window_errors_and_malformed_answers_have_their_codes(tmp_path: Path) -> None:
     replies = [
         (400, {"message": "This model's maximum context length is 32 tokens. However, you requested 99"}),
@@ -139,7 +147,7 @@ def test_context_window_errors_and_malformed_answers_have_their_codes(tmp_path: 
         completion("kept"),
     ]
     with standin(StandIn(lambda msgs, n: replies[int(msgs[-1]["content"].split()[-1])])) as server:
-        report, rows = _run(tmp_path, server, n=4)
+        report, rows = _run(tmp_path, server, n=4, max_rejected=1)
     assert dict(report.rejected) == {"prompt_too_long": 1, "malformed_answer": 2}
     assert len(rows) == 1 and rows[0]["messages"][-1]["content"] == "kept"
 

@@ -130,7 +130,8 @@ def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
     assert not (get_settings().jobs_dir / str(job_id) / "chunks").exists(), "chunk files are removed"
 
     cli = tmp_path / "cli"
-    opts = TokenizeOptions(tok, shard_rows=20, workers=2, on_missing="drop")
+    limits = {"max_rejected": 0.5, "alert_rejected": 0.05, "alert_duplicated": 0.05, "alert_truncated": 0.05}
+    opts = TokenizeOptions(tok, shard_rows=20, workers=2, on_missing="drop", **limits)  # the job's defaults
     tokenize_files([src], cli, opts)
     assert_same_dataset(cli, out)
 

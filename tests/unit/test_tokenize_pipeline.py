@@ -402,6 +402,70 @@ def test_provenance_survives_conversion_twice_and_reaches_the_shards(
     assert {(cds.row(i)["source"], cds.row(i)["source_row"]) for i in range(len(cds))} == got
 
 
+def test_heavy_losses_reported_failed_past_half_and_alerted(tmp_path: Path, small_dir: Path) -> None:
+    longs = [conv(u(f"write {i}"), a(" ".join(["word"] * 300)), line=i) for i in range(4)]
+    shorts = [conv(u(f"hi {i}"), a(f"hello {i}"), line=10 + i) for i in range(6)]
+    lost = [conv(u(" ".join(["context"] * 200)), a("late answer"), line=20 + i) for i in range(3)]
+    opts = TokenizeOptions(
+        small_dir, seq_length=64, max_rejected=0.5, alert_truncated=0.05, alert_rejected=0.05
+    )
+    r = tokenize_conversations(longs + shorts + lost, tmp_path / "ds", opts)
+    losses = r.extra["losses"]
+    assert (
+        losses["truncated"]["rows"] == 4 and "4 of 13 rows truncated (30.8%)" in losses["truncated"]["alert"]
+    )
+    assert losses["rejected"]["rows"] == 3 and "alert" in losses["rejected"]
+    assert [k for k, _ in opts.policy().loss_alerts(r)] == ["high_rejected", "high_truncation"]
+    with pytest.raises(JobFailed, match=r"3 of 5 rows rejected \(60.0%\)"):
+        tokenize_conversations(shorts[:2] + lost, tmp_path / "ds2", opts)
+
+
+def _tokenize_job_alerts(data: Path, tok: Path, long_rows: int, rows: int) -> list[tuple[str, str]]:
+    """Run a tokenize job (seq_length 64) over `rows` rows, `long_rows` of them cut; its alerts."""
+    from sqlmodel import select
+
+    from app import records as jobs
+    from app.chunks import run_chunk
+    from app.db import session_scope
+    from app.models import Alert
+    from app.runner import run_job
+    from app.settings import get_settings
+    from draftdeck.jobs.registry import get_kind
+
+    src = data / f"c{long_rows}-{rows}.jsonl"
+    answers = [" ".join(["word"] * (300 if i < long_rows else 3)) for i in range(rows)]
+    lines = [{"messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": text}]}
+             for i, text in enumerate(answers)]  # fmt: skip
+    src.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    kind = get_kind("tokenize")
+    raw = {"inputs": str(src), "tokenizer": str(tok), "seq_length": 64, "out": str(data / f"ds-{src.stem}")}
+    params = kind.params.model_validate(raw).confined(get_settings().roots)
+    assert params.options().max_rejected == 0.5 and params.policy().alert_truncated == 0.05
+    with session_scope() as session:
+        job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)
+    assert run_job(job.id or 0) == "handed-off"
+    assert run_chunk(job.id or 0, 0) == "succeeded"
+    with session_scope() as session:
+        return [(a.kind, a.message) for a in session.exec(select(Alert).where(Alert.job_id == job.id))]
+
+
+def test_tokenize_job_alerts_on_truncation(migrated: Path, small_dir: Path) -> None:
+    data = migrated / "data"
+    tok = data / "tok"
+    tok.mkdir()
+    for f in small_dir.iterdir():
+        (tok / f.name).write_bytes(f.read_bytes())
+    # 1 of 15 (6.7 %): past the job's 5 %, under the dataset rule's fixed 10 %
+    [(kind, message)] = _tokenize_job_alerts(data, tok, 1, 15)
+    assert (
+        kind == "high_truncation" and "1 of 15 rows truncated (6.7%), above the alert threshold 5%" in message
+    )
+    # 3 of 10: the dataset's own alert says it already; one alert of the kind per job
+    [(kind, message)] = _tokenize_job_alerts(data, tok, 3, 10)
+    assert kind == "high_truncation" and "3 of 10 rows (30%) were cut" in message
+    assert _tokenize_job_alerts(data, tok, 0, 10) == []
+
+
 def test_from_forces_one_shape_in_both_readers(tmp_path: Path, small_dir: Path) -> None:
     """`--from` reaches tokenize's reading (one process and chunk tasks): other shapes are rejected."""
     from draftdeck.tokenize.chunks import tokenize_files_chunked

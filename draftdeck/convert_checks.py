@@ -1,0 +1,119 @@
+"""The per-conversation checks of `convert` (see :mod:`draftdeck.convert`): pure functions of one
+conversation, run by the one-process reader and by the convert workers alike."""
+
+from __future__ import annotations
+
+import orjson
+from xxhash import xxh3_64_intdigest
+
+from draftdeck.formats.model import Conversation
+
+
+def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tuple[str, str]]:
+    """The issues of one conversation, as (code, reason), rejection-worthy codes first."""
+    messages = conv.messages
+    if not messages:
+        return [("empty_conversation", "the conversation has no messages")]
+    issues: list[tuple[str, str]] = []
+    has_user = has_assistant = False
+    empty_at: list[int] = []
+    for i, m in enumerate(messages):
+        if m.role == "user":
+            has_user = True
+        elif m.role == "assistant":
+            has_assistant = True
+        content = m.content
+        if (
+            (not content or content.isspace())
+            and not m.tool_calls
+            and (not m.reasoning or m.reasoning.isspace())
+        ):
+            empty_at.append(i)
+    if len(empty_at) == len(messages):
+        return [("empty_conversation", f"all {len(messages)} messages are empty")]
+    if not has_user:
+        issues.append(("no_user_turn", f"roles: {', '.join(m.role for m in messages[:8])}"))
+    if not has_assistant and not allow_prompt_only:
+        issues.append(("no_assistant_turn", "no assistant message (prompt-only row; allow it to regenerate)"))
+    empty_answers = [i for i in empty_at if messages[i].role == "assistant"]
+    if empty_answers:
+        more = f"; {len(empty_answers) - 1} more" if len(empty_answers) > 1 else ""
+        reason = f"assistant message {empty_answers[0]} has no text, reasoning or tool calls{more}"
+        issues.insert(0, ("empty_assistant_turn", reason + " (it would train only end-of-turn tokens)"))
+        empty_at = [i for i in empty_at if messages[i].role != "assistant"]
+    if empty_at:
+        issues.append(
+            (
+                "empty_turn",
+                f"message {empty_at[0]} ({messages[empty_at[0]].role}) is empty"
+                + (f" and {len(empty_at) - 1} more" if len(empty_at) > 1 else ""),
+            )
+        )
+    if not has_assistant:
+        return issues  # prompt-only: consecutive user turns and a final user turn are expected
+    last = messages[-1]
+    if last.role == "user":
+        issues.append(("trailing_user_turn", f"the last of {len(messages)} messages is a user message"))
+    prev: str | None = None
+    prev_at = 0
+    prev_calls = False
+    pending_ids: set[str] = set()
+    pending_anon = 0
+    orphan: str | None = None
+    non_alt: str | None = None
+    for i, m in enumerate(messages):
+        role = m.role
+        if role == "system":
+            continue
+        if role == "tool":
+            cid = m.tool_call_id
+            if cid is not None and cid in pending_ids:
+                pending_ids.discard(cid)
+            elif pending_anon > 0 and (cid is None or not pending_ids):
+                pending_anon -= 1
+            elif cid is None and pending_ids:
+                pending_ids.pop()
+            elif orphan is None:
+                orphan = f"message {i} (tool) answers no earlier tool call" + (
+                    f" (tool_call_id {cid!r})" if cid else ""
+                )
+        elif role == prev and non_alt is None and not (role == "assistant" and prev_calls):
+            non_alt = f"messages {prev_at} and {i} are both {role}"
+        if role == "assistant" and m.tool_calls:
+            pending_ids = {c.id for c in m.tool_calls if c.id}
+            pending_anon = sum(1 for c in m.tool_calls if not c.id)
+        elif role == "assistant" and "<tool_call>" in m.content:  # Hermes-style calls kept as text
+            pending_ids, pending_anon = set(), m.content.count("<tool_call>")
+        elif role == "user":
+            pending_ids, pending_anon = set(), 0
+        if role != "tool":
+            prev, prev_at = role, i
+            prev_calls = bool(m.tool_calls) or (role == "assistant" and pending_anon > 0)
+    if non_alt:
+        issues.append(("non_alternating", non_alt))
+    if orphan:
+        issues.append(("orphan_tool_result", orphan))
+    return issues
+
+
+def duplicate_key(conv: Conversation) -> int:
+    """A 64-bit hash of the normalised messages, the same in every process (xxh3 of their JSON text):
+    worker processes compute it for the parent's duplicate set."""
+    parts: list[object] = []
+    append = parts.append
+    for m in conv.messages:
+        c = m.content
+        append(m.role)
+        append(c.strip() if c and (c[0].isspace() or c[-1].isspace()) else c)  # strip without copying
+        append(m.reasoning)
+        if m.tool_calls:
+            parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
+    return xxh3_64_intdigest(orjson.dumps(parts))
+
+
+def _where(line: int | None, index: int | None, path: str | None) -> str:
+    """A reason's prefix locating the record when the line number does not (JSON arrays, tables, trees)."""
+    pre = f"record {index}" if line is None and index is not None else ""
+    if path:
+        pre += f"{' ' if pre else ''}branch {path}"
+    return f"{pre}: " if pre else ""
