@@ -19,7 +19,7 @@ Three steps, each a plain function (no Celery, no SQL: ``app/chunks.py`` runs th
 
 The rows, their order and their data are those of the in-process run for the same input and
 options; only the cut between shards differs (one shard per non-empty chunk, instead of one per
-``shard_rows`` rows). Chunk files are pickles of :class:`~draftdeck.tokenize.pipeline.Item` (what
+``shard_rows`` rows). Chunk files are pickles of :class:`~draftdeck.tokenize.rows.Item` (what
 the process pool sends its workers): they are written and read only by DraftDeck, in its own job
 folder.
 
@@ -50,7 +50,7 @@ from draftdeck.progress import Progress
 from draftdeck.quality import Example, Report
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import Block, ShardInfo, write_block
-from draftdeck.tokenize import pipeline
+from draftdeck.tokenize import pipeline, rows
 from draftdeck.tokenize.pipeline import EncoderMismatch, Item, TokenizeOptions, to_item
 
 PLAN = "plan.json"
@@ -244,14 +244,14 @@ def tokenize_chunk(
     items = list(read_items(items_path))
     mismatch = 0
     try:
-        blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, fast), progress)
+        blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, fast), progress)
     except EncoderMismatch as exc:
         mismatch = exc.rows
         note = f"tiktoken disagreed with the HF tokenizer ({exc}); the job ran again on the HF tokenizer"
         with atomic_output(parts_dir / FALLBACK, "w") as f:
             f.write(note)
         fast = None
-        blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, None), progress)
+        blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, None), progress)
     block = Block.concat(blocks) if blocks else Block.from_rows([])
     out_dir.mkdir(parents=True, exist_ok=True)
     shard = write_block(out_dir / shard_name(index), block) if len(block) else None
@@ -267,15 +267,15 @@ def tokenize_chunk(
 
 
 def _run(
-    items: list[Item], st: pipeline._State, progress: Progress | None
+    items: list[Item], st: rows.State, progress: Progress | None
 ) -> tuple[list[Block], Report, dict[str, int]]:
-    pipeline._STATE = st
+    rows.use(st)
     report = Report()
     blocks: list[Block] = []
     counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
     size = max(1, st.opts.chunk_size)
     for k, start in enumerate(range(0, len(items), size)):
-        res = pipeline.process_chunk(items[start : start + size], first_chunk=k == 0)
+        res = rows.process_chunk(items[start : start + size], first_chunk=k == 0)
         report.merge(res.report)
         counts["fast_rows"] += res.fast_rows
         counts["hf_rows"] += res.hf_rows
