@@ -27,6 +27,7 @@ succeeding loses its chunk shards and chunk files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -324,4 +325,6 @@ def cleanup(session: Session, job_id: int) -> None:
     ).all():
         if path and Path(path).name.startswith("chunk-"):
             Path(path).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the dataset folder, if that shard was all it held
+                Path(path).parent.rmdir()
     leftovers.remove_partial_files(session, job_id)

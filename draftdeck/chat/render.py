@@ -45,6 +45,9 @@ def load_tokenizer(path: Path | str, chat_template: Path | str | None = None) ->
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"tokenizer folder {path} does not exist (pass a local folder with tokenizer.json)")
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        # else transformers guesses at a slow tokenizer and advises installing tiktoken or sentencepiece
+        raise InputError(f"{path}: not a tokenizer folder: no tokenizer.json or tokenizer_config.json")
     from transformers import AutoTokenizer
 
     try:

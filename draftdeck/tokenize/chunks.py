@@ -253,9 +253,11 @@ def tokenize_chunk(
         fast = None
         blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, None), progress)
     block = Block.concat(blocks) if blocks else Block.from_rows([])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shard = write_block(out_dir / shard_name(index), block) if len(block) else None
-    if shard is None:
+    shard = None
+    if len(block):  # the folder is made only for a shard: a job whose every row is rejected makes none
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shard = write_block(out_dir / shard_name(index), block)
+    else:
         (out_dir / shard_name(index)).unlink(missing_ok=True)
     stats = Stats(len(tok))
     stats.add_block(block)
@@ -359,6 +361,7 @@ def finish_chunks(
     def discard() -> None:
         for s in shards:
             (out_dir / s.filename).unlink(missing_ok=True)
+        pipeline.remove_if_empty(out_dir)
 
     return pipeline.conclude(out_dir, opts, plan.read_report, tok_report, stats, encoder, seconds=seconds,
                              inputs=inputs, close=close, discard=discard)  # fmt: skip

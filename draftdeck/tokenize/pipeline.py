@@ -27,6 +27,7 @@ again on the HF encoder, with ``encoder_mismatch`` in the report.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -224,6 +225,26 @@ def tokenize(
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"output folder {out_dir} is not empty; choose a new folder")
+    try:
+        return _tokenize(source, out_dir, opts, progress, inputs)
+    except BaseException:
+        remove_if_empty(out_dir)  # a failed job leaves no output, not even an empty folder
+        raise
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it exists and holds nothing (what a failed run leaves after its discard)."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def _tokenize(
+    source: Callable[[Report], Iterable[Conversation]],
+    out_dir: Path,
+    opts: TokenizeOptions,
+    progress: Progress | None,
+    inputs: list[str] | None,
+) -> Report:
     started = time.monotonic()
     tok, renderer, hf, fast, encoder_note = _load(opts)
     mismatch: EncoderMismatch | None = None

@@ -60,7 +60,7 @@ def test_chunked_run_fails_like_the_in_process_run_and_leaves_no_shard(
     with pytest.raises(JobFailed, match="no assistant turn") as chunked:
         tokenize_files_chunked([tmp_path / "in2.jsonl"], tmp_path / "chunked", tmp_path / "parts", opts, 4)
     assert chunked.value.report.to_dict()["rejected"] == whole.value.report.to_dict()["rejected"]
-    assert not list((tmp_path / "chunked").glob("*.arrow"))
+    assert not (tmp_path / "chunked").exists() and not (tmp_path / "whole").exists()  # not even empty
 
 
 # -- the job: chunk tasks with SQL bookkeeping (tasks called inline, no broker consumer) -------------

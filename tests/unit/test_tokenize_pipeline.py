@@ -140,6 +140,7 @@ def test_strict_turns_warnings_into_failure(tmp_path: Path, small_dir: Path) -> 
 def test_empty_output_fails(tmp_path: Path, qwen_dir: Path) -> None:
     with pytest.raises(JobFailed, match="no rows were written"):
         tokenize_conversations([conv(Message_system(), a("x"))], tmp_path / "ds", TokenizeOptions(qwen_dir))
+    assert not (tmp_path / "ds").exists()  # no empty output folder left behind
 
 
 def Message_system() -> Any:
@@ -230,9 +231,18 @@ def test_cli_tokenize_failure_exit_codes(cli_env: Path, tmp_path: Path, qwen_dir
     res = runner.invoke(app, ["tokenize", str(FIXTURES / "prompt_only.jsonl"), "--tokenizer", str(qwen_dir),
                               "--out", str(tmp_path / "ds"), "--workers", "1"])  # fmt: skip
     assert res.exit_code == 1 and "regeneration" in res.output.replace("\n", " ")
+    assert not (tmp_path / "ds").exists()  # a failed tokenize leaves no (empty) output folder
     res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", str(tmp_path / "nope"), "--out",
                               str(tmp_path / "ds3")])  # fmt: skip
     assert res.exit_code == 2 and "does not exist" in " ".join(res.output.split())
+    not_tok = tmp_path / "model"  # a folder, but a model's config, not a tokenizer
+    not_tok.mkdir()
+    (not_tok / "config.json").write_text("{}")
+    res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", str(not_tok), "--out",
+                              str(tmp_path / "ds4")])  # fmt: skip
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "not a tokenizer folder: no tokenizer.json or tokenizer_config.json" in said
+    assert "tiktoken" not in said and "sentencepiece" not in said
     res = runner.invoke(
         app, ["tokenize", "/etc/hostname", "--tokenizer", str(qwen_dir), "--out", str(tmp_path / "x")]
     )
