@@ -238,7 +238,8 @@ def tokenize_chunk(
     `progress(rows_done, rows_total, "rows")` is called after each batch and may raise Cancelled.
     """
     opts.check()
-    tok, renderer, hf, fast, note = pipeline._load(opts)
+    got, renderer, fresh = pipeline.load_for(opts)
+    tok, hf, fast, note = got.tok, got.hf, got.fast, got.note
     if fast is not None and (parts_dir / FALLBACK).exists():
         fast, note = None, "another chunk found tiktoken disagreeing with the HF tokenizer"
     items = list(read_items(items_path))
@@ -264,7 +265,8 @@ def tokenize_chunk(
     stats_path = parts_dir / stats_name(index)
     stats.save_state(stats_path)
     used = "tiktoken" if fast is not None and not mismatch else "hf"
-    encoder = {"used": used, "note": note, "mismatch_rows": mismatch, **counts}
+    encoder = {"used": used, "note": note, "mismatch_rows": mismatch, **counts,
+               **pipeline.load_facts(got, fresh)}  # fmt: skip
     return ChunkOutcome(index, report, shard, str(stats_path), encoder)
 
 
@@ -317,7 +319,8 @@ def finish_chunks(
     stats = Stats(len(tok))
     mismatch = 0
     notes: list[str] = []
-    counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
+    counts: dict[str, float] = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0, "tokenizer_loads": 0,
+                                "tokenizer_load_seconds": 0.0}  # fmt: skip
     for chunk, o in zip(plan.chunks, outcomes, strict=True):
         if o.report.rows_in != chunk.conversations:
             raise AccountingError(
@@ -339,13 +342,14 @@ def finish_chunks(
         stats.merge(Stats.load_state(Path(o.stats_path)))
         mismatch += int(o.encoder.get("mismatch_rows", 0))
         for key in counts:
-            counts[key] += int(o.encoder.get(key, 0))
+            counts[key] += o.encoder.get(key, 0)
         if o.encoder.get("note") and o.encoder["note"] not in notes:
             notes.append(o.encoder["note"])
     used = sorted({str(o.encoder.get("used", "hf")) for o in outcomes})
     note = fallback.read_text(encoding="utf-8") if fallback.exists() else "; ".join(notes)
     if mismatch:
         tok_report.warn("encoder_mismatch", "(encoder)", None, note, n=mismatch)
+    counts["tokenizer_load_seconds"] = round(counts["tokenizer_load_seconds"], 3)  # summed over chunk tasks
     encoder = {"used": "+".join(used), "note": note, **counts, "chunks": len(outcomes)}
     shards = [o.shard for o in outcomes if o.shard is not None]
 

@@ -38,7 +38,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
-from draftdeck.chat.render import ChatRenderer, load_tokenizer, tokenizer_fingerprint
+from draftdeck.chat.render import ChatRenderer, tokenizer_fingerprint
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
@@ -46,8 +46,8 @@ from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardWriter, write_metadata
-from draftdeck.tokenize import rows
-from draftdeck.tokenize.encoders import EncoderUnsupported, HFEncoder, TiktokenEncoder
+from draftdeck.tokenize import loaded, rows
+from draftdeck.tokenize.encoders import HFEncoder, TiktokenEncoder
 from draftdeck.tokenize.rows import ChunkResult, EncoderMismatch, Item, process_chunk, to_item
 
 MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
@@ -89,33 +89,25 @@ class TokenizeOptions:
 
 
 # -- main side ------------------------------------------------------------------------------------
-_LOADED: dict[tuple[str, ...], tuple[Any, HFEncoder, TiktokenEncoder | None, str]] = {}
+def load_for(opts: TokenizeOptions) -> tuple[loaded.LoadedTokenizer, ChatRenderer, bool]:
+    """The tokenizer and encoders for `opts` (kept by this process across jobs: see
+    :mod:`draftdeck.tokenize.loaded`), this job's renderer, and whether this call loaded them."""
+    import json
+
+    got, fresh = loaded.load(opts.tokenizer, opts.chat_template, opts.encoder)
+    json.dumps(opts.template_kwargs)  # template kwargs must be plain JSON (they go into the manifest)
+    return got, ChatRenderer.from_tokenizer(got.tok, opts.template_kwargs), fresh
 
 
 def _load(opts: TokenizeOptions) -> tuple[Any, ChatRenderer, HFEncoder, TiktokenEncoder | None, str]:
-    """Tokenizer, renderer and encoders for `opts`; the last two loads are kept for the process."""
-    import json
+    """Tokenizer, renderer, encoders and the encoder note for `opts` (see :func:`load_for`)."""
+    got, renderer, _ = load_for(opts)
+    return got.tok, renderer, got.hf, got.fast, got.note
 
-    tj = Path(opts.tokenizer) / "tokenizer.json"
-    key = (str(Path(opts.tokenizer).resolve()), str(tj.stat().st_mtime_ns) if tj.exists() else "",
-           str(opts.chat_template), opts.encoder)  # fmt: skip
-    if key not in _LOADED:
-        tok = load_tokenizer(opts.tokenizer, opts.chat_template)
-        fast: TiktokenEncoder | None = None
-        note = ""
-        if opts.encoder in ("auto", "tiktoken"):
-            try:
-                fast = TiktokenEncoder(tok)
-            except EncoderUnsupported as exc:
-                if opts.encoder == "tiktoken":
-                    raise UsageError(f"the tiktoken encoder cannot run this tokenizer: {exc}") from exc
-                note = f"tiktoken not used: {exc}"
-        while len(_LOADED) >= 2:
-            _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = (tok, HFEncoder(tok), fast, note)
-    tok, hf, fast, note = _LOADED[key]
-    json.dumps(opts.template_kwargs)  # template kwargs must be plain JSON (they go into the manifest)
-    return tok, ChatRenderer.from_tokenizer(tok, opts.template_kwargs), hf, fast, note
+
+def load_facts(got: loaded.LoadedTokenizer, fresh: bool) -> dict[str, Any]:
+    """What the report says about the tokenizer's load: whether this run loaded it, and how long that took."""
+    return {"tokenizer_loads": int(fresh), "tokenizer_load_seconds": round(got.seconds, 3) if fresh else 0.0}
 
 
 def tokenize_rows(convs: list[Conversation], opts: TokenizeOptions) -> ChunkResult:
@@ -246,7 +238,8 @@ def _tokenize(
     inputs: list[str] | None,
 ) -> Report:
     started = time.monotonic()
-    tok, renderer, hf, fast, encoder_note = _load(opts)
+    got, renderer, fresh = load_for(opts)
+    tok, hf, fast, encoder_note = got.tok, got.hf, got.fast, got.note
     mismatch: EncoderMismatch | None = None
     try:
         read_report, tok_report, writer, stats, counts = _attempt(
@@ -263,7 +256,7 @@ def _tokenize(
     if mismatch is not None:
         tok_report.warn("encoder_mismatch", "(encoder)", None, encoder_note, n=mismatch.rows)
     encoder = {"used": "tiktoken" if fast is not None and mismatch is None else "hf", "note": encoder_note,
-               **counts}  # fmt: skip
+               **counts, **load_facts(got, fresh)}  # fmt: skip
     return conclude(
         out_dir, opts, read_report, tok_report, stats, encoder,
         seconds=time.monotonic() - started, inputs=inputs, close=writer.close, discard=writer.discard,

@@ -109,6 +109,40 @@ def test_one_and_two_workers_give_the_cli_dataset(
     assert time.monotonic() - started < 90
 
 
+def test_a_worker_keeps_its_tokenizer_for_the_next_job(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """The worker's pool process loads the tokenizer for its first job only: a second job, with the same
+    tokenizer copied to another folder, loads nothing (counted by the loads each chunk reports)."""
+    for name in ("tok-a", "tok-b"):
+        shutil.copytree(small_tokenizer, stack.data / name)
+    src = write_chat_input(stack.data / "chat.jsonl", 30)
+    stack.start_worker()
+    wait_for(lambda: _ready(stack, 1), 60, "the worker", stack)
+    jobs = [
+        _run(
+            client,
+            stack,
+            {
+                "inputs": [str(src)],
+                "tokenizer": str(stack.data / tok),
+                "on_missing": "drop",
+                "chunk_rows": 10,
+                "out": str(stack.data / f"out-{tok}"),
+            },
+        )
+        for tok in ("tok-a", "tok-b")
+    ]
+    per_chunk = [[c.report["encoder"]["tokenizer_loads"] for c in _chunk_rows(j["id"])] for j in jobs]
+    assert len(per_chunk[0]) > 2 and per_chunk == [
+        [1] + [0] * (len(per_chunk[0]) - 1),
+        [0] * len(per_chunk[1]),
+    ]
+    assert [j["result"]["encoder"]["tokenizer_loads"] for j in jobs] == [1, 0]
+    assert jobs[0]["result"]["encoder"]["tokenizer_load_seconds"] > 0
+    assert jobs[1]["result"]["encoder"]["tokenizer_load_seconds"] == 0
+
+
 def _chunk_rows(job_id: int) -> list:  # type: ignore[type-arg]
     from app.db import session_scope
     from app.models import JobChunk

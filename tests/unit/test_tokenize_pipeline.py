@@ -321,3 +321,45 @@ def test_decode_check_catches_tokens_that_do_not_give_back_the_text(tmp_path: Pa
     assert report.rejected["mask_mismatch"] == 1 and report.rows_out == 1  # type: ignore[union-attr]
     assert "Hello tHere" in report.examples["mask_mismatch"][0].reason  # type: ignore[union-attr]
     assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+# -- the tokenizer, loaded once per process ---------------------------------------------------------
+def test_a_second_job_loads_no_tokenizer_and_a_changed_one_loads_again(
+    tmp_path: Path, small_dir: Path
+) -> None:
+    """Counted, not timed: the cache's loads and each report's `tokenizer_loads`. A copy of the same
+    files elsewhere is the same tokenizer; a rewritten file is another."""
+    import shutil
+
+    from draftdeck.tokenize import loaded
+
+    loaded.forget_all()
+    copy = tmp_path / "copy"
+    shutil.copytree(small_dir, copy)
+    before = loaded.loads()
+    reports = [
+        tokenize_files([CHAT], tmp_path / f"ds{i}", TokenizeOptions(tok, workers=1))
+        for i, tok in enumerate([small_dir, copy, small_dir])
+    ]
+    assert loaded.loads() - before == 1
+    assert [r.extra["encoder"]["tokenizer_loads"] for r in reports] == [1, 0, 0]
+    assert reports[0].extra["encoder"]["tokenizer_load_seconds"] > 0
+    assert reports[1].extra["encoder"]["tokenizer_load_seconds"] == 0
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("}", ', "unused_note": 1}', 1))
+    again = tokenize_files([CHAT], tmp_path / "ds3", TokenizeOptions(copy, workers=1))
+    assert again.extra["encoder"]["tokenizer_loads"] == 1 and loaded.loads() - before == 2
+
+
+def test_concurrent_first_loads_of_one_tokenizer_make_one_load(small_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from draftdeck.tokenize import loaded
+
+    loaded.forget_all()
+    before = loaded.loads()
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: loaded.load(small_dir, None, "auto"), range(6)))
+    assert loaded.loads() - before == 1
+    assert sum(fresh for _, fresh in results) == 1
+    assert len({id(got) for got, _ in results}) == 1  # every caller got the one loaded copy
