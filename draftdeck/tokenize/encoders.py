@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from draftdeck.tokenize.bytelevel import to_bytes, token_bytes
+from draftdeck.tokenize.bytelevel import byte_translation, to_bytes, token_bytes
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -135,8 +135,10 @@ class TiktokenEncoder:
         pattern = _pattern(spec)
         model = spec["model"]
         vocab: dict[str, int] = model["vocab"]
+        table = byte_translation()
         try:
-            ranks = dict(zip(map(to_bytes, vocab), vocab.values(), strict=True))
+            raw = [t.translate(table).encode("latin-1") for t in vocab]
+            ranks = dict(zip(raw, vocab.values(), strict=True))
         except UnicodeEncodeError as exc:
             bad = next(t for t in vocab if not _is_byte_level(t))
             raise EncoderUnsupported(f"vocabulary token {bad!r} is not byte-level") from exc
@@ -144,7 +146,7 @@ class TiktokenEncoder:
             raise EncoderUnsupported("two vocabulary entries decode to the same bytes")
         if any(bytes([b]) not in ranks for b in range(256)):
             raise EncoderUnsupported("the vocabulary lacks some single bytes")
-        _check_merge_order(model, ranks)
+        _check_merge_order(model, vocab)
         self.specials: dict[str, int] = {}
         for added in spec.get("added_tokens") or []:
             if added.get("lstrip") or added.get("rstrip") or added.get("single_word"):
@@ -303,15 +305,12 @@ def _is_byte_level(token: str) -> bool:
     return True
 
 
-def _check_merge_order(model: dict[str, Any], ranks: dict[bytes, int]) -> None:
+def _check_merge_order(model: dict[str, Any], vocab: dict[str, int]) -> None:
     """tiktoken merges by the rank of the merged token, HF by merge index: the same iff the merged
-    tokens' ids rise with the merge index."""
+    tokens' ids rise with the merge index. (Byte-level tokens map one to one to their bytes, so the
+    merged token is looked up by its text: no byte conversion per merge.)"""
     merges = model.get("merges") or []
-    try:
-        joined = [to_bytes(m.replace(" ", "", 1) if isinstance(m, str) else m[0] + m[1]) for m in merges]
-    except UnicodeEncodeError as exc:
-        raise EncoderUnsupported("a merge is not byte-level") from exc
-    merged = [ranks.get(b, -1) for b in joined]
+    merged = [vocab.get(m.replace(" ", "", 1) if isinstance(m, str) else m[0] + m[1], -1) for m in merges]
     if -1 in merged:
         raise EncoderUnsupported("a merge produces a token outside the vocabulary")
     if merged and bool((np.diff(np.asarray(merged, dtype=np.int64)) < 0).any()):

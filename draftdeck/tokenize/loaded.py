@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftdeck.chat.render import TOKENIZER_FILES, load_tokenizer
+from draftdeck.chat.render import TOKENIZER_FILES, load_tokenizer, transformers_lock
 from draftdeck.errors import InputError, UsageError
 from draftdeck.loadonce import LoadOnce
 from draftdeck.tokenize.encoders import EncoderUnsupported, HFEncoder, TiktokenEncoder
@@ -98,3 +98,13 @@ def loads() -> int:
 def forget_all() -> None:
     """Drop every kept tokenizer (tests that need a cold process)."""
     _cache.clear()
+
+
+def preload_imports() -> None:
+    """Import what a tokenizer load imports (transformers' tokenizer classes, and the torch they pull
+    in; tiktoken): a worker's main process calls this before it forks its pool, so each pool process
+    starts its first job with them imported (copy-on-write) instead of importing them itself."""
+    with transformers_lock:
+        import tiktoken  # noqa: F401
+        from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
+        from transformers.models.auto import tokenization_auto  # noqa: F401
