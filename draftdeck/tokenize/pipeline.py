@@ -28,6 +28,7 @@ again on the HF encoder, with ``encoder_mismatch`` in the report.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
 import time
@@ -175,6 +176,10 @@ def _attempt(
     workers = _workers(st.opts)
     pool = None
     try:
+        if workers > 1:  # a pool only when there is more than one chunk: starting one costs more than a chunk
+            first = list(islice(chunks, 2))
+            chunks = itertools.chain(first, chunks)
+            workers = workers if len(first) > 1 else 1
         if workers > 1:
             pool = mp.get_context("fork").Pool(workers)
             results: Iterable[ChunkResult] = _bounded(pool, chunks, 2 * workers)
