@@ -18,8 +18,9 @@ Three steps, each a plain function (no Celery, no SQL: ``app/chunks.py`` runs th
    (:func:`draftdeck.tokenize.pipeline.conclude`, the same end as the in-process run).
 
 The rows, their order and their data are those of the in-process run for the same input and
-options; only the cut between shards differs (one shard per non-empty chunk, instead of one per
-``shard_rows`` rows). Chunk files are pickles of :class:`~draftdeck.tokenize.rows.Item` (what
+options, and so is the cut between shards: the final step rewrites the chunk shards (one per
+non-empty chunk) as shards of ``shard_rows`` output rows (:func:`recut`), unless they are cut so
+already. Chunk files are pickles of :class:`~draftdeck.tokenize.rows.Item` (what
 the process pool sends its workers): they are written and read only by DraftDeck, in its own job
 folder.
 
@@ -43,8 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pyarrow as pa
+
 from draftdeck.errors import AccountingError, UsageError
-from draftdeck.fileio import atomic_output
+from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress
 from draftdeck.quality import Example, Report
@@ -354,13 +357,18 @@ def finish_chunks(
     shards = [o.shard for o in outcomes if o.shard is not None]
 
     def close() -> list[ShardInfo]:
-        n = len(shards)
-        final: list[ShardInfo] = []
-        for i, s in enumerate(shards):
-            name = f"data-{i:05d}-of-{n:05d}.arrow"
-            os.replace(out_dir / s.filename, out_dir / name)
-            final.append(ShardInfo(name, s.rows, s.bytes, s.sha256))
-        return final
+        cut = all(s.rows == opts.shard_rows for s in shards[:-1]) and all(
+            s.rows <= opts.shard_rows for s in shards
+        )
+        if cut:  # already cut as shard_rows asks: rename
+            n = len(shards)
+            final: list[ShardInfo] = []
+            for i, s in enumerate(shards):
+                name = f"data-{i:05d}-of-{n:05d}.arrow"
+                os.replace(out_dir / s.filename, out_dir / name)
+                final.append(ShardInfo(name, s.rows, s.bytes, s.sha256))
+            return final
+        return recut(out_dir, [s.filename for s in shards], opts.shard_rows)
 
     def discard() -> None:
         for s in shards:
@@ -369,6 +377,46 @@ def finish_chunks(
 
     return pipeline.conclude(out_dir, opts, plan.read_report, tok_report, stats, encoder, seconds=seconds,
                              inputs=inputs, close=close, discard=discard)  # fmt: skip
+
+
+def recut(out_dir: Path, names: list[str], shard_rows: int) -> list[ShardInfo]:
+    """Rewrite the chunk shards `names` (in order) as shards of `shard_rows` OUTPUT rows each (the last
+    one shorter), as the in-process run cuts them: a chunk holds `chunk_rows` conversations, which
+    become more rows where a template splits turns, or fewer where rows are rejected. One sequential
+    pass over memory-mapped shards, whatever their columns; the chunk shards are removed only once
+    every new shard is written, so a final step that dies can run again."""
+    total = 0
+    for name in names:
+        with pa.memory_map(str(out_dir / name)) as src:
+            total += pa.ipc.open_stream(src).read_all().num_rows
+    n = max(1, -(-total // shard_rows))
+    final: list[ShardInfo] = []
+    pending: list[pa.Table] = []
+    held = 0
+
+    def write(table: pa.Table) -> None:
+        path = out_dir / f"data-{len(final):05d}-of-{n:05d}.arrow"
+        batch = table.combine_chunks().to_batches()  # one record batch per shard, as write_block writes
+        with atomic_output(path) as f, pa.ipc.new_stream(f, table.schema) as w:
+            for b in batch:
+                w.write_batch(b)
+        final.append(ShardInfo(path.name, table.num_rows, path.stat().st_size, sha256_file(path)))
+
+    for name in names:
+        with pa.memory_map(str(out_dir / name)) as src:
+            table = pa.ipc.open_stream(src).read_all()
+        pending.append(table)
+        held += table.num_rows
+        while held >= shard_rows:
+            whole = pa.concat_tables(pending)
+            write(whole.slice(0, shard_rows))
+            rest = whole.slice(shard_rows)
+            pending, held = ([rest] if rest.num_rows else []), rest.num_rows
+    if held:
+        write(pa.concat_tables(pending))
+    for name in names:
+        (out_dir / name).unlink(missing_ok=True)
+    return final
 
 
 def parts_dir_of(plan: Plan) -> Path:
