@@ -2,14 +2,14 @@
 
 Each field becomes an option named after it (``max_row_bytes`` -> ``--max-row-bytes``) with its type,
 default, bounds and help (the Field's description); `inputs` becomes the positional arguments; a
-Literal becomes a choice; a dict becomes a repeated ``KEY=VALUE`` option (VALUE read as JSON when it
-parses). Path fields take any path the user can read: the data-root sandbox is the server's.
+Literal becomes a choice; a dict becomes a repeated ``KEY=VALUE`` option (parsed by the model, as the
+form's and the API's: :func:`draftdeck.jobs.params.parse_pairs`). Path fields take any path the user
+can read: the data-root sandbox is the server's.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,20 +24,6 @@ from draftdeck.errors import UsageError
 from draftdeck.jobs.params import JobParams
 
 ARGUMENT = "inputs"
-
-
-def parse_pairs(option: str, pairs: Iterable[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is JSON when it parses (true, 3, "x"), else the plain string."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
 
 
 def _bounds(info: FieldInfo, is_int: bool) -> dict[str, Any]:
@@ -135,7 +121,7 @@ def params_from(model: type[JobParams], values: dict[str, Any]) -> JobParams:
             continue
         value = values[name]
         if typing.get_origin(_base_type(info.annotation)[0]) is dict:
-            value = parse_pairs(_flag(name), value or [])
+            value = value or []  # KEY=VALUE pairs: the model parses them (draftdeck.jobs.params.parse_pairs)
         elif isinstance(value, Path):
             value = str(value)
         elif isinstance(value, list):
