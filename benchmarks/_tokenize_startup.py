@@ -5,7 +5,8 @@ benchmarks/tokenize.py, which prints this table; `--startup-only` prints only it
 Every row runs in fresh processes, measured in one run:
 - one tokenizer load: a fresh interpreter timing ``load_tokenizer`` (transformers' import included);
 - ``draftdeck tokenize`` on N conversations: the whole command as a user runs it (interpreter start,
-  imports, tokenizer and tiktoken tables, the job, the shards), wall clock from outside;
+  imports, tokenizer and tiktoken tables, the job, the shards), wall clock from outside: once with
+  an empty tables cache (the tables built and checked), then with the tables an earlier run saved;
 - a worker's first job (cold pool process: imports preloaded by the worker's main process, as
   workers/tasks.py does, then the tokenizer loaded by the job) and its second job (warm: the
   process kept the tokenizer), both through the chunk tasks' code (plan, chunk, finish).
@@ -48,8 +49,11 @@ print(json.dumps(out))
 """
 
 
+CACHE: dict[str, str] = {}  # DRAFTDECK_CACHE for the children: a folder of this benchmark's own
+
+
 def _env(root: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(root), "TRANSFORMERS_VERBOSITY": "error"}
+    return {**os.environ, "PYTHONPATH": str(root), "TRANSFORMERS_VERBOSITY": "error", **CACHE}
 
 
 def _python(root: Path, code: str, *args: str) -> str:
@@ -73,8 +77,11 @@ def startup_table(root: Path, work: Path, tok: Path, write_input: Callable[[int,
     for n in (31, 200):
         inputs[n] = work / f"startup-{n}.jsonl"
         write_input(n, inputs[n])
+    CACHE["DRAFTDECK_CACHE"] = str(work / "cache")
+    shutil.rmtree(work / "cache", ignore_errors=True)  # the first command builds the tiktoken tables
     load = min(float(_python(root, LOAD, str(tok))) for _ in range(2))
     rows: list[tuple[str, float]] = [("one tokenizer load (fresh process)", load)]
+    rows.append(("draftdeck tokenize, 31, tables built (1st)", _command(root, inputs[31], tok, work / "out")))
     for n, src in inputs.items():
         rows.append(
             (
@@ -95,9 +102,9 @@ def startup_table(root: Path, work: Path, tok: Path, write_input: Callable[[int,
     lines = [f"{'start-up':44} {'wall s':>7} {'minus one load':>15} {'/ one load':>10}"]
     for name, seconds in rows:
         lines.append(f"{name:44} {seconds:>7.2f} {seconds - load:>15.2f} {seconds / load:>9.2f}x")
-    worst = max(s for name, s in rows if name.startswith("draftdeck tokenize")) - load
+    worst = max(s for name, s in rows if name.endswith("conversations")) - load
     lines.append(
-        f"goal: the command's start-up (minus one load) <= 2 s: {'met' if worst <= 2 else 'NOT met'} ({worst:.2f} s); "
+        f"goal: the command's start-up (minus one load; tables saved by an earlier run) <= 2 s: {'met' if worst <= 2 else 'NOT met'} ({worst:.2f} s); "
         f"tokenizer loads reported by the worker's first and second job: {loads[0]} and {loads[1]} (goal 1 and 0)"
     )
     return lines

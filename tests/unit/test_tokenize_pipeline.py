@@ -363,3 +363,30 @@ def test_concurrent_first_loads_of_one_tokenizer_make_one_load(small_dir: Path) 
     assert loaded.loads() - before == 1
     assert sum(fresh for _, fresh in results) == 1
     assert len({id(got) for got, _ in results}) == 1  # every caller got the one loaded copy
+
+
+def test_a_later_process_restores_the_checked_tiktoken_tables(
+    tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: the first load builds the tables and saves them; a load after the process
+    forgot them (a new process) restores them, with the same ids; a damaged file is built again."""
+    from draftdeck.tokenize import loaded
+
+    monkeypatch.setenv("DRAFTDECK_CACHE", str(tmp_path / "cache"))
+    text = "Hello <|im_start|>world, déjà vu 🎉\n  return x"
+    loaded.forget_all()
+    builds = loaded.table_builds
+    first, _ = loaded.load(small_dir, None, "auto")
+    assert first.fast is not None and loaded.table_builds == builds + 1
+    (saved,) = (tmp_path / "cache" / "tiktoken").glob("*.npz")
+    loaded.forget_all()
+    again, fresh = loaded.load(small_dir, None, "auto")
+    assert fresh and again.fast is not None and loaded.table_builds == builds + 1  # restored, not built
+    assert again.fast.encode_one(text, [])[0].tolist() == first.fast.encode_one(text, [])[0].tolist()
+    assert again.fast.specials == first.fast.specials and again.fast.nfc == first.fast.nfc
+    saved.write_bytes(b"not an npz file")
+    loaded.forget_all()
+    rebuilt, _ = loaded.load(small_dir, None, "auto")
+    assert loaded.table_builds == builds + 2 and rebuilt.fast is not None
+    assert saved.read_bytes()[:2] == b"PK"  # replaced by a good one
+    loaded.forget_all()
