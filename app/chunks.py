@@ -28,6 +28,7 @@ done chunks for a Retry, which reuses them instead of running them again (app/re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
@@ -355,4 +356,6 @@ def cleanup(session: Session, job_id: int) -> None:
     ).all():
         if path and Path(path).name.startswith("chunk-") and Path(path).parent != kept:
             Path(path).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # the dataset folder, if that shard was all it held
+                Path(path).parent.rmdir()
     leftovers.remove_partial_files(session, job_id)

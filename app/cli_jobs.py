@@ -25,7 +25,9 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 jobs_app = typer.Typer(
-    no_args_is_help=True, help="Submit and inspect jobs on a DraftDeck server (its JSON API)."
+    no_args_is_help=True,
+    help="Submit and inspect jobs on a DraftDeck server (its JSON API).",
+    rich_markup_mode=None,
 )
 ServerOpt = Annotated[
     str | None, typer.Option("--server", help=f"server URL (default: $DRAFTDECK_SERVER or {DEFAULT_SERVER})")

@@ -21,9 +21,10 @@ import typer
 from app.cli_jobs import jobs_app
 from draftdeck import cli as core
 from draftdeck.cli.common import out, usage_exit
+from draftdeck.cli.options import plain_help
 
-service_app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP)
-db_app = typer.Typer(no_args_is_help=True, help="Database migrations.")
+service_app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
+db_app = typer.Typer(no_args_is_help=True, help="Database migrations.", rich_markup_mode=None)
 
 
 def _serve(host: str, port: int) -> None:
@@ -148,12 +149,12 @@ def db_upgrade() -> None:
 
 
 def make_app() -> typer.Typer:
-    app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP)
+    app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
     core.register(app)
     app.registered_commands.extend(service_app.registered_commands)
     app.add_typer(db_app, name="db")
     app.add_typer(jobs_app, name="jobs")
-    return app
+    return plain_help(app)
 
 
 app = make_app()

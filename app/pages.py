@@ -224,7 +224,7 @@ def _form_fields(kind_name: str) -> list[dict[str, Any]]:
         if "enum" in base:
             widget = "select"
         elif ftype == "object":
-            widget = "json"
+            widget = "pairs"  # KEY=VALUE lines, parsed by the model as the CLI's -k KEY=VALUE
         fields.append(
             {
                 "name": name,
@@ -260,11 +260,8 @@ def _form_params(kind_name: str, form: Any) -> tuple[dict[str, Any], dict[str, s
         widget = widgets.get(name)
         if widget == "textarea":
             params[name] = [line.strip() for line in text.splitlines() if line.strip()]
-        elif widget == "json":
-            try:
-                params[name] = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise FormError(f"{name}: not valid JSON ({exc.msg} at character {exc.pos})", raw) from None
+        elif widget == "pairs":
+            params[name] = text  # KEY=VALUE lines: the kind's model parses them, as it does the CLI's
         else:
             params[name] = text.strip()
     return params, raw

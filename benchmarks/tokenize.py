@@ -2,6 +2,11 @@
 """Benchmark: DraftDeck's tokenize job against raw encoders, on the real Qwen3.6 vocabulary.
 
     python benchmarks/tokenize.py [--conversations 20000] [--workers 0] [--no-peer] [--seq-length 65536]
+        [--startup-only]
+
+Start-up (benchmarks/_tokenize_startup.py; printed last, measured first): the whole `draftdeck
+tokenize` command on 31 and 200 conversations and a worker's first and second job, each minus one
+tokenizer load in a fresh process.
 
 Input: synthetic OpenAI-shape conversations (a mix of lengths, 1-3 turns, prose and code, some with
 reasoning) plus the real files of ../shared/datasets/real/ when present, written as one JSONL file
@@ -46,6 +51,9 @@ import time
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 WORK = ROOT / "benchmarks" / ".work"
+
+from benchmarks._tokenize_startup import startup_table
+
 REAL = ROOT.parent / "shared" / "datasets" / "real"
 
 WORDS = ("the of and to in is that for it as with was on be by this are from at or an have not which but "
@@ -99,6 +107,12 @@ def synthetic(n: int, seed: int = 0) -> list[dict]:
             msgs.append(m)
         rows.append({"messages": msgs})
     return rows
+
+
+def write_synthetic(n: int, path: Path) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in synthetic(n, seed=n):
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def build_input(n: int) -> tuple[Path, list[Path]]:
@@ -355,6 +369,7 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=20_000)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--no-peer", action="store_true", help=f"skip {PEER} (and its on-demand install)")
+    ap.add_argument("--startup-only", action="store_true", help="only the start-up table (about a minute)")
     ap.add_argument("--peer-workers", type=int, default=2, help="prepare-data --num-preprocessing-workers")
     ap.add_argument("--seq-length", type=int, default=65536,
                     help="prepare-data --seq-length (it needs one; DraftDeck runs without a limit)")  # fmt: skip
@@ -369,6 +384,11 @@ def main() -> None:
 
     load = os.getloadavg()
     tok_dir = qwen36_tokenizer()
+    # Start-up first, in fresh processes, before anything else loads the machine.
+    startup = startup_table(ROOT, WORK / "startup", tok_dir, write_synthetic)
+    if args.startup_only:
+        print("\n".join(startup))
+        return
     synth, real = build_input(args.conversations)
     inputs = [synth, *real]
     mb = sum(p.stat().st_size for p in inputs) / 1e6
@@ -486,6 +506,8 @@ def main() -> None:
             f"{convs / own:,.0f} conv/CPU-s, DraftDeck {dd_cpu_rate / (convs / own):.2f}x"
         )
         print(f"peer: one row per assistant turn, every earlier turn re-rendered as context; {check}")
+    print()
+    print("\n".join(startup))
 
 
 if __name__ == "__main__":

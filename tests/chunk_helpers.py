@@ -39,6 +39,10 @@ def write_chat_input(path: Path, n: int = 60) -> Path:
     return path
 
 
+# The loss thresholds a tokenize job gets by default (draftdeck/jobs/tokenize.py), for in-process runs
+# whose dataset is compared with a job's: the manifest records them.
+JOB_LIMITS = {"max_rejected": 0.5, "alert_rejected": 0.05, "alert_duplicated": 0.05, "alert_truncated": 0.05}
+
 def table(path: Path) -> pa.Table:
     ds = ShardDataset(path)
     return pa.Table.from_batches(list(ds.iter_batches()))
@@ -65,4 +69,12 @@ def assert_same_dataset(a: Path, b: Path) -> None:
     sb = json.loads((b / "stats.json").read_text(encoding="utf-8"))
     assert sa == sb
     assert np.array_equal(np.load(a / "trained_token_counts.npy"), np.load(b / "trained_token_counts.npy"))
-    assert comparable_manifest(a) == comparable_manifest(b)
+    ma, mb = comparable_manifest(a), comparable_manifest(b)
+    assert ma == mb, _differences(ma, mb)
+
+
+def _differences(a: Any, b: Any, at: str = "manifest") -> list[str]:
+    """Where two JSON values differ, as paths with both sides: a failed comparison says what."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b)) for d in _differences(a.get(k), b.get(k), f"{at}.{k}")]
+    return [] if a == b else [f"{at}: {a!r} != {b!r}"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from app.chunks import run_chunk
 from app.db import get_engine
@@ -17,6 +17,7 @@ from app.queue import RUN_CHUNK, RUN_JOB, get_celery
 from app.runner import run_job
 from app.settings import get_settings
 from app.sweeper import start_sweeper
+from draftdeck.tokenize.loaded import preload_imports
 
 celery_app = get_celery()
 
@@ -44,6 +45,15 @@ def _beat_and_sweep(sender: Any = None, **_: Any) -> None:
     name = str(getattr(sender, "hostname", None) or celery_app.conf.get("worker_name") or "worker")
     _stops.append(start_beat(name, queues, settings.heartbeat_seconds))
     _stops.append(start_sweeper(settings))
+
+
+@worker_init.connect
+def _preload_tokenizer_imports(**_: Any) -> None:
+    """In the main process, before the pool forks: each pool process then starts its first tokenize
+    chunk with transformers (and the torch it imports) already imported, copy-on-write, instead of
+    spending seconds importing them; the tokenizer itself is loaded by the first chunk that needs it
+    and kept for the next jobs (draftdeck/tokenize/loaded.py)."""
+    preload_imports()
 
 
 @worker_process_init.connect

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,12 @@ TOKENIZER_FILES = (
 )
 
 
+# Concurrent first imports of transformers' lazy modules race ("cannot import name 'AutoTokenizer' from
+# 'transformers'"), and from_pretrained imports tokenizer classes lazily too: every load in a process
+# (tokenize's, the dataset browser's) runs under this one lock.
+transformers_lock = threading.Lock()
+
+
 class TemplateError(Exception):
     """The chat template raised on a conversation (the row is rejected with `template_error`)."""
 
@@ -45,10 +52,14 @@ def load_tokenizer(path: Path | str, chat_template: Path | str | None = None) ->
     path = Path(path)
     if not path.is_dir():
         raise InputError(f"tokenizer folder {path} does not exist (pass a local folder with tokenizer.json)")
-    from transformers import AutoTokenizer
-
+    if not (path / "tokenizer.json").is_file() and not (path / "tokenizer_config.json").is_file():
+        # else transformers guesses at a slow tokenizer and advises installing tiktoken or sentencepiece
+        raise InputError(f"{path}: not a tokenizer folder: no tokenizer.json or tokenizer_config.json")
     try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        with transformers_lock:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:
         raise InputError(f"cannot load a tokenizer from {path}: {type(exc).__name__}: {exc}") from exc
     if not getattr(tok, "is_fast", False):

@@ -30,9 +30,12 @@ def register(app: typer.Typer) -> None:
 
 
 def make_app() -> typer.Typer:
-    app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP)
+    from draftdeck.cli.options import plain_help
+
+    # Plain click help (no Rich boxes): at 80 columns Rich's table cuts option names and wraps values
+    app = typer.Typer(no_args_is_help=True, add_completion=False, help=HELP, rich_markup_mode=None)
     register(app)
-    return app
+    return plain_help(app)
 
 
 app = make_app()

@@ -2,14 +2,14 @@
 
 Each field becomes an option named after it (``max_row_bytes`` -> ``--max-row-bytes``) with its type,
 default, bounds and help (the Field's description); `inputs` becomes the positional arguments; a
-Literal becomes a choice; a dict becomes a repeated ``KEY=VALUE`` option (VALUE read as JSON when it
-parses). Path fields take any path the user can read: the data-root sandbox is the server's.
+Literal becomes a choice; a dict becomes a repeated ``KEY=VALUE`` option (parsed by the model, as the
+form's and the API's: :func:`draftdeck.jobs.params.parse_pairs`). Path fields take any path the user
+can read: the data-root sandbox is the server's.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import typing
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,20 +24,6 @@ from draftdeck.errors import UsageError
 from draftdeck.jobs.params import JobParams
 
 ARGUMENT = "inputs"
-
-
-def parse_pairs(option: str, pairs: Iterable[str]) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is JSON when it parses (true, 3, "x"), else the plain string."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise UsageError(f"{option} takes KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
 
 
 def _bounds(info: FieldInfo, is_int: bool) -> dict[str, Any]:
@@ -63,6 +49,13 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def _metavar(base: Any, is_path: bool) -> str:
+    """Plain words for the value an option takes (Typer's own are ``<int range>``, ``<bool>``, ...)."""
+    if is_path:
+        return "PATH"
+    return {int: "N", float: "X"}.get(base, "TEXT")
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -81,8 +74,8 @@ def model_parameters(
         origin = typing.get_origin(base)
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
         flag = str(extra.get("cli_flag") or _flag(name))  # a list option reads better singular: --endpoint
-        if base is bool:  # --reasoning/--no-reasoning: a flag whose default is on must be switchable off
-            flag = f"{flag}/--no-{flag[2:]}"
+        if base is bool and info.get_default(call_default_factory=True) is True:
+            flag = f"{flag}/--no-{flag[2:]}"  # --reasoning/--no-reasoning: a flag that is on must turn off
         decls = [flag] + ([str(extra["cli_short"])] if "cli_short" in extra else [])
         help_ = info.description or ""
         kwargs: dict[str, Any] = {"help": help_}
@@ -93,13 +86,16 @@ def model_parameters(
             kwargs["metavar"] = "KEY=VALUE"
         elif origin is list:
             hint = list[Path] if is_path else list[str]
+            kwargs["metavar"] = "PATH" if is_path else "TEXT"
         else:
             hint = Path if is_path else base
             kwargs.update(_bounds(info, base is int))
+            if base is not bool:
+                kwargs["metavar"] = _metavar(base, is_path)
         if optional and origin is not dict:
             hint = hint | None
         if name == ARGUMENT:
-            marker: Any = typer.Argument(help=help_)
+            marker: Any = typer.Argument(help=help_, metavar="INPUT")
             default: Any = inspect.Parameter.empty
         else:
             marker = typer.Option(*decls, **kwargs)
@@ -125,7 +121,7 @@ def params_from(model: type[JobParams], values: dict[str, Any]) -> JobParams:
             continue
         value = values[name]
         if typing.get_origin(_base_type(info.annotation)[0]) is dict:
-            value = parse_pairs(_flag(name), value or [])
+            value = value or []  # KEY=VALUE pairs: the model parses them (draftdeck.jobs.params.parse_pairs)
         elif isinstance(value, Path):
             value = str(value)
         elif isinstance(value, list):
@@ -177,3 +173,47 @@ def option(name: str, hint: Any, default: Any, *decls: str, **kwargs: Any) -> in
         name, inspect.Parameter.KEYWORD_ONLY, default=default,
         annotation=Annotated[hint, typer.Option(*(decls or (_flag(name),)), **kwargs)],
     )  # fmt: skip
+
+
+def plain_help(app: typer.Typer) -> typer.Typer:
+    """Give every option of `app` (and its sub-apps) a plain value name (``N``, ``X``, ``PATH``,
+    ``TEXT``) where it declares none, instead of Typer's ``<int range>``, ``<path>``, ``<str>``; and show
+    no default for a flag that is off (``[default: no-quick]`` only wraps mid-word). Call it once the
+    commands are registered; choices keep their ``<a|b>``."""
+    for info in app.registered_commands:
+        if info.callback is not None:
+            _plain_parameters(info.callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            plain_help(group.typer_instance)
+    return app
+
+
+def _plain_parameters(callback: Callable[..., Any]) -> None:
+    try:
+        hints = typing.get_type_hints(callback, include_extras=True)
+    except Exception:  # a signature built at run time (job_command) holds the objects already
+        hints = {}
+    if hints and any(isinstance(a, str) for a in getattr(callback, "__annotations__", {}).values()):
+        # `from __future__ import annotations` keeps them as text, and each evaluation makes new
+        # typer.Option objects: keep the evaluated ones, so that Typer reads the ones changed here
+        callback.__annotations__ = dict(hints)
+    for param in inspect.signature(callback).parameters.values():
+        annotation, marker = hints.get(param.name, param.annotation), param.default
+        hint = annotation
+        if typing.get_origin(annotation) is Annotated:
+            hint, *extras = typing.get_args(annotation)
+            marker = next((e for e in extras if isinstance(e, typer.models.OptionInfo)), marker)
+        if not isinstance(marker, typer.models.OptionInfo):
+            continue
+        base, _ = _base_type(hint)
+        if typing.get_origin(base) is list:
+            (base,) = typing.get_args(base)
+        if base is bool:
+            default = (
+                param.default if not isinstance(param.default, typer.models.OptionInfo) else marker.default
+            )
+            if default is False:
+                marker.show_default = False
+        elif marker.metavar is None and base in (int, float, str, Path):
+            marker.metavar = _metavar(base, base is Path)

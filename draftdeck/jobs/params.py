@@ -9,13 +9,14 @@ once, on the model: the server confines both to its data roots, the CLI takes th
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from draftdeck.errors import PathNotAllowedError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
@@ -85,6 +86,17 @@ class JobParams(BaseModel):
     def path_fields(cls) -> tuple[str, ...]:
         return cls.input_paths + cls.output_paths
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _pairs_are_a_mapping(cls, value: Any, info: ValidationInfo) -> Any:
+        """A mapping field (template kwargs) takes KEY=VALUE pairs, in one syntax wherever it is given:
+        the CLI's repeated ``-k KEY=VALUE``, the form's lines, ``jobs submit -p template_kwargs=K=V``,
+        or the API's JSON object."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is not None and _is_dict(field.annotation):
+            return parse_pairs(value)
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _one_path_is_a_list(cls, data: Any) -> Any:
@@ -150,6 +162,37 @@ class JobParams(BaseModel):
 
     def policy(self) -> Policy:
         return Policy()
+
+
+def parse_pairs(value: Any) -> Any:
+    """KEY=VALUE pairs (a list of them, or text with one a line) as a mapping; VALUE is JSON when it
+    parses (``true``, ``3``, ``"x"``), else the plain text. A mapping is kept as it is; anything else
+    is left for the field's own type check. The only parser of this syntax."""
+    if isinstance(value, str):
+        items = value.splitlines()
+    elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        items = list(value)
+    else:
+        return value
+    out: dict[str, Any] = {}
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"takes KEY=VALUE pairs (e.g. enable_thinking=false), got {item!r}")
+        try:
+            out[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            out[key.strip()] = text.strip()
+    return out
+
+
+def _is_dict(annotation: Any) -> bool:
+    return typing.get_origin(annotation) is dict or any(
+        typing.get_origin(a) is dict for a in typing.get_args(annotation)
+    )
 
 
 def _is_list(annotation: Any) -> bool:

@@ -50,7 +50,9 @@ class TokenizeParams(JobParams):
     on_missing: Literal["error", "drop"] = Field(
         default="error", description="rows without an assistant turn: fail the job, or drop"
     )
-    shard_rows: int = Field(default=10_000, ge=1, le=10_000_000, description="rows per Arrow shard")
+    shard_rows: int = Field(
+        default=10_000, ge=1, le=10_000_000, description="output rows per Arrow shard (the last one fewer)"
+    )
     verify_all: bool = Field(default=False, description="check every row of the fast encoder against HF")
     strict: bool = Field(default=False, description="every warning fails the job")
     max_rejected: float | None = max_rejected_field()

@@ -36,3 +36,19 @@ def token_bytes(backend: Any, token_id: int) -> bytes:
         return bytes(table[c] for c in text)
     except KeyError:
         return text.encode("utf-8")
+
+
+@lru_cache(maxsize=1)
+def byte_translation() -> dict[int, str]:
+    """A ``str.translate`` table that turns a byte-level token into its bytes as latin-1 text:
+    ``token.translate(table).encode("latin-1")`` is the token's bytes, in C, without a Python loop per
+    character. A character outside the alphabet becomes U+FFFF, so that the encode raises
+    UnicodeEncodeError (characters above U+00FF that are not in the table stay, and raise too)."""
+    table = {c: "\uffff" for c in range(256)}
+    table.update({ord(ch): chr(b) for ch, b in byte_decoder().items()})
+    return table
+
+
+def to_bytes(token: str) -> bytes:
+    """The bytes of a byte-level vocabulary entry; UnicodeEncodeError when it is not byte-level."""
+    return token.translate(byte_translation()).encode("latin-1")

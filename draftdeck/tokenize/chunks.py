@@ -18,8 +18,9 @@ Three steps, each a plain function (no Celery, no SQL: ``app/chunks.py`` runs th
    (:func:`draftdeck.tokenize.pipeline.conclude`, the same end as the in-process run).
 
 The rows, their order and their data are those of the in-process run for the same input and
-options; only the cut between shards differs (one shard per non-empty chunk, instead of one per
-``shard_rows`` rows). Chunk files are pickles of :class:`~draftdeck.tokenize.pipeline.Item` (what
+options, and so is the cut between shards: the final step rewrites the chunk shards (one per
+non-empty chunk) as shards of ``shard_rows`` output rows (:func:`recut`), unless they are cut so
+already. Chunk files are pickles of :class:`~draftdeck.tokenize.rows.Item` (what
 the process pool sends its workers): they are written and read only by DraftDeck, in its own job
 folder.
 
@@ -43,14 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import pyarrow as pa
+
 from draftdeck.errors import AccountingError, UsageError
-from draftdeck.fileio import atomic_output
+from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress
 from draftdeck.quality import Example, Report
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import Block, ShardInfo, write_block
-from draftdeck.tokenize import pipeline
+from draftdeck.tokenize import pipeline, rows
 from draftdeck.tokenize.pipeline import EncoderMismatch, Item, TokenizeOptions, to_item
 
 PLAN = "plan.json"
@@ -241,44 +244,48 @@ def tokenize_chunk(
     `progress(rows_done, rows_total, "rows")` is called after each batch and may raise Cancelled.
     """
     opts.check()
-    tok, renderer, hf, fast, note = pipeline._load(opts)
+    got, renderer, fresh = pipeline.load_for(opts)
+    tok, hf, fast, note = got.tok, got.hf, got.fast, got.note
     if fast is not None and (parts_dir / FALLBACK).exists():
         fast, note = None, "another chunk found tiktoken disagreeing with the HF tokenizer"
     items = list(read_items(items_path))
     mismatch = 0
     try:
-        blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, fast), progress)
+        blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, fast), progress)
     except EncoderMismatch as exc:
         mismatch = exc.rows
         note = f"tiktoken disagreed with the HF tokenizer ({exc}); the job ran again on the HF tokenizer"
         with atomic_output(parts_dir / FALLBACK, "w") as f:
             f.write(note)
         fast = None
-        blocks, report, counts = _run(items, pipeline._State(opts, tok, renderer, hf, None), progress)
+        blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, None), progress)
     block = Block.concat(blocks) if blocks else Block.from_rows([])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    shard = write_block(out_dir / shard_name(index), block) if len(block) else None
-    if shard is None:
+    shard = None
+    if len(block):  # the folder is made only for a shard: a job whose every row is rejected makes none
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shard = write_block(out_dir / shard_name(index), block)
+    else:
         (out_dir / shard_name(index)).unlink(missing_ok=True)
     stats = Stats(len(tok))
     stats.add_block(block)
     stats_path = parts_dir / stats_name(index)
     stats.save_state(stats_path)
     used = "tiktoken" if fast is not None and not mismatch else "hf"
-    encoder = {"used": used, "note": note, "mismatch_rows": mismatch, **counts}
+    encoder = {"used": used, "note": note, "mismatch_rows": mismatch, **counts,
+               **pipeline.load_facts(got, fresh)}  # fmt: skip
     return ChunkOutcome(index, report, shard, str(stats_path), encoder, stats.tokens)
 
 
 def _run(
-    items: list[Item], st: pipeline._State, progress: Progress | None
+    items: list[Item], st: rows.State, progress: Progress | None
 ) -> tuple[list[Block], Report, dict[str, int]]:
-    pipeline._STATE = st
+    rows.use(st)
     report = Report()
     blocks: list[Block] = []
     counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
     size = max(1, st.opts.chunk_size)
     for k, start in enumerate(range(0, len(items), size)):
-        res = pipeline.process_chunk(items[start : start + size], first_chunk=k == 0)
+        res = rows.process_chunk(items[start : start + size], first_chunk=k == 0)
         report.merge(res.report)
         counts["fast_rows"] += res.fast_rows
         counts["hf_rows"] += res.hf_rows
@@ -318,7 +325,8 @@ def finish_chunks(
     stats = Stats(len(tok))
     mismatch = 0
     notes: list[str] = []
-    counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
+    counts: dict[str, float] = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0, "tokenizer_loads": 0,
+                                "tokenizer_load_seconds": 0.0}  # fmt: skip
     for chunk, o in zip(plan.chunks, outcomes, strict=True):
         if o.report.rows_in != chunk.conversations:
             raise AccountingError(
@@ -340,31 +348,78 @@ def finish_chunks(
         stats.merge(Stats.load_state(Path(o.stats_path)))
         mismatch += int(o.encoder.get("mismatch_rows", 0))
         for key in counts:
-            counts[key] += int(o.encoder.get(key, 0))
+            counts[key] += o.encoder.get(key, 0)
         if o.encoder.get("note") and o.encoder["note"] not in notes:
             notes.append(o.encoder["note"])
     used = sorted({str(o.encoder.get("used", "hf")) for o in outcomes})
     note = fallback.read_text(encoding="utf-8") if fallback.exists() else "; ".join(notes)
     if mismatch:
         tok_report.warn("encoder_mismatch", "(encoder)", None, note, n=mismatch)
+    counts["tokenizer_load_seconds"] = round(counts["tokenizer_load_seconds"], 3)  # summed over chunk tasks
     encoder = {"used": "+".join(used), "note": note, **counts, "chunks": len(outcomes)}
     shards = [o.shard for o in outcomes if o.shard is not None]
 
     def close() -> list[ShardInfo]:
-        n = len(shards)
-        final: list[ShardInfo] = []
-        for i, s in enumerate(shards):
-            name = f"data-{i:05d}-of-{n:05d}.arrow"
-            os.replace(out_dir / s.filename, out_dir / name)
-            final.append(ShardInfo(name, s.rows, s.bytes, s.sha256))
-        return final
+        cut = all(s.rows == opts.shard_rows for s in shards[:-1]) and all(
+            s.rows <= opts.shard_rows for s in shards
+        )
+        if cut:  # already cut as shard_rows asks: rename
+            n = len(shards)
+            final: list[ShardInfo] = []
+            for i, s in enumerate(shards):
+                name = f"data-{i:05d}-of-{n:05d}.arrow"
+                os.replace(out_dir / s.filename, out_dir / name)
+                final.append(ShardInfo(name, s.rows, s.bytes, s.sha256))
+            return final
+        return recut(out_dir, [s.filename for s in shards], opts.shard_rows)
 
     def discard() -> None:
         for s in shards:
             (out_dir / s.filename).unlink(missing_ok=True)
+        pipeline.remove_if_empty(out_dir)
 
     return pipeline.conclude(out_dir, opts, plan.read_report, tok_report, stats, encoder, seconds=seconds,
                              inputs=inputs, close=close, discard=discard)  # fmt: skip
+
+
+def recut(out_dir: Path, names: list[str], shard_rows: int) -> list[ShardInfo]:
+    """Rewrite the chunk shards `names` (in order) as shards of `shard_rows` OUTPUT rows each (the last
+    one shorter), as the in-process run cuts them: a chunk holds `chunk_rows` conversations, which
+    become more rows where a template splits turns, or fewer where rows are rejected. One sequential
+    pass over memory-mapped shards, whatever their columns; the chunk shards are removed only once
+    every new shard is written, so a final step that dies can run again."""
+    total = 0
+    for name in names:
+        with pa.memory_map(str(out_dir / name)) as src:
+            total += pa.ipc.open_stream(src).read_all().num_rows
+    n = max(1, -(-total // shard_rows))
+    final: list[ShardInfo] = []
+    pending: list[pa.Table] = []
+    held = 0
+
+    def write(table: pa.Table) -> None:
+        path = out_dir / f"data-{len(final):05d}-of-{n:05d}.arrow"
+        batch = table.combine_chunks().to_batches()  # one record batch per shard, as write_block writes
+        with atomic_output(path) as f, pa.ipc.new_stream(f, table.schema) as w:
+            for b in batch:
+                w.write_batch(b)
+        final.append(ShardInfo(path.name, table.num_rows, path.stat().st_size, sha256_file(path)))
+
+    for name in names:
+        with pa.memory_map(str(out_dir / name)) as src:
+            table = pa.ipc.open_stream(src).read_all()
+        pending.append(table)
+        held += table.num_rows
+        while held >= shard_rows:
+            whole = pa.concat_tables(pending)
+            write(whole.slice(0, shard_rows))
+            rest = whole.slice(shard_rows)
+            pending, held = ([rest] if rest.num_rows else []), rest.num_rows
+    if held:
+        write(pa.concat_tables(pending))
+    for name in names:
+        (out_dir / name).unlink(missing_ok=True)
+    return final
 
 
 def parts_dir_of(plan: Plan) -> Path:

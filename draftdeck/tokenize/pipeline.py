@@ -27,6 +27,8 @@ again on the HF encoder, with ``encoder_mismatch`` in the report.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import multiprocessing as mp
 import os
 import time
@@ -37,24 +39,17 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
-from draftdeck.chat.render import (
-    ChatRenderer,
-    TemplateError,
-    conversation_dicts,
-    load_tokenizer,
-    tokenizer_fingerprint,
-)
-from draftdeck.chat.spans import RenderedRow, render_rows
+from draftdeck.chat.render import ChatRenderer, tokenizer_fingerprint
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import LOSSES, Output, Policy, Report
 from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import Block, ShardRow, ShardWriter, write_metadata
-from draftdeck.tokenize.encoders import Encoded, EncoderUnsupported, HFEncoder, TiktokenEncoder
+from draftdeck.shards.store import ShardWriter, write_metadata
+from draftdeck.tokenize import loaded, rows
+from draftdeck.tokenize.encoders import HFEncoder, TiktokenEncoder
+from draftdeck.tokenize.rows import ChunkResult, EncoderMismatch, Item, process_chunk, to_item
 
 MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
 
@@ -104,282 +99,34 @@ class TokenizeOptions:
         return d
 
 
-class EncoderMismatch(Exception):
-    def __init__(self, rows: int, example: str):
-        super().__init__(f"{rows} rows differ from the HF tokenizer, e.g. {example}")
-        self.rows = rows
-        self.example = example
-
-    def __reduce__(self) -> tuple[Any, ...]:  # raised in pool workers: must survive pickling
-        return (EncoderMismatch, (self.rows, self.example))
-
-
-# -- worker side ----------------------------------------------------------------------------------
-@dataclass
-class _State:
-    opts: TokenizeOptions
-    tok: Any
-    renderer: ChatRenderer
-    hf: HFEncoder
-    fast: TiktokenEncoder | None
-
-
-_STATE: _State | None = None
-
-
-@dataclass
-class ChunkResult:
-    report: Report
-    block: Block
-    fast_rows: int = 0
-    hf_rows: int = 0
-    verified: int = 0
-
-    @property
-    def rows(self) -> list[ShardRow]:
-        b, off, issues = self.block, self.block.offsets, self.block.row_issues()
-        return [
-            ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
-                     b.turns[i], b.truncated[i], issues[i])
-            for i in range(len(b))
-        ]  # fmt: skip
-
-
-@dataclass(slots=True)
-class Item:
-    """One conversation as workers get it: template-ready dicts (cheap to pickle) and where it came from."""
-
-    messages: list[dict[str, Any]]
-    tools: list[dict[str, Any]]
-    file: str
-    line: int | None
-    row: int
-    has_assistant: bool
-    # The original data (a converted row's provenance): what the shards' source/source_row record.
-    origin_file: str | None = None
-    origin_row: int = -1
-    warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
-
-
-def to_item(conv: Conversation) -> Item:
-    src = conv.source
-    line = None if src is None else (src.line if src.line is not None else src.index)
-    origin = conv.origin()
-    return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
-                line if line is not None else -1, conv.has_assistant,
-                origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings))  # fmt: skip
-
-
-def _encode(
-    st: _State, rendered: list[RenderedRow], first_chunk: bool
-) -> tuple[list[Encoded], set[int], int, int]:
-    out: list[Encoded | None] = [None] * len(rendered)
-    hf_idx: list[int] = []
-    fast_set: set[int] = set()
-    verified = 0
-    mismatches: list[str] = []
-    cache: dict[str, np.ndarray] = {}  # text between special tokens -> ids, for this chunk
-    for i, r in enumerate(rendered):
-        if st.fast is not None and st.fast.usable(r.text):
-            out[i] = st.fast.encode_one(r.text, r.literal, cache)
-            fast_set.add(i)
-        else:
-            hf_idx.append(i)
-    if hf_idx:
-        encs = st.hf.encode([rendered[i].text for i in hf_idx], [rendered[i].literal for i in hf_idx])
-        for i, e in zip(hf_idx, encs, strict=True):
-            out[i] = e
-    if st.fast is not None and fast_set:
-        every = 1 if (st.opts.verify_all or first_chunk) else max(1, st.opts.verify_every)
-        check = [i for i in sorted(fast_set) if i % every == 0]
-        refs = st.hf.encode([rendered[i].text for i in check], [rendered[i].literal for i in check])
-        for i, (ids, starts) in zip(check, refs, strict=True):
-            got = out[i]
-            assert got is not None
-            verified += 1
-            if not (np.array_equal(got[0], ids) and np.array_equal(got[1], starts)):
-                mismatches.append(repr(rendered[i].text[:80]))
-        if mismatches:
-            raise EncoderMismatch(len(mismatches), mismatches[0])
-    return out, fast_set, len(hf_idx), verified  # type: ignore[return-value]
-
-
-def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
-    bounds = np.asarray([x for span in spans for x in span], dtype=np.int64)
-    return (np.searchsorted(bounds, starts, side="right") % 2 == 1).astype(np.uint8)
-
-
-def _runs(r: RenderedRow, ids: np.ndarray, starts: np.ndarray) -> Iterator[tuple[int, int, str]]:
-    """The trained runs of a row: (first token, end token, the rendered text those tokens cover)."""
-    if not r.spans:
-        return
-    n = len(ids)
-    bounds = np.searchsorted(starts, np.asarray(r.spans, dtype=np.int64).ravel(), side="left").tolist()
-    for lo, hi in zip(bounds[::2], bounds[1::2], strict=True):
-        if lo < hi:
-            end = int(starts[hi]) if hi < n else len(r.text)
-            yield lo, hi, r.text[int(starts[lo]) : end]
-
-
-def _check_runs(
-    st: _State, rendered: list[RenderedRow], encoded: list[Encoded], fast_set: set[int]
-) -> dict[int, str]:
-    """Rows whose trained runs do not decode to the rendered text they cover -> the first reason.
-
-    Rows of the fast (byte-level) encoder decode through its byte table: the bytes of all of them are
-    laid out once (the byte-level decoder: concatenate the tokens' bytes) and each run is a slice of
-    them. The other rows decode through the HF tokenizer's decoder, in one batch."""
-    bad_rows: dict[int, str] = {}
-    hf_runs: list[tuple[int, np.ndarray, str]] = []
-    fast_rows = [k for k in range(len(rendered)) if k in fast_set]
-    for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
-        if k not in fast_set:
-            hf_runs.extend((k, ids[lo:hi], want) for lo, hi, want in _runs(r, ids, starts))
-    if hf_runs:
-        decoded = st.hf.backend.decode_batch(
-            [ids.tolist() for _, ids, _ in hf_runs], skip_special_tokens=False
-        )
-        norm = st.hf.normalizer
-        for (k, _, want), got in zip(hf_runs, decoded, strict=True):
-            if got != want and (norm is None or got != norm.normalize_str(want)):
-                bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
-    if st.fast is not None and fast_rows:
-        all_ids = np.concatenate([encoded[k][0] for k in fast_rows])
-        blob = st.fast.decode_bytes(all_ids)
-        byte_at = np.zeros(len(all_ids) + 1, dtype=np.int64)  # byte offset of every token in `blob`
-        np.cumsum(st.fast.token_len[all_ids], out=byte_at[1:])
-        base = 0
-        for k in fast_rows:
-            r, (ids, starts) = rendered[k], encoded[k]
-            for lo, hi, want in _runs(r, ids, starts):
-                got_bytes = blob[byte_at[base + lo] : byte_at[base + hi]]
-                if got_bytes != want.encode("utf-8"):
-                    got = got_bytes.decode("utf-8", "replace")
-                    bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
-            base += len(ids)
-    return bad_rows
-
-
-def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
-    st = _STATE
-    assert st is not None, "worker state not initialised"
-    opts = st.opts
-    report = Report()
-    rendered: list[RenderedRow] = []
-    owners: list[Item] = []
-    for item in items:
-        report.rows_in += 1
-        file, line = item.file, item.line
-        if not item.has_assistant:
-            report.reject(
-                "no_assistant_turn", file, line, "no assistant message: the conversation is prompt-only"
-            )
-            continue
-        try:
-            rows = render_rows(item.messages, item.tools, st.renderer)
-        except TemplateError as exc:
-            report.reject("template_error", file, line, str(exc)[:500])
-            continue
-        report.rows_expanded += len(rows) - 1
-        rendered.extend(rows)
-        owners.extend([item] * len(rows))
-
-    encoded, fast_set, hf_n, verified = _encode(st, rendered, first_chunk)
-
-    # Masks, then the mask check: every trained run decodes to the rendered text it covers.
-    masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
-    bad_rows = _check_runs(st, rendered, encoded, fast_set)
-
-    keep: list[tuple[np.ndarray, np.ndarray]] = []
-    sources: list[str] = []
-    source_rows: list[int] = []
-    turns: list[int] = []
-    truncs: list[bool] = []
-    issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
-    for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
-        owner = owners[k]
-        file, line, row_no = owner.file, owner.line, owner.row
-        mask = masks[k]
-        if k in bad_rows:
-            report.reject("mask_mismatch", file, line, bad_rows[k])
-            continue
-        truncated = False
-        if opts.seq_length is not None and len(ids) > opts.seq_length:
-            if opts.truncation == "drop":
-                report.reject("too_long", file, line, f"{len(ids)} tokens > --seq-length {opts.seq_length}")
-                continue
-            ids, mask = ids[: opts.seq_length], mask[: opts.seq_length]
-            truncated = True
-        if not mask.any():
-            why = (
-                "after truncation at --seq-length" if truncated else "the assistant turns render to no token"
-            )
-            report.reject("no_trained_tokens", file, line, why)
-            continue
-        codes = list(owner.warnings)
-        if truncated:
-            report.warn("truncated", file, line, f"cut to {opts.seq_length} tokens")
-            codes.append("truncated")
-        if not (mask[:-1] & mask[1:]).any():
-            report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
-            codes.append("no_dflash_anchor")
-        issues.append(codes)
-        report.rows_out += 1
-        keep.append((ids, mask))
-        sources.append(owner.origin_file or file)
-        source_rows.append(owner.origin_row if owner.origin_file else row_no)
-        turns.append(r.turn)
-        truncs.append(truncated)
-    block = Block(
-        np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
-        np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
-        np.asarray([len(i) for i, _ in keep], dtype=np.int64),
-        sources, source_rows, turns, truncs, issues,
-    )  # fmt: skip
-    return ChunkResult(report, block, len(fast_set), hf_n, verified)
-
-
-def _process_indexed(item: tuple[int, list[Item]]) -> ChunkResult:
-    return process_chunk(item[1], first_chunk=item[0] == 0)
-
-
 # -- main side ------------------------------------------------------------------------------------
-_LOADED: dict[tuple[str, ...], tuple[Any, HFEncoder, TiktokenEncoder | None, str]] = {}
+def load_for(opts: TokenizeOptions) -> tuple[loaded.LoadedTokenizer, ChatRenderer, bool]:
+    """The tokenizer and encoders for `opts` (kept by this process across jobs: see
+    :mod:`draftdeck.tokenize.loaded`), this job's renderer, and whether this call loaded them."""
+    import json
+
+    got, fresh = loaded.load(opts.tokenizer, opts.chat_template, opts.encoder)
+    json.dumps(opts.template_kwargs)  # template kwargs must be plain JSON (they go into the manifest)
+    return got, ChatRenderer.from_tokenizer(got.tok, opts.template_kwargs), fresh
 
 
 def _load(opts: TokenizeOptions) -> tuple[Any, ChatRenderer, HFEncoder, TiktokenEncoder | None, str]:
-    """Tokenizer, renderer and encoders for `opts`; the last two loads are kept for the process."""
-    import json
+    """Tokenizer, renderer, encoders and the encoder note for `opts` (see :func:`load_for`)."""
+    got, renderer, _ = load_for(opts)
+    return got.tok, renderer, got.hf, got.fast, got.note
 
-    tj = Path(opts.tokenizer) / "tokenizer.json"
-    key = (str(Path(opts.tokenizer).resolve()), str(tj.stat().st_mtime_ns) if tj.exists() else "",
-           str(opts.chat_template), opts.encoder)  # fmt: skip
-    if key not in _LOADED:
-        tok = load_tokenizer(opts.tokenizer, opts.chat_template)
-        fast: TiktokenEncoder | None = None
-        note = ""
-        if opts.encoder in ("auto", "tiktoken"):
-            try:
-                fast = TiktokenEncoder(tok)
-            except EncoderUnsupported as exc:
-                if opts.encoder == "tiktoken":
-                    raise UsageError(f"the tiktoken encoder cannot run this tokenizer: {exc}") from exc
-                note = f"tiktoken not used: {exc}"
-        while len(_LOADED) >= 2:
-            _LOADED.pop(next(iter(_LOADED)))
-        _LOADED[key] = (tok, HFEncoder(tok), fast, note)
-    tok, hf, fast, note = _LOADED[key]
-    json.dumps(opts.template_kwargs)  # template kwargs must be plain JSON (they go into the manifest)
-    return tok, ChatRenderer.from_tokenizer(tok, opts.template_kwargs), hf, fast, note
+
+def load_facts(got: loaded.LoadedTokenizer, fresh: bool) -> dict[str, Any]:
+    """What the report says about the tokenizer's load: whether this run loaded it, and how long that took."""
+    return {"tokenizer_loads": int(fresh), "tokenizer_load_seconds": round(got.seconds, 3) if fresh else 0.0}
 
 
 def tokenize_rows(convs: list[Conversation], opts: TokenizeOptions) -> ChunkResult:
     """Render, encode, mask and check conversations in memory (no shards): for tests and previews.
     Every row is checked against the HF tokenizer when the fast encoder is used."""
-    global _STATE
     opts.check()
     tok, renderer, hf, fast, _ = _load(opts)
-    _STATE = _State(opts, tok, renderer, hf, fast)
+    rows.use(rows.State(opts, tok, renderer, hf, fast))
     return process_chunk([to_item(c) for c in convs], first_chunk=True)
 
 
@@ -396,7 +143,7 @@ def _bounded(pool: Any, chunks: Iterator[tuple[int, list[Item]]], window: int) -
     processed, never ahead into memory, and in this thread (progress and cancellation stay here)."""
     pending: deque[Any] = deque()
     for item in chunks:
-        pending.append(pool.apply_async(_process_indexed, (item,)))
+        pending.append(pool.apply_async(rows.process_indexed, (item,)))
         if len(pending) >= window:
             yield pending.popleft().get()
     while pending:
@@ -424,10 +171,12 @@ def _workers(opts: TokenizeOptions) -> int:
 
 
 def _attempt(
-    source: Callable[[Report], Iterable[Conversation]], out_dir: Path, st: _State, progress: Progress | None
+    source: Callable[[Report], Iterable[Conversation]],
+    out_dir: Path,
+    st: rows.State,
+    progress: Progress | None,
 ) -> tuple[Report, Report, ShardWriter, Stats, dict[str, int]]:
-    global _STATE
-    _STATE = st
+    rows.use(st)
     read_report = Report()
     tok_report = Report()
     writer = ShardWriter(out_dir, st.opts.shard_rows)
@@ -437,11 +186,15 @@ def _attempt(
     workers = _workers(st.opts)
     pool = None
     try:
+        if workers > 1:  # a pool only when there is more than one chunk: starting one costs more than a chunk
+            first = list(islice(chunks, 2))
+            chunks = itertools.chain(first, chunks)
+            workers = workers if len(first) > 1 else 1
         if workers > 1:
             pool = mp.get_context("fork").Pool(workers)
             results: Iterable[ChunkResult] = _bounded(pool, chunks, 2 * workers)
         else:
-            results = (_process_indexed(c) for c in chunks)
+            results = (rows.process_indexed(c) for c in chunks)
         for res in results:
             tok_report.merge(res.report)
             counts["fast_rows"] += res.fast_rows
@@ -479,12 +232,33 @@ def tokenize(
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"output folder {out_dir} is not empty; choose a new folder")
+    try:
+        return _tokenize(source, out_dir, opts, progress, inputs)
+    except BaseException:
+        remove_if_empty(out_dir)  # a failed job leaves no output, not even an empty folder
+        raise
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove `folder` if it exists and holds nothing (what a failed run leaves after its discard)."""
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+
+
+def _tokenize(
+    source: Callable[[Report], Iterable[Conversation]],
+    out_dir: Path,
+    opts: TokenizeOptions,
+    progress: Progress | None,
+    inputs: list[str] | None,
+) -> Report:
     started = time.monotonic()
-    tok, renderer, hf, fast, encoder_note = _load(opts)
+    got, renderer, fresh = load_for(opts)
+    tok, hf, fast, encoder_note = got.tok, got.hf, got.fast, got.note
     mismatch: EncoderMismatch | None = None
     try:
         read_report, tok_report, writer, stats, counts = _attempt(
-            source, out_dir, _State(opts, tok, renderer, hf, fast), progress
+            source, out_dir, rows.State(opts, tok, renderer, hf, fast), progress
         )
     except EncoderMismatch as exc:
         mismatch = exc
@@ -492,12 +266,12 @@ def tokenize(
             f"tiktoken disagreed with the HF tokenizer ({exc}); the job ran again on the HF tokenizer"
         )
         read_report, tok_report, writer, stats, counts = _attempt(
-            source, out_dir, _State(opts, tok, renderer, hf, None), progress
+            source, out_dir, rows.State(opts, tok, renderer, hf, None), progress
         )
     if mismatch is not None:
         tok_report.warn("encoder_mismatch", "(encoder)", None, encoder_note, n=mismatch.rows)
     encoder = {"used": "tiktoken" if fast is not None and mismatch is None else "hf", "note": encoder_note,
-               **counts}  # fmt: skip
+               **counts, **load_facts(got, fresh)}  # fmt: skip
     return conclude(
         out_dir, opts, read_report, tok_report, stats, encoder,
         seconds=time.monotonic() - started, inputs=inputs, close=writer.close, discard=writer.discard,
@@ -590,8 +364,12 @@ def tokenize_files(
 
 __all__ = [
     "MANIFEST",
+    "ChunkResult",
+    "EncoderMismatch",
+    "Item",
     "TokenizeOptions",
     "process_chunk",
+    "to_item",
     "tokenize",
     "tokenize_conversations",
     "tokenize_files",

@@ -359,19 +359,19 @@ def test_form_sends_lists_enums_and_checkboxes_as_typed_parameters(
     expect(page.locator("#job-status")).to_have_text(re.compile("succeeded|failed"))
 
 
-def test_json_field_that_is_not_json_is_refused_on_the_form(page: Any, server: Server) -> None:
+def test_pairs_field_without_key_value_is_refused_on_the_form(page: Any, server: Server) -> None:
     props = _kind_or_skip(server, "tokenize")
     if props.get("template_kwargs", {}).get("type") != "object":
         pytest.skip("tokenize has no object-typed template_kwargs")
     page.goto("/jobs/new?kind=tokenize")
-    page.fill("#new-job input[name=template_kwargs]", "{enable_thinking: false")
+    page.fill("#new-job textarea[name=template_kwargs]", "enable_thinking")
     page.fill("#new-job textarea[name=inputs]", "x.jsonl")
     page.fill("#new-job input[name=tokenizer]", "tok")
     with page.expect_response(lambda r: r.url.endswith("/jobs") and r.request.method == "POST") as resp:
         page.click("#new-job button[type=submit]")
     assert resp.value.status == 400
-    expect(page.locator("#form-error")).to_contain_text("template_kwargs: not valid JSON")
-    expect(page.locator("#new-job input[name=template_kwargs]")).to_have_value("{enable_thinking: false")
+    expect(page.locator("#form-error")).to_contain_text("takes KEY=VALUE pairs")
+    expect(page.locator("#new-job textarea[name=template_kwargs]")).to_have_value("enable_thinking")
     expect(page.locator("#new-job textarea[name=inputs]")).to_have_value("x.jsonl")
 
 

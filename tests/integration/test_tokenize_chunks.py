@@ -88,9 +88,9 @@ def test_one_and_two_workers_give_the_cli_dataset(
     n_chunks = len(_chunk_workers(one["id"]))
     assert n_chunks > 10
     assert len(set(_chunk_workers(one["id"]))) == 1
-    assert [Path(o["path"]).name for o in one["outputs"]] == [
-        f"data-{i:05d}-of-{n_chunks:05d}.arrow" for i in range(n_chunks)
-    ]
+    # shards of shard_rows output rows, cut as the CLI cuts them (not one per chunk task)
+    cli_shards = sorted(p.name for p in cli_out.glob("data-*.arrow"))
+    assert [Path(o["path"]).name for o in one["outputs"]] == cli_shards and len(cli_shards) < n_chunks
     assert one["result"]["rows_out"] == sum(o["rows"] for o in one["outputs"])
     # the dataset is registered by the success transition: no GET needed
     assert [d["path"] for d in one["datasets"]] == [str((stack.data / "one").resolve())]
@@ -107,6 +107,40 @@ def test_one_and_two_workers_give_the_cli_dataset(
     assert [o["sha256"] for o in one["outputs"]] == [o["sha256"] for o in two["outputs"]]
     assert one["result"]["rejected"] == two["result"]["rejected"]
     assert time.monotonic() - started < 90
+
+
+def test_a_worker_keeps_its_tokenizer_for_the_next_job(
+    stack: Stack, client: TestClient, small_tokenizer: Path
+) -> None:
+    """The worker's pool process loads the tokenizer for its first job only: a second job, with the same
+    tokenizer copied to another folder, loads nothing (counted by the loads each chunk reports)."""
+    for name in ("tok-a", "tok-b"):
+        shutil.copytree(small_tokenizer, stack.data / name)
+    src = write_chat_input(stack.data / "chat.jsonl", 30)
+    stack.start_worker()
+    wait_for(lambda: _ready(stack, 1), 60, "the worker", stack)
+    jobs = [
+        _run(
+            client,
+            stack,
+            {
+                "inputs": [str(src)],
+                "tokenizer": str(stack.data / tok),
+                "on_missing": "drop",
+                "chunk_rows": 10,
+                "out": str(stack.data / f"out-{tok}"),
+            },
+        )
+        for tok in ("tok-a", "tok-b")
+    ]
+    per_chunk = [[c.report["encoder"]["tokenizer_loads"] for c in _chunk_rows(j["id"])] for j in jobs]
+    assert len(per_chunk[0]) > 2 and per_chunk == [
+        [1] + [0] * (len(per_chunk[0]) - 1),
+        [0] * len(per_chunk[1]),
+    ]
+    assert [j["result"]["encoder"]["tokenizer_loads"] for j in jobs] == [1, 0]
+    assert jobs[0]["result"]["encoder"]["tokenizer_load_seconds"] > 0
+    assert jobs[1]["result"]["encoder"]["tokenizer_load_seconds"] == 0
 
 
 def _chunk_rows(job_id: int) -> list:  # type: ignore[type-arg]

@@ -12,7 +12,7 @@ from sqlalchemy import func, update
 from sqlmodel import select
 
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
-from tests.chunk_helpers import assert_same_dataset
+from tests.chunk_helpers import JOB_LIMITS, assert_same_dataset
 from tests.unit.test_tokenize_chunks import _chunks, _submit
 from tests.unit.tokenize_helpers import small_dir  # noqa: F401
 
@@ -124,7 +124,7 @@ def test_retry_reuses_the_done_chunks_and_runs_only_the_rest(
                  if h.chunk_index is not None]  # fmt: skip
     assert [m for m in moves if m[0] != 3] == [(i, "pending", "done") for i in (0, 1, 2)]
     cli = tmp_path / "cli"
-    tokenize_files([src], cli, TokenizeOptions(tok, workers=1, on_missing="drop"))
+    tokenize_files([src], cli, TokenizeOptions(tok, workers=1, on_missing="drop", **JOB_LIMITS))
     assert_same_dataset(cli, out)
 
 
@@ -153,7 +153,7 @@ def test_a_corrupt_or_missing_kept_chunk_runs_again(migrated: Path, small_dir: P
     )
     assert [run_chunk(new_id, i) for i in (1, 2, 3)][-1] == "succeeded"
     cli = tmp_path / "cli"
-    tokenize_files([src], cli, TokenizeOptions(tok, workers=1, on_missing="drop"))
+    tokenize_files([src], cli, TokenizeOptions(tok, workers=1, on_missing="drop", **JOB_LIMITS))
     assert_same_dataset(cli, migrated / "data" / "out")
 
 
@@ -225,5 +225,5 @@ def test_a_retry_with_every_chunk_reused_runs_the_final_step_at_once(
     assert job.status == "succeeded", job.error
     assert f"4 of 4 chunks reused from job {job_id} (sha256 verified)" in _events(new_id)
     cli = tmp_path / "cli"
-    tokenize_files([src], cli, TokenizeOptions(tok, workers=1, on_missing="drop"))
+    tokenize_files([src], cli, TokenizeOptions(tok, workers=1, on_missing="drop", **JOB_LIMITS))
     assert_same_dataset(cli, out)

@@ -97,3 +97,48 @@ def test_each_kinds_run_works_on_a_local_context(tmp_path: Path) -> None:
     report = convert.run(convert.params.model_validate({"inputs": str(src), "to": "openai"}), ctx)
     [out] = report.outputs
     assert out.path == str(ctx.out_dir / "converted-openai.jsonl") and out.rows == 3
+
+
+def test_template_kwargs_take_one_syntax_everywhere(migrated: Path) -> None:
+    """KEY=VALUE pairs, parsed in one place (the model): the CLI's repeated -k, the form's lines,
+    `jobs submit -p template_kwargs=K=V` (one string) and the API's JSON object mean the same."""
+    from fastapi.testclient import TestClient
+    from pydantic import ValidationError
+
+    from app.main import create_app
+    from app.pages import _form_params
+    from draftdeck.cli.options import params_from
+
+    want = {"enable_thinking": False, "effort": "high", "budget": 3}
+    base = {"inputs": ["a.jsonl"], "tokenizer": "tok"}
+    cli = params_from(TokenizeParams, {**base, "template_kwargs": ["enable_thinking=false", "effort=high",
+                                                                  "budget=3"]})  # fmt: skip
+    form_params, _ = _form_params(
+        "tokenize",
+        {
+            "inputs": "a.jsonl",
+            "tokenizer": "tok",
+            "template_kwargs": "enable_thinking=false\r\neffort = high\n\nbudget=3\n",
+        },
+    )
+    form = TokenizeParams.model_validate(form_params)
+    submit = TokenizeParams.model_validate(
+        {**base, "template_kwargs": "enable_thinking=false\neffort=high\nbudget=3"}
+    )
+    api = TokenizeParams.model_validate({**base, "template_kwargs": want})
+    assert (
+        cli.template_kwargs == form.template_kwargs == submit.template_kwargs == api.template_kwargs == want
+    )
+    with pytest.raises(ValidationError) as bad:
+        TokenizeParams.model_validate({**base, "template_kwargs": "enable_thinking"})
+    assert bad.value.errors()[0]["loc"] == ("template_kwargs",)
+    assert "takes KEY=VALUE pairs (e.g. enable_thinking=false), got 'enable_thinking'" in str(bad.value)
+    # the form shows the kind's pairs as lines, and refuses a line without "=" naming the field
+    with TestClient(create_app()) as client:
+        page = client.get("/jobs/new?kind=tokenize")
+        assert 'name="template_kwargs"' in page.text and "one KEY=VALUE a line" in page.text
+        csrf = client.cookies.get("dd_csrf")
+        form_data = {"kind": "tokenize", "csrf": csrf, "inputs": "a.jsonl", "tokenizer": "tok",
+                     "template_kwargs": "enable_thinking"}  # fmt: skip
+        r = client.post("/jobs", data=form_data)
+        assert r.status_code == 400 and "takes KEY=VALUE pairs" in r.text

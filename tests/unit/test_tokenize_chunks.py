@@ -18,7 +18,7 @@ from draftdeck.errors import JobFailed
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.chunks import tokenize_files_chunked
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
-from tests.chunk_helpers import assert_same_dataset, write_chat_input
+from tests.chunk_helpers import JOB_LIMITS, assert_same_dataset, write_chat_input
 from tests.unit.tokenize_helpers import small_dir  # noqa: F401
 
 
@@ -39,9 +39,10 @@ def test_chunked_run_equals_the_in_process_run_in_any_order(tmp_path: Path, smal
     ds = ShardDataset(tmp_path / "chunked")
     n_chunks = len(json.loads((tmp_path / "parts" / "plan.json").read_text())["chunks"])
     assert n_chunks == chunked.extra["encoder"]["chunks"] > 5
-    assert [s.filename for s in ds.shards] == [
-        f"data-{i:05d}-of-{n_chunks:05d}.arrow" for i in range(n_chunks)
-    ]
+    # shard_rows counts output rows, as in the in-process run: the same cut, the same files
+    assert [s.rows for s in ds.shards] == [s.rows for s in ShardDataset(tmp_path / "whole").shards]
+    assert {s.rows for s in ds.shards[:-1]} == {25} and len(ds.shards) > 2
+    assert [s.sha256 for s in ds.shards] == [s.sha256 for s in ShardDataset(tmp_path / "whole").shards]
     assert [o.rows for o in chunked.outputs] == [s.rows for s in ds.shards]
     assert not list((tmp_path / "chunked").glob("chunk-*"))
 
@@ -60,7 +61,7 @@ def test_chunked_run_fails_like_the_in_process_run_and_leaves_no_shard(
     with pytest.raises(JobFailed, match="no assistant turn") as chunked:
         tokenize_files_chunked([tmp_path / "in2.jsonl"], tmp_path / "chunked", tmp_path / "parts", opts, 4)
     assert chunked.value.report.to_dict()["rejected"] == whole.value.report.to_dict()["rejected"]
-    assert not list((tmp_path / "chunked").glob("*.arrow"))
+    assert not (tmp_path / "chunked").exists() and not (tmp_path / "whole").exists()  # not even empty
 
 
 # -- the job: chunk tasks with SQL bookkeeping (tasks called inline, no broker consumer) -------------
@@ -126,12 +127,14 @@ def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
     assert job.result["rows_out"] == sum(c.rows_out or 0 for c in chunks) == sum(o.rows for o in outputs)
     assert (job.progress_done, job.progress_total) == (job.result["rows_in"], job.result["rows_in"])
     out = get_settings().jobs_dir / str(job_id) / "dataset"
-    assert sorted(Path(o.path).name for o in outputs) == [f"data-{i:05d}-of-00006.arrow" for i in range(6)]
+    rows = job.result["rows_out"]
+    n = -(-rows // 20)  # shards of shard_rows=20 output rows, not one per chunk of 8 conversations
+    assert sorted(Path(o.path).name for o in outputs) == [f"data-{i:05d}-of-{n:05d}.arrow" for i in range(n)]
+    assert sorted(o.rows for o in outputs) == sorted([20] * (rows // 20) + ([rows % 20] if rows % 20 else []))
     assert not (get_settings().jobs_dir / str(job_id) / "chunks").exists(), "chunk files are removed"
 
     cli = tmp_path / "cli"
-    limits = {"max_rejected": 0.5, "alert_rejected": 0.05, "alert_duplicated": 0.05, "alert_truncated": 0.05}
-    opts = TokenizeOptions(tok, shard_rows=20, workers=2, on_missing="drop", **limits)  # the job's defaults
+    opts = TokenizeOptions(tok, shard_rows=20, workers=2, on_missing="drop", **JOB_LIMITS)
     tokenize_files([src], cli, opts)
     assert_same_dataset(cli, out)
 

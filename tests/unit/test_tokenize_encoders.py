@@ -204,11 +204,12 @@ def test_run_check_on_byte_slices_equals_decoding_each_run(qwen_dir: Path) -> No
     do not spell the text, and good rows."""
     from draftdeck.chat.spans import RenderedRow
     from draftdeck.tokenize import pipeline as P
+    from draftdeck.tokenize import rows as R
 
     opts = TokenizeOptions(qwen_dir)
     tok, renderer, hf, fast, _ = P._load(opts)
     assert fast is not None
-    st = P._State(opts, tok, renderer, hf, fast)
+    st = R.State(opts, tok, renderer, hf, fast)
     rng = random.Random(3)
     rows, encoded = [], []
     for text in [t for t in TRICKY if t] + _random_texts(200, seed=11):
@@ -221,6 +222,6 @@ def test_run_check_on_byte_slices_equals_decoding_each_run(qwen_dir: Path) -> No
         rows.append(RenderedRow(text, spans))
         encoded.append((ids, starts))
     want = _reference_bad_rows(fast, rows, encoded)
-    got = P._check_runs(st, rows, encoded, set(range(len(rows))))
+    got = R._check_runs(st, rows, encoded, set(range(len(rows))))
     assert got == want
     assert 10 < len(want) < len(rows)  # both outcomes occur

@@ -140,6 +140,7 @@ def test_strict_turns_warnings_into_failure(tmp_path: Path, small_dir: Path) -> 
 def test_empty_output_fails(tmp_path: Path, qwen_dir: Path) -> None:
     with pytest.raises(JobFailed, match="no rows were written"):
         tokenize_conversations([conv(Message_system(), a("x"))], tmp_path / "ds", TokenizeOptions(qwen_dir))
+    assert not (tmp_path / "ds").exists()  # no empty output folder left behind
 
 
 def Message_system() -> Any:
@@ -230,9 +231,18 @@ def test_cli_tokenize_failure_exit_codes(cli_env: Path, tmp_path: Path, qwen_dir
     res = runner.invoke(app, ["tokenize", str(FIXTURES / "prompt_only.jsonl"), "--tokenizer", str(qwen_dir),
                               "--out", str(tmp_path / "ds"), "--workers", "1"])  # fmt: skip
     assert res.exit_code == 1 and "regeneration" in res.output.replace("\n", " ")
+    assert not (tmp_path / "ds").exists()  # a failed tokenize leaves no (empty) output folder
     res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", str(tmp_path / "nope"), "--out",
                               str(tmp_path / "ds3")])  # fmt: skip
     assert res.exit_code == 2 and "does not exist" in " ".join(res.output.split())
+    not_tok = tmp_path / "model"  # a folder, but a model's config, not a tokenizer
+    not_tok.mkdir()
+    (not_tok / "config.json").write_text("{}")
+    res = runner.invoke(app, ["tokenize", str(CHAT), "--tokenizer", str(not_tok), "--out",
+                              str(tmp_path / "ds4")])  # fmt: skip
+    said = " ".join(res.output.split())
+    assert res.exit_code == 2 and "not a tokenizer folder: no tokenizer.json or tokenizer_config.json" in said
+    assert "tiktoken" not in said and "sentencepiece" not in said
     res = runner.invoke(
         app, ["tokenize", "/etc/hostname", "--tokenizer", str(qwen_dir), "--out", str(tmp_path / "x")]
     )
@@ -481,3 +491,72 @@ def test_from_forces_one_shape_in_both_readers(tmp_path: Path, small_dir: Path) 
         report.check_accounting()
     detected = tokenize_files(paths, tmp_path / "three", TokenizeOptions(small_dir, workers=1))
     assert detected.rows_out == 4 and dict(detected.formats) == {"instruction_response": 2, "turn_pairs": 2}
+
+
+# -- the tokenizer, loaded once per process ---------------------------------------------------------
+def test_a_second_job_loads_no_tokenizer_and_a_changed_one_loads_again(
+    tmp_path: Path, small_dir: Path
+) -> None:
+    """Counted, not timed: the cache's loads and each report's `tokenizer_loads`. A copy of the same
+    files elsewhere is the same tokenizer; a rewritten file is another."""
+    import shutil
+
+    from draftdeck.tokenize import loaded
+
+    loaded.forget_all()
+    copy = tmp_path / "copy"
+    shutil.copytree(small_dir, copy)
+    before = loaded.loads()
+    reports = [
+        tokenize_files([CHAT], tmp_path / f"ds{i}", TokenizeOptions(tok, workers=1))
+        for i, tok in enumerate([small_dir, copy, small_dir])
+    ]
+    assert loaded.loads() - before == 1
+    assert [r.extra["encoder"]["tokenizer_loads"] for r in reports] == [1, 0, 0]
+    assert reports[0].extra["encoder"]["tokenizer_load_seconds"] > 0
+    assert reports[1].extra["encoder"]["tokenizer_load_seconds"] == 0
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("}", ', "unused_note": 1}', 1))
+    again = tokenize_files([CHAT], tmp_path / "ds3", TokenizeOptions(copy, workers=1))
+    assert again.extra["encoder"]["tokenizer_loads"] == 1 and loaded.loads() - before == 2
+
+
+def test_concurrent_first_loads_of_one_tokenizer_make_one_load(small_dir: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from draftdeck.tokenize import loaded
+
+    loaded.forget_all()
+    before = loaded.loads()
+    with ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: loaded.load(small_dir, None, "auto"), range(6)))
+    assert loaded.loads() - before == 1
+    assert sum(fresh for _, fresh in results) == 1
+    assert len({id(got) for got, _ in results}) == 1  # every caller got the one loaded copy
+
+
+def test_a_later_process_restores_the_checked_tiktoken_tables(
+    tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted, not timed: the first load builds the tables and saves them; a load after the process
+    forgot them (a new process) restores them, with the same ids; a damaged file is built again."""
+    from draftdeck.tokenize import loaded
+
+    monkeypatch.setenv("DRAFTDECK_CACHE", str(tmp_path / "cache"))
+    text = "Hello <|im_start|>world, déjà vu 🎉\n  return x"
+    loaded.forget_all()
+    builds = loaded.table_builds
+    first, _ = loaded.load(small_dir, None, "auto")
+    assert first.fast is not None and loaded.table_builds == builds + 1
+    (saved,) = (tmp_path / "cache" / "tiktoken").glob("*.npz")
+    loaded.forget_all()
+    again, fresh = loaded.load(small_dir, None, "auto")
+    assert fresh and again.fast is not None and loaded.table_builds == builds + 1  # restored, not built
+    assert again.fast.encode_one(text, [])[0].tolist() == first.fast.encode_one(text, [])[0].tolist()
+    assert again.fast.specials == first.fast.specials and again.fast.nfc == first.fast.nfc
+    saved.write_bytes(b"not an npz file")
+    loaded.forget_all()
+    rebuilt, _ = loaded.load(small_dir, None, "auto")
+    assert loaded.table_builds == builds + 2 and rebuilt.fast is not None
+    assert saved.read_bytes()[:2] == b"PK"  # replaced by a good one
+    loaded.forget_all()

@@ -1,0 +1,269 @@
+"""One chunk of conversations -> rows: render, encode, mask, check (the tokenize job's per-row work).
+
+This is what runs in each process of the pool (and in each chunk task): :func:`process_chunk` reads
+the process's :class:`State` (set by :func:`use` before the pool forks or the chunk starts), so a
+chunk sends only its conversations, never the tokenizer. The mask rule and the per-row checks are
+described in :mod:`draftdeck.tokenize.pipeline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from draftdeck.chat.render import ChatRenderer, TemplateError, conversation_dicts
+from draftdeck.chat.spans import RenderedRow, render_rows
+from draftdeck.formats.model import Conversation
+from draftdeck.quality import Report
+from draftdeck.shards.store import Block, ShardRow
+from draftdeck.tokenize.encoders import Encoded, HFEncoder, TiktokenEncoder
+
+if TYPE_CHECKING:
+    from draftdeck.tokenize.pipeline import TokenizeOptions
+
+
+class EncoderMismatch(Exception):
+    def __init__(self, rows: int, example: str):
+        super().__init__(f"{rows} rows differ from the HF tokenizer, e.g. {example}")
+        self.rows = rows
+        self.example = example
+
+    def __reduce__(self) -> tuple[Any, ...]:  # raised in pool workers: must survive pickling
+        return (EncoderMismatch, (self.rows, self.example))
+
+
+@dataclass
+class State:
+    opts: TokenizeOptions
+    tok: Any
+    renderer: ChatRenderer
+    hf: HFEncoder
+    fast: TiktokenEncoder | None
+
+
+_STATE: State | None = None
+
+
+def use(state: State) -> None:
+    """Make `state` the one :func:`process_chunk` uses in this process (and in processes forked after)."""
+    global _STATE
+    _STATE = state
+
+
+@dataclass
+class ChunkResult:
+    report: Report
+    block: Block
+    fast_rows: int = 0
+    hf_rows: int = 0
+    verified: int = 0
+
+    @property
+    def rows(self) -> list[ShardRow]:
+        b, off, issues = self.block, self.block.offsets, self.block.row_issues()
+        return [
+            ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
+                     b.turns[i], b.truncated[i], issues[i])
+            for i in range(len(b))
+        ]  # fmt: skip
+
+
+@dataclass(slots=True)
+class Item:
+    """One conversation as workers get it: template-ready dicts (cheap to pickle) and where it came from."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    file: str
+    line: int | None
+    row: int
+    has_assistant: bool
+    # The original data (a converted row's provenance): what the shards' source/source_row record.
+    origin_file: str | None = None
+    origin_row: int = -1
+    warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
+
+
+def to_item(conv: Conversation) -> Item:
+    src = conv.source
+    line = None if src is None else (src.line if src.line is not None else src.index)
+    origin = conv.origin()
+    return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
+                line if line is not None else -1, conv.has_assistant,
+                origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings))  # fmt: skip
+
+
+def _encode(
+    st: State, rendered: list[RenderedRow], first_chunk: bool
+) -> tuple[list[Encoded], set[int], int, int]:
+    out: list[Encoded | None] = [None] * len(rendered)
+    hf_idx: list[int] = []
+    fast_set: set[int] = set()
+    verified = 0
+    mismatches: list[str] = []
+    cache: dict[str, np.ndarray] = {}  # text between special tokens -> ids, for this chunk
+    for i, r in enumerate(rendered):
+        if st.fast is not None and st.fast.usable(r.text):
+            out[i] = st.fast.encode_one(r.text, r.literal, cache)
+            fast_set.add(i)
+        else:
+            hf_idx.append(i)
+    if hf_idx:
+        encs = st.hf.encode([rendered[i].text for i in hf_idx], [rendered[i].literal for i in hf_idx])
+        for i, e in zip(hf_idx, encs, strict=True):
+            out[i] = e
+    if st.fast is not None and fast_set:
+        every = 1 if (st.opts.verify_all or first_chunk) else max(1, st.opts.verify_every)
+        check = [i for i in sorted(fast_set) if i % every == 0]
+        refs = st.hf.encode([rendered[i].text for i in check], [rendered[i].literal for i in check])
+        for i, (ids, starts) in zip(check, refs, strict=True):
+            got = out[i]
+            assert got is not None
+            verified += 1
+            if not (np.array_equal(got[0], ids) and np.array_equal(got[1], starts)):
+                mismatches.append(repr(rendered[i].text[:80]))
+        if mismatches:
+            raise EncoderMismatch(len(mismatches), mismatches[0])
+    return out, fast_set, len(hf_idx), verified  # type: ignore[return-value]
+
+
+def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    bounds = np.asarray([x for span in spans for x in span], dtype=np.int64)
+    return (np.searchsorted(bounds, starts, side="right") % 2 == 1).astype(np.uint8)
+
+
+def _runs(r: RenderedRow, ids: np.ndarray, starts: np.ndarray) -> Iterator[tuple[int, int, str]]:
+    """The trained runs of a row: (first token, end token, the rendered text those tokens cover)."""
+    if not r.spans:
+        return
+    n = len(ids)
+    bounds = np.searchsorted(starts, np.asarray(r.spans, dtype=np.int64).ravel(), side="left").tolist()
+    for lo, hi in zip(bounds[::2], bounds[1::2], strict=True):
+        if lo < hi:
+            end = int(starts[hi]) if hi < n else len(r.text)
+            yield lo, hi, r.text[int(starts[lo]) : end]
+
+
+def _check_runs(
+    st: State, rendered: list[RenderedRow], encoded: list[Encoded], fast_set: set[int]
+) -> dict[int, str]:
+    """Rows whose trained runs do not decode to the rendered text they cover -> the first reason.
+
+    Rows of the fast (byte-level) encoder decode through its byte table: the bytes of all of them are
+    laid out once (the byte-level decoder: concatenate the tokens' bytes) and each run is a slice of
+    them. The other rows decode through the HF tokenizer's decoder, in one batch."""
+    bad_rows: dict[int, str] = {}
+    hf_runs: list[tuple[int, np.ndarray, str]] = []
+    fast_rows = [k for k in range(len(rendered)) if k in fast_set]
+    for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
+        if k not in fast_set:
+            hf_runs.extend((k, ids[lo:hi], want) for lo, hi, want in _runs(r, ids, starts))
+    if hf_runs:
+        decoded = st.hf.backend.decode_batch(
+            [ids.tolist() for _, ids, _ in hf_runs], skip_special_tokens=False
+        )
+        norm = st.hf.normalizer
+        for (k, _, want), got in zip(hf_runs, decoded, strict=True):
+            if got != want and (norm is None or got != norm.normalize_str(want)):
+                bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
+    if st.fast is not None and fast_rows:
+        all_ids = np.concatenate([encoded[k][0] for k in fast_rows])
+        blob = st.fast.decode_bytes(all_ids)
+        byte_at = np.zeros(len(all_ids) + 1, dtype=np.int64)  # byte offset of every token in `blob`
+        np.cumsum(st.fast.token_len[all_ids], out=byte_at[1:])
+        base = 0
+        for k in fast_rows:
+            r, (ids, starts) = rendered[k], encoded[k]
+            for lo, hi, want in _runs(r, ids, starts):
+                got_bytes = blob[byte_at[base + lo] : byte_at[base + hi]]
+                if got_bytes != want.encode("utf-8"):
+                    got = got_bytes.decode("utf-8", "replace")
+                    bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
+            base += len(ids)
+    return bad_rows
+
+
+def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
+    st = _STATE
+    assert st is not None, "worker state not initialised"
+    opts = st.opts
+    report = Report()
+    rendered: list[RenderedRow] = []
+    owners: list[Item] = []
+    for item in items:
+        report.rows_in += 1
+        file, line = item.file, item.line
+        if not item.has_assistant:
+            report.reject(
+                "no_assistant_turn", file, line, "no assistant message: the conversation is prompt-only"
+            )
+            continue
+        try:
+            rows = render_rows(item.messages, item.tools, st.renderer)
+        except TemplateError as exc:
+            report.reject("template_error", file, line, str(exc)[:500])
+            continue
+        report.rows_expanded += len(rows) - 1
+        rendered.extend(rows)
+        owners.extend([item] * len(rows))
+
+    encoded, fast_set, hf_n, verified = _encode(st, rendered, first_chunk)
+
+    # Masks, then the mask check: every trained run decodes to the rendered text it covers.
+    masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
+    bad_rows = _check_runs(st, rendered, encoded, fast_set)
+
+    keep: list[tuple[np.ndarray, np.ndarray]] = []
+    sources: list[str] = []
+    source_rows: list[int] = []
+    turns: list[int] = []
+    truncs: list[bool] = []
+    issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
+    for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
+        owner = owners[k]
+        file, line, row_no = owner.file, owner.line, owner.row
+        mask = masks[k]
+        if k in bad_rows:
+            report.reject("mask_mismatch", file, line, bad_rows[k])
+            continue
+        truncated = False
+        if opts.seq_length is not None and len(ids) > opts.seq_length:
+            if opts.truncation == "drop":
+                report.reject("too_long", file, line, f"{len(ids)} tokens > --seq-length {opts.seq_length}")
+                continue
+            ids, mask = ids[: opts.seq_length], mask[: opts.seq_length]
+            truncated = True
+        if not mask.any():
+            why = (
+                "after truncation at --seq-length" if truncated else "the assistant turns render to no token"
+            )
+            report.reject("no_trained_tokens", file, line, why)
+            continue
+        codes = list(owner.warnings)
+        if truncated:
+            report.warn("truncated", file, line, f"cut to {opts.seq_length} tokens")
+            codes.append("truncated")
+        if not (mask[:-1] & mask[1:]).any():
+            report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
+            codes.append("no_dflash_anchor")
+        issues.append(codes)
+        report.rows_out += 1
+        keep.append((ids, mask))
+        sources.append(owner.origin_file or file)
+        source_rows.append(owner.origin_row if owner.origin_file else row_no)
+        turns.append(r.turn)
+        truncs.append(truncated)
+    block = Block(
+        np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
+        np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
+        np.asarray([len(i) for i, _ in keep], dtype=np.int64),
+        sources, source_rows, turns, truncs, issues,
+    )  # fmt: skip
+    return ChunkResult(report, block, len(fast_set), hf_n, verified)
+
+
+def process_indexed(item: tuple[int, list[Item]]) -> ChunkResult:
+    return process_chunk(item[1], first_chunk=item[0] == 0)
