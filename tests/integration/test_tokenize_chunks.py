@@ -3,6 +3,7 @@ dataset of `draftdeck tokenize` (same rows, order and data; same statistics and 
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import select
 
 from draftdeck.chat import testing
-from tests.chunk_helpers import assert_same_dataset, write_chat_input
+from tests.chunk_helpers import JOB_LIMITS, assert_same_dataset, write_chat_input
 from tests.integration.conftest import Stack, wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
@@ -167,10 +168,22 @@ def _kill_running_chunk(stack: Stack, job_id: int, losses: int) -> str:
     return str(chunk.worker)
 
 
-def _submit_big(client: TestClient, stack: Stack, small_tokenizer: Path, **extra: object) -> int:
+def _submit_big(
+    client: TestClient, stack: Stack, small_tokenizer: Path, *, heavy_tail: bool = False, **extra: object
+) -> int:
+    """A tokenize job on ~6,000 rows. `heavy_tail`: long rows fill the last chunk of 2,000, so that it
+    runs for seconds, long after the others are done (a test can catch it running and kill it)."""
     tok = stack.data / "tok"
     shutil.copytree(small_tokenizer, tok)
     src = write_chat_input(stack.data / "big.jsonl", 6000)
+    if heavy_tail:
+        rows = len(src.read_text(encoding="utf-8").splitlines())
+        answer = " ".join(f"Step {k}: add the next digit and carry the rest." for k in range(60))
+        with src.open("a", encoding="utf-8") as f:
+            for i in range(2000 - rows % 2000):
+                prompt = f"Long question {i}: explain the whole sum."
+                msgs = [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]
+                f.write(json.dumps({"messages": msgs}) + "\n")
     params = {
         "inputs": [str(src)],
         "tokenizer": str(tok),
@@ -276,7 +289,7 @@ def test_retry_after_a_chunk_lost_twice_reuses_the_chunks_already_done(
 
     stack.start_worker()
     out = stack.data / "out"
-    job_id = _submit_big(client, stack, small_tokenizer, out=str(out), chunk_rows=2000)
+    job_id = _submit_big(client, stack, small_tokenizer, out=str(out), chunk_rows=2000, heavy_tail=True)
     shards: dict[int, bytes] = {}
 
     def last_running(losses: int) -> object:
@@ -320,5 +333,10 @@ def test_retry_after_a_chunk_lost_twice_reuses_the_chunks_already_done(
     rows = _chunk_rows(new_id)
     assert [c.worker is None for c in rows] == [i != lost for i in range(n)], "only the lost chunk ran"
     assert again["result"]["chunks_reused"]["summary"] == f"{n - 1} of {n} chunks reused from job {job_id}"
-    # the final step renamed the reused shards: same bytes under their final names
-    assert all((out / f"data-{i:05d}-of-{n:05d}.arrow").read_bytes() == data for i, data in shards.items())
+    # the reused shards make the same dataset as one clean run of the same input
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+
+    clean = stack.data / "clean"
+    opts = TokenizeOptions(stack.data / "tok", workers=1, on_missing="drop", **JOB_LIMITS)
+    tokenize_files([stack.data / "big.jsonl"], clean, opts)
+    assert_same_dataset(clean, out)
