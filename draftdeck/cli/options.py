@@ -49,6 +49,9 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+LONGEST_CHOICES = 40  # characters of `a|b|c`: past this an option's choices go into its help text
+
+
 def _metavar(base: Any, is_path: bool) -> str:
     """Plain words for the value an option takes (Typer's own are ``<int range>``, ``<bool>``, ...)."""
     if is_path:
@@ -81,6 +84,10 @@ def model_parameters(
         kwargs: dict[str, Any] = {"help": help_}
         if origin is typing.Literal:
             hint: Any = base
+            choices = [str(c) for c in typing.get_args(base)]
+            if len("|".join(choices)) > LONGEST_CHOICES:  # would overflow 80 columns: name them in the help
+                kwargs["metavar"] = name.rsplit("_", 1)[-1].upper()  # from_format: FORMAT
+                kwargs["help"] = f"{help_} (one of: {', '.join(choices)})"
         elif origin is dict:
             hint = list[str]
             kwargs["metavar"] = "KEY=VALUE"

@@ -61,8 +61,8 @@ class ConvertParams(JobParams):
     )
     placeholder_filler_rows: int = Field(
         default=3, ge=1, le=1 << 40,
-        description="a known filler answer (ok, n/a, todo, placeholder, …, empty) is a placeholder on this"
-        " many different prompts",
+        description="a known filler answer (ok, n/a, todo, placeholder, an ellipsis, empty) is a placeholder"
+        " on this many different prompts",
     )  # fmt: skip
     max_row_bytes: int = max_row_bytes_field()
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "policy_file")

@@ -180,7 +180,7 @@ def test_submit_wait_says_where_the_output_went(server: str, migrated: Path) -> 
     assert ran == ["succeeded"] and r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     where = str((migrated / "data" / "ui_train.jsonl").resolve())
-    assert f"succeeded output {where} rows=1" in text
+    assert f"succeeded output {where} 1 row, " in text
     assert Path(where).exists() and not (migrated / "data" / "data").exists()
 
 
@@ -197,5 +197,5 @@ def test_in_process_summaries_name_the_absolute_output(
     )
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert f"wrote {folder.resolve() / 'data' / 'x.jsonl'}: 1 rows" in text
+    assert f"wrote {folder.resolve() / 'data' / 'x.jsonl'}: 1 row, " in text
     assert f"report: {folder.resolve() / 'r.json'}" in text
