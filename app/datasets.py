@@ -171,7 +171,8 @@ def _compared_row(
         }
     found = find_row(store, key)
     source, source_row, turn = key
-    where = f"{Path(source).name} row {source_row}" + (f", turn {turn}" if turn is not None else "")
+    shown_turn = f", turn {turn}" if turn is not None and turn >= 0 else ""  # -1: every turn of the row
+    where = f"{Path(source).name} row {source_row}{shown_turn}"
     if found is None:
         return {"sample": None, "message": f"no row of this dataset comes from {where}"}
     sample = read_sample(info, found, roots=roots)

@@ -43,6 +43,7 @@ def write_chat_input(path: Path, n: int = 60) -> Path:
 # whose dataset is compared with a job's: the manifest records them.
 JOB_LIMITS = {"max_rejected": 0.5, "alert_rejected": 0.05, "alert_duplicated": 0.05, "alert_truncated": 0.05}
 
+
 def table(path: Path) -> pa.Table:
     ds = ShardDataset(path)
     return pa.Table.from_batches(list(ds.iter_batches()))
