@@ -12,6 +12,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import delete, exists, update
 from sqlmodel import Session, col, select
@@ -82,27 +83,11 @@ def of_job(session: Session, job: Job, lost_after_seconds: float) -> JobLiveness
     if job.status == JobStatus.QUEUED:
         return JobLiveness(False, served, served, queue_words)
     own = job.heartbeat_at is not None and job.heartbeat_at >= cutoff
-    chunk_beats = bool(
-        session.execute(
-            select(
-                exists().where(
-                    col(JobChunk.job_id) == job.id,
-                    col(JobChunk.status) == ChunkStatus.RUNNING,
-                    col(JobChunk.heartbeat_at) >= cutoff,
-                )
-            )
-        ).scalar()
+    chunk_beats = _any_chunk(
+        session, job, col(JobChunk.status) == ChunkStatus.RUNNING, col(JobChunk.heartbeat_at) >= cutoff
     )
-    waiting = bool(
-        session.execute(
-            select(
-                exists().where(
-                    col(JobChunk.job_id) == job.id,
-                    col(JobChunk.status) == ChunkStatus.PENDING,
-                    col(JobChunk.task_id).is_not(None),
-                )
-            )
-        ).scalar()
+    waiting = _any_chunk(
+        session, job, col(JobChunk.status) == ChunkStatus.PENDING, col(JobChunk.task_id).is_not(None)
     )
     beating = own or chunk_beats
     if job.heartbeat_at is None:
@@ -141,3 +126,8 @@ def start_beat(name: str, queues: list[str], every: float) -> threading.Event:
 
     threading.Thread(target=loop, name="draftdeck-worker-beat", daemon=True).start()
     return stop
+
+
+def _any_chunk(session: Session, job: Job, *where: Any) -> bool:
+    """Whether a chunk of `job` matches every condition in `where` (one EXISTS query)."""
+    return bool(session.execute(select(exists().where(col(JobChunk.job_id) == job.id, *where))).scalar())

@@ -58,21 +58,26 @@ def _build(
 
 
 def parse_alpaca(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
-    instruction = text_of(value.get("instruction"), "instruction", ctx)
-    extra = text_of(value.get("input"), "input", ctx)
-    user = f"{instruction}\n{extra}" if instruction and extra else (instruction or extra)
-    messages = _build(value, user, value.get("output"), "output", ctx)
-    meta = meta_of(value, ("instruction", "input", "output", "system", "history"))
-    return [Conversation(messages, source_format=ALPACA, meta=meta)]
+    return _instruction_row(value, ctx, ("instruction", "input", "output"), ALPACA)
 
 
 def parse_instruction_response(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
-    instruction = text_of(value.get("instruction"), "instruction", ctx)
-    context = text_of(value.get("context"), "context", ctx)
-    user = f"{instruction}\n{context}" if instruction and context else (instruction or context)
-    messages = _build(value, user, value.get("response"), "response", ctx)
-    meta = meta_of(value, ("instruction", "context", "response", "system", "history"))
-    return [Conversation(messages, source_format=INSTRUCTION_RESPONSE, meta=meta)]
+    """Dolly's shape: the `context` joins the instruction as Alpaca's `input` does."""
+    return _instruction_row(value, ctx, ("instruction", "context", "response"), INSTRUCTION_RESPONSE)
+
+
+def _instruction_row(
+    value: dict[str, Any], ctx: ParseContext, keys: tuple[str, str, str], source_format: str
+) -> list[Conversation]:
+    """An (instruction, extra input, answer) row: the instruction and the extra input, one line each,
+    make the user turn."""
+    first, second, answer = keys
+    instruction = text_of(value.get(first), first, ctx)
+    extra = text_of(value.get(second), second, ctx)
+    user = f"{instruction}\n{extra}" if instruction and extra else (instruction or extra)
+    messages = _build(value, user, value.get(answer), answer, ctx)
+    meta = meta_of(value, (*keys, "system", "history"))
+    return [Conversation(messages, source_format=source_format, meta=meta)]
 
 
 def pair_of(value: dict[str, Any]) -> tuple[str, str] | None:
