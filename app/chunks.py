@@ -51,6 +51,7 @@ from draftdeck.jobs.tokenize import TokenizeParams, dataset_output
 from draftdeck.quality import Policy, Report
 from draftdeck.tokenize import chunks as core
 from draftdeck.tokenize.pipeline import TokenizeOptions
+from draftdeck.units import count
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,9 @@ def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
             session,
             ctx.job_id,
             "info",
-            f"read {plan.read_report.rows_in:,} rows; {sum(c.conversations for c in plan.chunks):,} "
-            f"conversations in {len(plan.chunks)} chunk tasks",
+            f"read {count(plan.read_report.rows_in, 'rows')}; "
+            f"{count(sum(c.conversations for c in plan.chunks), 'conversations')} in "
+            f"{count(len(plan.chunks), 'chunk tasks')}",
         )
         reused = resume.take_over(session, ctx.job_id, out, parts).indexes
         records.record_progress(session, ctx.job_id, len(reused), len(plan.chunks), "chunks")
@@ -106,7 +108,7 @@ def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
     except Exception:  # the broker is down: the runner fails the job; leave no chunk files behind
         shutil.rmtree(parts, ignore_errors=True)
         raise
-    raise Handoff(f"{len(to_run)} chunk tasks enqueued, {len(reused)} reused")
+    raise Handoff(f"{count(len(to_run), 'chunk tasks')} enqueued, {len(reused)} reused")
 
 
 def _options(params: TokenizeParams) -> TokenizeOptions:
