@@ -12,6 +12,7 @@ the status the job is in now.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -314,9 +315,14 @@ def propose_chunk(
     reason: str,
     *,
     commit: bool = True,
+    only_if: Sequence[Any] = (),
     **fields: Any,
 ) -> Decision:
-    """Propose moving chunk `index` of job `job_id` to `to`; `fields` are set with the change."""
+    """Propose moving chunk `index` of job `job_id` to `to`; `fields` are set with the change.
+
+    `only_if`: more conditions on the row, for a caller that acts on what it read earlier (the
+    sweeper): the move is refused when the chunk changed since, even back to the same status (a
+    lost chunk run again and claimed anew is no longer the one it judged)."""
     to = ChunkStatus(to)
     current = session.execute(
         select(JobChunk.status).where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
@@ -332,6 +338,7 @@ def propose_chunk(
             col(JobChunk.job_id) == job_id,
             col(JobChunk.chunk_index) == index,
             col(JobChunk.status) == current,
+            *only_if,
         )
         .values(status=to, **fields)
     )

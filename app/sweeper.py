@@ -112,12 +112,18 @@ def mark_lost_chunks(
         beat = chunk.heartbeat_at or chunk.started_at
         age = f"no heartbeat for {(utcnow() - beat).total_seconds():.0f} s" if beat else "no heartbeat"
         live = liveness.serves(session, queue_name, lost_after_seconds)
+        # Only the claim this sweeper judged: another sweeper may have run the chunk again meanwhile.
+        same_claim = (
+            col(JobChunk.losses) == chunk.losses,
+            col(JobChunk.started_at).is_(None) if chunk.started_at is None
+            else col(JobChunk.started_at) == chunk.started_at,
+        )  # fmt: skip
         if chunk.losses == 0 and live:
             if state.propose_chunk(
                 session, job_id, index, ChunkStatus.PENDING,
                 f"worker {chunk.worker} lost in it ({age}); it runs again once",
                 losses=chunk.losses + 1, worker=None, started_at=None, heartbeat_at=None,
-                sent_at=utcnow(),
+                sent_at=utcnow(), only_if=same_claim,
             ).accepted:  # fmt: skip
                 again.append((job_id, index))
                 _send_chunk(session, job_id, index, queue_name)
@@ -125,8 +131,9 @@ def mark_lost_chunks(
         why = "lost twice" if chunk.losses else f"lost, and no live worker serves queue {queue_name}"
         reason = f"chunk {index} {why} (worker {chunk.worker}, {age})"
         if state.propose_chunk(
-            session, job_id, index, ChunkStatus.LOST, reason, finished_at=utcnow(), error=reason
-        ).accepted:
+            session, job_id, index, ChunkStatus.LOST, reason, finished_at=utcnow(), error=reason,
+            only_if=same_claim,
+        ).accepted:  # fmt: skip
             lost.append((job_id, index))
             fail_lost(session, job_id, reason)
     return again, lost

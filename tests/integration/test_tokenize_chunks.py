@@ -298,6 +298,8 @@ def test_retry_after_a_chunk_lost_twice_reuses_the_chunks_already_done(
         if not rows:
             return None  # not planned yet
         assert len(rows) >= 3
+        job = client.get(f"/api/jobs/{job_id}").json()
+        assert job["status"] == "running", (job["status"], job["error"], [(c.status, c.losses) for c in rows])
         running = [c for c in rows if c.status == "running" and c.worker and c.losses == losses]
         done = [c for c in rows if c.status == "done"]
         return running[0] if len(running) == 1 and len(done) == len(rows) - 1 else None

@@ -262,6 +262,32 @@ def test_a_pending_chunk_becomes_done_unrun_only_when_reused(session: Session) -
     ).accepted
 
 
+def test_a_move_judged_on_an_earlier_read_is_refused_once_the_chunk_was_claimed_anew(
+    session: Session,
+) -> None:
+    """Two sweepers read the same lost chunk; one runs it again and a worker claims it. The other's
+    verdict (lost) is about the old claim: `only_if` on that claim refuses it, and the new run goes on."""
+    from datetime import timedelta
+
+    from sqlmodel import col
+
+    from app.models import utcnow
+
+    job_id, index = _chunk(session, ChunkStatus.RUNNING)
+    old_start = utcnow() - timedelta(minutes=5)
+    chunk = session.exec(select(JobChunk).where(JobChunk.job_id == job_id)).one()
+    chunk.started_at = old_start
+    session.commit()
+    judged = (col(JobChunk.losses) == 0, col(JobChunk.started_at) == old_start)
+    assert state.propose_chunk(session, job_id, index, ChunkStatus.PENDING, "run again", losses=1,
+                               started_at=None, only_if=judged).accepted  # fmt: skip
+    assert state.propose_chunk(session, job_id, index, ChunkStatus.RUNNING, "claimed anew",
+                               worker="w2", started_at=utcnow(), heartbeat_at=utcnow()).accepted  # fmt: skip
+    late = state.propose_chunk(session, job_id, index, ChunkStatus.LOST, "lost (stale view)", only_if=judged)
+    assert not late.accepted and late.status == "changed"
+    assert _chunk_status(session, job_id) == ChunkStatus.RUNNING
+
+
 def test_every_rule_names_what_it_prevents() -> None:
     for rule in (*state.JOB_RULES, *state.CHUNK_RULES):
         assert rule.__doc__ and "->" in rule.__doc__, rule
