@@ -86,8 +86,11 @@ def of_job(session: Session, job: Job, lost_after_seconds: float) -> JobLiveness
     chunk_beats = _any_chunk(
         session, job, col(JobChunk.status) == ChunkStatus.RUNNING, col(JobChunk.heartbeat_at) >= cutoff
     )
+    # sent_at, not task_id: a chunk run again is marked sent in the same update that makes it pending,
+    # while its new task id is written just after the send (a sweeper reading in between saw a
+    # "never sent" chunk, failed the job and deleted the input the re-run was about to read)
     waiting = _any_chunk(
-        session, job, col(JobChunk.status) == ChunkStatus.PENDING, col(JobChunk.task_id).is_not(None)
+        session, job, col(JobChunk.status) == ChunkStatus.PENDING, col(JobChunk.sent_at).is_not(None)
     )
     beating = own or chunk_beats
     if job.heartbeat_at is None:

@@ -380,7 +380,7 @@ def test_a_redelivered_message_of_a_job_whose_chunks_wait_does_not_fail_it(migra
     assert run_job(job_id) == "skipped:running"
     assert _job(job_id).status == "running"
     with session_scope() as session:
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None))  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None, sent_at=None))  # type: ignore[call-overload,arg-type]
         session.commit()
     assert run_job(job_id) == "skipped:failed"  # chunks never sent: nothing will run them, it is lost
     assert (_job(job_id).error or "").startswith("worker lost: redelivered after")
