@@ -3,7 +3,8 @@
 benchmarks/tokenize.py, which prints this table; `--startup-only` prints only it).
 
 Every row runs in fresh processes, measured in one run:
-- one tokenizer load: a fresh interpreter timing ``load_tokenizer`` (transformers' import included);
+- one tokenizer load: a fresh interpreter timing ``load_tokenizer`` (transformers' import included),
+  timed inside that process: its interpreter start and exit are not counted, while the command's are;
 - ``draftdeck tokenize`` on N conversations: the whole command as a user runs it (interpreter start,
   imports, tokenizer and tiktoken tables, the job, the shards), wall clock from outside: once with
   an empty tables cache (the tables built and checked), then with the tables an earlier run saved;

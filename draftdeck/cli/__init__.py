@@ -8,7 +8,12 @@ web, the queue or SQL.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import sys
+import threading
+from typing import NoReturn
 
 import typer
 from rich.markup import escape
@@ -42,11 +47,31 @@ app = make_app()
 
 
 def run(app: typer.Typer) -> None:
+    """Run `app` as the process's command, and end the process with its exit status."""
     try:
-        app()
-    except DraftDeckError as exc:  # a core error no command caught: still a clear message, never a traceback
-        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-        sys.exit(2 if isinstance(exc, UsageError) else 1)
+        try:
+            app()
+        except DraftDeckError as exc:  # a core error no command caught: a clear message, never a traceback
+            err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+            sys.exit(2 if isinstance(exc, UsageError) else 1)
+    except SystemExit as done:
+        if isinstance(done.code, int | None):
+            leave(done.code or 0)
+        raise
+
+
+def leave(code: int) -> NoReturn:
+    """End the process without the interpreter's module teardown: with torch and transformers imported
+    it frees them for ~0.7 s at exit, a third of a short command's start-up. Exit handlers still run
+    (logging, temporary folders, process pools) and standard streams are flushed; with a non-daemon
+    thread still running, the normal exit joins it instead."""
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken pipe: nothing left to say
+            stream.flush()
+    os._exit(code)
 
 
 def main() -> None:

@@ -45,30 +45,46 @@ from draftdeck.shards.manifest import (
     write_dataset_files,
 )
 
-__all__ = ["MANIFEST", "Block", "Manifest", "ShardDataset", "ShardInfo", "ShardRow", "ShardWriter",
-           "schema", "write_block", "write_metadata"]  # fmt: skip
+__all__ = ["COLUMNS", "MANIFEST", "Block", "Manifest", "ShardDataset", "ShardInfo", "ShardRow", "ShardWriter",
+           "features", "schema", "write_block", "write_metadata"]  # fmt: skip
 
 
-def _features() -> Any:
-    from datasets import Features, List, Value
+# The columns as HF `datasets` features ("int32", or [element] for a list). The Arrow schema and
+# dataset_info.json's features are spelled out from these here rather than built with datasets'
+# Features: importing datasets costs ~0.5 s of a short command's start-up. The unit tests check that
+# both match what datasets itself writes for the same features.
+COLUMNS: dict[str, str | list[str]] = {
+    "input_ids": ["int32"],
+    "loss_mask": ["int64"],
+    "seq_len": "int64",
+    "source": "string",
+    "source_row": "int64",
+    "turn": "int32",
+    "n_trained": "int64",
+    "truncated": "bool",
+    "issues": ["string"],
+}
+_ARROW = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "bool": pa.bool_()}
 
-    return Features(
-        {
-            "input_ids": List(Value("int32")),
-            "loss_mask": List(Value("int64")),
-            "seq_len": Value("int64"),
-            "source": Value("string"),
-            "source_row": Value("int64"),
-            "turn": Value("int32"),
-            "n_trained": Value("int64"),
-            "truncated": Value("bool"),
-            "issues": List(Value("string")),
-        }
-    )
+
+def _feature(dtype: str | list[str]) -> dict[str, Any]:
+    if isinstance(dtype, list):
+        return {"feature": _feature(dtype[0]), "_type": "List"}
+    return {"dtype": dtype, "_type": "Value"}
+
+
+def features() -> dict[str, Any]:
+    """The columns as datasets' ``Features.to_dict()`` writes them (dataset_info.json)."""
+    return {name: _feature(dtype) for name, dtype in COLUMNS.items()}
 
 
 def schema() -> pa.Schema:
-    return _features().arrow_schema
+    """The shards' Arrow schema, with the ``huggingface`` metadata datasets reads its features from."""
+    fields = [
+        pa.field(name, pa.list_(_ARROW[dtype[0]]) if isinstance(dtype, list) else _ARROW[dtype])
+        for name, dtype in COLUMNS.items()
+    ]
+    return pa.schema(fields, metadata={"huggingface": json.dumps({"info": {"features": features()}})})
 
 
 @dataclass
@@ -238,7 +254,7 @@ class ShardWriter:
 
 def write_metadata(out_dir: Path, manifest: Manifest) -> None:
     """dataset_info.json + state.json (for datasets.load_from_disk), then manifest.json, atomically."""
-    write_dataset_files(out_dir, manifest, _features().to_dict())
+    write_dataset_files(out_dir, manifest, features())
 
 
 def write_pretokenized_metadata(

@@ -13,7 +13,15 @@ from draftdeck.errors import InputError
 from draftdeck.fileio import sha256_file
 from draftdeck.shards.manifest import Manifest
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import ShardDataset, ShardRow, ShardWriter, write_metadata
+from draftdeck.shards.store import (
+    COLUMNS,
+    ShardDataset,
+    ShardRow,
+    ShardWriter,
+    features,
+    schema,
+    write_metadata,
+)
 from draftdeck.shards.tools import draft_vocab
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_conversations
 from tests.unit.tokenize_helpers import a, conv, small_dir, u  # noqa: F401
@@ -25,6 +33,19 @@ def dataset(tmp_path_factory: pytest.TempPathFactory, small_dir: Path) -> Path:
     convs = [conv(u(f"question {i}"), a(f"answer {i} " * (1 + i % 9)), line=i + 1) for i in range(250)]
     tokenize_conversations(convs, out, TokenizeOptions(small_dir, shard_rows=100, workers=1))
     return out
+
+
+def test_the_spelled_out_schema_is_what_datasets_writes_for_the_same_features() -> None:
+    """store.py writes the schema and dataset_info's features itself (importing datasets costs a short
+    command ~0.5 s): both must stay byte-for-byte what datasets makes of the same columns."""
+    from datasets import Features, List, Value
+
+    theirs = Features(
+        {name: List(Value(d[0])) if isinstance(d, list) else Value(d) for name, d in COLUMNS.items()}
+    )
+    assert schema().equals(theirs.arrow_schema, check_metadata=True)
+    assert features() == theirs.to_dict()
+    assert Features.from_arrow_schema(schema()) == theirs
 
 
 def test_load_from_disk_reads_the_shards_with_speculators_types(dataset: Path) -> None:
