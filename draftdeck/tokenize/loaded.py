@@ -153,11 +153,10 @@ def forget_all() -> None:
 
 def preload_imports() -> None:
     """Import what a tokenize job imports (transformers' tokenizer classes, and the torch they pull
-    in; tiktoken; datasets, whose features define the shards' schema): a worker's main process calls
+    in; tiktoken; not datasets, which writing shards does not need): a worker's main process calls
     this before it forks its pool, so each pool process starts its first job with them imported
     (copy-on-write) instead of importing them itself."""
     with transformers_lock:
-        import datasets  # noqa: F401
         import tiktoken  # noqa: F401
         from transformers import AutoTokenizer, PreTrainedTokenizerFast  # noqa: F401
         from transformers.models.auto import tokenization_auto  # noqa: F401
