@@ -210,7 +210,8 @@ class Report:
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "alert_rejected": ("rejected", ()),
     "alert_duplicated": ("duplicated", ("duplicate_conversation",)),
-    "alert_truncated": ("truncated", ("truncated",)),
+    # tokenize cuts a row at seq_length; regenerate keeps an answer cut at max_tokens (keep_cut_off)
+    "alert_truncated": ("truncated", ("truncated", "answer_cut_off")),
 }
 
 

@@ -7,7 +7,15 @@ from typing import Any, ClassVar
 
 from pydantic import Field, model_validator
 
-from draftdeck.jobs.params import JobParams, alert_field, inputs_field, loss_thresholds, max_rejected_field
+from draftdeck.formats.detect import FormatName
+from draftdeck.jobs.params import (
+    JobParams,
+    alert_field,
+    from_format_field,
+    inputs_field,
+    loss_thresholds,
+    max_rejected_field,
+)
 from draftdeck.quality import Policy
 
 
@@ -53,6 +61,9 @@ class RegenerateParams(JobParams):
     keep_cut_off: bool = Field(False, description="keep answers cut at max_tokens (warned, not rejected)")
     max_rejected: float | None = max_rejected_field()
     alert_rejected: float | None = alert_field("rejected")
+    alert_duplicated: float | None = alert_field("a duplicate prompt")
+    alert_truncated: float | None = alert_field("an answer kept cut at max_tokens (keep_cut_off)")
+    from_format: FormatName | None = from_format_field()
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "local")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)

@@ -269,3 +269,54 @@ def test_cancel_stops_promptly_and_a_rerun_resumes(tmp_path: Path) -> None:
     assert [
         json.loads(line)["source_ref"]["line"] for line in (tmp_path / "out.jsonl").read_text().splitlines()
     ] == list(range(1, 31))
+
+
+def _rows_file(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _run_on(tmp_path: Path, server: StandIn, src: Path, **kw: Any) -> Report:
+    params = RegenerateParams(
+        inputs=[str(src)], out=str(tmp_path / "out.jsonl"), endpoints=[server.url], model="m", **kw
+    )
+    return run_regenerate(params, LocalContext(tmp_path / "ctx"))
+
+
+def test_answers_kept_cut_off_raise_the_truncated_alert(tmp_path: Path) -> None:
+    replies = [completion("fine"), completion("half", "length"), completion("fine too")]
+    with standin(StandIn(lambda msgs, n: replies[int(msgs[-1]["content"].split()[-1])])) as server:
+        report, rows = _run(tmp_path, server, keep_cut_off=True)
+    assert (report.rows_out, report.warnings["answer_cut_off"]) == (3, 1)
+    assert rows[1]["messages"][-1]["content"] == "half"  # kept, as asked
+    truncated = report.extra["losses"]["truncated"]
+    assert (truncated["rows"], truncated["of"]) == (1, 3)
+    assert truncated["alert"] == "1 of 3 rows truncated (33.3%), above the alert threshold 5%"
+    with standin(StandIn(lambda msgs, n: replies[int(msgs[-1]["content"].split()[-1])])) as server:
+        (tmp_path / "again").mkdir()
+        report, _ = _run(tmp_path / "again", server, keep_cut_off=True, alert_truncated=0.5)
+    assert "alert" not in report.extra["losses"]["truncated"]  # the job's own threshold
+
+
+def test_duplicate_prompts_are_warned_and_raise_the_duplicated_alert(tmp_path: Path) -> None:
+    """Kept by default, as convert keeps them (sampled answers to one prompt may differ); counted."""
+    src = _rows_file(tmp_path, [{"prompt": "same"}, {"prompt": "same"}, {"prompt": "other"}])
+    with standin(StandIn(lambda msgs, n: completion("fine"))) as server:
+        report = _run_on(tmp_path, server, src)
+    assert (report.rows_in, report.rows_out, report.warnings["duplicate_conversation"]) == (3, 3, 1)
+    assert report.extra["losses"]["duplicated"]["alert"].startswith("1 of 3 rows duplicated (33.3%)")
+    (tmp_path / "again").mkdir()
+    with standin(StandIn(lambda msgs, n: completion("fine"))) as server:
+        report = _run_on(tmp_path / "again", server, src, alert_duplicated=0.5)
+    assert "alert" not in report.extra["losses"]["duplicated"]  # the job's own threshold
+
+
+def test_from_forces_one_input_shape(tmp_path: Path) -> None:
+    rows = [{"prompt": "a prompt row"}, {"messages": [{"role": "user", "content": "an openai row"}]}]
+    src = _rows_file(tmp_path, rows)
+    with standin(StandIn(lambda msgs, n: completion("fine"))) as server:
+        report = _run_on(tmp_path, server, src, from_format="openai", max_rejected=1)
+    assert (report.rows_out, dict(report.rejected)) == (1, {"format_mismatch": 1})
+    assert report.examples["format_mismatch"][0].line == 1
+    assert [r["messages"][0]["content"] for r in server.requests] == ["an openai row"]
