@@ -36,6 +36,9 @@ TABLES_VERSION = "1"  # of the saved tiktoken tables' layout (TiktokenEncoder.st
 # A 248k-vocabulary tokenizer with its tiktoken tables holds ~0.5 GB: two (the current job's and the
 # one before) let a worker alternate between two models without keeping more.
 MAX_TOKENIZERS = 2
+# tiktoken tables files kept under tables_folder(), the least recently used removed first (~4 MiB each
+# for a 248k vocabulary)
+MAX_TABLES_FILES = 16
 
 
 @dataclass(frozen=True)
@@ -119,15 +122,32 @@ def _fast_encoder(tok: Any, key: TokenizerKey) -> TiktokenEncoder:
     global table_builds
     try:
         with np.load(path, allow_pickle=False) as saved:
-            return TiktokenEncoder.restore({name: saved[name] for name in saved.files})
+            restored = TiktokenEncoder.restore({name: saved[name] for name in saved.files})
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the bound below removes the least recently used files first
+        return restored
     except Exception:  # absent, or not a file this version wrote: build it
         pass
     fast = TiktokenEncoder(tok)
     table_builds += 1
     # a read-only cache folder: no cache, the same encoder
-    with contextlib.suppress(OSError), atomic_output(path) as f:
-        np.savez(f, **fast.state())  # type: ignore[arg-type]  # numpy's stub types the first keyword
+    with contextlib.suppress(OSError):
+        with atomic_output(path) as f:
+            np.savez(f, **fast.state())  # type: ignore[arg-type]  # numpy's stub types the first keyword
+        prune_tables(path.parent, MAX_TABLES_FILES)
     return fast
+
+
+def prune_tables(folder: Path, keep: int) -> list[Path]:
+    """Remove all but the `keep` most recently used tables files of `folder` (a few MiB each: one per
+    tokenizer and library versions, so upgrades and many tokenizers would pile up); the removed."""
+    files = sorted(folder.glob("*.npz"), key=lambda f: f.stat().st_mtime, reverse=True)
+    removed = []
+    for f in files[keep:]:
+        with contextlib.suppress(OSError):
+            f.unlink()
+            removed.append(f)
+    return removed
 
 
 table_builds = 0  # tiktoken tables built (not restored) in this process: tests count them

@@ -535,6 +535,39 @@ def test_concurrent_first_loads_of_one_tokenizer_make_one_load(small_dir: Path) 
     assert len({id(got) for got, _ in results}) == 1  # every caller got the one loaded copy
 
 
+def test_the_tables_cache_keeps_the_most_recently_used_files(
+    tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One tables file per tokenizer and library versions: the folder is bounded, the least recently
+    used (restored or written) removed first, so upgrades and many tokenizers do not pile up."""
+    import os
+
+    from draftdeck.tokenize import loaded
+
+    monkeypatch.setenv("DRAFTDECK_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "tiktoken"
+    folder.mkdir(parents=True)
+    old = []
+    for i in range(loaded.MAX_TABLES_FILES + 4):
+        f = folder / f"old{i:02}.npz"
+        f.write_bytes(b"x")
+        os.utime(f, (1_000_000 + i, 1_000_000 + i))  # old00 the least recently used
+        old.append(f)
+    loaded.forget_all()
+    loaded.load(small_dir, None, "auto")  # builds and saves its tables, then prunes
+    kept = sorted(p.name for p in folder.glob("*.npz"))
+    assert len(kept) == loaded.MAX_TABLES_FILES
+    assert not {f.name for f in old[:5]} & set(kept)  # the five least recently used went
+    assert {f.name for f in old[5:]} <= set(kept)
+    (ours,) = set(kept) - {f.name for f in old}
+    os.utime(folder / ours, (1, 1))  # as if unused for long: restoring it marks it used again
+    loaded.forget_all()
+    loaded.load(small_dir, None, "auto")
+    assert (folder / ours).stat().st_mtime > 1_000_000 + 100
+    assert loaded.prune_tables(folder, 1) and [p.name for p in folder.glob("*.npz")] == [ours]
+    loaded.forget_all()
+
+
 def test_a_later_process_restores_the_checked_tiktoken_tables(
     tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
