@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, exists, update
@@ -83,15 +83,7 @@ def of_job(session: Session, job: Job, lost_after_seconds: float) -> JobLiveness
     if job.status == JobStatus.QUEUED:
         return JobLiveness(False, served, served, queue_words)
     own = job.heartbeat_at is not None and job.heartbeat_at >= cutoff
-    chunk_beats = _any_chunk(
-        session, job, col(JobChunk.status) == ChunkStatus.RUNNING, col(JobChunk.heartbeat_at) >= cutoff
-    )
-    # sent_at, not task_id: a chunk run again is marked sent in the same update that makes it pending,
-    # while its new task id is written just after the send (a sweeper reading in between saw a
-    # "never sent" chunk, failed the job and deleted the input the re-run was about to read)
-    waiting = _any_chunk(
-        session, job, col(JobChunk.status) == ChunkStatus.PENDING, col(JobChunk.sent_at).is_not(None)
-    )
+    chunk_beats, waiting = _chunk_facts(session, job, cutoff)
     beating = own or chunk_beats
     if job.heartbeat_at is None:
         beat = "no heartbeat"
@@ -131,6 +123,18 @@ def start_beat(name: str, queues: list[str], every: float) -> threading.Event:
     return stop
 
 
-def _any_chunk(session: Session, job: Job, *where: Any) -> bool:
-    """Whether a chunk of `job` matches every condition in `where` (one EXISTS query)."""
-    return bool(session.execute(select(exists().where(col(JobChunk.job_id) == job.id, *where))).scalar())
+def _chunk_facts(session: Session, job: Job, cutoff: datetime) -> tuple[bool, bool]:
+    """(a running chunk of `job` beats since `cutoff`, a pending chunk of it was sent), read in ONE
+    statement: one snapshot even under PostgreSQL's read committed. Two queries let a worker's claim
+    land between them (pending → running: the first saw no running chunk, the second no pending one)
+    and the sweeper failed a job whose chunk had just started. Waiting counts sent_at, not task_id: a
+    chunk run again is marked sent in the same update that makes it pending, while its new task id is
+    written just after the send."""
+
+    def chunk(*where: Any) -> Any:
+        return exists().where(col(JobChunk.job_id) == job.id, *where)
+
+    beats = chunk(col(JobChunk.status) == ChunkStatus.RUNNING, col(JobChunk.heartbeat_at) >= cutoff)
+    sent = chunk(col(JobChunk.status) == ChunkStatus.PENDING, col(JobChunk.sent_at).is_not(None))
+    got = session.execute(select(beats, sent)).one()  # type: ignore[call-overload]
+    return bool(got[0]), bool(got[1])

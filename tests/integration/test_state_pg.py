@@ -37,3 +37,63 @@ def test_counts_above_2_31_fit_after_the_migrations(pg_url: str) -> None:
             ]
     finally:
         engine.dispose()
+
+
+def test_a_claim_landing_mid_check_does_not_strand_the_job(pg_url: str) -> None:
+    """Under read committed, a worker's claim (pending → running) landed between the two chunk queries
+    of the liveness check: the first saw no running chunk, the second no pending one, and the sweeper
+    failed a job whose chunk had just started (seen under CI load). The claim is made to land right
+    after the check's first statement on the chunks; the job must not read as stranded."""
+    from datetime import timedelta
+
+    from sqlalchemy import event, update
+    from sqlmodel import Session
+
+    from app import liveness, records, state
+    from app.db import make_engine, upgrade
+    from app.models import ChunkStatus, JobChunk, JobStatus, utcnow
+
+    upgrade(pg_url)
+    engine = make_engine(pg_url)
+    try:
+        with Session(engine, expire_on_commit=False) as session:
+            job = records.create_job(session, "tokenize", {"inputs": ["a.jsonl"]}, "cpu")
+            assert job.id is not None
+            assert state.propose(session, job.id, JobStatus.RUNNING, "started").accepted
+            old = utcnow() - timedelta(hours=1)
+            job.heartbeat_at = old  # its last chunk's worker died: the job's own beat is stale
+            session.add(job)
+            session.add(JobChunk(job_id=job.id, chunk_index=0, status=ChunkStatus.PENDING, sent_at=utcnow()))
+            session.commit()
+            liveness.beat(session, "celery@live", ["cpu"])
+        claims: list[str] = []
+
+        def claim_after_first_chunk_query(
+            conn: object, cursor: object, statement: str, *rest: object
+        ) -> None:
+            if "job_chunks" in statement and not claims:
+                claims.append(statement)
+                with engine.connect() as other:  # the worker, committing its claim
+                    now = utcnow()
+                    other.execute(
+                        update(JobChunk)
+                        .where(JobChunk.job_id == job.id)  # type: ignore[arg-type]
+                        .values(
+                            status=ChunkStatus.RUNNING,
+                            worker="celery@live:1",
+                            started_at=now,
+                            heartbeat_at=now,
+                        )
+                    )
+                    other.commit()
+
+        event.listen(engine, "after_cursor_execute", claim_after_first_chunk_query)
+        try:
+            with Session(engine, expire_on_commit=False) as session:
+                live = liveness.of_job(session, records.get_job(session, job.id), 30.0)  # type: ignore[arg-type]
+        finally:
+            event.remove(engine, "after_cursor_execute", claim_after_first_chunk_query)
+        assert claims, "the claim landed during the check"
+        assert not live.stranded, live.reason
+    finally:
+        engine.dispose()
