@@ -72,7 +72,8 @@ def _urls(page: Any, pages: dict[str, str]) -> list[tuple[str, str]]:
             ("stats", f"/datasets/{first}/stats"), ("delete", f"/datasets/{first}/delete"),
             ("compare", f"/datasets/compare?a={first}&b={second}&row=0")]  # fmt: skip
     urls += [(f"job-{k}", f"/jobs/{pages[k]}") for k in ("scan", "convert", "tokenize", "failed")]
-    urls += [(f"new-{k}", f"/jobs/new?kind={k}") for k in ("scan", "convert", "tokenize", "train", "eval")]
+    kinds = ("scan", "convert", "regenerate", "tokenize", "train", "eval", "export-drafter")
+    urls += [(f"new-{k}", f"/jobs/new?kind={k}") for k in kinds]
     return urls
 
 
