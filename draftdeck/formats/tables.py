@@ -157,9 +157,44 @@ def _own_row(value: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+# What a plain folder given as input is read for (under gzip or zstd too); other files in it (notes,
+# licences, hidden files) are not data.
+DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".arrow")
+COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+
+
+def is_data_file(path: Path) -> bool:
+    name = path.name.lower()
+    for suffix in COMPRESSED_SUFFIXES:
+        name = name.removesuffix(suffix)
+    return not path.name.startswith(".") and name.endswith(DATA_SUFFIXES)
+
+
+def _is_saved_dataset(folder: Path) -> bool:
+    return (folder / "state.json").is_file() or (folder / "dataset_dict.json").is_file()
+
+
 def expand_inputs(path: Path) -> list[Path]:
-    """A data file as is; a ``save_to_disk`` folder as its Arrow files."""
-    return hf_dataset_files(path) if path.is_dir() else [path]
+    """A data file as is; a ``save_to_disk`` folder as its Arrow files; any other folder as the data
+    files and ``save_to_disk`` folders directly in it, by name (not recursive: other folders in it
+    are given on their own). A folder with no data in it is an InputError saying what was looked for."""
+    if not path.is_dir():
+        return [path]
+    if _is_saved_dataset(path):
+        return hf_dataset_files(path)
+    files: list[Path] = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir():
+            if _is_saved_dataset(child):
+                files.extend(hf_dataset_files(child))
+        elif is_data_file(child):
+            files.append(child)
+    if not files:
+        raise InputError(
+            f"{path}: no data files in this folder (looked for {', '.join(DATA_SUFFIXES)}, also under"
+            f" {', '.join(COMPRESSED_SUFFIXES)}, and save_to_disk folders; other folders in it are not read)"
+        )
+    return files
 
 
 def open_reader(

@@ -27,7 +27,8 @@ from draftdeck.quality import Policy, Report
 
 class ConvertParams(JobParams):
     inputs: list[str] = inputs_field(
-        "data files (JSONL, JSON, gzip/zstd, Parquet, Arrow) or datasets save_to_disk folders"
+        "data files (JSONL, JSON, gzip/zstd, Parquet, Arrow), datasets save_to_disk folders,"
+        " or folders of such files"
     )
     to: Literal["openai", "sharegpt", "parquet"] = Field(default="sharegpt", description="output format")
     out: str | None = Field(

@@ -19,7 +19,8 @@ REPORT_NAME = "scan-report.json"
 
 class ScanParams(JobParams):
     inputs: list[str] = inputs_field(
-        "data files to scan (JSONL, JSON, gzip/zstd, Parquet, Arrow) or datasets save_to_disk folders"
+        "data files to scan (JSONL, JSON, gzip/zstd, Parquet, Arrow), datasets save_to_disk"
+        " folders, or folders of such files"
     )
     from_format: FormatName | None = from_format_field()
     max_row_bytes: int = max_row_bytes_field()

@@ -147,3 +147,15 @@ def test_forcing_a_shape_on_real_files(tmp_path: Path) -> None:
     assert (
         "not alpaca (which needs instruction and output): it reads as sharegpt" in item["example"]["reason"]
     )
+
+
+def test_the_real_folder_as_one_input_reads_every_data_file(tmp_path: Path) -> None:
+    """The folder a user points at (it holds PROVENANCE.md too) is its data files, read in name order:
+    the same rows as the files given one by one."""
+    from tests.conftest import REAL_DATA
+
+    real_file("PROVENANCE.md")  # skips, saying why, where ../shared is absent
+    report = convert([REAL_DATA], tmp_path / "all.parquet", "parquet")
+    assert report.rows_in == sum(v[0] for v in EXPECTED.values())
+    assert report.rows_out == sum(v[1] for v in EXPECTED.values())
+    assert {Path(s.file).name for e in report.examples.values() for s in e} <= set(EXPECTED)

@@ -231,8 +231,35 @@ def test_datasets_save_to_disk_folder(tmp_path: Path) -> None:
     assert sorted(c.messages[0].content for c in convs) == ["q1", "q2"]
 
 
-def test_folder_that_is_not_a_dataset(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="not a datasets save_to_disk folder"):
+def test_a_plain_folder_is_read_as_its_data_files_by_name(tmp_path: Path) -> None:
+    """A folder of files (as the picker shows them) is its data files and save_to_disk folders, in
+    name order; notes, hidden files and other folders in it are not data (they were an error)."""
+    import gzip
+
+    import datasets
+
+    from draftdeck.formats.tables import expand_inputs
+
+    folder = tmp_path / "mix"
+    folder.mkdir()
+    (folder / "b.jsonl").write_bytes(orjson.dumps(ROWS[1]) + b"\n")
+    (folder / "a.json.gz").write_bytes(gzip.compress(b"[" + orjson.dumps(ROWS[0]) + b"]"))
+    saved = {"messages": [{"role": "user", "content": "q4"}, {"role": "assistant", "content": "answer four"}]}
+    datasets.Dataset.from_list([saved]).save_to_disk(str(folder / "c_saved"))
+    (folder / "README.md").write_text("# notes, not data\n")
+    (folder / ".hidden.jsonl").write_bytes(b"not json\n")
+    (folder / "nested").mkdir()
+    (folder / "nested" / "d.jsonl").write_bytes(b"not json either\n")
+    files = expand_inputs(folder)
+    assert [f.relative_to(folder).parts[0] for f in files] == ["a.json.gz", "b.jsonl", "c_saved"]
+    convs, report = _read(folder)
+    assert [c.messages[1].content for c in convs] == ["answer one", "answer two", "answer four"]
+    assert report.rows_in == 3 and not report.rejected
+
+
+def test_a_folder_with_no_data_says_what_it_looked_for(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(InputError, match=r"no data files in this folder \(looked for \.jsonl, \.ndjson"):
         _read(tmp_path)
 
 

@@ -124,7 +124,7 @@ class TestScan:
     def test_missing_file_and_directory(self, tmp_path: Path) -> None:
         with pytest.raises(InputError, match="no such file"):
             scan_file(tmp_path / "missing.jsonl")
-        with pytest.raises(InputError, match="is a directory"):
+        with pytest.raises(InputError, match="no data files in this folder"):
             scan_file(tmp_path)
 
     def test_real_single_object_file(self) -> None:
