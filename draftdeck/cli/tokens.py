@@ -1,4 +1,5 @@
-"""`draftdeck tokenize` (options derived from the kind's parameter model), `inspect`, `vocab`, `export`.
+"""`draftdeck tokenize` (options derived from the kind's parameter model), `inspect`, `vocab`, `export`,
+`cache`.
 
     draftdeck tokenize INPUT... --tokenizer DIR --out DIR [--chat-template FILE] [-k enable_thinking=false]
         [--seq-length N] [--truncation right|drop] [--on-missing error|drop] [--shard-rows N]
@@ -6,12 +7,14 @@
     draftdeck inspect DATASET --row N [--tokenizer DIR]
     draftdeck vocab DATASET --top K --out FILE(.npz|.json)
     draftdeck export DATASET --format speculators-jsonl --out FILE
+    draftdeck cache [--clear]
 
 Exit codes: 0 success, 1 the job ran but failed its policy, 2 usage errors.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -163,6 +166,34 @@ def export_command(
     console.print(f"wrote {resolve_user_path(out)}: {count(n, 'rows')}", highlight=False, soft_wrap=True)
 
 
+def cache_command(
+    clear: Annotated[bool, typer.Option("--clear", help="remove every saved tables file")] = False,
+) -> None:
+    """Show the tokenizer cache (checked tiktoken tables saved between processes), or clear it."""
+    from draftdeck.tokenize.loaded import MAX_TABLES_FILES, tables_folder
+
+    folder = tables_folder()
+    files = (
+        sorted(folder.glob("*.npz"), key=lambda f: f.stat().st_mtime, reverse=True) if folder.is_dir() else []
+    )
+    total = sum(f.stat().st_size for f in files)
+    if clear:
+        for f in files:
+            f.unlink(missing_ok=True)
+        console.print(f"removed {count(len(files), 'tables file')} ({binary_size(total)}) from {folder}",
+                      highlight=False)  # fmt: skip
+        return
+    console.print(f"{folder}: {count(len(files), 'tables file')}, {binary_size(total)}", highlight=False)
+    for f in files:
+        used = datetime.fromtimestamp(f.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
+        console.print(f"  {f.name}  {binary_size(f.stat().st_size):>10}  last used {used}", highlight=False)
+    console.print(
+        f"The {MAX_TABLES_FILES} most recently used are kept; a removed one is rebuilt when needed"
+        " (DRAFTDECK_CACHE moves the folder).",
+        highlight=False,
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the tokenization commands to `app`."""
     app.command("tokenize")(
@@ -174,3 +205,4 @@ def register(app: typer.Typer) -> None:
     app.command("inspect")(inspect_command)
     app.command("vocab")(vocab_command)
     app.command("export")(export_command)
+    app.command("cache")(cache_command)

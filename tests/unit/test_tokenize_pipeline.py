@@ -568,6 +568,33 @@ def test_the_tables_cache_keeps_the_most_recently_used_files(
     loaded.forget_all()
 
 
+def test_draftdeck_cache_shows_the_tables_and_clears_them(
+    tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from draftdeck.cli import app
+    from draftdeck.tokenize import loaded
+
+    monkeypatch.setenv("DRAFTDECK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("COLUMNS", "200")
+    loaded.forget_all()
+    loaded.load(small_dir, None, "auto")
+    (saved,) = (tmp_path / "cache" / "tiktoken").glob("*.npz")
+    shown = CliRunner().invoke(app, ["cache"])
+    assert shown.exit_code == 0, shown.output
+    assert f"{tmp_path / 'cache' / 'tiktoken'}: 1 tables file" in shown.output
+    assert saved.name in shown.output and "last used" in shown.output
+    cleared = CliRunner().invoke(app, ["cache", "--clear"])
+    assert cleared.exit_code == 0 and "removed 1 tables file" in cleared.output, cleared.output
+    assert not saved.exists()
+    builds = loaded.table_builds
+    loaded.forget_all()
+    loaded.load(small_dir, None, "auto")
+    assert loaded.table_builds == builds + 1 and saved.exists()  # rebuilt when needed
+    loaded.forget_all()
+
+
 def test_a_later_process_restores_the_checked_tiktoken_tables(
     tmp_path: Path, small_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
