@@ -1,45 +1,63 @@
-"""Migration 0004 on PostgreSQL: counts above 2^31 fit (a 2.2 GB input's bytes), history is written."""
+"""Job state on PostgreSQL: counts above 2^31 fit after migration 0004 (a 2.2 GB input's bytes),
+history is written, and the liveness check reads one snapshot under read committed."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.services
 
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[Any]:
+    """A migrated PostgreSQL database of the test's own."""
+    from app.db import make_engine, upgrade
+
+    upgrade(pg_url)
+    made = make_engine(pg_url)
+    yield made
+    made.dispose()
+
+
+def _running_job(session: Any, kind: str, inputs: list[str]) -> Any:
+    from app import records, state
+    from app.models import JobStatus
+
+    job = records.create_job(session, kind, {"inputs": inputs}, "cpu")
+    assert job.id is not None
+    assert state.propose(session, job.id, JobStatus.RUNNING, "started").accepted
+    return job
+
+
 BIG = 2_202_034_233  # the progress_total that overflowed INTEGER on a 2.2 GB input
 
 
-def test_counts_above_2_31_fit_after_the_migrations(pg_url: str) -> None:
+def test_counts_above_2_31_fit_after_the_migrations(engine: Any) -> None:
     from sqlmodel import Session, select
 
     from app import records, state
-    from app.db import make_engine, upgrade
-    from app.models import Job, JobChunk, JobOutput, JobStatus
+    from app.models import Job, JobChunk, JobOutput
 
-    upgrade(pg_url)
-    engine = make_engine(pg_url)
-    try:
-        with Session(engine, expire_on_commit=False) as session:
-            job = records.create_job(session, "scan", {"inputs": ["big.jsonl"]}, "cpu")
-            assert job.id is not None
-            assert state.propose(session, job.id, JobStatus.RUNNING, "started").accepted
-            assert records.record_progress(session, job.id, BIG - 1, BIG, "bytes") is False
-            session.add(JobChunk(job_id=job.id, chunk_index=0, conversations=BIG, rows_in=BIG, bytes=BIG))
-            session.add(JobOutput(job_id=job.id, path="/x", rows=BIG, bytes=4 * BIG, sha256="0" * 64))
-            session.commit()
-            row = session.exec(select(Job).where(Job.id == job.id)).one()
-            session.refresh(row)
-            assert (row.progress_done, row.progress_total) == (BIG - 1, BIG)
-            assert session.exec(select(JobOutput.bytes)).one() == 4 * BIG
-            assert session.exec(select(JobChunk.bytes)).one() == BIG
-            assert [(h.from_status, h.to_status) for h in state.history(session, job.id)] == [
-                ("queued", "running")
-            ]
-    finally:
-        engine.dispose()
+    with Session(engine, expire_on_commit=False) as session:
+        job = _running_job(session, "scan", ["big.jsonl"])
+        assert records.record_progress(session, job.id, BIG - 1, BIG, "bytes") is False
+        session.add(JobChunk(job_id=job.id, chunk_index=0, conversations=BIG, rows_in=BIG, bytes=BIG))
+        session.add(JobOutput(job_id=job.id, path="/x", rows=BIG, bytes=4 * BIG, sha256="0" * 64))
+        session.commit()
+        row = session.exec(select(Job).where(Job.id == job.id)).one()
+        session.refresh(row)
+        assert (row.progress_done, row.progress_total) == (BIG - 1, BIG)
+        assert session.exec(select(JobOutput.bytes)).one() == 4 * BIG
+        assert session.exec(select(JobChunk.bytes)).one() == BIG
+        assert [(h.from_status, h.to_status) for h in state.history(session, job.id)] == [
+            ("queued", "running")
+        ]
 
 
-def test_a_claim_landing_mid_check_does_not_strand_the_job(pg_url: str) -> None:
+def test_a_claim_landing_mid_check_does_not_strand_the_job(engine: Any) -> None:
     """Under read committed, a worker's claim (pending → running) landed between the two chunk queries
     of the liveness check: the first saw no running chunk, the second no pending one, and the sweeper
     failed a job whose chunk had just started (seen under CI load). The claim is made to land right
@@ -49,51 +67,37 @@ def test_a_claim_landing_mid_check_does_not_strand_the_job(pg_url: str) -> None:
     from sqlalchemy import event, update
     from sqlmodel import Session
 
-    from app import liveness, records, state
-    from app.db import make_engine, upgrade
-    from app.models import ChunkStatus, JobChunk, JobStatus, utcnow
+    from app import liveness, records
+    from app.models import ChunkStatus, JobChunk, utcnow
 
-    upgrade(pg_url)
-    engine = make_engine(pg_url)
+    with Session(engine, expire_on_commit=False) as session:
+        job = _running_job(session, "tokenize", ["a.jsonl"])
+        job.heartbeat_at = utcnow() - timedelta(hours=1)  # its chunk's worker died: the job's beat is stale
+        session.add(job)
+        session.add(JobChunk(job_id=job.id, chunk_index=0, status=ChunkStatus.PENDING, sent_at=utcnow()))
+        session.commit()
+        liveness.beat(session, "celery@live", ["cpu"])
+    claims: list[str] = []
+
+    def claim_after_first_chunk_query(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        if "job_chunks" in statement and not claims:
+            claims.append(statement)
+            with engine.connect() as other:  # the worker, committing its claim
+                now = utcnow()
+                other.execute(
+                    update(JobChunk)
+                    .where(JobChunk.job_id == job.id)  # type: ignore[arg-type]
+                    .values(
+                        status=ChunkStatus.RUNNING, worker="celery@live:1", started_at=now, heartbeat_at=now
+                    )
+                )
+                other.commit()
+
+    event.listen(engine, "after_cursor_execute", claim_after_first_chunk_query)
     try:
         with Session(engine, expire_on_commit=False) as session:
-            job = records.create_job(session, "tokenize", {"inputs": ["a.jsonl"]}, "cpu")
-            assert job.id is not None
-            assert state.propose(session, job.id, JobStatus.RUNNING, "started").accepted
-            old = utcnow() - timedelta(hours=1)
-            job.heartbeat_at = old  # its last chunk's worker died: the job's own beat is stale
-            session.add(job)
-            session.add(JobChunk(job_id=job.id, chunk_index=0, status=ChunkStatus.PENDING, sent_at=utcnow()))
-            session.commit()
-            liveness.beat(session, "celery@live", ["cpu"])
-        claims: list[str] = []
-
-        def claim_after_first_chunk_query(
-            conn: object, cursor: object, statement: str, *rest: object
-        ) -> None:
-            if "job_chunks" in statement and not claims:
-                claims.append(statement)
-                with engine.connect() as other:  # the worker, committing its claim
-                    now = utcnow()
-                    other.execute(
-                        update(JobChunk)
-                        .where(JobChunk.job_id == job.id)  # type: ignore[arg-type]
-                        .values(
-                            status=ChunkStatus.RUNNING,
-                            worker="celery@live:1",
-                            started_at=now,
-                            heartbeat_at=now,
-                        )
-                    )
-                    other.commit()
-
-        event.listen(engine, "after_cursor_execute", claim_after_first_chunk_query)
-        try:
-            with Session(engine, expire_on_commit=False) as session:
-                live = liveness.of_job(session, records.get_job(session, job.id), 30.0)  # type: ignore[arg-type]
-        finally:
-            event.remove(engine, "after_cursor_execute", claim_after_first_chunk_query)
-        assert claims, "the claim landed during the check"
-        assert not live.stranded, live.reason
+            live = liveness.of_job(session, records.get_job(session, job.id), 30.0)  # type: ignore[arg-type]
     finally:
-        engine.dispose()
+        event.remove(engine, "after_cursor_execute", claim_after_first_chunk_query)
+    assert claims, "the claim landed during the check"
+    assert not live.stranded, live.reason
