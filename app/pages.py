@@ -95,8 +95,8 @@ def new_job_link(kind: str, params: Mapping[str, Any]) -> str:
             continue
         if isinstance(value, list):
             query.extend((name, str(v)) for v in value)
-        elif isinstance(value, dict):
-            query.append((name, json.dumps(value)))
+        elif isinstance(value, dict):  # KEY=VALUE lines, as the form's pairs field takes them
+            query.extend((name, f"{k}={json.dumps(v)}") for k, v in value.items())
         elif isinstance(value, bool):
             query.append((name, "true" if value else "false"))
         else:

@@ -129,6 +129,30 @@ def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrat
     assert again["on_missing"] == "error"
 
 
+def test_start_again_keeps_template_arguments_in_the_forms_syntax(client: TestClient, migrated: Path) -> None:
+    """A failed job's template arguments come back as the form's KEY=VALUE lines (they came back as a
+    JSON object, which the form refused on submit), and the form starts the same job again."""
+    from app.runner import run_job
+    from draftdeck.chat.testing import small_bpe_tokenizer
+
+    data = migrated / "data"
+    prompts = data / "prompts.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    csrf = client.cookies.get("dd_csrf") or ""
+    pairs = "enable_thinking=false\nname=draft one"
+    job = _start(client, f"/jobs/new?kind=tokenize&inputs={prompts}", csrf=csrf, tokenizer=str(tok),
+                 template_kwargs=pairs)  # fmt: skip
+    assert run_job(job, in_process=True) == "failed"
+    link = _next_step(client.get(f"/jobs/{job}").text, "Change and start again")
+    again = _form_values(client.get(link).text)
+    assert again["template_kwargs"] == 'enable_thinking=false\nname="draft one"'
+    second = _start(client, link, csrf=csrf)
+    params = client.get(f"/api/jobs/{second}").json()["params"]
+    assert params["template_kwargs"] == {"enable_thinking": False, "name": "draft one"}
+
+
 def test_form_words_leave_unknown_flags_and_plain_text() -> None:
     from app.pages import form_words
 
