@@ -8,18 +8,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from draftdeck.formats.tables import COMPRESSION, CONTAINER_NAMES, DATA_SUFFIXES, container_of
+
 MAX_ENTRIES = 500  # a folder of a million shards lists its first 500 and says how many it left out
-COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-BY_SUFFIX = {
-    ".jsonl": "JSONL",
-    ".ndjson": "JSONL",
-    ".json": "JSON",
-    ".parquet": "Parquet",
-    ".arrow": "Arrow IPC",
-    ".feather": "Arrow IPC",
-    ".jinja": "chat template",
-    ".jinja2": "chat template",
-}
+BY_SUFFIX = {**DATA_SUFFIXES, ".jinja": "chat template", ".jinja2": "chat template"}
 
 
 @dataclass(frozen=True)
@@ -71,10 +63,9 @@ def _sniff(path: Path) -> str | None:
             head = f.read(64)
     except OSError:
         return None
-    if head.startswith(b"PAR1"):
-        return "Parquet"
-    if head.startswith(b"ARROW1"):
-        return "Arrow IPC"
+    container = container_of(head)
+    if container is not None:
+        return CONTAINER_NAMES[container]
     text = head.lstrip()
     if text.startswith(b"["):
         return "JSON"

@@ -52,13 +52,9 @@ def hf_dataset_files(folder: Path) -> list[Path]:
     )
 
 
-def sniff_table(path: Path) -> str | None:
-    """ "parquet", "arrow-file", "arrow-stream" or None (a JSON text file, maybe compressed)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return None
+def container_of(head: bytes) -> str | None:
+    """ "parquet", "arrow-file", "arrow-stream" or None (a JSON text file, maybe compressed), from a
+    file's first bytes."""
     if head.startswith(_PARQUET_MAGIC):
         return "parquet"
     if head.startswith(_ARROW_FILE_MAGIC):
@@ -66,6 +62,15 @@ def sniff_table(path: Path) -> str | None:
     if head.startswith(_ARROW_STREAM_MAGIC):
         return "arrow-stream"
     return None
+
+
+def sniff_table(path: Path) -> str | None:
+    """:func:`container_of` the file at `path` (None when it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            return container_of(f.read(8))
+    except OSError:
+        return None
 
 
 class TableRowReader:
@@ -157,17 +162,20 @@ def _own_row(value: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-# What a plain folder given as input is read for (under gzip or zstd too); other files in it (notes,
+# The data files convert reads, by suffix (with the names the file picker shows), and the compressions
+# it reads them under: what a plain folder given as input is read for. Other files in it (notes,
 # licences, hidden files) are not data.
-DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".parquet", ".arrow")
-COMPRESSED_SUFFIXES = (".gz", ".zst", ".zstd")
+DATA_SUFFIXES = {".jsonl": "JSONL", ".ndjson": "JSONL", ".json": "JSON", ".parquet": "Parquet",
+                 ".arrow": "Arrow IPC", ".feather": "Arrow IPC"}  # fmt: skip
+COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+CONTAINER_NAMES = {"parquet": "Parquet", "arrow-file": "Arrow IPC", "arrow-stream": "Arrow IPC"}
 
 
 def is_data_file(path: Path) -> bool:
     name = path.name.lower()
-    for suffix in COMPRESSED_SUFFIXES:
+    for suffix in COMPRESSION:
         name = name.removesuffix(suffix)
-    return not path.name.startswith(".") and name.endswith(DATA_SUFFIXES)
+    return not path.name.startswith(".") and name.endswith(tuple(DATA_SUFFIXES))
 
 
 def _is_saved_dataset(folder: Path) -> bool:
@@ -192,7 +200,7 @@ def expand_inputs(path: Path) -> list[Path]:
     if not files:
         raise InputError(
             f"{path}: no data files in this folder (looked for {', '.join(DATA_SUFFIXES)}, also under"
-            f" {', '.join(COMPRESSED_SUFFIXES)}, and save_to_disk folders; other folders in it are not read)"
+            f" {', '.join(COMPRESSION)}, and save_to_disk folders; other folders in it are not read)"
         )
     return files
 
