@@ -107,9 +107,9 @@ def test_scan_convert_tokenize_each_page_offers_the_next(client: TestClient, mig
     assert client.get(f"/datasets/{ds_id}").status_code == 200
 
 
-def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrated: Path) -> None:
-    """The core's message names a CLI flag; the page names the form field, and offers the form again
-    with the job's parameters."""
+def _prompt_only_job(client: TestClient, migrated: Path, **form: str) -> tuple[int, Path, Path, str]:
+    """A tokenize job started from the form on a prompt-only row, run here: it fails (on_missing is
+    error by default). Returns (job id, prompts file, tokenizer folder, csrf token)."""
     from app.runner import run_job
     from draftdeck.chat.testing import small_bpe_tokenizer
 
@@ -119,8 +119,15 @@ def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrat
     tok = data / "tok"
     shutil.copytree(small_bpe_tokenizer(), tok)
     csrf = client.cookies.get("dd_csrf") or ""
-    job = _start(client, f"/jobs/new?kind=tokenize&inputs={prompts}", csrf=csrf, tokenizer=str(tok))
+    job = _start(client, f"/jobs/new?kind=tokenize&inputs={prompts}", csrf=csrf, tokenizer=str(tok), **form)
     assert run_job(job, in_process=True) == "failed"
+    return job, prompts, tok, csrf
+
+
+def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrated: Path) -> None:
+    """The core's message names a CLI flag; the page names the form field, and offers the form again
+    with the job's parameters."""
+    job, prompts, tok, _ = _prompt_only_job(client, migrated)
     page = client.get(f"/jobs/{job}").text
     error = html.unescape(re.search(r'id="job-error">(.*?)</div>', page, re.S)[1])  # type: ignore[index]
     assert "--on-missing" not in error and "set “on_missing” to drop in the form" in error
@@ -132,19 +139,9 @@ def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrat
 def test_start_again_keeps_template_arguments_in_the_forms_syntax(client: TestClient, migrated: Path) -> None:
     """A failed job's template arguments come back as the form's KEY=VALUE lines (they came back as a
     JSON object, which the form refused on submit), and the form starts the same job again."""
-    from app.runner import run_job
-    from draftdeck.chat.testing import small_bpe_tokenizer
-
-    data = migrated / "data"
-    prompts = data / "prompts.jsonl"
-    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    tok = data / "tok"
-    shutil.copytree(small_bpe_tokenizer(), tok)
-    csrf = client.cookies.get("dd_csrf") or ""
-    pairs = "enable_thinking=false\nname=draft one"
-    job = _start(client, f"/jobs/new?kind=tokenize&inputs={prompts}", csrf=csrf, tokenizer=str(tok),
-                 template_kwargs=pairs)  # fmt: skip
-    assert run_job(job, in_process=True) == "failed"
+    job, _, _, csrf = _prompt_only_job(
+        client, migrated, template_kwargs="enable_thinking=false\nname=draft one"
+    )
     link = _next_step(client.get(f"/jobs/{job}").text, "Change and start again")
     again = _form_values(client.get(link).text)
     assert again["template_kwargs"] == 'enable_thinking=false\nname="draft one"'
