@@ -371,7 +371,7 @@ def finish_chunks(
                 os.replace(out_dir / s.filename, out_dir / name)
                 final.append(ShardInfo(name, s.rows, s.bytes, s.sha256))
             return final
-        return recut(out_dir, [s.filename for s in shards], opts.shard_rows)
+        return recut(out_dir, shards, opts.shard_rows)
 
     def discard() -> None:
         for s in shards:
@@ -382,17 +382,14 @@ def finish_chunks(
                              inputs=inputs, close=close, discard=discard)  # fmt: skip
 
 
-def recut(out_dir: Path, names: list[str], shard_rows: int) -> list[ShardInfo]:
-    """Rewrite the chunk shards `names` (in order) as shards of `shard_rows` OUTPUT rows each (the last
+def recut(out_dir: Path, shards: list[ShardInfo], shard_rows: int) -> list[ShardInfo]:
+    """Rewrite the chunk shards `shards` (in order) as shards of `shard_rows` OUTPUT rows each (the last
     one shorter), as the in-process run cuts them: a chunk holds `chunk_rows` conversations, which
     become more rows where a template splits turns, or fewer where rows are rejected. One sequential
     pass over memory-mapped shards, whatever their columns; the chunk shards are removed only once
     every new shard is written, so a final step that dies can run again."""
-    total = 0
-    for name in names:
-        with pa.memory_map(str(out_dir / name)) as src:
-            total += pa.ipc.open_stream(src).read_all().num_rows
-    n = max(1, -(-total // shard_rows))
+    names = [s.filename for s in shards]
+    n = max(1, -(-sum(s.rows for s in shards) // shard_rows))
     final: list[ShardInfo] = []
     pending: list[pa.Table] = []
     held = 0
