@@ -132,7 +132,7 @@ def convert(params: ConvertParams, *, report: Path | None, workers: int | None) 
     n = len(params.inputs)
     result = run_in_process(
         f"convert -> {params.to} {out_path}",
-        f"convert {n} input{'s' if n != 1 else ''}",
+        f"convert {count(n, 'input')}",
         lambda progress: convert_files(
             params, out_path, progress=progress, workers=workers or default_workers()
         ),

@@ -48,7 +48,7 @@ def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> No
     n = len(params.inputs)
     result = run_in_process(
         f"tokenize -> {out_dir}",
-        f"tokenize {n} input{'s' if n != 1 else ''}",
+        f"tokenize {count(n, 'input')}",
         lambda progress: tokenize_files(params, out_dir, workers=workers),
         report,
     )
