@@ -99,15 +99,15 @@ def greedy_rows(
 CYCLE_START, CYCLE_LEN = 100, 24
 
 
-def cycle_batch(n: int, length: int, g: torch.Generator) -> torch.Tensor:
-    """Rows of a counting language: token[i + 1] = next in a cycle of CYCLE_LEN ids."""
+def cycle_batch(n: int, length: int, g: torch.Generator, stride: int = 1) -> torch.Tensor:
+    """Rows of a counting language: token[i + 1] = token[i] + `stride` in a cycle of CYCLE_LEN ids."""
     start = torch.randint(0, CYCLE_LEN, (n, 1), generator=g)
-    return CYCLE_START + (start + torch.arange(length)) % CYCLE_LEN
+    return CYCLE_START + (start + stride * torch.arange(length)) % CYCLE_LEN
 
 
-def learnable_target(folder: Path, steps: int = 60, seed: int = 0) -> Path:
-    """A tiny Qwen3 target trained briefly on the counting language, so that its greedy text has
-    structure a drafter can learn; saved with the small test BPE."""
+def learnable_target(folder: Path, steps: int = 60, seed: int = 0, stride: int = 1) -> Path:
+    """A tiny Qwen3 target trained briefly on the counting language (counting by `stride`), so that
+    its greedy text has structure a drafter can learn; saved with the small test BPE."""
     saved_target(folder, seed, hidden=64, layers=2)
     from transformers import AutoModelForCausalLM
 
@@ -116,7 +116,7 @@ def learnable_target(folder: Path, steps: int = 60, seed: int = 0) -> Path:
     g = torch.Generator().manual_seed(seed)
     model.train()
     for _ in range(steps):
-        ids = cycle_batch(16, 32, g)
+        ids = cycle_batch(16, 32, g, stride)
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         opt.step()

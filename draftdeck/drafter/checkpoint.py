@@ -7,8 +7,13 @@ Layout under ``<out>/checkpoints/``::
                     drafter.json        DrafterConfig.to_dict()
                     training.pt         optimizer, scheduler, RNG states
                     state.json          step, data position, tokens seen, held-out counts
-    index.json      {"checkpoints": [{"step", "path", "heldout_walked_accepted",
-                    "heldout_walked_steps"}], "best": step or null}
+    index.json      {"checkpoints": [{"step", "path", "heldout_walked_accepted", "heldout_walked_steps",
+                    "heldout_target_walked_accepted", "heldout_target_walked_steps",
+                    "heldout_agreement_tokens", "heldout_agreement_matches",
+                    "heldout_agreement_prob_sum"}], "best": step or null}
+
+The best checkpoint is the one with the highest held-out walked tau (data-judged: on the target's own
+greedy answers the two walks are one walk).
 
 A checkpoint is written into a temporary folder (every file fsynced), then renamed into place and
 the parent fsynced; only then is index.json replaced (atomically). A write that fails midway (a
@@ -17,6 +22,7 @@ full disk) removes the temporary folder and leaves the previous checkpoint and i
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -53,6 +59,22 @@ def _write(path: Path, write: Any) -> None:
         write(f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def bytes_writer(data: bytes) -> Any:
+    """A checkpoint file's writer (`CheckpointStore.save`) for bytes in hand."""
+    return lambda f: f.write(data)
+
+
+def torch_writer(obj: Any) -> Any:
+    """A checkpoint file's writer for `torch.save` of `obj`."""
+
+    def write(f: Any) -> None:
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        f.write(buf.getvalue())
+
+    return write
 
 
 def rng_state() -> dict[str, Any]:
@@ -101,6 +123,20 @@ class Index:
         return {"checkpoints": self.checkpoints, "best": self.best}
 
 
+def checkpoint_entry(path: Path) -> dict[str, Any] | None:
+    """The index entry (step, held-out figures) of the checkpoint `path` names: a checkpoint folder
+    of a run, or a run folder (its best checkpoint); None for anything else (an export)."""
+    path = Path(path)
+    run = path.parent if path.name == "checkpoints" else path
+    if (run / "checkpoints" / "index.json").is_file():
+        idx = CheckpointStore(run).index()
+        return next((c for c in idx.checkpoints if c["step"] == idx.best), None)
+    if path.parent.name != "checkpoints" or not (path.parent / "index.json").is_file():
+        return None
+    idx = CheckpointStore(path.parent.parent).index()
+    return next((c for c in idx.checkpoints if c["path"] == path.name), None)
+
+
 class CheckpointStore:
     def __init__(self, out: Path, keep: int = 3):
         self.dir = Path(out) / "checkpoints"
@@ -127,10 +163,10 @@ class CheckpointStore:
         self,
         step: int,
         files: dict[str, Any],
-        heldout: tuple[int, int] | None,
+        heldout: dict[str, float] | None,
     ) -> Path:
         """Write one checkpoint. `files` maps a file name to a callable writing its bytes to a
-        binary file object. `heldout` = (walked accepted, walked steps) or None."""
+        binary file object. `heldout`: the held-out figures (`Counts.index_figures`) or None."""
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / step_name(step)
         tmp = self.dir / f".tmp-{step_name(step)}-{os.getpid()}"
@@ -146,12 +182,10 @@ class CheckpointStore:
             os.replace(tmp, final)
             _fsync_dir(self.dir)
             idx = self.index()
-            entry = {
-                "step": step,
-                "path": final.name,
-                "heldout_walked_accepted": heldout[0] if heldout else None,
-                "heldout_walked_steps": heldout[1] if heldout else None,
-            }
+            entry: dict[str, Any] = {"step": step, "path": final.name}
+            entry.update(
+                heldout if heldout else {"heldout_walked_accepted": None, "heldout_walked_steps": None}
+            )
             idx.add(entry)
             self._prune(idx)
             with atomic_output(self.index_path, "w") as f:

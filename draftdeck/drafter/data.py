@@ -26,6 +26,7 @@ import torch
 
 from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
+from draftdeck.provenance import Answered, ModelIdentity
 from draftdeck.shards.manifest import Manifest
 from draftdeck.shards.store import MANIFEST, ShardDataset
 
@@ -216,6 +217,31 @@ class TrainData:
         return np.asarray(row["input_ids"][:n], dtype=np.int64), np.asarray(
             row["loss_mask"][:n], dtype=np.int64
         )
+
+    def source(self, ref: RowRef) -> str:
+        """The row's source (the original file, or a mix's source name): what per-source counts use."""
+        return str(self.datasets[ref.dataset].row(ref.row)["source"])
+
+    def sample(self, n: int) -> list[RowRef]:
+        """Up to `n` training rows spread evenly over the split (the pre-flight's rows)."""
+        if n <= 0 or not self.train:
+            return []
+        step = len(self.train) / min(n, len(self.train))
+        return [self.train[int(i * step)] for i in range(min(n, len(self.train)))]
+
+    def provenance(self) -> Answered:
+        """Rows by who answered them, over every dataset (from the manifests; a manifest written
+        before provenance was kept counts its rows as having no record)."""
+        by: dict[ModelIdentity, int] = {}
+        none = 0
+        for mf in self.manifests():
+            if mf.provenance is None:
+                none += mf.rows
+                continue
+            none += mf.provenance.no_record
+            for ident, n in mf.provenance.by:
+                by[ident] = by.get(ident, 0) + n
+        return Answered(tuple(by.items()), none)
 
     def describe(self) -> dict[str, Any]:
         return {

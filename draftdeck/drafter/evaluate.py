@@ -19,9 +19,11 @@ from typing import Any
 import torch
 
 from draftdeck.drafter.baselines import PromptLookup, untrained_drafter
+from draftdeck.drafter.checkpoint import checkpoint_entry
 from draftdeck.drafter.eval_params import EvalParams
 from draftdeck.drafter.export import load_drafter
 from draftdeck.drafter.model import DFlashDrafter
+from draftdeck.drafter.preflight import OFF_TARGET
 from draftdeck.drafter.spec_decode import (
     DecodeStats,
     DFlashSource,
@@ -143,21 +145,6 @@ def _check_pair(target: Target, drafter: DFlashDrafter, params: EvalParams) -> N
         raise UsageError(f"{params.checkpoint} was not trained for {params.target}: " + "; ".join(problems))
 
 
-def _eos_ids(target: Target) -> list[int]:
-    ids = set()
-    for value in (
-        getattr(target.tokenizer, "eos_token_id", None),
-        target.model.generation_config.eos_token_id,
-    ):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, list):
-            ids.update(int(v) for v in value)
-    if not ids:
-        raise UsageError(f"{target.folder}: the target's tokenizer and generation config name no eos token")
-    return sorted(ids)
-
-
 def _finite(value: Any) -> Any:
     """JSON has no NaN: a ratio with no denominator is written as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -210,20 +197,75 @@ def _walked(
     return counts.walked_accepted, counts.walked_steps, counts.walked_hist
 
 
-def tau_mismatch(real_tau: float, walked_tau: float, tolerance: float) -> tuple[float, str | None]:
-    """(relative gap, the alert message when the gap is above `tolerance`, else None). On the
-    target's own greedy outputs the two are equal; apart, the data is not the target's output or
-    something is broken."""
+def decoder_mismatch(real_tau: float, walked_tau: float, tolerance: float) -> tuple[float, str | None]:
+    """(relative gap, the alert message when the gap is above `tolerance`, else None): the decoder
+    consistency check. Real greedy decoding and the walk over the outputs it produced are the same
+    computation done twice, so they agree whatever the drafter was trained on; apart, decoding or
+    the walked estimate is broken (it says nothing of the data: see `versus_training`)."""
     if not (math.isfinite(real_tau) and math.isfinite(walked_tau)) or real_tau <= 0:
         return float("nan"), None
     gap = abs(real_tau - walked_tau) / real_tau
     if gap <= tolerance:
         return gap, None
     return gap, (
-        f"real greedy tau {real_tau:.3f} incl. bonus vs walked tau {walked_tau:.3f} incl. bonus on the "
-        f"target's own outputs: {gap:.1%} apart, above {tolerance:.0%}. The training data is not the "
-        "target's own output, or decoding or the walked estimate is broken"
+        f"real greedy tau {real_tau:.3f} incl. bonus vs walked tau {walked_tau:.3f} incl. bonus over the "
+        f"same outputs: {gap:.1%} apart, above {tolerance:.0%}. Decoding and the walked estimate should "
+        "agree exactly here: one of them is broken"
     )
+
+
+def versus_training(
+    real_tau: float, entry: dict[str, Any] | None, tolerance: float
+) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
+    """The eval-versus-training alarm: real tau against the run's held-out taus for the same
+    checkpoint (its index entry): judged by the data and judged by the target (the walk over its own
+    answers). Returns (the figures for eval.json, (alert kind, message) or None).
+
+    - target-judged more than `tolerance` from real: `training_estimate_off` (the estimate that should
+      hold is wrong: another block size, another target, a bug);
+    - data-judged above real by more than `tolerance`: `data_not_target_output` (the drafter learnt
+      the data's writer, not the target; the live tau judged by the data overstated real decoding).
+      Data-judged *below* real is what the target's own sampled answers give: no alert."""
+    if entry is None or not math.isfinite(real_tau) or real_tau <= 0:
+        return None, None
+
+    def tau(acc: str, steps: str) -> float | None:
+        s = entry.get(steps)
+        return 1 + float(entry[acc]) / s if s else None
+
+    data = tau("heldout_walked_accepted", "heldout_walked_steps")
+    judged = tau("heldout_target_walked_accepted", "heldout_target_walked_steps")
+    figures = {
+        "checkpoint_step": entry.get("step"),
+        "real_tau_incl_bonus": real_tau,
+        "data_judged_tau_incl_bonus": data,
+        "target_judged_tau_incl_bonus": judged,
+        "data_judged_gap": None if data is None else (data - real_tau) / real_tau,
+        "target_judged_gap": None if judged is None else (judged - real_tau) / real_tau,
+        "tolerance": tolerance,
+    }
+    named = (
+        f"real tau {real_tau:.3f}, the run's held-out tau at step {entry.get('step')} judged by the data "
+        f"{_fmt(data)} and judged by the target (its own answers) {_fmt(judged)}, all incl. bonus"
+    )
+    if judged is not None and abs(judged - real_tau) / real_tau > tolerance:
+        why = (
+            f"{named}: the target-judged estimate is {(judged - real_tau) / real_tau:+.1%} off real "
+            f"decoding (tolerance {tolerance:.0%}): another block size or target than the run's, or a bug"
+        )
+        return figures, ("training_estimate_off", why)
+    if data is not None and (data - real_tau) / real_tau > tolerance:
+        why = (
+            f"{named}: the data-judged tau is {(data - real_tau) / real_tau:+.1%} above real decoding "
+            f"(tolerance {tolerance:.0%}): the drafter learnt the data's writer, not the target. "
+            "Regenerate the training answers with this target"
+        )
+        return figures, (OFF_TARGET, why)
+    return figures, None
+
+
+def _fmt(tau: float | None) -> str:
+    return "-" if tau is None else f"{tau:.3f}"
 
 
 def run_eval(params: EvalParams, ctx: RunContext) -> Report:
@@ -252,7 +294,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         raise UsageError(f"{params.inputs[0]}: no prompt to evaluate ({report.rows_rejected} rejected)")
     ctx.event("info", f"evaluating {len(prompts)} prompts, block size {block}, mode {params.mode}")
 
-    runner = TargetRunner(target, _eos_ids(target))
+    runner = TargetRunner(target, target.eos_ids())
     sampling = (
         Sampling(params.temperature, params.top_p, params.seed)
         if params.mode == "sampled"
@@ -297,9 +339,14 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     w_acc, w_steps, w_hist = _walked(drafter, target, prompts, outputs, block)
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
     real_tau = stats["drafter"].tau_pooled
-    gap, message = tau_mismatch(real_tau, walked_tau, params.tau_tolerance)
+    gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
     if sampling.greedy and message is not None:
-        ctx.alert("tau_mismatch", message)
+        ctx.alert("decoder_mismatch", message)
+    training, alarm = versus_training(
+        real_tau, checkpoint_entry(Path(params.checkpoint)), params.tau_tolerance
+    )
+    if sampling.greedy and alarm is not None:
+        ctx.alert(*alarm)
     methods: dict[str, Any] = {}
     result: dict[str, Any] = {
         "tau_label": "tau incl. bonus = (accepted draft tokens + verify steps) / verify steps",
@@ -326,7 +373,10 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             if sampling.greedy
             else "sampled target outputs (not comparable to sampled acceptance)",
             "relative_gap_to_real": gap,
+            "checks": "the decoder: real decoding and this walk over its own outputs agree exactly",
         },
+        # the run's held-out taus for this checkpoint against real decoding (versus_training)
+        "training": training if sampling.greedy else None,
     }
     for name in METHODS:
         entry = stats[name].to_dict()

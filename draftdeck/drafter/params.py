@@ -9,6 +9,10 @@ from pydantic import Field, model_validator
 
 from draftdeck.jobs.params import JobParams, inputs_field
 
+# Defaults chosen from measurements (docs/train.md, "Drafter truth").
+OFF_TARGET_RATIO = 1.25
+TAU_TOLERANCE = 0.05
+
 if TYPE_CHECKING:
     from draftdeck.jobs.context import RunContext
     from draftdeck.quality import Report
@@ -64,6 +68,35 @@ class TrainParams(JobParams):
     heldout_fraction: float = Field(0.02, ge=0, lt=1, description="Fraction of conversations held out")
     heldout_max_rows: int = Field(256, ge=1, le=1_000_000, description="Held-out rows used per evaluation")
     eval_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per held-out batch")
+    truth_rows: int = Field(
+        64,
+        ge=0,
+        le=100_000,
+        description="Before step 1: training rows checked against the target (target agreement), and"
+        " held-out prompts the target answers for the target-judged tau (0: neither)",
+    )
+    truth_max_new_tokens: int = Field(
+        512, ge=1, le=32_768, description="Tokens per answer at most, for the target-judged tau"
+    )
+    off_target_ratio: float = Field(
+        OFF_TARGET_RATIO,
+        gt=0,
+        le=1000,
+        description="Alert data_not_target_output when the data differs from the target's greedy token"
+        " more than this many times as often as the target's own temperature-1 samples would",
+    )
+    tau_tolerance: float = Field(
+        TAU_TOLERANCE,
+        gt=0,
+        le=10,
+        description="Alert data_not_target_output when the held-out tau judged by the data is above the"
+        " tau on the target's own answers by more than this share",
+    )
+    off_target: Literal["alert", "fail"] = Field(
+        "alert",
+        description="What data_not_target_output does: alert (the run goes on) or fail (the run"
+        " stops before step 1)",
+    )
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)

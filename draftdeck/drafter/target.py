@@ -8,6 +8,7 @@ so target layer id i reads ``hidden_states[i + 1]``.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,16 @@ def read_target_config(folder: Path) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise TargetError(f"{path}: the config is not a JSON object")
     return cfg
+
+
+@dataclass
+class TargetPass:
+    """What one teacher-forced target forward gives: `context` (bsz, T, n_ids * H), `last_hidden`
+    (bsz, T, H) after the final norm, `last_logits` (bsz, 1, V)."""
+
+    context: torch.Tensor
+    last_hidden: torch.Tensor
+    last_logits: torch.Tensor
 
 
 class Target:
@@ -120,8 +131,45 @@ class Target:
         head = getattr(self.model, "lm_head", None)
         return head if head is not None else self.model.get_output_embeddings()
 
+    def eos_ids(self) -> list[int]:
+        """The ids that end an answer: the tokenizer's eos and the generation config's."""
+        ids = set()
+        for value in (
+            getattr(self.tokenizer, "eos_token_id", None),
+            self.model.generation_config.eos_token_id,
+        ):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(int(v) for v in value)
+        if not ids:
+            raise TargetError(
+                f"{self.folder}: the target's tokenizer and generation config name no eos token"
+            )
+        return sorted(ids)
+
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(input_ids, self.embedding.weight)
+
+    @torch.no_grad()
+    def teacher_forced(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        layer_ids: list[int] | tuple[int, ...],
+    ) -> TargetPass:
+        """One target forward over (bsz, T) ids for a held-out pass: the drafter's context features,
+        the final hidden states (the LM head's input, for `draftdeck.drafter.truth`) and the logits of
+        the last position (what the head is checked against)."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=1,
+        )
+        hs = out.hidden_states
+        return TargetPass(context_from_hidden_states(hs, layer_ids), hs[-1], out.logits)
 
     @torch.no_grad()
     def context_features(

@@ -13,7 +13,6 @@ write leaves the previous checkpoint intact and stops the run.
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
@@ -25,15 +24,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftdeck.drafter.checkpoint import CheckpointStore, rng_state, set_rng_state
+from draftdeck.drafter.checkpoint import CheckpointStore, bytes_writer, rng_state, set_rng_state, torch_writer
 from draftdeck.drafter.config import DrafterConfig
 from draftdeck.drafter.counts import Counts
 from draftdeck.drafter.data import DataPosition, TrainData, anchor_generator, collate
 from draftdeck.drafter.model import DFlashDrafter
 from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors_per_row
 from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.preflight import OFF_TARGET, compare, run_preflight
 from draftdeck.drafter.target import Target
-from draftdeck.drafter.walked import heldout_counts
+from draftdeck.drafter.truth import TruthUnavailable
+from draftdeck.drafter.walked import heldout_pass
 from draftdeck.errors import Cancelled, DraftDeckError, UsageError
 from draftdeck.fileio import atomic_output
 from draftdeck.jobs.context import RunContext
@@ -95,19 +96,6 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _bytes_writer(data: bytes) -> Any:
-    return lambda f: f.write(data)
-
-
-def _torch_writer(obj: Any) -> Any:
-    def write(f: Any) -> None:
-        buf = io.BytesIO()
-        torch.save(obj, buf)
-        f.write(buf.getvalue())
-
-    return write
-
-
 class Trainer:
     def __init__(self, params: TrainParams, ctx: RunContext, rank: int = 0, world: int = 1):
         self.p, self.ctx, self.rank, self.world = params, ctx, rank, world
@@ -155,6 +143,11 @@ class Trainer:
         self.step, self.pos, self.tokens = 0, DataPosition(), 0
         pad = getattr(self.target.tokenizer, "pad_token_id", None)
         self.pad_id = int(pad) if pad is not None else 0
+        # the truth checks (draftdeck.drafter.preflight): set by the pre-flight
+        self.judge = True  # measure target agreement (False: the target's view cannot be computed)
+        self.answered_refs: list[Any] = []  # held-out rows whose prompts the target answered ...
+        self.answered: list[Any] = []  # ... and its answers, the rows of the target-judged walk
+        self.truth_alerted = False
         self.record = self._record()
 
     # --- bookkeeping ------------------------------------------------------------------------
@@ -231,6 +224,22 @@ class Trainer:
         ints, floats = c.to_tensors(self.device)
         return Counts.from_tensors(c.block_size, self._sum(ints).cpu(), self._sum(floats).cpu())
 
+    def _reduce_by_source(self, by: dict[str, Counts]) -> dict[str, Counts]:
+        """Per-source counts summed over ranks (each rank holds the sources of its rows only)."""
+        if self.world == 1:
+            return by
+        import torch.distributed as dist
+
+        mine = {k: [t.tolist() for t in c.to_tensors()] for k, c in by.items()}
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, mine)
+        out: dict[str, Counts] = {}
+        for part in every:
+            for k, (ints, floats) in part.items():
+                c = Counts.from_tensors(self.cfg.block_size, torch.tensor(ints), torch.tensor(floats))
+                out[k] = out[k] + c if k in out else c
+        return out
+
     def _cancelled(self) -> bool:
         try:
             self.ctx.check_cancelled()
@@ -274,14 +283,13 @@ class Trainer:
             "heldout": None if heldout is None else heldout.to_tensors()[0].tolist(),
         }
         files = {
-            "model.safetensors": _bytes_writer(save(state, metadata={"format": "pt"})),
-            "config.json": _bytes_writer(json.dumps(self.cfg.to_hf_dict(), indent=2).encode()),
-            "drafter.json": _bytes_writer(json.dumps(self.cfg.to_dict(), indent=2).encode()),
-            "training.pt": _torch_writer(training),
-            "state.json": _bytes_writer(json.dumps(meta, indent=2).encode()),
+            "model.safetensors": bytes_writer(save(state, metadata={"format": "pt"})),
+            "config.json": bytes_writer(json.dumps(self.cfg.to_hf_dict(), indent=2).encode()),
+            "drafter.json": bytes_writer(json.dumps(self.cfg.to_dict(), indent=2).encode()),
+            "training.pt": torch_writer(training),
+            "state.json": bytes_writer(json.dumps(meta, indent=2).encode()),
         }
-        walked = None if heldout is None else (heldout.walked_accepted, heldout.walked_steps)
-        self.store.save(self.step, files, walked)
+        self.store.save(self.step, files, None if heldout is None else heldout.index_figures())
         self._write_record()
 
     # --- the loop ---------------------------------------------------------------------------
@@ -344,15 +352,61 @@ class Trainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
         return self._reduce_counts(counts), grad_norm
 
-    def evaluate(self) -> Counts:
-        rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
-        batches = []
-        for i in range(0, len(rows), self.p.eval_batch_size):
-            examples = [self.data.example(r) for r in rows[i : i + self.p.eval_batch_size]]
-            batches.append(collate(examples, self.pad_id, self.device))
+    def _pass(self, examples: list[Any], sources: list[str], judge: bool) -> tuple[Counts, dict[str, Counts]]:
+        bs = self.p.eval_batch_size
+        batches = [
+            collate(examples[i : i + bs], self.pad_id, self.device) for i in range(0, len(examples), bs)
+        ]
+        groups = [sources[i : i + bs] for i in range(0, len(sources), bs)]
         with self.amp:
-            c = heldout_counts(self.drafter, self.target, batches, self.p.gamma)
-        return self._reduce_counts(c)
+            return heldout_pass(self.drafter, self.target, batches, self.p.gamma, sources=groups, judge=judge)
+
+    def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts]]:
+        """The held-out pass: every count of the split judged by the data (with target agreement), the
+        target-judged walk over the target's own answers, both per source; and, once a run, the truth
+        alert when the first is above the second on the same prompts (draftdeck.drafter.preflight)."""
+        rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
+        k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
+        srcs = [self.data.source(r) for r in rows]
+        try:
+            first, by_first = self._pass([self.data.example(r) for r in rows[:k]], srcs[:k], self.judge)
+            rest, by_rest = self._pass([self.data.example(r) for r in rows[k:]], srcs[k:], self.judge)
+        except TruthUnavailable as exc:  # a resumed run did not check the head before step 1
+            self.judge = False
+            if self.rank == 0:
+                self.ctx.event(
+                    "warning", f"target agreement is not measured: {exc}", code="truth_unavailable"
+                )
+            return self.evaluate(step)
+        own, by_own = self._pass(self.answered, srcs[:k], judge=False)
+        total = first + rest
+        total.add_target_walk(own)
+        by: dict[str, Counts] = {}
+        for name in {*by_first, *by_rest}:
+            parts = [c for c in (by_first.get(name), by_rest.get(name)) if c is not None]
+            by[name] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
+            if name in by_own:
+                by[name].add_target_walk(by_own[name])
+        first, own = self._reduce_counts(first), self._reduce_counts(own)
+        message = None if self.truth_alerted else compare(first, own, self.p, step)
+        if message is not None:
+            self.truth_alerted = True
+            if self.rank == 0:
+                self.ctx.alert(OFF_TARGET, message)
+        return self._reduce_counts(total), self._reduce_by_source(by)
+
+    def preflight(self, fresh: bool) -> None:
+        """Before step 1: provenance, target agreement and the target's own answers to held-out
+        prompts (draftdeck.drafter.preflight); a resumed run makes only the answers again."""
+        with self.amp:
+            verdict = run_preflight(
+                self.p, self.ctx, self.target, self.data, layer_ids=self.cfg.target_layer_ids,
+                pad_id=self.pad_id, rank=self.rank, world=self.world, reduce=self._reduce_counts,
+                block_size=self.cfg.block_size, fresh=fresh,
+            )  # fmt: skip
+        self.judge = verdict.judge
+        self.answered_refs, self.answered = verdict.answered_refs, verdict.answered
+        self.truth_alerted = verdict.alert is not None  # the pre-flight said it already
 
     def run(self) -> RunRecord:
         self._check_same_run()
@@ -361,6 +415,7 @@ class Trainer:
             self.ctx.event(
                 "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
             )
+        self.preflight(fresh=not resumed)
         self._write_record()
         window, busy = Counts(self.cfg.block_size), 0.0
         while self.step < self.total_steps:
@@ -411,9 +466,13 @@ class Trainer:
             at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
             heldout = None
             if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):
-                heldout = self.evaluate()
+                heldout, by_source = self.evaluate(step)
                 if self.rank == 0:
-                    self.ctx.metrics(step, heldout.heldout_metrics(), tokens=self.tokens)
+                    values = heldout.heldout_metrics()
+                    if len(by_source) > 1:  # one source: its figures are the split's
+                        for name, c in by_source.items():
+                            values.update(c.source_metrics(name))
+                    self.ctx.metrics(step, values, tokens=self.tokens)
             if at_ckpt:
                 self.save(heldout)
         self._write_record()

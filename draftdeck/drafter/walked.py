@@ -14,7 +14,7 @@ chasing over the per-anchor runs (numpy, vectorised over spans).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from draftdeck.drafter.counts import Counts
 from draftdeck.drafter.model import DFlashDrafter
 from draftdeck.drafter.objective import all_anchors, block_loss, build_blocks, drafter_hidden
 from draftdeck.drafter.target import Target
+from draftdeck.drafter.truth import Batch, agreement_of, target_view
 
 
 def spans(loss_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,23 +65,29 @@ def walk(runs: np.ndarray, loss_mask: np.ndarray, block_size: int) -> Counts:
 
 
 @torch.no_grad()
-def heldout_counts(
+def heldout_pass(
     drafter: DFlashDrafter,
     target: Target,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    batches: Iterable[Batch],
     gamma: float,
     *,
+    sources: Iterable[Sequence[str]] | None = None,
+    judge: bool = True,
     anchors_per_chunk: int = 256,
-) -> Counts:
-    """Loss, per-slot counts, anchor-mean over EVERY eligible anchor, and the walked counts, over
-    `batches` of (input_ids, attention_mask, loss_mask) on the target's device."""
+) -> tuple[Counts, dict[str, Counts]]:
+    """Loss, per-slot counts, anchor-mean over EVERY eligible anchor and the walked counts over
+    `batches` (on the target's device) and, with `judge`, target agreement on them
+    (draftdeck.drafter.truth). With `sources` (each batch's row sources), the walk and agreement per
+    source too (no loss or per-slot counts there)."""
     was_training = drafter.training
     drafter.eval()
     total = Counts(drafter.block_size)
+    by_source: dict[str, Counts] = {}
+    row_sources = iter(sources) if sources is not None else None
     try:
         for input_ids, attention_mask, loss_mask in batches:
-            _, context = target.context_features(input_ids, attention_mask, drafter.target_layer_ids)
-            context = context.to(next(drafter.parameters()).dtype)
+            tf = target.teacher_forced(input_ids, attention_mask, drafter.target_layer_ids)
+            context = tf.context.to(next(drafter.parameters()).dtype)
             anchors, valid = all_anchors(loss_mask)
             runs = torch.full(input_ids.shape, -1, dtype=torch.long, device=input_ids.device)
             for i in range(0, anchors.shape[1], anchors_per_chunk):
@@ -93,9 +100,39 @@ def heldout_counts(
                 total = total + res.counts
                 rows = torch.arange(a.shape[0], device=a.device)[:, None].expand_as(a)
                 runs[rows[v], a[v]] = res.runs[v]
-            w = walk(runs.cpu().numpy(), loss_mask.cpu().numpy(), drafter.block_size)
+            view = (
+                target_view(target.lm_head, tf.last_hidden, tf.last_logits, input_ids, loss_mask)
+                if judge
+                else None
+            )
+            runs_np, mask_np = runs.cpu().numpy(), loss_mask.cpu().numpy()
+            w = walk(runs_np, mask_np, drafter.block_size)
+            if view is not None:
+                w.add_agreement(agreement_of(view, input_ids))
             w.tokens = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
             total = total + w
+            names = list(next(row_sources)) if row_sources is not None else []
+            for name in sorted(set(names)):
+                pick = np.asarray([n == name for n in names])
+                sub = walk(runs_np[pick], mask_np[pick], drafter.block_size)
+                if view is not None:
+                    sub.add_agreement(
+                        agreement_of(view, input_ids, torch.from_numpy(pick).to(input_ids.device))
+                    )
+                by_source[name] = by_source[name] + sub if name in by_source else sub
     finally:
         drafter.train(was_training)
-    return total
+    return total, by_source
+
+
+def heldout_counts(
+    drafter: DFlashDrafter,
+    target: Target,
+    batches: Iterable[Batch],
+    gamma: float,
+    *,
+    judge: bool = True,
+    anchors_per_chunk: int = 256,
+) -> Counts:
+    """`heldout_pass` over every row together."""
+    return heldout_pass(drafter, target, batches, gamma, judge=judge, anchors_per_chunk=anchors_per_chunk)[0]

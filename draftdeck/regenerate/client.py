@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from draftdeck.errors import JobFailed, UsageError
+from draftdeck.provenance import ModelIdentity
 from draftdeck.regenerate.answer import Answer, RowRejected, parse_completion
 from draftdeck.regenerate.params import RegenerateParams
 
@@ -54,6 +55,8 @@ class OpenAIBackend:
     def __init__(self, params: RegenerateParams):
         self.params = params
         self.endpoints = [Endpoint(api_base(u)) for u in params.endpoints]
+        # a server is known by the model name it serves (recorded in every row it answers)
+        self.identity = ModelIdentity(str(params.model), served=True)
         self._next = 0
         key = params.api_key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.errors import UsageError
+from draftdeck.provenance import ModelIdentity
 from draftdeck.regenerate.answer import THINK_CLOSE, THINK_OPEN, Answer, RowRejected, parse_completion
 from draftdeck.regenerate.params import RegenerateParams
 
@@ -28,6 +29,7 @@ class LocalBackend:
             raise UsageError(f"--local {folder}: not a model folder (no config.json)")
         self.params = params
         self.name = f"local:{folder}"
+        self.identity = ModelIdentity.of_folder(folder)  # recorded in every row it answers
         self.tok = AutoTokenizer.from_pretrained(str(folder))
         self.tok.padding_side = "left"
         self.model: Any = AutoModelForCausalLM.from_pretrained(str(folder))

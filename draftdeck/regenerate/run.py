@@ -69,6 +69,7 @@ class _Job:
         self.prompt_tokens = 0
         self.since_metrics = [0, 0]
         self.fatal: BaseException | None = None
+        self.identity: dict[str, Any] = {}  # the answering model (draftdeck.provenance), per row
 
     def _counted(self, backend: Any) -> Any:
         """`backend.chat`, counting the tokens of every answer (rejected ones cost server time too)."""
@@ -104,6 +105,7 @@ class _Job:
                 **self.sampling,
                 "endpoints": sorted(got.endpoints),
                 "turns": got.turns,
+                "answered_by": self.identity,
             }
             record: dict[str, Any] = {"k": key, "row": to_openai(out)}
             if got.warnings:
@@ -117,6 +119,7 @@ class _Job:
         self, journal: Journal, inputs: list[Path], options: ConvertOptions
     ) -> list[dict[str, Any]]:
         backend = _backend(self.params)
+        self.identity = backend.identity.to_dict()
         sem = asyncio.Semaphore(self.params.concurrency)
         tasks: set[asyncio.Task[None]] = set()
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from draftdeck.errors import InputError
 from draftdeck.fileio import atomic_output
+from draftdeck.provenance import Answered, ModelIdentity
 
 MANIFEST = "manifest.json"
 FORMAT = "draftdeck-shards"
@@ -56,6 +57,7 @@ class Manifest:
     mask_rule: str | None = None
     report: dict[str, Any] | None = None
     version: int = FORMAT_VERSION
+    provenance: Answered | None = None  # rows by who answered them; None: written before it was kept
 
     @property
     def rows(self) -> int:
@@ -79,6 +81,7 @@ class Manifest:
             "parameters": dict(self.parameters),
             "mask_rule": self.mask_rule,
             "report": self.report,
+            "provenance": self.provenance.to_dict() if self.provenance else None,
         }
 
     @classmethod
@@ -139,7 +142,29 @@ class Manifest:
         report = data.get("report")
         if report is not None and not isinstance(report, dict):
             raise bad("report", "null or an object")
-        return cls(shards, ref, inputs, parameters, mask_rule, report, version)
+        return cls(shards, ref, inputs, parameters, mask_rule, report, version, _provenance(data, where))
+
+
+def _provenance(data: dict[str, Any], where: str) -> Answered | None:
+    raw = data.get("provenance")
+    if raw is None:
+        return None
+    bad = InputError(
+        f"{where}: provenance must be null or {{answered_by: [{{name, fingerprint, rows}}], no_record}}"
+    )
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("answered_by"), list)
+        or not _is_int(raw.get("no_record"))
+    ):
+        raise bad
+    by = []
+    for entry in raw["answered_by"]:
+        ident = ModelIdentity.from_dict(entry)
+        if ident is None or not _is_int(entry.get("rows")):
+            raise bad
+        by.append((ident, entry["rows"]))
+    return Answered(tuple(by), raw["no_record"])
 
 
 def _is_int(value: Any) -> bool:

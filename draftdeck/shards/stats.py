@@ -1,7 +1,8 @@
 """Whole-dataset statistics, accumulated row by row while shards are written.
 
 ``stats.json`` holds: a histogram of row lengths (tokens), a histogram of the trained fraction of
-each row, rows / tokens / trained tokens per source file, and the most frequent trained tokens.
+each row, rows / tokens / trained tokens per source file, rows by the model that answered them
+(``provenance``, see draftdeck.provenance) and the most frequent trained tokens.
 The full frequency of every token id over trained tokens goes to ``trained_token_counts.npy``
 (int64, one entry per id of the tokenizer), which ``draftdeck vocab`` reads to build a draft
 vocabulary.
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from draftdeck.fileio import atomic_output
+from draftdeck.provenance import Answered
 
 LENGTH_EDGES = [0, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 1 << 62]
 FRACTION_BINS = 10
@@ -30,14 +32,16 @@ class Stats:
         self.fractions = np.zeros(FRACTION_BINS, dtype=np.int64)
         self.token_counts = np.zeros(vocab_size, dtype=np.int64)
         self.sources: dict[str, dict[str, int]] = {}
+        self.answered: dict[str, int] = {}  # rows per provenance key ("": no record)
         self.rows = 0
         self.tokens = 0
         self.trained = 0
         self._pending: list[np.ndarray] = []  # trained ids not yet counted (one bincount per batch)
         self._pending_n = 0
 
-    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, source: str) -> None:
+    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, source: str, answered_by: str = "") -> None:
         n = len(input_ids)
+        self.answered[answered_by] = self.answered.get(answered_by, 0) + 1
         k = int(loss_mask.sum())
         self.rows += 1
         self.tokens += n
@@ -79,6 +83,8 @@ class Stats:
             src["rows"] += 1
             src["tokens"] += length
             src["trained_tokens"] += k
+        for key in block.row_answered_by():
+            self.answered[key] = self.answered.get(key, 0) + 1
         ids = block.ids[block.masks.astype(bool)]
         if len(ids):
             self._pending.append(ids)
@@ -109,12 +115,15 @@ class Stats:
             src = self.sources.setdefault(source, {"rows": 0, "tokens": 0, "trained_tokens": 0})
             for key, n in counts.items():
                 src[key] += n
+        for key, n in other.answered.items():
+            self.answered[key] = self.answered.get(key, 0) + n
 
     def save_state(self, path: Path) -> None:
         """Every count, to merge later (:meth:`load_state`), in one .npz file written atomically."""
         self._count()
-        meta = json.dumps({"rows": self.rows, "tokens": self.tokens, "trained": self.trained,
-                           "sources": self.sources}, ensure_ascii=False)  # fmt: skip
+        counts = {"rows": self.rows, "tokens": self.tokens, "trained": self.trained, "sources": self.sources,
+                  "answered": self.answered}  # fmt: skip
+        meta = json.dumps(counts, ensure_ascii=False)
         with atomic_output(path) as f:
             np.savez(f, lengths=self.lengths, fractions=self.fractions, token_counts=self.token_counts,
                      meta=np.frombuffer(meta.encode("utf-8"), dtype=np.uint8))  # fmt: skip
@@ -129,7 +138,12 @@ class Stats:
             meta = json.loads(z["meta"].tobytes().decode("utf-8"))
         stats.rows, stats.tokens, stats.trained = meta["rows"], meta["tokens"], meta["trained"]
         stats.sources = meta["sources"]
+        stats.answered = meta.get("answered") or {"": stats.rows}  # a state saved before it: no record
         return stats
+
+    @property
+    def provenance(self) -> Answered:
+        return Answered.from_counts(self.answered)
 
     def to_dict(self, top: int = 50) -> dict[str, Any]:
         self._count()
@@ -153,6 +167,7 @@ class Stats:
                 for i, c in enumerate(self.fractions)
             ],
             "sources": dict(sorted(self.sources.items())),
+            "provenance": self.provenance.to_dict(),
             "distinct_trained_tokens": int(np.count_nonzero(self.token_counts)),
             "top_trained_tokens": [
                 {"id": int(i), "count": int(self.token_counts[i])} for i in order if self.token_counts[i]

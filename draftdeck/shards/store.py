@@ -115,6 +115,9 @@ class Block:
     turns: list[int]
     truncated: list[bool]
     issues: list[list[str]] | None = None  # per row; None: none on any row
+    # per row: who answered it (draftdeck.provenance key, "" for no record); None: no record on any
+    # row. Counted into the statistics and the manifest, not written as a column.
+    answered_by: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -142,7 +145,8 @@ class Block:
         off = self.offsets
         ids, masks = self.ids[off[a] : off[b]], self.masks[off[a] : off[b]]
         return Block(ids, masks, self.lengths[a:b], self.sources[a:b], self.source_rows[a:b], self.turns[a:b],
-                     self.truncated[a:b], None if self.issues is None else self.issues[a:b])  # fmt: skip
+                     self.truncated[a:b], None if self.issues is None else self.issues[a:b],
+                     None if self.answered_by is None else self.answered_by[a:b])  # fmt: skip
 
     @classmethod
     def concat(cls, blocks: list[Block]) -> Block:
@@ -157,10 +161,14 @@ class Block:
             [x for b in blocks for x in b.turns],
             [x for b in blocks for x in b.truncated],
             [x for b in blocks for x in b.row_issues()],
+            [x for b in blocks for x in b.row_answered_by()],
         )
 
     def row_issues(self) -> list[list[str]]:
         return self.issues if self.issues is not None else [[] for _ in range(len(self))]
+
+    def row_answered_by(self) -> list[str]:
+        return self.answered_by if self.answered_by is not None else [""] * len(self)
 
     def n_trained(self) -> np.ndarray:
         csum = np.concatenate([[0], np.cumsum(self.masks, dtype=np.int64)])

@@ -336,6 +336,7 @@ def conclude(
             parameters=opts.to_dict(),
             mask_rule=MASK_RULE,
             report=report.to_dict(),
+            provenance=stats.provenance,
         ),
     )
     return report

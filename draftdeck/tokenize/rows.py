@@ -17,6 +17,7 @@ import numpy as np
 from draftdeck.chat.render import ChatRenderer, TemplateError, conversation_dicts
 from draftdeck.chat.spans import RenderedRow, render_rows
 from draftdeck.formats.model import Conversation
+from draftdeck.provenance import answered_by
 from draftdeck.quality import Report
 from draftdeck.shards.store import Block, ShardRow
 from draftdeck.tokenize.encoders import Encoded, HFEncoder, TiktokenEncoder
@@ -85,15 +86,18 @@ class Item:
     origin_file: str | None = None
     origin_row: int = -1
     warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
+    answered_by: str = ""  # who wrote its assistant turns (a draftdeck.provenance key; "": no record)
 
 
 def to_item(conv: Conversation) -> Item:
     src = conv.source
     line = None if src is None else (src.line if src.line is not None else src.index)
     origin = conv.origin()
+    who = answered_by(conv.meta)
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
                 line if line is not None else -1, conv.has_assistant,
-                origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings))  # fmt: skip
+                origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings),
+                who.key() if who else "")  # fmt: skip
 
 
 def _encode(
@@ -221,6 +225,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     source_rows: list[int] = []
     turns: list[int] = []
     truncs: list[bool] = []
+    answered: list[str] = []
     issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
     for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
         owner = owners[k]
@@ -256,11 +261,12 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         source_rows.append(owner.origin_row if owner.origin_file else row_no)
         turns.append(r.turn)
         truncs.append(truncated)
+        answered.append(owner.answered_by)
     block = Block(
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
         np.asarray([len(i) for i, _ in keep], dtype=np.int64),
-        sources, source_rows, turns, truncs, issues,
+        sources, source_rows, turns, truncs, issues, answered,
     )  # fmt: skip
     return ChunkResult(report, block, len(fast_set), hf_n, verified)
 

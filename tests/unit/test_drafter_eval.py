@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import run_eval, tau_mismatch
+from draftdeck.drafter.evaluate import decoder_mismatch, run_eval, versus_training
 from draftdeck.drafter.export import save_zlab
 from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
 from draftdeck.errors import UsageError
@@ -110,13 +110,37 @@ def test_sampled_mode_is_not_checked_token_by_token_and_raises_no_alert(
     assert ctx.alerts == []  # walked (argmax) and sampled acceptance measure different things
 
 
-def test_tau_mismatch_names_both_figures_above_the_tolerance() -> None:
-    gap, message = tau_mismatch(2.0, 2.08, 0.05)
+def test_decoder_mismatch_names_both_figures_above_the_tolerance() -> None:
+    gap, message = decoder_mismatch(2.0, 2.08, 0.05)
     assert gap == pytest.approx(0.04) and message is None
-    gap, message = tau_mismatch(2.0, 4.1, 0.05)
+    gap, message = decoder_mismatch(2.0, 4.1, 0.05)
     assert gap == pytest.approx(1.05)
     assert message is not None and "2.000 incl. bonus" in message and "4.100 incl. bonus" in message
-    assert tau_mismatch(float("nan"), 2.0, 0.05)[1] is None
+    assert decoder_mismatch(float("nan"), 2.0, 0.05)[1] is None
+
+
+def _entry(data: tuple[int, int], judged: tuple[int, int] | None) -> dict[str, object]:
+    e: dict[str, object] = {"step": 40, "heldout_walked_accepted": data[0], "heldout_walked_steps": data[1]}
+    if judged:
+        e |= {"heldout_target_walked_accepted": judged[0], "heldout_target_walked_steps": judged[1]}
+    return e
+
+
+def test_versus_training_calls_a_data_judged_tau_above_real_decoding_off_target_data() -> None:
+    # real 2.0; data-judged 3.0 (+50 %), target-judged 2.04 (+2 %): the table's second row
+    figures, alarm = versus_training(2.0, _entry((200, 100), (104, 100)), 0.05)
+    assert figures is not None and figures["data_judged_gap"] == pytest.approx(0.5)
+    assert alarm is not None and alarm[0] == "data_not_target_output"
+    for figure in ("real tau 2.000", "judged by the data 3.000", "judged by the target (its own answers) 2.040"):
+        assert figure in alarm[1]
+    # data-judged below real (the target's own sampled answers): no alarm
+    assert versus_training(2.0, _entry((90, 100), (100, 100)), 0.05)[1] is None
+    # the target-judged estimate itself off: another kind, naming the same figures
+    alarm = versus_training(2.0, _entry((100, 100), (150, 100)), 0.05)[1]
+    assert alarm is not None and alarm[0] == "training_estimate_off" and "+25.0%" in alarm[1]
+    # an export (no index entry) or a run before this change (no target-judged counts)
+    assert versus_training(2.0, None, 0.05) == (None, None)
+    assert versus_training(2.0, _entry((100, 100), None), 0.05)[1] is None
 
 
 def test_bad_prompt_rows_are_rejected_with_reasons(

@@ -153,7 +153,7 @@ def test_a_checkpoint_write_failing_midway_leaves_the_previous_one_intact(
 
         return write
 
-    monkeypatch.setattr(trainer_mod, "_torch_writer", full_disk)
+    monkeypatch.setattr(trainer_mod, "torch_writer", full_disk)
     with pytest.raises(CheckpointWriteError, match=r"No space left on device.*previous checkpoint is intact"):
         train(_params(prepared, run, max_steps=4, checkpoint_every=2), LocalContext(tmp_path / "c2"))
     assert (run / "checkpoints/index.json").read_text() == before
