@@ -104,10 +104,13 @@ def _summary(workdir: Path, train_job: int) -> dict[str, Any]:
     index = json.loads((workdir / "run" / "checkpoints" / "index.json").read_text())
     best = next((c for c in index["checkpoints"] if c["step"] == index["best"]), None)
     heldout = 1 + best["heldout_walked_accepted"] / best["heldout_walked_steps"] if best else None
+    steps = best.get("heldout_target_walked_steps") if best else None
+    judged = 1 + best["heldout_target_walked_accepted"] / steps if best and steps else None
     methods = ev["methods"]
     return {
         "train_tau": _train_estimate(train_job),
-        "heldout_tau": heldout,
+        "heldout_tau": heldout,  # judged by the data
+        "heldout_tau_target": judged,  # judged by the target (the walk over its own answers)
         "eval_tau": methods["drafter"]["tau_incl_bonus_pooled"],
         "untrained_tau": methods["untrained"]["tau_incl_bonus_pooled"],
         "prompt_lookup_tau": methods["prompt_lookup"]["tau_incl_bonus_pooled"],

@@ -32,8 +32,12 @@ NO_BOUND = 2**62
 
 # name -> (numerator series, denominator series, offset): value = offset + sum(num) / sum(den).
 DERIVED: dict[str, tuple[str, str, float]] = {
-    "heldout/tau_walked": ("heldout/walked/accepted", "heldout/walked/steps", 1.0),
+    "heldout/tau_walked": ("heldout/walked/accepted", "heldout/walked/steps", 1.0),  # judged by the data
+    "heldout/tau_target": ("heldout/target_walked/accepted", "heldout/target_walked/steps", 1.0),
     "heldout/tau_anchor": ("heldout/anchor/accepted", "heldout/anchor/blocks", 1.0),
+    "heldout/agreement": ("heldout/agreement/matches", "heldout/agreement/tokens", 0.0),
+    "heldout/agreement_expected": ("heldout/agreement/expected_sum", "heldout/agreement/tokens", 0.0),
+    "heldout/target_prob": ("heldout/agreement/prob_sum", "heldout/agreement/tokens", 0.0),
     "eval/tau": ("eval/accepted", "eval/steps", 1.0),
 }
 _POS = re.compile(r"^(train|heldout)/pos/(\d+)/acc$")

@@ -104,11 +104,43 @@ def new_job_link(kind: str, params: Mapping[str, Any]) -> str:
     return "/jobs/new?" + urlencode(query)
 
 
-def next_steps(job: Job, outputs: Sequence[JobOutput], datasets: Sequence[Dataset]) -> list[tuple[str, str]]:
+OFF_TARGET = "data_not_target_output"
+
+
+def regenerate_with_target(job: Job) -> str:
+    """The New-job form of a `regenerate` job in which a train job's target answers the conversations
+    its datasets were tokenized from (the fix for data_not_target_output), prefilled."""
+    from draftdeck.errors import InputError
+    from draftdeck.shards.manifest import read_manifest
+
+    target = job.params.get("target")
+    sources: list[str] = []
+    for folder in _job_inputs(job):
+        try:
+            sources += read_manifest(Path(folder)).inputs
+        except InputError:
+            continue
+    params: dict[str, Any] = {"local": target, "temperature": 0}
+    if sources:
+        first = Path(sources[0])
+        params |= {
+            "inputs": sources,
+            "out": str(first.with_name(f"{first.stem}.by-{Path(str(target)).name}.jsonl")),
+        }
+    return new_job_link("regenerate", params)
+
+
+def next_steps(
+    job: Job, outputs: Sequence[JobOutput], datasets: Sequence[Dataset], alerts: Sequence[Alert] = ()
+) -> list[tuple[str, str]]:
     """(label, link) of what a user does after this job, where they are: a scanned file is converted,
-    a converted file tokenized, a tokenized dataset opened; a failed job is changed and started again."""
+    a converted file tokenized, a tokenized dataset opened; a failed job is changed and started again;
+    a run told its data is not its target's output regenerates it with the target (while it runs too)."""
     inputs = _job_inputs(job)
     files = [o.path for o in outputs]
+    fixes = []
+    if job.kind == "train" and any(a.kind == OFF_TARGET for a in alerts):
+        fixes = [("Regenerate with this target", regenerate_with_target(job))]
     if job.status == JobStatus.SUCCEEDED:
         if job.kind == "scan" and inputs:
             return [("Convert this", new_job_link("convert", {"inputs": inputs}))]
@@ -116,10 +148,10 @@ def next_steps(job: Job, outputs: Sequence[JobOutput], datasets: Sequence[Datase
             return [("Tokenize this", new_job_link("tokenize", {"inputs": files}))]
         if job.kind == "tokenize" and datasets:
             return [(f"Open dataset {d.name}", f"/datasets/{d.id}") for d in datasets]
-        return []
+        return fixes
     if job.status == JobStatus.FAILED and job.kind in KINDS:
-        return [("Change and start again", new_job_link(job.kind, job.params))]
-    return []
+        return [*fixes, ("Change and start again", new_job_link(job.kind, job.params))]
+    return fixes
 
 
 def _duration(job: Job) -> str | None:
@@ -337,9 +369,11 @@ def _job_context(session: Session, job_id: int) -> dict[str, Any]:
     issues = [e for e in events if e.code]
     issues.sort(key=lambda e: ({"error": 0, "rejected": 1, "warning": 2}.get(e.level, 3), -e.count))
     datasets = records.datasets_of(session, job_id)
+    alerts = session.exec(select(Alert).where(Alert.job_id == job_id).order_by(col(Alert.id))).all()
     return {
         "job": job,
-        "next_steps": next_steps(job, outputs, datasets),
+        "alerts": alerts,
+        "next_steps": next_steps(job, outputs, datasets, alerts),
         "log": list(reversed(events)),
         "issues": issues,
         "outputs": outputs,

@@ -3,8 +3,13 @@ chart data and the page's one SSE stream.
 
 A run is a job of kind `train`; its evals are `eval` jobs whose checkpoint lies in the run's output
 folder (or whose params name it as `run`). Files read from that folder: `run.json` (what defines the
-run), `checkpoints/index.json` (checkpoints with their held-out walked counts, the best one) and each
-eval's `eval.json` (the real tau incl. bonus).
+run, and what its pre-flight found: `truth`), `checkpoints/index.json` (checkpoints with their
+held-out walked counts, judged by the data and by the target, the best one) and each eval's
+`eval.json` (the real tau incl. bonus, and the run's figures for the same checkpoint).
+
+Every tau is incl. bonus. Judged by the target: the walk over the target's own greedy answers to
+held-out prompts (what greedy decoding gets); judged by the data: the walk over the held-out rows
+(real tau only when they are the target's greedy output). draftdeck/drafter/truth.py says why.
 """
 
 from __future__ import annotations
@@ -26,14 +31,17 @@ from app.deps import SessionDep
 from app.metric_query import MAX_BUDGET, QueryError, derived_parts, query
 from app.metrics import last_ids, points_since, summaries, value_of
 from app.models import TERMINAL, Alert, Job, MetricSeries
-from app.pages import render
+from app.pages import regenerate_with_target, render
 from app.settings import get_settings
 
 router = APIRouter(include_in_schema=False)
 
 RUN_KIND = "train"
 EVAL_KIND = "eval"
-MISMATCH = 0.05  # |real - walked| / walked above this raises the alarm
+MISMATCH = 0.05  # a training tau this far from real decoding (relative to real) raises the alarm
+# alerts that say real decoding and a training figure disagree, or that the data is not the target's
+# (tau_mismatch: what decoder_mismatch was called before)
+ALARM_KINDS = ("data_not_target_output", "training_estimate_off", "decoder_mismatch", "tau_mismatch")
 RUNS_SHOWN = 200
 MAX_COMPARE = 8
 _STEP_DIR = re.compile(r"step-0*(\d+)")
@@ -45,8 +53,18 @@ CHARTS: list[dict[str, Any]] = [
         "id": "tau",
         "title": "τ incl. bonus",
         "series": [
-            ["heldout/tau_walked", "walked, held-out"],
+            ["heldout/tau_target", "judged by the target (its own answers)"],
+            ["heldout/tau_walked", "judged by the data (held-out rows)"],
             ["heldout/tau_anchor", "anchor mean (optimistic)"],
+        ],
+    },
+    {
+        "id": "agreement",
+        "title": "Target agreement (held-out data)",
+        "series": [
+            ["heldout/agreement", "greedy token = data's"],
+            ["heldout/agreement_expected", "its own T = 1 samples would"],
+            ["heldout/target_prob", "mean p(data token)"],
         ],
     },
     {"id": "pos", "title": "Per-position acceptance (train)", "series": []},
@@ -100,9 +118,16 @@ def checkpoints(job: Job) -> tuple[list[dict[str, Any]], str | None]:
     for c in data["checkpoints"]:
         if not isinstance(c, dict) or not isinstance(c.get("step"), int):
             continue
-        tau = _tau(c.get("heldout_walked_accepted"), c.get("heldout_walked_steps"))
         rows.append(
-            {"step": c["step"], "path": str(c.get("path", "")), "tau": tau, "best": c["step"] == best}
+            {
+                "step": c["step"],
+                "path": str(c.get("path", "")),
+                "tau": _tau(c.get("heldout_walked_accepted"), c.get("heldout_walked_steps")),
+                "target_tau": _tau(
+                    c.get("heldout_target_walked_accepted"), c.get("heldout_target_walked_steps")
+                ),
+                "best": c["step"] == best,
+            }
         )
     return sorted(rows, key=lambda r: r["step"]), None
 
@@ -123,14 +148,21 @@ def _real_tau(data: Any) -> float | None:
     return _finite(drafter.get("tau_incl_bonus_pooled"))
 
 
-def _walked_tau(data: Any) -> float | None:
-    """The walked tau incl. bonus of the same checkpoint over the same prompts' target outputs."""
-    return _finite((_eval_section(data).get("walked") or {}).get("tau_incl_bonus"))
+def _training(data: Any) -> dict[str, Any]:
+    """The run's figures for the evaluated checkpoint, as the eval compared them (eval.json)."""
+    section = _eval_section(data).get("training")
+    return section if isinstance(section, dict) else {}
+
+
+def _gap(tau: float | None, real: float | None) -> float | None:
+    return (tau - real) / real if tau is not None and real else None
 
 
 def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The run's eval jobs with their checkpoint step, real tau (eval.json) and the walked tau of the
-    same checkpoint (the eval's own figure, else the checkpoint's held-out walked counts)."""
+    """The run's eval jobs with their checkpoint step, real tau (eval.json) and the run's held-out taus
+    of the same checkpoint, judged by the target and by the data (the eval's own record of them,
+    else the checkpoint index); a gap above MISMATCH is an alarm (data-judged: only above real, as
+    the target's own sampled answers give a data-judged tau below it)."""
     out = run_out(job)
     by_step = {c["step"]: c for c in ckpts}
     rows = []
@@ -146,18 +178,24 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
             step = next((c["step"] for c in ckpts if c.get("best")), None)
         data, error = _read_json(run_out(ev) / "eval.json")
         real = _real_tau(data)
-        walked = _walked_tau(data)
-        if walked is None and step in by_step:
-            walked = by_step[step]["tau"]
-        diff = abs(real - walked) / walked if real is not None and walked else None
+        training = _training(data)
+        ckpt_row = by_step.get(step, {})
+        walked = _finite(training.get("data_judged_tau_incl_bonus")) or ckpt_row.get("tau")
+        judged = _finite(training.get("target_judged_tau_incl_bonus")) or ckpt_row.get("target_tau")
+        diff, target_diff = _gap(walked, real), _gap(judged, real)
+        mismatch = (diff is not None and diff > MISMATCH) or (
+            target_diff is not None and abs(target_diff) > MISMATCH
+        )
         rows.append(
             {
                 "job": ev,
                 "step": step,
                 "real": real,
                 "walked": walked,
+                "target": judged,
                 "diff": diff,
-                "mismatch": diff is not None and diff > MISMATCH,
+                "target_diff": target_diff,
+                "mismatch": mismatch,
                 "error": error,
             }
         )
@@ -165,22 +203,64 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
 
 
 def alarms(session: Session, job: Job, ev_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Real vs walked tau more than 5 % apart: from the evals' figures and the `tau_mismatch` alerts
-    raised for the run or its evals (the alert's message names both figures)."""
-    found = [
-        {"eval": r["job"].id, "step": r["step"], "real": r["real"], "walked": r["walked"], "diff": r["diff"]}
-        for r in ev_rows
-        if r["mismatch"]
-    ]
+    """What says the run's tau is not what decoding gets: the evals whose real tau is apart from the
+    run's figures, and the alerts of ALARM_KINDS raised for the run (its pre-flight and held-out
+    passes) or its evals (each message names its figures)."""
+    keys = ("step", "real", "walked", "target", "diff", "target_diff")
+    found = [{"job": r["job"].id, **{k: r[k] for k in keys}} for r in ev_rows if r["mismatch"]]
     ids = [job.id] + [r["job"].id for r in ev_rows]
     alerted = session.exec(
-        select(Alert).where(Alert.kind == "tau_mismatch", col(Alert.job_id).in_(ids)).order_by(col(Alert.id))
+        select(Alert)
+        .where(col(Alert.kind).in_(ALARM_KINDS), col(Alert.job_id).in_(ids))
+        .order_by(col(Alert.id))
     ).all()
-    seen = {a["eval"] for a in found}
+    seen = {a["job"] for a in found}
     for a in alerted:
         if a.job_id not in seen:
-            found.append({"eval": a.job_id, "step": None, "real": None, "walked": None, "message": a.message})
+            seen.add(a.job_id)
+            found.append({"job": a.job_id, "kind": a.kind, "real": None, "message": a.message})
     return found
+
+
+def truth(params: dict[str, Any], names: dict[str, MetricSeries]) -> dict[str, Any]:
+    """What the run page's "Drafter truth" panel shows: the pre-flight's findings (run.json), the latest
+    held-out taus both ways and agreement, and per source when the rows come from several."""
+    raw = params.get("truth")
+    found: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    pre = found.get("preflight") if isinstance(found.get("preflight"), dict) else None
+    sources: dict[str, dict[str, float | None]] = {}
+    for name in names:
+        m = re.match(r"^heldout/source/(.+)/walked/steps$", name)
+        if m:
+            base = f"heldout/source/{m[1]}"
+            sources[m[1]] = {
+                "walked": _latest_ratio(names, f"{base}/walked/accepted", f"{base}/walked/steps", 1.0),
+                "target": _latest_ratio(
+                    names, f"{base}/target_walked/accepted", f"{base}/target_walked/steps", 1.0
+                ),
+                "agreement": _latest_ratio(
+                    names, f"{base}/agreement/matches", f"{base}/agreement/tokens", 0.0
+                ),
+            }
+    return {
+        "provenance": found.get("provenance"),
+        "alert": found.get("alert"),
+        "answered": found.get("target_answered_prompts"),
+        "preflight": None if not pre or not pre.get("tokens") else {
+            "tokens": pre["tokens"],
+            "agreement": pre["matches"] / pre["tokens"],
+            "expected": pre["expected_sum"] / pre["tokens"],
+            "prob": pre["prob_sum"] / pre["tokens"],
+        },
+        "sources": dict(sorted(sources.items())),
+    }  # fmt: skip
+
+
+def _latest_ratio(names: dict[str, MetricSeries], num: str, den: str, offset: float) -> float | None:
+    n, d = names.get(num), names.get(den)
+    if n is None or d is None or n.last_step != d.last_step or n.last_value is None or not d.last_value:
+        return None
+    return offset + n.last_value / d.last_value
 
 
 def _pos_series(job: Job, names: dict[str, MetricSeries]) -> list[list[str]]:
@@ -250,6 +330,7 @@ def _run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dic
         "hist_step": hist_step,
         "hist": hist,
         "names": names,
+        "truth": truth(params, names),
     }
 
 
@@ -285,6 +366,7 @@ def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
         param_keys=keys,
         differing=differing,
         latest=latest,
+        regenerate_link=regenerate_with_target(runs[0]),
     )
 
 
@@ -312,6 +394,7 @@ def runs_page(request: Request, session: SessionDep, q: str = "", status: str = 
                 "step": step,
                 "loss": latest(names, "train/loss"),
                 "tau": latest(names, "heldout/tau_walked"),
+                "target_tau": latest(names, "heldout/tau_target"),
                 "best": next((c for c in ckpts if c["best"]), None),
                 "alarms": alarms(session, j, ev_rows),
             }

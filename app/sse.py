@@ -296,11 +296,15 @@ def log_feed(job_id: int) -> Feed:
 
 
 def job_stream(job_id: int, feeds: Sequence[Feed] = (), cursor: Cursor | None = None) -> Stream:
-    """A job page's stream: its state, its log, the alert count, and any `feeds` a page adds."""
+    """A job page's stream: its state (with the number of its own alerts, so that the page redraws
+    when one is raised while it runs), its log, the alert count, and any `feeds` a page adds."""
 
     def read(session: Session) -> dict[str, Any] | None:
         job = records.get_job(session, job_id)
-        return None if job is None else job_view(job)
+        if job is None:
+            return None
+        raised = session.exec(select(func.count()).select_from(Alert).where(Alert.job_id == job_id)).one()
+        return {**job_view(job), "alerts": int(raised)}
 
     def ended(values: Mapping[str, Any]) -> dict[str, Any] | None:
         job = values["job"]

@@ -63,6 +63,7 @@
       var live = document.getElementById("job-live");
       if (!live) return;
       if (live.getAttribute("data-status") !== job.status) { refresh(); return; }
+      if (live.getAttribute("data-alerts") !== String(job.alerts)) { refresh(); return; } // one was raised
       drawProgress(live.querySelector(".status-line .progress"), job.status, job.progress);
     },
     log: function (rows) {

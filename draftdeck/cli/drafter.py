@@ -46,15 +46,9 @@ class ConsoleContext(LocalContext):
     def metrics(self, step: int, values: Mapping[str, float], *, tokens: int | None = None) -> None:
         super().metrics(step, values, tokens=tokens)
         if values.get("heldout/walked/steps"):
-            walked = 1 + values["heldout/walked/accepted"] / values["heldout/walked/steps"]
-            anchor = values.get("heldout/anchor/blocks") or 0
-            optimistic = 1 + values.get("heldout/anchor/accepted", 0) / anchor if anchor else math.nan
-            loss = values.get("heldout/loss", math.nan)
-            err.print(
-                f"step {step:>7,}  held-out walked tau {walked:.3f} incl. bonus"
-                f"  (anchor-mean, optimistic: {optimistic:.3f})  held-out loss {loss:.4f}",
-                highlight=False,
-            )
+            err.print(f"step {step:>7,}  {_heldout_line(values)}", highlight=False)
+        elif values.get("preflight/agreement/tokens"):
+            err.print(f"pre-flight  {_agreement_words(values, 'preflight')}", highlight=False)
         elif "train/loss" in values and time.monotonic() - self._last_print >= PRINT_EVERY_SECONDS:
             self._last_print = time.monotonic()
             err.print(
@@ -66,6 +60,30 @@ class ConsoleContext(LocalContext):
     def alert(self, kind: str, message: str) -> None:
         super().alert(kind, message)
         err.print(f"[bold yellow]alert {escape(kind)}:[/] {escape(message)}", highlight=False)
+
+
+def _ratio(values: Mapping[str, float], num: str, den: str, offset: float = 0.0) -> float:
+    d = values.get(den) or 0
+    return offset + values.get(num, 0) / d if d else math.nan
+
+
+def _agreement_words(values: Mapping[str, float], prefix: str) -> str:
+    agree = _ratio(values, f"{prefix}/agreement/matches", f"{prefix}/agreement/tokens")
+    prob = _ratio(values, f"{prefix}/agreement/prob_sum", f"{prefix}/agreement/tokens")
+    return f"target agreement {agree:.1%} (mean p {prob:.3f})"
+
+
+def _heldout_line(values: Mapping[str, float]) -> str:
+    """One held-out pass: tau judged by the target and by the data (both incl. bonus), the optimistic
+    anchor mean, target agreement and the loss."""
+    walked = _ratio(values, "heldout/walked/accepted", "heldout/walked/steps", 1.0)
+    judged = _ratio(values, "heldout/target_walked/accepted", "heldout/target_walked/steps", 1.0)
+    anchor = _ratio(values, "heldout/anchor/accepted", "heldout/anchor/blocks", 1.0)
+    line = f"held-out tau incl. bonus: judged by the target {judged:.3f}, by the data {walked:.3f}"
+    line += f" (anchor-mean, optimistic: {anchor:.3f})"
+    if values.get("heldout/agreement/tokens"):
+        line += f"  {_agreement_words(values, 'heldout')}"
+    return line + f"  loss {values.get('heldout/loss', math.nan):.4f}"
 
 
 def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report:
@@ -118,7 +136,16 @@ def evaluate(params: EvalParams, *, report: Path | None) -> None:
             highlight=False,
         )
     walked = _num(ev["walked"]["tau_incl_bonus"], ".3f")
-    out.print(f"walked tau (same checkpoint, target outputs): {walked} incl. bonus", highlight=False)
+    out.print(f"walked tau over these outputs (the decoder check): {walked} incl. bonus", highlight=False)
+    training = ev.get("training")
+    if training:
+        out.print(
+            f"the run's held-out tau at step {training['checkpoint_step']}: judged by the target "
+            f"{_num(training['target_judged_tau_incl_bonus'], '.3f')}, judged by the data "
+            f"{_num(training['data_judged_tau_incl_bonus'], '.3f')} (real: "
+            f"{_num(training['real_tau_incl_bonus'], '.3f')})",
+            highlight=False,
+        )
     out.print(f"wrote {Path(params.out) / 'eval.json'}", highlight=False)
 
 

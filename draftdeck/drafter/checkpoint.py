@@ -6,14 +6,14 @@ Layout under ``<out>/checkpoints/``::
                     config.json         DrafterConfig.to_hf_dict() (z-lab / vLLM / SGLang config)
                     drafter.json        DrafterConfig.to_dict()
                     training.pt         optimizer, scheduler, RNG states
-                    state.json          step, data position, tokens seen, held-out counts
+                    state.json          step, data position, tokens seen, held-out figures
     index.json      {"checkpoints": [{"step", "path", "heldout_walked_accepted", "heldout_walked_steps",
                     "heldout_target_walked_accepted", "heldout_target_walked_steps",
                     "heldout_agreement_tokens", "heldout_agreement_matches",
                     "heldout_agreement_prob_sum"}], "best": step or null}
 
-The best checkpoint is the one with the highest held-out walked tau (data-judged: on the target's own
-greedy answers the two walks are one walk).
+The best checkpoint is the one with the highest held-out tau judged by the target (the walk over its
+own answers: the estimate of real decoding), or judged by the data where that was not measured.
 
 A checkpoint is written into a temporary folder (every file fsynced), then renamed into place and
 the parent fsynced; only then is index.json replaced (atomically). A write that fails midway (a
@@ -103,13 +103,15 @@ class Index:
 
     @staticmethod
     def tau(entry: dict[str, Any]) -> float | None:
-        steps = entry.get("heldout_walked_steps")
-        if not steps:
-            return None
-        return 1 + entry["heldout_walked_accepted"] / steps
+        """The entry's held-out tau incl. bonus: judged by the target when measured, else by the data."""
+        for kind in ("heldout_target_walked", "heldout_walked"):
+            steps = entry.get(f"{kind}_steps")
+            if steps:
+                return 1 + entry[f"{kind}_accepted"] / steps
+        return None
 
     def add(self, entry: dict[str, Any]) -> None:
-        """Append, and move `best` only to a strictly better held-out walked tau."""
+        """Append, and move `best` only to a strictly better held-out tau (`tau`)."""
         self.checkpoints = [c for c in self.checkpoints if c["step"] != entry["step"]] + [entry]
         new = self.tau(entry)
         if new is None:
@@ -121,20 +123,6 @@ class Index:
 
     def to_dict(self) -> dict[str, Any]:
         return {"checkpoints": self.checkpoints, "best": self.best}
-
-
-def checkpoint_entry(path: Path) -> dict[str, Any] | None:
-    """The index entry (step, held-out figures) of the checkpoint `path` names: a checkpoint folder
-    of a run, or a run folder (its best checkpoint); None for anything else (an export)."""
-    path = Path(path)
-    run = path.parent if path.name == "checkpoints" else path
-    if (run / "checkpoints" / "index.json").is_file():
-        idx = CheckpointStore(run).index()
-        return next((c for c in idx.checkpoints if c["step"] == idx.best), None)
-    if path.parent.name != "checkpoints" or not (path.parent / "index.json").is_file():
-        return None
-    idx = CheckpointStore(path.parent.parent).index()
-    return next((c for c in idx.checkpoints if c["path"] == path.name), None)
 
 
 class CheckpointStore:

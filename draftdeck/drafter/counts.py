@@ -176,10 +176,15 @@ class Counts:
         out.update(self.truth_metrics(prefix))
         return out
 
-    def index_figures(self) -> dict[str, float]:
+    def index_figures(self, matched: Counts | None = None) -> dict[str, float]:
         """What a checkpoint's index entry records of its held-out pass (the eval job compares them
-        with real decoding)."""
-        return {
+        with real decoding); `matched`: the data-judged walk over just the rows whose prompts the
+        target answered (the target-judged walk's prompts)."""
+        out = {} if matched is None else {
+            "heldout_matched_walked_accepted": matched.walked_accepted,
+            "heldout_matched_walked_steps": matched.walked_steps,
+        }  # fmt: skip
+        return out | {
             "heldout_walked_accepted": self.walked_accepted,
             "heldout_walked_steps": self.walked_steps,
             "heldout_target_walked_accepted": self.target_walked_accepted,

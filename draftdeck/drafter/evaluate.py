@@ -19,11 +19,9 @@ from typing import Any
 import torch
 
 from draftdeck.drafter.baselines import PromptLookup, untrained_drafter
-from draftdeck.drafter.checkpoint import checkpoint_entry
 from draftdeck.drafter.eval_params import EvalParams
 from draftdeck.drafter.export import load_drafter
 from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.preflight import OFF_TARGET
 from draftdeck.drafter.spec_decode import (
     DecodeStats,
     DFlashSource,
@@ -35,6 +33,7 @@ from draftdeck.drafter.spec_decode import (
     generate_speculative,
 )
 from draftdeck.drafter.target import Target
+from draftdeck.drafter.versus import Real, decoder_mismatch, run_figures, versus_training
 from draftdeck.drafter.walked import heldout_counts
 from draftdeck.errors import UsageError
 from draftdeck.fileio import sha256_file
@@ -197,77 +196,6 @@ def _walked(
     return counts.walked_accepted, counts.walked_steps, counts.walked_hist
 
 
-def decoder_mismatch(real_tau: float, walked_tau: float, tolerance: float) -> tuple[float, str | None]:
-    """(relative gap, the alert message when the gap is above `tolerance`, else None): the decoder
-    consistency check. Real greedy decoding and the walk over the outputs it produced are the same
-    computation done twice, so they agree whatever the drafter was trained on; apart, decoding or
-    the walked estimate is broken (it says nothing of the data: see `versus_training`)."""
-    if not (math.isfinite(real_tau) and math.isfinite(walked_tau)) or real_tau <= 0:
-        return float("nan"), None
-    gap = abs(real_tau - walked_tau) / real_tau
-    if gap <= tolerance:
-        return gap, None
-    return gap, (
-        f"real greedy tau {real_tau:.3f} incl. bonus vs walked tau {walked_tau:.3f} incl. bonus over the "
-        f"same outputs: {gap:.1%} apart, above {tolerance:.0%}. Decoding and the walked estimate should "
-        "agree exactly here: one of them is broken"
-    )
-
-
-def versus_training(
-    real_tau: float, entry: dict[str, Any] | None, tolerance: float
-) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
-    """The eval-versus-training alarm: real tau against the run's held-out taus for the same
-    checkpoint (its index entry): judged by the data and judged by the target (the walk over its own
-    answers). Returns (the figures for eval.json, (alert kind, message) or None).
-
-    - target-judged more than `tolerance` from real: `training_estimate_off` (the estimate that should
-      hold is wrong: another block size, another target, a bug);
-    - data-judged above real by more than `tolerance`: `data_not_target_output` (the drafter learnt
-      the data's writer, not the target; the live tau judged by the data overstated real decoding).
-      Data-judged *below* real is what the target's own sampled answers give: no alert."""
-    if entry is None or not math.isfinite(real_tau) or real_tau <= 0:
-        return None, None
-
-    def tau(acc: str, steps: str) -> float | None:
-        s = entry.get(steps)
-        return 1 + float(entry[acc]) / s if s else None
-
-    data = tau("heldout_walked_accepted", "heldout_walked_steps")
-    judged = tau("heldout_target_walked_accepted", "heldout_target_walked_steps")
-    figures = {
-        "checkpoint_step": entry.get("step"),
-        "real_tau_incl_bonus": real_tau,
-        "data_judged_tau_incl_bonus": data,
-        "target_judged_tau_incl_bonus": judged,
-        "data_judged_gap": None if data is None else (data - real_tau) / real_tau,
-        "target_judged_gap": None if judged is None else (judged - real_tau) / real_tau,
-        "tolerance": tolerance,
-    }
-    named = (
-        f"real tau {real_tau:.3f}, the run's held-out tau at step {entry.get('step')} judged by the data "
-        f"{_fmt(data)} and judged by the target (its own answers) {_fmt(judged)}, all incl. bonus"
-    )
-    if judged is not None and abs(judged - real_tau) / real_tau > tolerance:
-        why = (
-            f"{named}: the target-judged estimate is {(judged - real_tau) / real_tau:+.1%} off real "
-            f"decoding (tolerance {tolerance:.0%}): another block size or target than the run's, or a bug"
-        )
-        return figures, ("training_estimate_off", why)
-    if data is not None and (data - real_tau) / real_tau > tolerance:
-        why = (
-            f"{named}: the data-judged tau is {(data - real_tau) / real_tau:+.1%} above real decoding "
-            f"(tolerance {tolerance:.0%}): the drafter learnt the data's writer, not the target. "
-            "Regenerate the training answers with this target"
-        )
-        return figures, (OFF_TARGET, why)
-    return figures, None
-
-
-def _fmt(tau: float | None) -> str:
-    return "-" if tau is None else f"{tau:.3f}"
-
-
 def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
@@ -307,6 +235,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     }
     plain_stats = DecodeStats(block)
     stats = {name: DecodeStats(block) for name in METHODS}
+    # the run's figures are for the drafter's own block size, and its target answered some prompts
+    run = run_figures(Path(params.checkpoint)) if block == drafter.block_size else None
+    same = DecodeStats(block)  # the drafter on those prompts
     differs: dict[str, dict[str, Any] | None] = dict.fromkeys(METHODS)
     outputs: list[list[int]] = []
     sent: dict[str, int] = {}
@@ -321,6 +252,12 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
                 runner, source, prompt.ids, params.max_new_tokens, block, s
             )
             stats[name].add(gen)
+            if (
+                name == "drafter"
+                and run is not None
+                and (str(Path(prompt.file).resolve()), prompt.line) in run.answered
+            ):
+                same.add(gen)
             if sampling.greedy and differs[name] is None and gen.output_ids != plain.output_ids:
                 at = next(
                     (
@@ -342,9 +279,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
     if sampling.greedy and message is not None:
         ctx.alert("decoder_mismatch", message)
-    training, alarm = versus_training(
-        real_tau, checkpoint_entry(Path(params.checkpoint)), params.tau_tolerance
-    )
+    real = Real(real_tau, len(prompts), same.tau_pooled, same.responses)
+    training, alarm = versus_training(real, run, params.tau_tolerance)
     if sampling.greedy and alarm is not None:
         ctx.alert(*alarm)
     methods: dict[str, Any] = {}

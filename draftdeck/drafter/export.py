@@ -117,7 +117,7 @@ def load_zlab(folder: Path, *, device: str | torch.device = "cpu") -> DFlashDraf
 def resolve_checkpoint(path: Path) -> Path:
     """The drafter folder `path` names: a checkpoint (config.json + model.safetensors, what the
     trainer writes per step and what `export_drafter` writes), or a train run folder / its
-    `checkpoints/` folder, resolved to the best checkpoint by held-out walked tau (else the latest)."""
+    `checkpoints/` folder, resolved to the best checkpoint by held-out tau (else the latest)."""
     from draftdeck.drafter.checkpoint import CheckpointStore
 
     path = Path(path)

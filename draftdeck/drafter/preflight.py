@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from draftdeck.drafter.data import RowRef, TrainData, collate
 from draftdeck.drafter.params import TrainParams
 from draftdeck.drafter.target import Target
 from draftdeck.drafter.truth import (
+    OFF_TARGET,
     Agreement,
     TruthUnavailable,
     agreement_pass,
@@ -44,7 +46,6 @@ from draftdeck.errors import JobFailed
 from draftdeck.jobs.context import RunContext
 from draftdeck.provenance import Answered, model_fingerprint
 
-OFF_TARGET = "data_not_target_output"
 Row = tuple[np.ndarray, np.ndarray]
 
 
@@ -60,6 +61,21 @@ class Verdict:
     alert: str | None = None
     answered_refs: list[RowRef] = field(default_factory=list)
     answered: list[Row] = field(default_factory=list)
+    answered_rows: list[list[Any]] = field(default_factory=list)  # every rank's: [dataset folder, row]
+
+    def to_dict(self) -> dict[str, Any]:
+        """What run.json keeps (the run page shows it): counts, never ratios."""
+        a = self.agreement
+        return {
+            "provenance": self.provenance,
+            "preflight": None if a is None else {"tokens": a.tokens, "matches": a.matches,
+                                                  "prob_sum": a.prob_sum, "expected_sum": a.expected_sum},
+            "alert": self.alert,
+            "target_answered_prompts": len(self.answered_rows),
+            # which held-out rows: an eval of the same split compares real decoding on these prompts
+            "target_answered_rows": self.answered_rows,
+            "judged": self.judge,
+        }  # fmt: skip
 
 
 def fix_text(params: TrainParams) -> str:
@@ -76,41 +92,43 @@ def _other_models(answered: Answered, fingerprint: str) -> int:
     return sum(n for m, n in answered.by if m.fingerprint is not None and m.fingerprint != fingerprint)
 
 
-def run_preflight(
-    params: TrainParams,
-    ctx: RunContext,
-    target: Target,
-    data: TrainData,
-    *,
-    layer_ids: Sequence[int],
-    pad_id: int,
-    rank: int,
-    world: int,
-    reduce: Callable[[Counts], Counts],
-    block_size: int,
-    fresh: bool,
-) -> Verdict:
+@dataclass(frozen=True)
+class OnRank:
+    """What the checks read of the run on one rank: the target and data, the context layers, the pad
+    id, which rank of how many, how counts are summed over ranks, and the block size."""
+
+    target: Target
+    data: TrainData
+    layer_ids: Sequence[int]
+    pad_id: int
+    rank: int
+    world: int
+    reduce: Callable[[Counts], Counts]
+    block_size: int
+
+
+def run_preflight(params: TrainParams, ctx: RunContext, on: OnRank, *, fresh: bool) -> Verdict:
     """The checks before step 1, on every rank (each its share of the rows; counts reduced, so every
     rank reaches one verdict). Rank 0 records. `fresh` False (a resumed run): only the target's
     answers are made again (they are not saved); what was recorded at the start stands."""
     verdict = Verdict(judge=True)
     reasons: list[str] = []
-    if fresh and target.folder is not None:
+    data, lead = on.data, on.rank == 0
+    if fresh and on.target.folder is not None:
         answered = data.provenance()
-        fp = model_fingerprint(target.folder)
+        fp = model_fingerprint(on.target.folder)
         verdict.provenance = answered.versus(fp)
-        if rank == 0:
+        if lead:
             ctx.event("info", f"provenance: {verdict.provenance}")
         other = _other_models(answered, fp)
         if other:
             reasons.append(f"{other:,} of {answered.rows:,} rows are recorded as another model's answers")
     if fresh and params.truth_rows:
         try:
-            verdict.agreement = _agreement(params, ctx, target, data, layer_ids, pad_id, rank, world, reduce,
-                                           block_size)  # fmt: skip
+            verdict.agreement = _agreement(params, ctx, on)
         except TruthUnavailable as exc:
             verdict.judge = False
-            if rank == 0:
+            if lead:
                 ctx.event("warning", f"target agreement is not measured: {exc}", code="truth_unavailable")
         got = verdict.agreement
         if got is not None and off_target(got, params.off_target_ratio):
@@ -123,40 +141,32 @@ def run_preflight(
             verdict.provenance or "",
         ]
         verdict.alert = ". ".join(p for p in parts if p) + ". " + fix_text(params)
-        if rank == 0:
+        if lead:
             ctx.alert(OFF_TARGET, verdict.alert)
         if params.off_target == "fail":
             raise JobFailed(
                 f"{OFF_TARGET}: {verdict.alert} (off_target is 'fail': the run stopped before step 1)"
             )
     if params.truth_rows:
-        verdict.answered_refs = data.heldout[: min(params.truth_rows, params.heldout_max_rows)][rank::world]
-        verdict.answered = _answers(params, target, data, verdict.answered_refs)
+        picked = data.heldout[: min(params.truth_rows, params.heldout_max_rows)]
+        verdict.answered_refs = picked[on.rank :: on.world]
+        verdict.answered_rows = [[str(data.paths[r.dataset].resolve()), r.row] for r in picked]
+        verdict.answered = _answers(params, on.target, data, verdict.answered_refs)
     return verdict
 
 
-def _agreement(
-    params: TrainParams,
-    ctx: RunContext,
-    target: Target,
-    data: TrainData,
-    layer_ids: Sequence[int],
-    pad_id: int,
-    rank: int,
-    world: int,
-    reduce: Callable[[Counts], Counts],
-    block_size: int,
-) -> Agreement:
-    rows = data.sample(params.truth_rows)
-    mine = rows[rank::world]
+def _agreement(params: TrainParams, ctx: RunContext, on: OnRank) -> Agreement:
+    rows = on.data.sample(params.truth_rows)
+    mine = rows[on.rank :: on.world]
+    bs = params.eval_batch_size
     batches = [
-        collate([data.example(r) for r in mine[i : i + params.eval_batch_size]], pad_id, target.device)
-        for i in range(0, len(mine), params.eval_batch_size)
+        collate([on.data.example(r) for r in mine[i : i + bs]], on.pad_id, on.target.device)
+        for i in range(0, len(mine), bs)
     ]
-    c = Counts(block_size)
-    c.add_agreement(agreement_pass(target, batches, layer_ids))
-    c = reduce(c)
-    if rank == 0 and c.agree_tokens:
+    c = Counts(on.block_size)
+    c.add_agreement(agreement_pass(on.target, batches, on.layer_ids))
+    c = on.reduce(c)
+    if on.rank == 0 and c.agree_tokens:
         ctx.metrics(0, c.truth_metrics("preflight"))
         ctx.event("info", f"pre-flight on {len(rows):,} training rows: {describe(c.agreement)}")
     return c.agreement

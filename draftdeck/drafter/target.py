@@ -151,6 +151,17 @@ class Target:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return nn.functional.embedding(input_ids, self.embedding.weight)
 
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int
+    ) -> Any:
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=logits_to_keep,
+        )
+
     @torch.no_grad()
     def teacher_forced(
         self,
@@ -161,13 +172,7 @@ class Target:
         """One target forward over (bsz, T) ids for a held-out pass: the drafter's context features,
         the final hidden states (the LM head's input, for `draftdeck.drafter.truth`) and the logits of
         the last position (what the head is checked against)."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=True,
-            use_cache=False,
-            logits_to_keep=1,
-        )
+        out = self._forward(input_ids, attention_mask, 1)
         hs = out.hidden_states
         return TargetPass(context_from_hidden_states(hs, layer_ids), hs[-1], out.logits)
 
@@ -182,11 +187,5 @@ class Target:
     ) -> tuple[torch.Tensor | None, torch.Tensor]:
         """One target forward over (bsz, T) ids: (logits (bsz, T, V) or None, the concatenated
         hidden states of `layer_ids`, (bsz, T, len(layer_ids) * hidden))."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=True,
-            use_cache=False,
-            logits_to_keep=0 if with_logits else 1,
-        )
+        out = self._forward(input_ids, attention_mask, 0 if with_logits else 1)
         return (out.logits if with_logits else None), context_from_hidden_states(out.hidden_states, layer_ids)

@@ -31,9 +31,9 @@ from draftdeck.drafter.data import DataPosition, TrainData, anchor_generator, co
 from draftdeck.drafter.model import DFlashDrafter
 from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors_per_row
 from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.preflight import OFF_TARGET, compare, run_preflight
+from draftdeck.drafter.preflight import OnRank, compare, run_preflight
 from draftdeck.drafter.target import Target
-from draftdeck.drafter.truth import TruthUnavailable
+from draftdeck.drafter.truth import OFF_TARGET, TruthUnavailable
 from draftdeck.drafter.walked import heldout_pass
 from draftdeck.errors import Cancelled, DraftDeckError, UsageError
 from draftdeck.fileio import atomic_output
@@ -69,6 +69,8 @@ class RunRecord:
     total_steps: int = 0
     best_step: int | None = None
     checkpoints: list[str] = field(default_factory=list)
+    # the pre-flight's findings (draftdeck.drafter.preflight.Verdict.to_dict): provenance, agreement, alert
+    truth: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -265,7 +267,8 @@ class Trainer:
         self.pos = DataPosition.from_dict(state["position"])
         return True
 
-    def save(self, heldout: Counts | None) -> None:
+    def save(self, heldout: dict[str, float] | None) -> None:
+        """Write a checkpoint; `heldout`: its held-out figures (`Counts.index_figures`) or None."""
         if self.rank != 0:
             return
         from safetensors.torch import save
@@ -280,7 +283,7 @@ class Trainer:
             "step": self.step,
             "tokens": self.tokens,
             "position": self.pos.to_dict(),
-            "heldout": None if heldout is None else heldout.to_tensors()[0].tolist(),
+            "heldout": heldout,
         }
         files = {
             "model.safetensors": bytes_writer(save(state, metadata={"format": "pt"})),
@@ -289,7 +292,7 @@ class Trainer:
             "training.pt": torch_writer(training),
             "state.json": bytes_writer(json.dumps(meta, indent=2).encode()),
         }
-        self.store.save(self.step, files, None if heldout is None else heldout.index_figures())
+        self.store.save(self.step, files, heldout)
         self._write_record()
 
     # --- the loop ---------------------------------------------------------------------------
@@ -361,10 +364,11 @@ class Trainer:
         with self.amp:
             return heldout_pass(self.drafter, self.target, batches, self.p.gamma, sources=groups, judge=judge)
 
-    def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts]]:
+    def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts], Counts]:
         """The held-out pass: every count of the split judged by the data (with target agreement), the
         target-judged walk over the target's own answers, both per source; and, once a run, the truth
-        alert when the first is above the second on the same prompts (draftdeck.drafter.preflight)."""
+        alert when the first is above the second on the same prompts (draftdeck.drafter.preflight).
+        The third: the data-judged counts of just those rows."""
         rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
         k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
         srcs = [self.data.source(r) for r in rows]
@@ -393,19 +397,23 @@ class Trainer:
             self.truth_alerted = True
             if self.rank == 0:
                 self.ctx.alert(OFF_TARGET, message)
-        return self._reduce_counts(total), self._reduce_by_source(by)
+        return self._reduce_counts(total), self._reduce_by_source(by), first
 
     def preflight(self, fresh: bool) -> None:
         """Before step 1: provenance, target agreement and the target's own answers to held-out
         prompts (draftdeck.drafter.preflight); a resumed run makes only the answers again."""
         with self.amp:
-            verdict = run_preflight(
-                self.p, self.ctx, self.target, self.data, layer_ids=self.cfg.target_layer_ids,
-                pad_id=self.pad_id, rank=self.rank, world=self.world, reduce=self._reduce_counts,
-                block_size=self.cfg.block_size, fresh=fresh,
-            )  # fmt: skip
+            on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id, self.rank, self.world,
+                        self._reduce_counts, self.cfg.block_size)  # fmt: skip
+            verdict = run_preflight(self.p, self.ctx, on, fresh=fresh)
         self.judge = verdict.judge
         self.answered_refs, self.answered = verdict.answered_refs, verdict.answered
+        if fresh:
+            self.record.truth = verdict.to_dict()
+        elif (self.out / "run.json").is_file():  # what the first start found stands
+            self.record.truth = (
+                json.loads((self.out / "run.json").read_text(encoding="utf-8")).get("truth") or {}
+            )
         self.truth_alerted = verdict.alert is not None  # the pre-flight said it already
 
     def run(self) -> RunRecord:
@@ -464,9 +472,9 @@ class Trainer:
                     self.ctx.metrics(step, values, tokens=self.tokens)
                 window, busy = Counts(self.cfg.block_size), 0.0
             at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
-            heldout = None
+            heldout = matched = None
             if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):
-                heldout, by_source = self.evaluate(step)
+                heldout, by_source, matched = self.evaluate(step)
                 if self.rank == 0:
                     values = heldout.heldout_metrics()
                     if len(by_source) > 1:  # one source: its figures are the split's
@@ -474,7 +482,7 @@ class Trainer:
                             values.update(c.source_metrics(name))
                     self.ctx.metrics(step, values, tokens=self.tokens)
             if at_ckpt:
-                self.save(heldout)
+                self.save(None if heldout is None else heldout.index_figures(matched))
         self._write_record()
         return self.record
 

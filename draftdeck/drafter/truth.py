@@ -39,6 +39,8 @@ from draftdeck.errors import DraftDeckError
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (input_ids, attention_mask, loss_mask)
 
+OFF_TARGET = "data_not_target_output"  # the alert: the data is not the target's output
+
 # Rows of the LM head computed at once: (rows, V) float32 logits, ~256 MiB for a 248K vocabulary.
 HEAD_ELEMENTS = 1 << 26
 

@@ -35,8 +35,8 @@ def take(out: Path) -> list[Path]:
         with Session(engine, expire_on_commit=False) as db:
             jobs = home / "jobs"
             done = make_run(db, jobs, steps=3000, status="succeeded", params={"lr": 3e-3}, seed=1)
-            make_eval(db, jobs, done, 2000, real_tau=1.94, walked_tau=2.37)
-            make_eval(db, jobs, done, 1000, real_tau=1.81, walked_tau=1.83)
+            make_eval(db, jobs, done, 2000, real_tau=1.94, data_tau=2.37, target_tau=1.97)
+            make_eval(db, jobs, done, 1000, real_tau=1.81, data_tau=1.83, target_tau=1.80)
             failed = make_run(db, jobs, steps=900, status="failed", params={"lr": 1e-2, "layers": 2}, seed=2)
             running = make_run(db, jobs, steps=400, status="running", seed=3)
         with sync_playwright() as pw:

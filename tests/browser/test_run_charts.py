@@ -135,14 +135,15 @@ def test_two_runs_overlay_in_distinct_colours_with_parameters_compared(
     expect(page.locator('#params tr[data-param="block_size"]')).not_to_have_class("diff")
 
 
-def test_the_alarm_shows_both_figures_on_run_runs_and_alerts_pages(
+def test_the_alarm_shows_every_figure_on_run_runs_and_alerts_pages(
     page: Any, server: Server, db: Session
 ) -> None:
     run = make_run(db, server.home / "jobs", steps=250, status="succeeded")
-    ev = make_eval(db, server.home / "jobs", run, 200, real_tau=1.42, walked_tau=1.64)
+    ev = make_eval(db, server.home / "jobs", run, 200, real_tau=1.42, data_tau=1.64, target_tau=1.45)
     page.goto(f"/runs/{run}")
     alarm = page.locator(f'.alarm[data-alarm="{ev}"]').first
-    expect(alarm).to_contain_text("Real τ 1.420 vs walked τ 1.640")
+    expect(alarm).to_contain_text("Real τ 1.420 vs the run's 1.450 judged by the target")
+    expect(alarm).to_contain_text("1.640 judged by the data (+15.5 %)")
     expect(alarm).to_contain_text("checkpoint step 200")
     page.wait_for_function(f"() => window.ddCharts.series('{run}|heldout/tau_walked') !== undefined")
     marker = page.locator("#plot-tau .u-legend .u-series", has_text="real τ (eval)")
@@ -150,5 +151,6 @@ def test_the_alarm_shows_both_figures_on_run_runs_and_alerts_pages(
     page.goto(f"/runs?q={run}")
     expect(page.locator(f'#runs-table tr[data-run="{run}"] .alarm')).to_contain_text("1.420")
     page.goto("/alerts")
-    expect(page.locator(".alert", has_text="tau mismatch").first).to_contain_text("real tau 1.420")
-    expect(page.locator(".alert", has_text="tau mismatch").first).to_contain_text("walked tau 1.640")
+    found = page.locator(".alert", has_text="data not target output").first
+    expect(found).to_contain_text("real tau 1.420")
+    expect(found).to_contain_text("judged by the data 1.640 and judged by the target (its own answers) 1.450")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from tests.conftest import REPO_ROOT
 
@@ -28,8 +28,9 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(summary) == {"train_tau", "heldout_tau", "eval_tau", "untrained_tau", "prompt_lookup_tau",
-                            "lossless", "checkpoint"}  # fmt: skip
+    assert set(summary) == {"train_tau", "heldout_tau", "heldout_tau_target", "eval_tau", "untrained_tau",
+                            "prompt_lookup_tau", "lossless", "checkpoint"}  # fmt: skip
+    assert summary["heldout_tau_target"] is not None
     assert summary["lossless"] is True
     assert summary["untrained_tau"] == pytest.approx(1.0, abs=0.05)  # a fresh drafter accepts ~nothing
     assert summary["eval_tau"] > summary["untrained_tau"]  # 40 steps already learn something
@@ -38,7 +39,8 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert eval_json["methods"]["drafter"]["tau_incl_bonus_pooled"] == summary["eval_tau"]
 
     from app.db import get_engine
-    from app.models import Job, JobStateHistory, MetricSeries
+    from app.models import Alert, Job, JobStateHistory, MetricSeries
+    from app.runs import ALARM_KINDS
 
     with Session(get_engine()) as session:
         jobs = session.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]
@@ -52,7 +54,18 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
             ("running", "succeeded"),
         ]
         names = {s.name for s in session.exec(select(MetricSeries).where(MetricSeries.job_id == train.id))}
-    assert {"train/loss", "heldout/walked/accepted", "heldout/walked/steps", "train/pos/1/correct"} <= names
+        # the demo's data is its target's own greedy output: no run or eval says otherwise
+        truth = session.exec(select(Alert).where(col(Alert.kind).in_(ALARM_KINDS))).all()
+        assert truth == [], [a.message for a in truth]
+    assert {
+        "train/loss",
+        "heldout/walked/accepted",
+        "heldout/walked/steps",
+        "train/pos/1/correct",
+        "heldout/target_walked/steps",
+        "heldout/agreement/tokens",
+        "preflight/agreement/tokens",
+    } <= names
     from app.main import create_app
 
     with TestClient(create_app()) as client:

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import decoder_mismatch, run_eval, versus_training
+from draftdeck.drafter.evaluate import run_eval
 from draftdeck.drafter.export import save_zlab
 from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.versus import Real, RunFigures, decoder_mismatch, versus_training
 from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.eval_helpers import TinyWorld, build_world, quick_trained_drafter
@@ -119,28 +120,46 @@ def test_decoder_mismatch_names_both_figures_above_the_tolerance() -> None:
     assert decoder_mismatch(float("nan"), 2.0, 0.05)[1] is None
 
 
-def _entry(data: tuple[int, int], judged: tuple[int, int] | None) -> dict[str, object]:
+def _figures(
+    data: tuple[int, int], judged: tuple[int, int] | None, matched: tuple[int, int] | None = None
+) -> RunFigures:
     e: dict[str, object] = {"step": 40, "heldout_walked_accepted": data[0], "heldout_walked_steps": data[1]}
     if judged:
         e |= {"heldout_target_walked_accepted": judged[0], "heldout_target_walked_steps": judged[1]}
-    return e
+    if matched:
+        e |= {"heldout_matched_walked_accepted": matched[0], "heldout_matched_walked_steps": matched[1]}
+    return RunFigures(e)
 
 
 def test_versus_training_calls_a_data_judged_tau_above_real_decoding_off_target_data() -> None:
     # real 2.0; data-judged 3.0 (+50 %), target-judged 2.04 (+2 %): the table's second row
-    figures, alarm = versus_training(2.0, _entry((200, 100), (104, 100)), 0.05)
+    figures, alarm = versus_training(Real(2.0, 30), _figures((200, 100), (104, 100)), 0.05)
     assert figures is not None and figures["data_judged_gap"] == pytest.approx(0.5)
     assert alarm is not None and alarm[0] == "data_not_target_output"
-    for figure in ("real tau 2.000", "judged by the data 3.000", "judged by the target (its own answers) 2.040"):
-        assert figure in alarm[1]
+    named = (
+        "real tau 2.000 (all 30 prompts)",
+        "judged by the data 3.000",
+        "by the target (its own answers) 2.040",
+    )
+    assert all(f in alarm[1] for f in named)
     # data-judged below real (the target's own sampled answers): no alarm
-    assert versus_training(2.0, _entry((90, 100), (100, 100)), 0.05)[1] is None
+    assert versus_training(Real(2.0, 30), _figures((90, 100), (100, 100)), 0.05)[1] is None
     # the target-judged estimate itself off: another kind, naming the same figures
-    alarm = versus_training(2.0, _entry((100, 100), (150, 100)), 0.05)[1]
+    alarm = versus_training(Real(2.0, 30), _figures((100, 100), (150, 100)), 0.05)[1]
     assert alarm is not None and alarm[0] == "training_estimate_off" and "+25.0%" in alarm[1]
-    # an export (no index entry) or a run before this change (no target-judged counts)
-    assert versus_training(2.0, None, 0.05) == (None, None)
-    assert versus_training(2.0, _entry((100, 100), None), 0.05)[1] is None
+    # an export (no run) or a run before this change (no target-judged counts)
+    assert versus_training(Real(2.0, 30), None, 0.05) == (None, None)
+    assert versus_training(Real(2.0, 30), _figures((100, 100), None), 0.05)[1] is None
+
+
+def test_versus_training_compares_on_the_prompts_the_runs_target_answered() -> None:
+    # over all 100 prompts real tau is 2.4; over the 20 the target answered, 2.0 as the run said
+    real = Real(2.4, 100, same_tau=2.0, same_prompts=20)
+    figures, alarm = versus_training(real, _figures((150, 100), (100, 100), matched=(101, 100)), 0.05)
+    assert alarm is None and figures is not None
+    assert figures["real_over"] == "the 20 held-out prompts the run's target answered"
+    assert figures["data_judged_tau_incl_bonus"] == pytest.approx(2.01)  # the same rows' data walk
+    assert versus_training(Real(2.4, 100), _figures((150, 100), (100, 100)), 0.05)[1] is not None
 
 
 def test_bad_prompt_rows_are_rejected_with_reasons(

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from draftdeck.drafter.checkpoint import checkpoint_entry
+from draftdeck.drafter.data import TrainData
 from draftdeck.drafter.eval_params import EvalParams
 from draftdeck.drafter.evaluate import run_eval
 from draftdeck.drafter.params import TrainParams
 from draftdeck.drafter.preflight import OFF_TARGET, compare
 from draftdeck.drafter.trainer import train
+from draftdeck.drafter.versus import run_figures
 from draftdeck.errors import JobFailed
 from draftdeck.jobs.context import LocalContext
 from draftdeck.provenance import Answered, ModelIdentity
@@ -73,8 +74,10 @@ def test_on_the_targets_own_answers_nothing_is_raised_and_both_walks_are_real_ta
     assert f"provenance: {N} of {N} rows were answered by this target" in events
     pre = {name: ctx.total(f"preflight/agreement/{name}") for name in ("tokens", "matches")}
     assert pre["tokens"] > 0 and pre["matches"] == pre["tokens"]  # its own greedy tokens
-    entry = checkpoint_entry(run)
-    assert entry is not None and entry["heldout_target_walked_steps"] > 0
+    figures = run_figures(run)
+    assert figures is not None and figures.entry["heldout_target_walked_steps"] > 0
+    heldout = TrainData([world["own"]], heldout_fraction=0.3).heldout  # the rows whose prompts it answered
+    assert figures.answered == {(str(world["own"].resolve()), r.row) for r in heldout[:16]}
     ev_ctx, ev = _eval(world, "own", run, tmp_path)
     assert ev_ctx.alerts == []
     real = ev["methods"]["drafter"]["tau_incl_bonus_pooled"]
@@ -82,7 +85,9 @@ def test_on_the_targets_own_answers_nothing_is_raised_and_both_walks_are_real_ta
     assert ev["training"]["data_judged_tau_incl_bonus"] == pytest.approx(real, rel=0.05)
 
 
-def test_on_another_models_answers_the_run_and_the_eval_say_so(world: dict[str, Path], tmp_path: Path) -> None:
+def test_on_another_models_answers_the_run_and_the_eval_say_so(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
     ctx, run = _train(world, "other", tmp_path)
     kinds = [k for k, _ in ctx.alerts]
     assert kinds == [OFF_TARGET]  # before step 1, once
@@ -111,7 +116,10 @@ def test_the_training_comparison_alerts_when_the_data_judged_walk_runs_ahead() -
     from draftdeck.drafter.counts import Counts
 
     params = TrainParams(inputs=["d"], target="t", tau_tolerance=0.05)
-    data, own = Counts(4, walked_accepted=150, walked_steps=100), Counts(4, walked_accepted=100, walked_steps=100)
+    data, own = (
+        Counts(4, walked_accepted=150, walked_steps=100),
+        Counts(4, walked_accepted=100, walked_steps=100),
+    )
     message = compare(data, own, params, step=200)
     assert message is not None and "at step 200" in message and "2.500" in message and "2.000" in message
     assert compare(Counts(4, walked_accepted=104, walked_steps=100), own, params, step=200) is None

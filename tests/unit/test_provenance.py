@@ -35,10 +35,16 @@ def test_answered_counts_say_how_many_rows_the_target_wrote() -> None:
     other = ModelIdentity("other", "sha256:" + "b" * 64)
     served = ModelIdentity("Qwen/Qwen3.6-27B", served=True)
     answered = Answered.from_counts({mine.key(): 5, other.key(): 3, served.key(): 2, "": 4})
-    assert answered.rows == 14 and answered.no_record == 4 and answered.by_fingerprint(mine.fingerprint or "") == 5
+    assert (
+        answered.rows == 14
+        and answered.no_record == 4
+        and answered.by_fingerprint(mine.fingerprint or "") == 5
+    )
     line = answered.versus(mine.fingerprint or "")
     assert line.startswith("5 of 14 rows were answered by this target (")
-    assert "3 by model 'other' (sha256:bbbbbbbbbbbb…)" in line and "2 by served model 'Qwen/Qwen3.6-27B'" in line
+    assert (
+        "3 by model 'other' (sha256:bbbbbbbbbbbb…)" in line and "2 by served model 'Qwen/Qwen3.6-27B'" in line
+    )
     assert "4 with no record of who answered them" in line
     assert Answered.from_counts({"": 3}).versus("sha256:x") == (
         "0 of 3 rows were answered by this target (3 with no record of who answered them)"

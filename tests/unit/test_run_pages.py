@@ -38,14 +38,18 @@ def _jobs_dir() -> Path:
 def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClient) -> None:
     with _session() as s:
         run = make_run(s, _jobs_dir(), steps=320, status="succeeded", params={"note": "<b>x</b>"})
-        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, walked_tau=1.64)
+        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, data_tau=1.64, target_tau=1.52)
     page = client.get(f"/runs/{run}", headers={"accept": "text/html"})
     assert page.status_code == 200
     html = page.text
-    for chart in ("loss", "tau", "pos", "lr", "grad", "tps"):
+    for chart in ("loss", "tau", "agreement", "pos", "lr", "grad", "tps"):
         assert f'id="plot-{chart}"' in html
     assert "anchor mean (optimistic)" in html and "incl. bonus" in html
-    assert "Real τ 1.500 vs walked τ 1.640" in html and f"eval {ev}" in html
+    assert "judged by the target (its own answers)" in html and "judged by the data (held-out rows)" in html
+    alarm = (
+        "Real τ 1.500 vs the run's 1.520 judged by the target (+1.3 %) and 1.640 judged by the data (+9.3 %)"
+    )
+    assert alarm in html and f"eval {ev}" in html
     assert '<tr class="best"><td class="num">300</td>' in html  # checkpoints 100, 200, 300; best: highest tau
     assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
     cfg = json.loads(html.split("data-config='", 1)[1].split("'", 1)[0])
@@ -57,9 +61,13 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
         "train/pos/3/acc",
     ]
     table = client.get("/runs", headers={"accept": "text/html"}).text
-    assert f'data-run="{run}"' in table and "Real τ 1.500 vs walked τ 1.640" in table
+    assert f'data-run="{run}"' in table and alarm in table
     alerts = client.get("/alerts", headers={"accept": "text/html"}).text
-    assert "real tau 1.500 (incl. bonus) vs walked tau 1.640" in alerts
+    assert '<span class="alert-kind">data not target output</span>' in alerts
+    assert (
+        "real tau 1.500 (all 100 prompts), the run&#39;s held-out tau at step 200 judged by the data 1.640"
+        in alerts
+    )
 
 
 def test_runs_table_filters_and_compare_highlights_differences(client: TestClient) -> None:
@@ -131,3 +139,61 @@ def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: Tes
         ("heldout/tau_walked", 50, 2.5),
     }
     assert next(p for p in points if p["name"] == "heldout/tau_walked")["tokens"] is None
+
+
+def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
+    client: TestClient, tmp_path: Path
+) -> None:
+    from urllib.parse import parse_qs, urlparse
+
+    from app.models import Alert
+    from draftdeck.shards.manifest import Manifest
+    from draftdeck.shards.store import write_metadata
+
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    write_metadata(dataset, Manifest(shards=[], inputs=["/data/answers.jsonl"]))
+    message = (
+        "the data is not this target's output: 1,000 of 1,000 rows are recorded as another model's answers"
+    )
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=120, params={"inputs": [str(dataset)]})
+        s.add(Alert(job_id=run, kind="data_not_target_output", message=message))
+        s.commit()
+        for name, acc in (("/data/a.jsonl", 300.0), ("/data/b.jsonl", 100.0)):
+            src = f"heldout/source/{name}"
+            values = {f"{src}/walked/accepted": acc, f"{src}/walked/steps": 200.0,
+                      f"{src}/target_walked/accepted": acc / 2,
+                      f"{src}/target_walked/steps": 200.0}  # fmt: skip
+            record_metrics(s, run, 100, values, None)
+    run_json = _jobs_dir() / str(run) / "run.json"
+    record = json.loads(run_json.read_text())
+    record["truth"] = {
+        "provenance": "0 of 1,000 rows were answered by this target (1,000 by model 'other' (sha256:…))",
+        "preflight": {"tokens": 2000, "matches": 1700, "prob_sum": 1600.0, "expected_sum": 1800.0},
+        "alert": message,
+        "target_answered_prompts": 64,
+    }
+    run_json.write_text(json.dumps(record))
+
+    html = client.get(f"/runs/{run}", headers={"accept": "text/html"}).text
+    truth = html.split('id="truth"', 1)[1].split("</section>", 1)[0]
+    assert "truth-off" in html.split('id="truth"', 1)[0][-80:]
+    assert "0 of 1,000 rows were answered by this target" in truth and message.replace("'", "&#39;") in truth
+    assert "85.0 % of the time (its own T = 1 samples: 90.0 %), mean p(data token) 0.800" in truth
+    assert "judged by the target (64 of its own answers)" in truth
+    sources = truth.split('id="truth-sources"', 1)[1]
+    assert "/data/a.jsonl" in sources and "2.500" in sources and "1.750" in sources
+    link = truth.split('<a class="button" href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    query = parse_qs(urlparse(link).query)
+    assert query == {
+        "kind": ["regenerate"], "inputs": ["/data/answers.jsonl"], "local": ["/models/qwen3-tiny"],
+        "temperature": ["0"], "out": ["/data/answers.by-qwen3-tiny.jsonl"],
+    }  # fmt: skip
+    runs = client.get("/runs", headers={"accept": "text/html"}).text
+    assert "data not target output:</strong> " + message.replace("'", "&#39;") in runs
+
+    job = client.get(f"/jobs/{run}", headers={"accept": "text/html"}).text
+    assert 'data-alerts="1"' in job and 'id="job-alerts"' in job
+    steps = job.split('id="next-steps"', 1)[1].split("</nav>", 1)[0]
+    assert "Regenerate with this target" in steps and "kind=regenerate" in steps
