@@ -174,11 +174,17 @@ def retry_job(job_id: int, session: SessionDep, settings: SettingsDep) -> JobCre
 
 @router.get("/alerts", response_model=list[AlertPublic])
 def list_alerts(
-    session: SessionDep, acknowledged: bool | None = None, limit: Annotated[int, Query(ge=1, le=500)] = 100
+    session: SessionDep,
+    acknowledged: bool | None = None,
+    job: int | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> list[Alert]:
+    """Alerts, newest first; `job`: only those a job raised."""
     query = select(Alert).order_by(col(Alert.id).desc()).limit(limit)
     if acknowledged is not None:
         query = query.where(Alert.acknowledged == acknowledged)
+    if job is not None:
+        query = query.where(Alert.job_id == job)
     return list(session.exec(query).all())
 
 

@@ -130,6 +130,7 @@ def _wait(client: Client, job_id: int) -> None:
                 highlight=False,
             )
             _print_outputs(job, err)
+            _print_alerts(client, job_id, err)
             raise typer.Exit(0 if job["status"] == "succeeded" else 1)
         time.sleep(0.5)
 
@@ -152,8 +153,9 @@ def jobs_list(
 def jobs_show(
     job_id: int, as_json: Annotated[bool, typer.Option("--json")] = False, server: ServerOpt = None
 ) -> None:
-    """One job: parameters, status, issues, outputs and the datasets it made."""
-    job = Client(server).call("GET", f"/api/jobs/{job_id}")
+    """One job: parameters, status, issues, outputs, the datasets it made and its alerts."""
+    client = Client(server)
+    job = client.call("GET", f"/api/jobs/{job_id}")
     if as_json:
         print(json.dumps(job, indent=2))
         return
@@ -163,6 +165,13 @@ def jobs_show(
         at = datetime.fromisoformat(e["at"]).strftime("%H:%M:%S")
         out.print(f"  {at} {e['level']:<8} {escape(e['message'])}", highlight=False)
     _print_outputs(job, out)
+    _print_alerts(client, job_id, out)
+
+
+def _print_alerts(client: Client, job_id: int, console: Console) -> None:
+    """The alerts the job raised, oldest first (a job can succeed and still say its data is wrong)."""
+    for a in reversed(client.call("GET", "/api/alerts", job=job_id)):
+        console.print(f"  [bold yellow]alert {escape(a['kind'])}:[/] {escape(a['message'])}", highlight=False)
 
 
 def _print_outputs(job: dict[str, Any], console: Console) -> None:

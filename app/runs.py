@@ -43,6 +43,7 @@ MISMATCH = 0.05  # a training tau this far from real decoding (relative to real)
 # (tau_mismatch: what decoder_mismatch was called before)
 ALARM_KINDS = ("data_not_target_output", "training_estimate_off", "decoder_mismatch", "tau_mismatch")
 RUNS_SHOWN = 200
+SHOWN_APART = {"truth"}  # run.json keys the page shows in a panel of their own, not as parameters
 MAX_COMPARE = 8
 _STEP_DIR = re.compile(r"step-0*(\d+)")
 
@@ -177,8 +178,10 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
         if step is None and ckpt and Path(ckpt) == out:  # the run folder: its best checkpoint was used
             step = next((c["step"] for c in ckpts if c.get("best")), None)
         data, error = _read_json(run_out(ev) / "eval.json")
-        real = _real_tau(data)
         training = _training(data)
+        real_all = _real_tau(data)
+        # the figure the eval compared: real tau on the prompts the run's target answered, if it decoded them
+        real = _finite(training.get("real_tau_incl_bonus")) or real_all
         ckpt_row = by_step.get(step, {})
         walked = _finite(training.get("data_judged_tau_incl_bonus")) or ckpt_row.get("tau")
         judged = _finite(training.get("target_judged_tau_incl_bonus")) or ckpt_row.get("target_tau")
@@ -191,6 +194,8 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
                 "job": ev,
                 "step": step,
                 "real": real,
+                "real_all": real_all,
+                "real_over": training.get("real_over"),
                 "walked": walked,
                 "target": judged,
                 "diff": diff,
@@ -245,6 +250,7 @@ def truth(params: dict[str, Any], names: dict[str, MetricSeries]) -> dict[str, A
     return {
         "provenance": found.get("provenance"),
         "alert": found.get("alert"),
+        "reasons": found.get("reasons") or [],
         "answered": found.get("target_answered_prompts"),
         "preflight": None if not pre or not pre.get("tokens") else {
             "tokens": pre["tokens"],
@@ -341,13 +347,13 @@ def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
     for v in views:
         union.update(v["names"])
     charts = _charts(runs[0], union)
-    keys = sorted({k for v in views for k in v["params"]})
+    keys = sorted({k for v in views for k in v["params"] if k not in SHOWN_APART})
     differing = {k for k in keys if len({json.dumps(v["params"].get(k), sort_keys=True) for v in views}) > 1}
-    markers = [
-        {"job": v["job"].id, "eval": e["job"].id, "step": e["step"], "tau": e["real"]}
+    markers = [  # the eval's own figure, over every prompt it decoded
+        {"job": v["job"].id, "eval": e["job"].id, "step": e["step"], "tau": e["real_all"]}
         for v in views
         for e in v["evals"]
-        if e["real"] is not None and e["step"] is not None
+        if e["real_all"] is not None and e["step"] is not None
     ]
     return render(
         request,

@@ -41,7 +41,7 @@ def model_fingerprint(folder: Path) -> str:
 
 @dataclass(frozen=True)
 class ModelIdentity:
-    """A model that answered rows: `name` (a folder's name, or the served model name),
+    """A model that answered rows: `name` (a local folder's absolute path, or the served model name),
     `fingerprint` (local folders only), `served` (answered by an OpenAI-compatible server)."""
 
     name: str
@@ -50,7 +50,7 @@ class ModelIdentity:
 
     @classmethod
     def of_folder(cls, folder: Path) -> ModelIdentity:
-        return cls(Path(folder).resolve().name, model_fingerprint(folder))
+        return cls(str(Path(folder).resolve()), model_fingerprint(folder))
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "fingerprint": self.fingerprint, "served": self.served}
@@ -73,7 +73,7 @@ class ModelIdentity:
 
     def describe(self) -> str:
         if self.fingerprint:
-            return f"model {self.name!r} ({self.fingerprint[:19]}…)"
+            return f"local model {self.name} ({self.fingerprint[:19]}…)"
         return f"served model {self.name!r}" if self.served else f"model {self.name!r}"
 
 

@@ -58,6 +58,7 @@ class Verdict:
     judge: bool
     agreement: Agreement | None = None
     provenance: str | None = None
+    reasons: list[str] = field(default_factory=list)  # why the data is not the target's output
     alert: str | None = None
     answered_refs: list[RowRef] = field(default_factory=list)
     answered: list[Row] = field(default_factory=list)
@@ -71,6 +72,7 @@ class Verdict:
             "preflight": None if a is None else {"tokens": a.tokens, "matches": a.matches,
                                                   "prob_sum": a.prob_sum, "expected_sum": a.expected_sum},
             "alert": self.alert,
+            "reasons": self.reasons,
             "target_answered_prompts": len(self.answered_rows),
             # which held-out rows: an eval of the same split compares real decoding on these prompts
             "target_answered_rows": self.answered_rows,
@@ -112,7 +114,7 @@ def run_preflight(params: TrainParams, ctx: RunContext, on: OnRank, *, fresh: bo
     rank reaches one verdict). Rank 0 records. `fresh` False (a resumed run): only the target's
     answers are made again (they are not saved); what was recorded at the start stands."""
     verdict = Verdict(judge=True)
-    reasons: list[str] = []
+    reasons = verdict.reasons
     data, lead = on.data, on.rank == 0
     if fresh and on.target.folder is not None:
         answered = data.provenance()
@@ -140,7 +142,8 @@ def run_preflight(params: TrainParams, ctx: RunContext, on: OnRank, *, fresh: bo
             figures,
             verdict.provenance or "",
         ]
-        verdict.alert = ". ".join(p for p in parts if p) + ". " + fix_text(params)
+        said = [p for p in parts if p] + [fix_text(params)]
+        verdict.alert = ". ".join([said[0]] + [p[0].upper() + p[1:] for p in said[1:]])
         if lead:
             ctx.alert(OFF_TARGET, verdict.alert)
         if params.off_target == "fail":

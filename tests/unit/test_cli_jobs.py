@@ -67,6 +67,16 @@ def test_jobs_commands_round_trip_over_http(server: str, migrated: Path) -> None
     shown = runner.invoke(app, ["jobs", "show", str(job_id), "--json"])
     inputs = json.loads(shown.output)["params"]["inputs"]
     assert [Path(p).name for p in inputs] == ["a.jsonl", "b.jsonl"]  # resolved by the server
+    from app import records
+    from app.db import session_scope
+
+    with session_scope() as session:  # what a run raises while it goes on (the truth pre-flight)
+        records.raise_alert(
+            session, "data_not_target_output", "0 of 2 rows were answered by this target", job_id=job_id
+        )
+    shown = runner.invoke(app, ["jobs", "show", str(job_id)])
+    said = " ".join(shown.output.split())
+    assert "alert data_not_target_output: 0 of 2 rows were answered by this target" in said
     cancelled = runner.invoke(app, ["jobs", "cancel", str(job_id)])
     assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
     again = runner.invoke(app, ["jobs", "cancel", str(job_id)])

@@ -36,7 +36,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("truth")
     target = learnable_target(root / "target", steps=80, seed=0)
     other = learnable_target(root / "other", steps=80, seed=1, stride=5)  # counts by five
-    out = {"target": target}
+    out = {"target": target, "other_model": other}
     for name, writer in (("own", target), ("other", other)):
         rows = greedy_text(writer, N, gen_len=24, seed=2)  # the same prompts, each model's answer
         ds = write_dataset(root / f"ds-{name}", rows, target)
@@ -93,7 +93,8 @@ def test_on_another_models_answers_the_run_and_the_eval_say_so(
     assert kinds == [OFF_TARGET]  # before step 1, once
     message = ctx.alerts[0][1]
     assert f"{N:,} of {N:,} rows are recorded as another model's answers" in message
-    assert f"0 of {N} rows were answered by this target ({N} by model 'other'" in message
+    other = world["other_model"].resolve()
+    assert f"0 of {N} rows were answered by this target ({N} by local model {other} (sha256:" in message
     assert "above off_target_ratio 1.25" in message and "regenerate --local" in message
     assert ctx.series("preflight/agreement/tokens")[0][0] == 0  # the pre-flight's step
     ev_ctx, ev = _eval(world, "other", run, tmp_path)

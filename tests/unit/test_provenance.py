@@ -26,7 +26,7 @@ def test_a_fingerprint_is_the_weights_not_the_folder(tmp_path: Path) -> None:
     assert model_fingerprint(a) != model_fingerprint(b)
     assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
     ident = ModelIdentity.of_folder(a)
-    assert ident.name == "a" and ident.fingerprint == model_fingerprint(a) and not ident.served
+    assert ident.name == str(a.resolve()) and ident.fingerprint == model_fingerprint(a) and not ident.served
     assert ModelIdentity.from_key(ident.key()) == ident
 
 
@@ -43,7 +43,8 @@ def test_answered_counts_say_how_many_rows_the_target_wrote() -> None:
     line = answered.versus(mine.fingerprint or "")
     assert line.startswith("5 of 14 rows were answered by this target (")
     assert (
-        "3 by model 'other' (sha256:bbbbbbbbbbbb…)" in line and "2 by served model 'Qwen/Qwen3.6-27B'" in line
+        "3 by local model other (sha256:bbbbbbbbbbbb…)" in line
+        and "2 by served model 'Qwen/Qwen3.6-27B'" in line
     )
     assert "4 with no record of who answered them" in line
     assert Answered.from_counts({"": 3}).versus("sha256:x") == (

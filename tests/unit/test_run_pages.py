@@ -191,7 +191,7 @@ def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
         "temperature": ["0"], "out": ["/data/answers.by-qwen3-tiny.jsonl"],
     }  # fmt: skip
     runs = client.get("/runs", headers={"accept": "text/html"}).text
-    assert "data not target output:</strong> " + message.replace("'", "&#39;") in runs
+    assert "data not target output:</strong> " + message.replace("'", "&#39;") + " (" in runs
 
     job = client.get(f"/jobs/{run}", headers={"accept": "text/html"}).text
     assert 'data-alerts="1"' in job and 'id="job-alerts"' in job
