@@ -38,7 +38,11 @@ router = APIRouter(include_in_schema=False)
 
 RUN_KIND = "train"
 EVAL_KIND = "eval"
-MISMATCH = 0.05  # a training tau this far from real decoding (relative to real) raises the alarm
+# a training tau this far from real decoding (relative to real) raises the alarm, unless the eval
+# recorded the tolerances it used: the target-judged tau (the eval's tau_tolerance) and the
+# data-judged one, above real only (off_target_tolerance)
+MISMATCH = 0.05
+OFF_TARGET_MISMATCH = 0.10
 # alerts that say real decoding and a training figure disagree, or that the data is not the target's
 # (tau_mismatch: what decoder_mismatch was called before)
 ALARM_KINDS = ("data_not_target_output", "training_estimate_off", "decoder_mismatch", "tau_mismatch")
@@ -162,7 +166,7 @@ def _gap(tau: float | None, real: float | None) -> float | None:
 def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The run's eval jobs with their checkpoint step, real tau (eval.json) and the run's held-out taus
     of the same checkpoint, judged by the target and by the data (the eval's own record of them,
-    else the checkpoint index); a gap above MISMATCH is an alarm (data-judged: only above real, as
+    else the checkpoint index); a gap above the tolerances is an alarm (data-judged: only above real, as
     the target's own sampled answers give a data-judged tau below it)."""
     out = run_out(job)
     by_step = {c["step"]: c for c in ckpts}
@@ -186,8 +190,10 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
         walked = _finite(training.get("data_judged_tau_incl_bonus")) or ckpt_row.get("tau")
         judged = _finite(training.get("target_judged_tau_incl_bonus")) or ckpt_row.get("target_tau")
         diff, target_diff = _gap(walked, real), _gap(judged, real)
-        mismatch = (diff is not None and diff > MISMATCH) or (
-            target_diff is not None and abs(target_diff) > MISMATCH
+        tol = _finite(training.get("tolerance")) or MISMATCH
+        off_tol = _finite(training.get("off_target_tolerance")) or OFF_TARGET_MISMATCH
+        mismatch = (diff is not None and diff > off_tol) or (
+            target_diff is not None and abs(target_diff) > tol
         )
         rows.append(
             {

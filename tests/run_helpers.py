@@ -166,7 +166,7 @@ def make_eval(
             "heldout_target_walked_accepted": 1000 * (target_tau - 1),
             "heldout_target_walked_steps": 1000,
         }
-    training, alarm = versus_training(Real(real_tau, 100), RunFigures(entry), 0.05)
+    training, alarm = versus_training(Real(real_tau, 100), RunFigures(entry), 0.05, 0.10)
     (out / "eval.json").write_text(
         json.dumps(  # the layout draftdeck/drafter/evaluate.py writes
             {

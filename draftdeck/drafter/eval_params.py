@@ -6,6 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from draftdeck.drafter.params import OFF_TARGET_TOLERANCE
 from draftdeck.jobs.params import JobParams
 
 
@@ -66,8 +67,16 @@ class EvalParams(JobParams):
         default=0.05,
         gt=0.0,
         le=1.0,
-        description="Relative difference between real greedy tau and walked tau (both incl. bonus) above "
-        "which an alert is raised.",
+        description="Relative difference between real greedy tau and the walks that should equal it (over "
+        "its own outputs: decoder_mismatch; the run's target-judged tau: training_estimate_off), both incl. "
+        "bonus, above which an alert is raised.",
+    )
+    off_target_tolerance: float = Field(
+        default=OFF_TARGET_TOLERANCE,
+        gt=0.0,
+        le=10.0,
+        description="Alert data_not_target_output when the run's held-out tau judged by the data is above "
+        "real greedy tau by more than this share.",
     )
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")

@@ -280,7 +280,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     if sampling.greedy and message is not None:
         ctx.alert("decoder_mismatch", message)
     real = Real(real_tau, len(prompts), same.tau_pooled, same.responses)
-    training, alarm = versus_training(real, run, params.tau_tolerance)
+    training, alarm = versus_training(real, run, params.tau_tolerance, params.off_target_tolerance)
     if sampling.greedy and alarm is not None:
         ctx.alert(*alarm)
     methods: dict[str, Any] = {}

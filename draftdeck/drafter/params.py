@@ -11,7 +11,10 @@ from draftdeck.jobs.params import JobParams, inputs_field
 
 # Defaults chosen from measurements (docs/train.md, "Drafter truth").
 OFF_TARGET_RATIO = 1.25
-TAU_TOLERANCE = 0.05
+# On the target's own greedy answers the data-judged walk runs 0-3 % above the walk over its answers
+# (tokenize re-tokenizes the answers' text; the target's own token stream splits some words
+# otherwise), once above 5 %; on another model's answers +15 % at step 100, +25-40 % after.
+OFF_TARGET_TOLERANCE = 0.10
 
 if TYPE_CHECKING:
     from draftdeck.jobs.context import RunContext
@@ -85,8 +88,8 @@ class TrainParams(JobParams):
         description="Alert data_not_target_output when the data differs from the target's greedy token"
         " more than this many times as often as the target's own temperature-1 samples would",
     )
-    tau_tolerance: float = Field(
-        TAU_TOLERANCE,
+    off_target_tolerance: float = Field(
+        OFF_TARGET_TOLERANCE,
         gt=0,
         le=10,
         description="Alert data_not_target_output when the held-out tau judged by the data is above the"

@@ -14,7 +14,7 @@ Before step 1 (`run_preflight`):
    row's answer at most, and `truth_max_new_tokens`): the rows of the target-judged walk.
 
 At every held-out pass (`compare`): the data-judged walk over the held-out rows whose prompts the
-target answered, against the walk over its answers; data-judged above by more than `tau_tolerance`
+target answered, against the walk over its answers; data-judged above by more than `off_target_tolerance`
 raises `data_not_target_output` (once a run) with both figures: the data's writer is not the target,
 whatever the records and statistics said. Provenance and statistics catch it before step 1 only when
 the records say so or the data is far from anything the target writes; another model trained on the
@@ -191,15 +191,15 @@ def _answers(params: TrainParams, target: Target, data: TrainData, refs: list[Ro
 
 def compare(data_judged: Counts, target_judged: Counts, params: TrainParams, step: int) -> str | None:
     """The alert message when the data-judged walk over the rows the target answered is above the
-    walk over the target's answers by more than `tau_tolerance`, else None."""
+    walk over the target's answers by more than `off_target_tolerance`, else None."""
     d, t = data_judged.tau_walked, target_judged.tau_walked
-    if not (np.isfinite(d) and np.isfinite(t)) or t <= 0 or (d - t) / t <= params.tau_tolerance:
+    if not (np.isfinite(d) and np.isfinite(t)) or t <= 0 or (d - t) / t <= params.off_target_tolerance:
         return None
     agree = data_judged.agreement
     figures = f"; on those rows {describe(agree)}" if agree.tokens else ""
     return (
         f"the data is not this target's output: at step {step:,} the held-out walked tau judged by the "
         f"data is {d:.3f} incl. bonus, but {t:.3f} on the target's own answers to the same "
-        f"prompts ({(d - t) / t:.0%} above, more than tau_tolerance "
-        f"{params.tau_tolerance:.0%}){figures}. {fix_text(params)}"
+        f"prompts ({(d - t) / t:.0%} above, more than off_target_tolerance "
+        f"{params.off_target_tolerance:.0%}){figures}. {fix_text(params)}"
     )

@@ -79,15 +79,17 @@ class Real:
 
 
 def versus_training(
-    real: Real, run: RunFigures | None, tolerance: float
+    real: Real, run: RunFigures | None, tolerance: float, off_target_tolerance: float
 ) -> tuple[dict[str, Any] | None, tuple[str, str] | None]:
     """(the figures for eval.json, (alert kind, message) or None).
 
     - target-judged more than `tolerance` from real: `training_estimate_off` (the figure that should
       hold is wrong: another block size, target or answer length than the run's, or a bug);
-    - data-judged above real by more than `tolerance`: `data_not_target_output` (the drafter learnt
-      the data's writer, not the target: the live tau judged by the data overstated real decoding).
-      Data-judged *below* real is what the target's own sampled answers give: no alert."""
+    - data-judged above real by more than `off_target_tolerance`: `data_not_target_output` (the
+      drafter learnt the data's writer, not the target: the live tau judged by the data overstated real
+      decoding). Looser than `tolerance`: on the target's own answers the data-judged tau runs up to
+      ~5 % above real, as tokenize re-tokenizes their text (docs/train.md). Data-judged *below* real is
+      what the target's own sampled answers give: no alert."""
     if run is None or not math.isfinite(real.tau) or real.tau <= 0:
         return None, None
     entry = run.entry
@@ -110,6 +112,7 @@ def versus_training(
         "data_judged_gap": None if data is None else (data - ref) / ref,
         "target_judged_gap": None if judged is None else (judged - ref) / ref,
         "tolerance": tolerance,
+        "off_target_tolerance": off_target_tolerance,
     }  # fmt: skip
     named = (
         f"real tau {ref:.3f} ({figures['real_over']}), the run's held-out tau at step {entry.get('step')} "
@@ -123,11 +126,11 @@ def versus_training(
             "or a bug"
         )
         return figures, (ESTIMATE_OFF, why)
-    if data is not None and (data - ref) / ref > tolerance:
+    if data is not None and (data - ref) / ref > off_target_tolerance:
         why = (
             f"{named}: the data-judged tau is {(data - ref) / ref:+.1%} above real decoding "
-            f"(tolerance {tolerance:.0%}): the drafter learnt the data's writer, not the target. "
-            "Regenerate the training answers with this target"
+            f"(off_target_tolerance {off_target_tolerance:.0%}): the drafter learnt the data's writer, not "
+            "the target. Regenerate the training answers with this target"
         )
         return figures, (OFF_TARGET, why)
     return figures, None

@@ -133,7 +133,7 @@ def _figures(
 
 def test_versus_training_calls_a_data_judged_tau_above_real_decoding_off_target_data() -> None:
     # real 2.0; data-judged 3.0 (+50 %), target-judged 2.04 (+2 %): the table's second row
-    figures, alarm = versus_training(Real(2.0, 30), _figures((200, 100), (104, 100)), 0.05)
+    figures, alarm = versus_training(Real(2.0, 30), _figures((200, 100), (104, 100)), 0.05, 0.10)
     assert figures is not None and figures["data_judged_gap"] == pytest.approx(0.5)
     assert alarm is not None and alarm[0] == "data_not_target_output"
     named = (
@@ -143,23 +143,23 @@ def test_versus_training_calls_a_data_judged_tau_above_real_decoding_off_target_
     )
     assert all(f in alarm[1] for f in named)
     # data-judged below real (the target's own sampled answers): no alarm
-    assert versus_training(Real(2.0, 30), _figures((90, 100), (100, 100)), 0.05)[1] is None
+    assert versus_training(Real(2.0, 30), _figures((90, 100), (100, 100)), 0.05, 0.10)[1] is None
     # the target-judged estimate itself off: another kind, naming the same figures
-    alarm = versus_training(Real(2.0, 30), _figures((100, 100), (150, 100)), 0.05)[1]
+    alarm = versus_training(Real(2.0, 30), _figures((100, 100), (150, 100)), 0.05, 0.10)[1]
     assert alarm is not None and alarm[0] == "training_estimate_off" and "+25.0%" in alarm[1]
     # an export (no run) or a run before this change (no target-judged counts)
-    assert versus_training(Real(2.0, 30), None, 0.05) == (None, None)
-    assert versus_training(Real(2.0, 30), _figures((100, 100), None), 0.05)[1] is None
+    assert versus_training(Real(2.0, 30), None, 0.05, 0.10) == (None, None)
+    assert versus_training(Real(2.0, 30), _figures((100, 100), None), 0.05, 0.10)[1] is None
 
 
 def test_versus_training_compares_on_the_prompts_the_runs_target_answered() -> None:
     # over all 100 prompts real tau is 2.4; over the 20 the target answered, 2.0 as the run said
     real = Real(2.4, 100, same_tau=2.0, same_prompts=20)
-    figures, alarm = versus_training(real, _figures((150, 100), (100, 100), matched=(101, 100)), 0.05)
+    figures, alarm = versus_training(real, _figures((150, 100), (100, 100), matched=(101, 100)), 0.05, 0.10)
     assert alarm is None and figures is not None
     assert figures["real_over"] == "the 20 held-out prompts the run's target answered"
     assert figures["data_judged_tau_incl_bonus"] == pytest.approx(2.01)  # the same rows' data walk
-    assert versus_training(Real(2.4, 100), _figures((150, 100), (100, 100)), 0.05)[1] is not None
+    assert versus_training(Real(2.4, 100), _figures((150, 100), (100, 100)), 0.05, 0.10)[1] is not None
 
 
 def test_bad_prompt_rows_are_rejected_with_reasons(

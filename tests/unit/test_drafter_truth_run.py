@@ -116,7 +116,7 @@ def test_a_policy_makes_off_target_data_fatal_before_step_1(world: dict[str, Pat
 def test_the_training_comparison_alerts_when_the_data_judged_walk_runs_ahead() -> None:
     from draftdeck.drafter.counts import Counts
 
-    params = TrainParams(inputs=["d"], target="t", tau_tolerance=0.05)
+    params = TrainParams(inputs=["d"], target="t", off_target_tolerance=0.05)  # the default is 0.10
     data, own = (
         Counts(4, walked_accepted=150, walked_steps=100),
         Counts(4, walked_accepted=100, walked_steps=100),

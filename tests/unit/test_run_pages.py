@@ -38,7 +38,7 @@ def _jobs_dir() -> Path:
 def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClient) -> None:
     with _session() as s:
         run = make_run(s, _jobs_dir(), steps=320, status="succeeded", params={"note": "<b>x</b>"})
-        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, data_tau=1.64, target_tau=1.52)
+        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, data_tau=1.70, target_tau=1.52)
     page = client.get(f"/runs/{run}", headers={"accept": "text/html"})
     assert page.status_code == 200
     html = page.text
@@ -47,7 +47,7 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
     assert "anchor mean (optimistic)" in html and "incl. bonus" in html
     assert "judged by the target (its own answers)" in html and "judged by the data (held-out rows)" in html
     alarm = (
-        "Real τ 1.500 vs the run's 1.520 judged by the target (+1.3 %) and 1.640 judged by the data (+9.3 %)"
+        "Real τ 1.500 vs the run's 1.520 judged by the target (+1.3 %) and 1.700 judged by the data (+13.3 %)"
     )
     assert alarm in html and f"eval {ev}" in html
     assert '<tr class="best"><td class="num">300</td>' in html  # checkpoints 100, 200, 300; best: highest tau
@@ -65,7 +65,7 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
     alerts = client.get("/alerts", headers={"accept": "text/html"}).text
     assert '<span class="alert-kind">data not target output</span>' in alerts
     assert (
-        "real tau 1.500 (all 100 prompts), the run&#39;s held-out tau at step 200 judged by the data 1.640"
+        "real tau 1.500 (all 100 prompts), the run&#39;s held-out tau at step 200 judged by the data 1.700"
         in alerts
     )
 
