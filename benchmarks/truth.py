@@ -29,7 +29,8 @@ import torch
 
 from draftdeck.drafter.eval_params import EvalParams
 from draftdeck.drafter.evaluate import run_eval
-from draftdeck.drafter.params import TrainParams, run_train
+from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.run import run_train
 from draftdeck.drafter.tiny import build_tiny_demo
 from draftdeck.jobs.context import LocalContext
 from draftdeck.jobs.tokenize import TokenizeParams

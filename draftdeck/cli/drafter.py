@@ -110,7 +110,7 @@ def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report
 
 
 def train(params: TrainParams, *, report: Path | None) -> None:
-    from draftdeck.drafter.params import run_train
+    from draftdeck.drafter.run import run_train
 
     result = _run(run_train, params, f"train -> {params.out}", report)
     extra = result.extra

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,10 +14,6 @@ OFF_TARGET_RATIO = 1.25
 # (tokenize re-tokenizes the answers' text; the target's own token stream splits some words
 # otherwise), once above 5 %; on another model's answers +15 % at step 100, +25-40 % after.
 OFF_TARGET_TOLERANCE = 0.10
-
-if TYPE_CHECKING:
-    from draftdeck.jobs.context import RunContext
-    from draftdeck.quality import Report
 
 
 class TrainParams(JobParams):
@@ -112,41 +107,3 @@ class TrainParams(JobParams):
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
         return self
-
-
-def run_train(params: TrainParams, ctx: RunContext) -> Report:
-    """The `train` job's run function: train (or resume), then account for the rows.
-
-    rows_in = rows read; rows_out = rows used (training + held-out split, see `extra`); rows with
-    no DFlash anchor are counted under `rejected["no_dflash_anchor"]`. Outputs: the last
-    checkpoint's weights (holding rows_out, the rows it was trained and judged on), and run.json.
-    """
-    from draftdeck.drafter.trainer import train
-    from draftdeck.fileio import sha256_file
-    from draftdeck.quality import Output, Report
-
-    if params.out is None:  # a job without `out` trains into its own folder (Retry resumes there)
-        params = params.model_copy(update={"out": str(ctx.out_dir)})
-    record = train(params, ctx)
-    data = record.data
-    report = Report(rows_in=data["rows_in"], rows_out=data["train_rows"] + data["heldout_rows"])
-    if data["no_anchor_rows"]:
-        report.rejected["no_dflash_anchor"] = data["no_anchor_rows"]
-    out = Path(str(params.out))
-    if record.checkpoints:
-        weights = Path(max(record.checkpoints)) / "model.safetensors"
-        report.outputs.append(
-            Output(str(weights), report.rows_out, weights.stat().st_size, sha256_file(weights))
-        )
-    run_json = out / "run.json"
-    report.outputs.append(Output(str(run_json), 0, run_json.stat().st_size, sha256_file(run_json)))
-    report.extra = {
-        "train_rows": data["train_rows"],
-        "heldout_rows": data["heldout_rows"],
-        "steps": record.steps_done,
-        "best_step": record.best_step,
-        "checkpoints": record.checkpoints,
-        "run": str(run_json),
-    }
-    report.check_accounting()
-    return report

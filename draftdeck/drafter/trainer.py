@@ -485,12 +485,3 @@ class Trainer:
                 self.save(None if heldout is None else heldout.index_figures(matched))
         self._write_record()
         return self.record
-
-
-def train(params: TrainParams, ctx: RunContext) -> RunRecord:
-    """Train (or resume) a drafter as `params` says; N ranks when `params.devices` > 1."""
-    if params.devices > 1:
-        from draftdeck.drafter.distributed import launch
-
-        return launch(params, ctx)
-    return Trainer(params, ctx).run()

@@ -32,6 +32,12 @@ def _regenerate_queue(params: regen_params.RegenerateParams) -> str:
     return "gpu" if params.local else "cpu"
 
 
+def _run_train(params: train_params.TrainParams, ctx: RunContext) -> Report:
+    from draftdeck.drafter.run import run_train  # imports torch: only where a run trains
+
+    return run_train(params, ctx)
+
+
 def _run_eval(params: eval_params.EvalParams, ctx: RunContext) -> Report:
     from draftdeck.drafter.evaluate import run_eval  # imports torch: only where an eval runs
 
@@ -65,7 +71,7 @@ KINDS: dict[str, JobKind] = {
                 route=_regenerate_queue),
         JobKind("tokenize", "cpu", tokenize.TokenizeParams, tokenize.run,
                 "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
-        JobKind("train", "gpu", train_params.TrainParams, train_params.run_train,
+        JobKind("train", "gpu", train_params.TrainParams, _run_train,
                 "Train a DFlash drafter on tokenized datasets against its frozen target (resumable)"),
         JobKind("eval", "gpu", eval_params.EvalParams, _run_eval,
                 "Real speculative decoding of a drafter checkpoint: tau incl. bonus, baselines, lossless"),

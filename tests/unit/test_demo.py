@@ -40,7 +40,7 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
 
     from app.db import get_engine
     from app.models import Alert, Job, JobStateHistory, MetricSeries
-    from app.runs import ALARM_KINDS
+    from app.run_figures import ALARM_KINDS
 
     with Session(get_engine()) as session:
         jobs = session.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]

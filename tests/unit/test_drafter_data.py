@@ -22,8 +22,9 @@ from draftdeck.drafter.data import (
     is_heldout,
 )
 from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.run import train
 from draftdeck.drafter.target import TargetError
-from draftdeck.drafter.trainer import DeviceError, train
+from draftdeck.drafter.trainer import DeviceError
 from draftdeck.jobs.context import LocalContext
 from tests.drafter_helpers import saved_target, write_dataset
 

@@ -18,8 +18,9 @@ import torch
 
 from draftdeck.drafter import trainer as trainer_mod
 from draftdeck.drafter.checkpoint import CheckpointWriteError
-from draftdeck.drafter.params import TrainParams, run_train
-from draftdeck.drafter.trainer import TrainingDiverged, train
+from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.run import run_train, train
+from draftdeck.drafter.trainer import TrainingDiverged
 from draftdeck.errors import Cancelled
 from draftdeck.jobs.context import LocalContext
 from tests.drafter_helpers import greedy_text, learnable_target, write_dataset
@@ -167,7 +168,7 @@ import sys, time, torch
 torch.set_num_threads(1)
 from pathlib import Path
 from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.trainer import train
+from draftdeck.drafter.run import train
 from draftdeck.jobs.context import LocalContext
 
 class Slow(LocalContext):

@@ -18,7 +18,7 @@ from draftdeck.drafter.eval_params import EvalParams
 from draftdeck.drafter.evaluate import run_eval
 from draftdeck.drafter.params import TrainParams
 from draftdeck.drafter.preflight import OFF_TARGET, compare
-from draftdeck.drafter.trainer import train
+from draftdeck.drafter.run import train
 from draftdeck.drafter.versus import run_figures
 from draftdeck.errors import JobFailed
 from draftdeck.jobs.context import LocalContext
