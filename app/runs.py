@@ -63,6 +63,7 @@ CHARTS: list[dict[str, Any]] = [
     {"id": "lr", "title": "Learning rate", "series": [["train/lr", "lr"]]},
     {"id": "grad", "title": "Gradient norm", "series": [["train/grad_norm", "grad norm"]]},
     {"id": "tps", "title": "Tokens/s", "series": [["train/tokens_per_s", "tokens/s"]]},
+    {"id": "mem", "title": "Peak memory (bytes)", "series": [["train/peak_memory_bytes", "peak"]]},
 ]
 
 

@@ -90,7 +90,7 @@ def main() -> None:
             ctx = torch.cat([hs[i + 1] for i in drafter.target_layer_ids], dim=-1)
         h = drafter(
             position_ids=bb.position_ids,
-            attention_mask=bb.attention_mask,
+            attention_mask=bb.layout,
             noise_embedding=noise,
             target_hidden=ctx,
         )

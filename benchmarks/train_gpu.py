@@ -11,6 +11,9 @@ tokens/s, estimated model FLOPs per step and utilisation against `--peak-tflops`
 drafter forward + backward (x3) over the block queries, its context k/v and fc over the context,
 dense attention of A*B queries over T + A*B keys (sdpa computes the masked entries too); the LM head
 on the counted slots (forward + input gradient, x2). `--device cpu --tiny` checks the script here.
+
+Then, on a GPU, the table of `benchmarks/train_long.py` (dense against sparse per T and A, bf16, flex
+attention compiled), so that the first run on a GPU measures it at once (`--no-long` skips it).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=16)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="a small config, to check the script on a CPU")
+    ap.add_argument("--no-long", action="store_true", help="skip benchmarks/train_long.py's table")
     a = ap.parse_args()
     if a.tiny:
         a.hidden, a.target_layers, a.vocab, a.seq, a.batch, a.anchors, a.block = 64, 4, 2048, 128, 2, 16, 8
@@ -121,6 +125,12 @@ def main() -> None:
         f"| {n} | {dt:.4f} | {a.batch * a.seq / dt:,.0f} | {flops / 1e12:.3f} | {flops / dt / 1e12:.1f} | "
         f"{flops / dt / (a.peak_tflops * 1e12):.1%} | {mem:.1f} |"
     )
+    if a.device == "cuda" and not a.no_long:
+        import subprocess
+
+        print(flush=True)
+        long = Path(__file__).resolve().parent / "train_long.py"
+        subprocess.run([sys.executable, str(long), "--device", "cuda", "--vocab", str(a.vocab)], check=True)
 
 
 if __name__ == "__main__":

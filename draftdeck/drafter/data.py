@@ -122,6 +122,8 @@ class TrainData:
         self.train: list[RowRef] = []
         self.heldout: list[RowRef] = []
         self.no_anchor = 0
+        self.truncated_rows = self.truncated_tokens = 0  # rows longer than seq_length, and what was cut
+        self.longest_used = 0  # the longest row as training reads it (after seq_length)
         self.longest: tuple[int, str, int, Path] = (0, "", 0, self.paths[0])  # length, source, row, folder
         for di, ds in enumerate(self.datasets):
             n = 0
@@ -146,6 +148,10 @@ class TrainData:
                 self.no_anchor += 1
                 continue
             ref = RowRef(di, start + i, min(length, self.seq_length or length))
+            if ref.length < length:
+                self.truncated_rows += 1
+                self.truncated_tokens += length - ref.length
+            self.longest_used = max(self.longest_used, ref.length)
             (self.heldout if is_heldout(sources[i], rows[i], self.heldout_fraction) else self.train).append(
                 ref
             )
@@ -251,6 +257,9 @@ class TrainData:
             "train_rows": len(self.train),
             "heldout_rows": len(self.heldout),
             "no_anchor_rows": self.no_anchor,
+            "truncated_rows": self.truncated_rows,
+            "truncated_tokens": self.truncated_tokens,
+            "longest_row_tokens": self.longest_used,
         }
 
 

@@ -20,8 +20,10 @@ from typing import Any
 import torch
 import torch.multiprocessing as tmp
 
+from draftdeck.drafter.device import resolve_device
 from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.trainer import RunRecord, Trainer, resolve_device
+from draftdeck.drafter.run_record import RunRecord
+from draftdeck.drafter.trainer import Trainer
 from draftdeck.errors import Cancelled, DraftDeckError
 from draftdeck.jobs.context import RunContext
 

@@ -32,7 +32,9 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
+from draftdeck.drafter.attention import BlockLayout
 from draftdeck.drafter.config import DrafterConfig
 
 
@@ -103,7 +105,7 @@ class Attention(nn.Module):
         hidden_states: torch.Tensor,
         target_hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | BlockLayout | None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
         bsz, q_len, _ = hidden_states.shape
@@ -121,11 +123,14 @@ class Attention(nn.Module):
         k = _rope(k, cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx, {"sin": sin, "cos": cos})
-        if attention_mask is not None and attention_mask.dtype == torch.bool:
-            attention_mask = attention_mask[..., : k.shape[-2]]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
-        )
+        if isinstance(attention_mask, BlockLayout):  # training's flattened blocks: block-sparse
+            out = attention_mask.attend(q, k, v, self.scaling)
+        else:
+            if attention_mask is not None and attention_mask.dtype == torch.bool:
+                attention_mask = attention_mask[..., : k.shape[-2]]
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
+            )
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 
 
@@ -155,7 +160,7 @@ class DecoderLayer(nn.Module):
         hidden_states: torch.Tensor,
         target_hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None,
+        attention_mask: torch.Tensor | BlockLayout | None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
         h = hidden_states + self.self_attn(
@@ -181,6 +186,8 @@ class DFlashDrafter(nn.Module):
         self.target_layer_ids = list(config.target_layer_ids)
         self.block_size = config.block_size
         self.mask_token_id = config.mask_token_id
+        # training only: recompute each layer's activations in the backward (memory for time)
+        self.gradient_checkpointing = False
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
@@ -195,7 +202,7 @@ class DFlashDrafter(nn.Module):
     def forward(
         self,
         position_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | BlockLayout | None = None,
         noise_embedding: torch.Tensor | None = None,
         target_hidden: torch.Tensor | None = None,
         past_key_values: Any = None,
@@ -209,7 +216,7 @@ class DFlashDrafter(nn.Module):
           blocks are flattened for training;
         - `position_ids`: (bsz, C + Q) positions of the context keys, then of the block queries;
         - `attention_mask`: None (everything visible) or (bsz|1, 1, Q, C + Q) bool (True = visible)
-          or additive float;
+          or additive float, or a `BlockLayout` (training's flattened blocks, block-sparse);
         - `past_key_values`: an HF `Cache` (e.g. `DynamicCache`) to append this call's keys and
           values to, as z-lab's decoding loop does (crop it to the committed length after a round).
 
@@ -220,14 +227,13 @@ class DFlashDrafter(nn.Module):
         hidden = noise_embedding
         context = self.hidden_norm(self.fc(target_hidden))
         pos = self.rotary_emb(hidden, position_ids)
+        cache = past_key_values if use_cache or past_key_values is not None else None
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
-            hidden = layer(
-                hidden,
-                context,
-                pos,
-                attention_mask,
-                past_key_values if use_cache or past_key_values is not None else None,
-            )
+            if recompute:
+                hidden = checkpoint(layer, hidden, context, pos, attention_mask, cache, use_reentrant=False)
+            else:
+                hidden = layer(hidden, context, pos, attention_mask, cache)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:

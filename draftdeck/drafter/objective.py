@@ -8,8 +8,10 @@ prediction, leaks into slot 1 and real decoding collapses to tau ~ 1, SpecForge 
 slot of its own block, nothing of other blocks. Labels at positions past the sequence or outside
 the loss mask are not counted. Loss = sum w * CE / sum w with w_k = exp(-(k - 1) / gamma).
 
-All A anchors of a batch go through ONE drafter forward: (bsz, A * B) queries against
-[T context keys ; A * B block keys] under a boolean mask (`BlockBatch.attention_mask`).
+The A anchors of a batch go through one drafter forward: (bsz, A * B) queries against
+[T context keys ; A * B block keys], block-sparse (`draftdeck.drafter.attention.BlockLayout`: flex
+attention, the project's blocked kernel, or dense SDPA as the reference); the loss goes through the
+target's head in chunks of slots (`draftdeck.drafter.head`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from draftdeck.drafter.attention import Backend, BlockLayout
 from draftdeck.drafter.counts import Counts
+from draftdeck.drafter.head import head_ce
 from draftdeck.drafter.model import DFlashDrafter
 
 
@@ -94,15 +98,15 @@ def label_weight_sum(
 @dataclass
 class BlockBatch:
     """The drafter's inputs and the labels for A blocks per row. Shapes: anchors/valid (bsz, A);
-    block_ids (bsz, A*B); position_ids (bsz, T + A*B); attention_mask (bsz, 1, A*B, T + A*B);
-    labels/label_valid (bsz, A, B)."""
+    block_ids (bsz, A*B); position_ids (bsz, T + A*B); `layout`: who sees whom (its `dense_mask()`
+    is (bsz, 1, A*B, T + A*B)); labels/label_valid (bsz, A, B)."""
 
     block_size: int
     anchors: torch.Tensor
     valid: torch.Tensor
     block_ids: torch.Tensor
     position_ids: torch.Tensor
-    attention_mask: torch.Tensor
+    layout: BlockLayout
     labels: torch.Tensor
     label_valid: torch.Tensor
 
@@ -115,6 +119,7 @@ def build_blocks(
     valid: torch.Tensor,
     block_size: int,
     mask_token_id: int,
+    backend: Backend = "blocked",
 ) -> BlockBatch:
     bsz, t = input_ids.shape
     a, b = anchors.shape[1], block_size
@@ -127,16 +132,11 @@ def build_blocks(
     safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
     labels = input_ids.gather(1, safe).view(bsz, a, b)
     label_valid = counted_slots(loss_mask, anchors, valid, block_size)
+    key_ok = None if attention_mask is None else attention_mask.bool()
+    layout = BlockLayout(anchors, key_ok, t, b, backend)  # context strictly before the anchor
     keys = torch.arange(t, device=dev)
-    ctx_ok = keys[None, None, :] < anchors[:, :, None]  # strictly before the anchor
-    if attention_mask is not None:
-        ctx_ok = ctx_ok & attention_mask.bool()[:, None, :]
-    ctx_ok = ctx_ok[:, :, None, :].expand(bsz, a, b, t).reshape(bsz, a * b, t)
-    blk = torch.arange(a, device=dev).repeat_interleave(b)
-    same_block = (blk[:, None] == blk[None, :]).expand(bsz, a * b, a * b)
-    mask = torch.cat([ctx_ok, same_block], dim=2)[:, None]
     position_ids = torch.cat([keys.expand(bsz, t), slot_pos.view(bsz, -1)], dim=1)
-    return BlockBatch(b, anchors, valid, block_ids.view(bsz, -1), position_ids, mask, labels, label_valid)
+    return BlockBatch(b, anchors, valid, block_ids.view(bsz, -1), position_ids, layout, labels, label_valid)
 
 
 def drafter_hidden(
@@ -146,7 +146,7 @@ def drafter_hidden(
     noise = F.embedding(batch.block_ids, embedding.weight)
     h = drafter(
         position_ids=batch.position_ids,
-        attention_mask=batch.attention_mask,
+        attention_mask=batch.layout,
         noise_embedding=noise,
         target_hidden=context,
     )
@@ -172,29 +172,31 @@ def block_loss(
     batch: BlockBatch,
     gamma: float,
     normalizer: float | None = None,
+    *,
+    chunked_head: bool = True,
 ) -> BlockResult:
-    """Weighted CE over counted slots (logits only for those), per-slot and anchor-mean counts.
+    """Weighted CE over counted slots (logits only for those, in chunks), per-slot and anchor-mean
+    counts.
 
-    `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests). The loss is
-    sum w * CE / `normalizer` (default: this batch's sum w; the trainer passes the global sum over
-    micro-batches and ranks, divided by the world size as DDP averages gradients)."""
+    `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests; an
+    `nn.Linear` goes through `draftdeck.drafter.head`'s chunks unless `chunked_head` is False, the
+    reference). The loss is sum w * CE / `normalizer` (default: this batch's sum w; the trainer
+    passes the global sum over micro-batches and ranks, divided by the world size as DDP averages
+    gradients)."""
     b = batch.block_size
     sel = batch.label_valid
-    logits = logits_fn(hidden[sel]).float()
     labels = batch.labels[sel]
     w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
-    ce = F.cross_entropy(logits, labels, reduction="none")
+    wce, ce, pred_sel = head_ce(logits_fn, hidden[sel], labels, w, chunked=chunked_head)
     wsum = w.sum()
     denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)
-    loss = (w * ce).sum() / denom if sel.any() else hidden.sum() * 0.0
-    pred_sel = logits.argmax(-1)
+    loss = wce / denom if sel.any() else hidden.sum() * 0.0
     predictions = batch.block_ids.view(sel.shape).clone()
     predictions[sel] = pred_sel
     correct = torch.zeros_like(sel)
     correct[sel] = pred_sel == labels
-    return BlockResult(
-        loss, counts_of(batch, correct, ce.detach(), w), leading_runs(correct, batch.valid), predictions
-    )
+    runs = leading_runs(correct, batch.valid)
+    return BlockResult(loss, counts_of(batch, correct, ce, w), runs, predictions)
 
 
 def leading_runs(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -231,6 +233,9 @@ def dflash_loss(
     valid: torch.Tensor,
     gamma: float,
     normalizer: float | None = None,
+    *,
+    attention: Backend = "blocked",
+    chunked_head: bool = True,
 ) -> BlockResult:
     """The whole objective for one batch: `context` = the target's concatenated features
     (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` or a DDP
@@ -239,10 +244,10 @@ def dflash_loss(
         raise ValueError(f"gamma {gamma} must be a positive number")
     core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # DDP wraps the drafter
     batch = build_blocks(
-        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id
+        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention
     )
     hidden = drafter_hidden(drafter, embedding, context, batch)
-    return block_loss(lm_head, hidden, batch, gamma, normalizer)
+    return block_loss(lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head)
 
 
 def sample_anchors_per_row(

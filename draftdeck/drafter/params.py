@@ -36,6 +36,24 @@ class TrainParams(JobParams):
     )
     gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
     anchors_per_seq: int = Field(512, ge=1, le=8192, description="Random anchors (blocks) per sequence")
+    anchors_per_forward: int = Field(
+        128,
+        ge=1,
+        le=8192,
+        description="Anchors per drafter forward and backward in training (more anchors go in several,"
+        " for the same loss and gradients): lower it to trade time for memory on long rows",
+    )
+    attention: Literal["auto", "flex", "blocked", "dense"] = Field(
+        "auto",
+        description="Training attention over the blocks: auto = flex (compiled) on a GPU, blocked"
+        " (block-sparse, PyTorch ops) elsewhere; dense = SDPA under the full mask (the reference)",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each drafter layer in the backward: less memory, ~1/3 more time"
+    )
+    memory_check: bool = Field(
+        True, description="Before step 1, refuse a run whose estimated peak memory exceeds the device's"
+    )
     seq_length: int | None = Field(
         None, ge=2, le=1_000_000, description="Truncate rows to this many tokens (default: whole rows)"
     )

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from draftdeck.drafter.distributed import launch
 from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.trainer import RunRecord, Trainer
+from draftdeck.drafter.run_record import RunRecord
+from draftdeck.drafter.trainer import Trainer
 from draftdeck.fileio import sha256_file
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
@@ -36,6 +37,13 @@ def run_train(params: TrainParams, ctx: RunContext) -> Report:
     report = Report(rows_in=data["rows_in"], rows_out=data["train_rows"] + data["heldout_rows"])
     if data["no_anchor_rows"]:
         report.rejected["no_dflash_anchor"] = data["no_anchor_rows"]
+    if data.get("truncated_rows"):  # kept, cut at seq_length: the job page says how much was cut
+        report.warn(
+            "truncated", ", ".join(data["inputs"]), None,
+            f"{data['truncated_rows']} rows longer than seq_length {params.seq_length}: "
+            f"{data['truncated_tokens']} tokens past it are not trained",
+            n=data["truncated_rows"],
+        )  # fmt: skip
     out = Path(str(params.out))
     if record.checkpoints:
         weights = Path(max(record.checkpoints)) / "model.safetensors"

@@ -17,21 +17,24 @@ import json
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from draftdeck.drafter.attention import resolve_backend
 from draftdeck.drafter.checkpoint import CheckpointStore, bytes_writer, rng_state, set_rng_state, torch_writer
 from draftdeck.drafter.config import DrafterConfig
 from draftdeck.drafter.counts import Counts
 from draftdeck.drafter.data import DataPosition, TrainData, anchor_generator, collate
+from draftdeck.drafter.device import DeviceError, peak_bytes, reset_peak, resolve_device
+from draftdeck.drafter.memory import check_memory
 from draftdeck.drafter.model import DFlashDrafter
 from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors_per_row
 from draftdeck.drafter.params import TrainParams
 from draftdeck.drafter.preflight import OnRank, compare, run_preflight
+from draftdeck.drafter.run_record import RunRecord
 from draftdeck.drafter.target import Target
 from draftdeck.drafter.truth import OFF_TARGET, TruthUnavailable
 from draftdeck.drafter.walked import heldout_pass
@@ -42,51 +45,6 @@ from draftdeck.jobs.context import RunContext
 
 class TrainingDiverged(DraftDeckError):
     """The loss became NaN or inf."""
-
-
-class DeviceError(UsageError):
-    """The run asks for a device this machine does not have, or ran out of its memory."""
-
-
-@dataclass
-class RunRecord:
-    """What defines a run (saved as <out>/run.json), and where it got to."""
-
-    inputs: list[str]
-    manifest_sha256: list[str]
-    target: str
-    drafter: dict[str, Any]  # DrafterConfig.to_dict(): block size, layers, layer ids, mask id + source
-    loss: str
-    gamma: float
-    anchors_per_seq: int
-    seq_length: int | None
-    lr_schedule: dict[str, Any]
-    seed: int
-    world_size: int
-    global_batch: int
-    data: dict[str, Any]
-    steps_done: int = 0
-    total_steps: int = 0
-    best_step: int | None = None
-    checkpoints: list[str] = field(default_factory=list)
-    # the pre-flight's findings (draftdeck.drafter.preflight.Verdict.to_dict): provenance, agreement, alert
-    truth: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def resolve_device(device: str, rank: int, world: int) -> torch.device:
-    has_cuda = torch.cuda.is_available()
-    if device == "cuda" and not has_cuda:
-        raise DeviceError(
-            "this run asks for a GPU (device 'cuda') but this machine has none (no CUDA device)"
-        )
-    if device == "cpu" or not has_cuda:
-        return torch.device("cpu")
-    if world > torch.cuda.device_count():
-        raise DeviceError(f"this run asks for {world} GPUs; this machine has {torch.cuda.device_count()}")
-    return torch.device("cuda", rank)
 
 
 def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
@@ -130,6 +88,11 @@ class Trainer:
         self.warmup = int(params.warmup_ratio * self.total_steps)
         torch.manual_seed(params.seed)
         self.drafter = DFlashDrafter(self.cfg).to(self.device)
+        self.drafter.gradient_checkpointing = params.gradient_checkpointing
+        try:
+            self.attention = resolve_backend(params.attention, self.device)
+        except ValueError as e:
+            raise DeviceError(str(e)) from e
         self.model: nn.Module = self.drafter
         if world > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -331,26 +294,30 @@ class Trainer:
         total_w = float(self._sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
         counts = Counts(self.cfg.block_size)
         self.model.train()
+        per = self.p.anchors_per_forward
         for i, (ids, att, lm, anchors, valid) in enumerate(micro):
-            last = i == len(micro) - 1
-            sync = nullcontext() if last or self.world == 1 else self.model.no_sync()  # type: ignore[operator]
-            with sync, self.amp:
+            with self.amp:
                 _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
-                res = dflash_loss(
-                    self.model,
-                    self.target.embedding,
-                    self.target.lm_head,
-                    context,
-                    ids,
-                    lm,
-                    att,
-                    anchors,
-                    valid,
-                    self.p.gamma,
-                    normalizer=max(total_w, 1e-12) / self.world,
-                )
-                res.loss.backward()
-            counts = counts + res.counts
+            for s in range(0, anchors.shape[1], per):  # several forwards: the same sum, less memory
+                last = i == len(micro) - 1 and s + per >= anchors.shape[1]
+                sync = nullcontext() if last or self.world == 1 else self.model.no_sync()  # type: ignore[operator]
+                with sync, self.amp:
+                    res = dflash_loss(
+                        self.model,
+                        self.target.embedding,
+                        self.target.lm_head,
+                        context,
+                        ids,
+                        lm,
+                        att,
+                        anchors[:, s : s + per],
+                        valid[:, s : s + per],
+                        self.p.gamma,
+                        normalizer=max(total_w, 1e-12) / self.world,
+                        attention=self.attention,
+                    )
+                    res.loss.backward()
+                counts = counts + res.counts
             counts.tokens += int(att.sum())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
         return self._reduce_counts(counts), grad_norm
@@ -362,7 +329,10 @@ class Trainer:
         ]
         groups = [sources[i : i + bs] for i in range(0, len(sources), bs)]
         with self.amp:
-            return heldout_pass(self.drafter, self.target, batches, self.p.gamma, sources=groups, judge=judge)
+            return heldout_pass(
+                self.drafter, self.target, batches, self.p.gamma,
+                sources=groups, judge=judge, attention=self.attention,
+            )  # fmt: skip
 
     def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts], Counts]:
         """The held-out pass: every count of the split judged by the data (with target agreement), the
@@ -419,12 +389,27 @@ class Trainer:
     def run(self) -> RunRecord:
         self._check_same_run()
         resumed = self.resume()
+        if self.data.truncated_rows and self.rank == 0:
+            self.ctx.event(
+                "warning",
+                f"{self.data.truncated_rows} rows are longer than seq_length {self.p.seq_length}: "
+                f"{self.data.truncated_tokens} tokens past it are not trained",
+                code="truncated",
+                count=self.data.truncated_rows,
+            )
         if resumed and self.rank == 0:
             self.ctx.event(
                 "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
             )
+        self.record.memory = check_memory(  # before step 1: refuses what cannot fit
+            self.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
+            self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
+            world=self.world, ctx=self.ctx if self.rank == 0 else None,
+            enforce=self.p.memory_check,
+        )  # fmt: skip
         self.preflight(fresh=not resumed)
         self._write_record()
+        reset_peak(self.device)
         window, busy = Counts(self.cfg.block_size), 0.0
         while self.step < self.total_steps:
             if self._cancelled():
@@ -466,6 +451,7 @@ class Trainer:
                     "train/lr": lr,
                     "train/grad_norm": grad_norm,
                     "train/tokens_per_s": window.tokens / dt,
+                    "train/peak_memory_bytes": float(peak_bytes(self.device)),
                     **window.position_metrics("train"),
                 }
                 if self.rank == 0:

@@ -19,7 +19,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import torch
 
+from draftdeck.drafter.attention import Backend
 from draftdeck.drafter.counts import Counts
+from draftdeck.drafter.memory import HELDOUT_ANCHORS_PER_CHUNK
 from draftdeck.drafter.model import DFlashDrafter
 from draftdeck.drafter.objective import all_anchors, block_loss, build_blocks, drafter_hidden
 from draftdeck.drafter.target import Target
@@ -73,7 +75,8 @@ def heldout_pass(
     *,
     sources: Iterable[Sequence[str]] | None = None,
     judge: bool = True,
-    anchors_per_chunk: int = 256,
+    anchors_per_chunk: int = HELDOUT_ANCHORS_PER_CHUNK,
+    attention: Backend = "blocked",
 ) -> tuple[Counts, dict[str, Counts]]:
     """Loss, per-slot counts, anchor-mean over EVERY eligible anchor and the walked counts over
     `batches` (on the target's device) and, with `judge`, target agreement on them
@@ -93,7 +96,14 @@ def heldout_pass(
             for i in range(0, anchors.shape[1], anchors_per_chunk):
                 a, v = anchors[:, i : i + anchors_per_chunk], valid[:, i : i + anchors_per_chunk]
                 batch = build_blocks(
-                    input_ids, loss_mask, attention_mask, a, v, drafter.block_size, drafter.mask_token_id
+                    input_ids,
+                    loss_mask,
+                    attention_mask,
+                    a,
+                    v,
+                    drafter.block_size,
+                    drafter.mask_token_id,
+                    attention,
                 )
                 hidden = drafter_hidden(drafter, target.embedding, context, batch)
                 res = block_loss(target.lm_head, hidden, batch, gamma)
@@ -132,7 +142,10 @@ def heldout_counts(
     gamma: float,
     *,
     judge: bool = True,
-    anchors_per_chunk: int = 256,
+    anchors_per_chunk: int = HELDOUT_ANCHORS_PER_CHUNK,
+    attention: Backend = "blocked",
 ) -> Counts:
     """`heldout_pass` over every row together."""
-    return heldout_pass(drafter, target, batches, gamma, judge=judge, anchors_per_chunk=anchors_per_chunk)[0]
+    return heldout_pass(
+        drafter, target, batches, gamma, judge=judge, anchors_per_chunk=anchors_per_chunk, attention=attention
+    )[0]

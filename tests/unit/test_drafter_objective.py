@@ -71,7 +71,7 @@ def test_attention_mask_context_strictly_before_anchor_and_own_block_only() -> N
     att[0, 0] = 0  # a left-padded key is never visible
     anchors, valid = torch.tensor([[3, 6]]), torch.tensor([[True, True]])
     bb = build_blocks(ids, torch.ones(1, 10), att, anchors, valid, B, MASK)
-    m = bb.attention_mask[0, 0]
+    m = bb.layout.dense_mask()[0, 0]
     assert m.shape == (2 * B, 10 + 2 * B)
     for q in range(2 * B):
         p = anchors[0, q // B].item()
@@ -117,15 +117,16 @@ def test_batched_blocks_equal_one_inference_call_per_anchor() -> None:
                 assert not torch.allclose(h[r, a], leaky[0], atol=1e-4)
 
 
-def test_no_gradient_reaches_context_at_or_after_the_anchor_or_other_blocks() -> None:
+@pytest.mark.parametrize("backend", ["dense", "blocked"])
+def test_no_gradient_reaches_context_at_or_after_the_anchor_or_other_blocks(backend: str) -> None:
     target, drafter, ids, ctx = _setup()
     ctx = ctx.clone().requires_grad_(True)
     anchors, valid = torch.tensor([[4, 9], [2, 7]]), torch.ones(2, 2, dtype=torch.bool)
-    bb = build_blocks(ids, torch.ones_like(ids), None, anchors, valid, B, drafter.mask_token_id)
+    bb = build_blocks(ids, torch.ones_like(ids), None, anchors, valid, B, drafter.mask_token_id, backend)  # type: ignore[arg-type]
     noise = F.embedding(bb.block_ids, target.embedding.weight).requires_grad_(True)
     h = drafter(
         position_ids=bb.position_ids,
-        attention_mask=bb.attention_mask,
+        attention_mask=bb.layout,
         noise_embedding=noise,
         target_hidden=ctx,
     )

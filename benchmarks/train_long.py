@@ -1,0 +1,147 @@
+# ruff: noqa: E402 - imports follow the sys.path fix
+"""Drafter training at real lengths: the dense reference against the block-sparse path, per shape.
+
+    python benchmarks/train_long.py [--vocab 32768] [--steps 2] [--device cpu|cuda]
+
+One table, measured in one run: for T in {512, 2,048, 4,096} and A in {64, 512} anchors (B = 16,
+batch 1), one drafter step (forward + backward through `dflash_loss`, on a stand-in target context:
+random hidden states of the right shape, a random embedding and LM head) with
+
+- dense: SDPA under the dense (A*B) x (T + A*B) mask and the LM head over every counted slot at
+  once (the trainer before issue 18, kept as the reference);
+- sparse: the trainer's defaults where the benchmark runs: blocked attention on the CPU (flex,
+  compiled, on a GPU), the LM head in chunks of slots, `anchors_per_forward` (128) anchors per
+  forward and backward.
+
+The drafter is mid-size: hidden 1,024, 8 heads of 128, intermediate 3,072, 1 layer, context from 4
+target layers. Each case runs in its own process so that its peak (RSS on the CPU, max allocated on
+a GPU) is its own: `peak` is what the step adds to what was held before it. Time: the median over
+`--steps` steps after one warm-up. Goals (issue 18): at T = 4,096, A = 512 peak >= 5x lower and step
+>= 1.5x faster; no case slower than dense by more than 10 %.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+
+import torch
+
+SHAPES = [(512, 64), (512, 512), (2048, 64), (2048, 512), (4096, 64), (4096, 512)]
+
+
+def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str) -> dict[str, float]:
+    from torch import nn
+
+    from draftdeck.drafter.attention import resolve_backend
+    from draftdeck.drafter.config import DrafterConfig
+    from draftdeck.drafter.device import in_use_bytes, peak_bytes, reset_peak
+    from draftdeck.drafter.model import DFlashDrafter
+    from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors
+    from draftdeck.drafter.params import TrainParams
+
+    torch.manual_seed(0)
+    device = torch.device(device_name)
+    h, n_ids = 1024, 4
+    cfg = DrafterConfig(
+        hidden_size=h, vocab_size=vocab, layers=1, num_attention_heads=8, num_key_value_heads=8, head_dim=128,
+        intermediate_size=3 * h, num_target_layers=8, target_layer_ids=(1, 3, 5, 7), mask_token_id=vocab - 1,
+        block_size=16, max_position_embeddings=32768,
+    )  # fmt: skip
+    drafter = DFlashDrafter(cfg).to(device)
+    embedding = nn.Embedding(vocab, h).to(device).requires_grad_(False)
+    head = nn.Linear(h, vocab, bias=False).to(device).requires_grad_(False)
+    ids = torch.randint(0, vocab - 1, (1, t), device=device)
+    lm = torch.ones(1, t, dtype=torch.long, device=device)
+    lm[:, : t // 8] = 0  # a prompt, then the answer
+    att = torch.ones_like(lm)
+    context = torch.randn(1, t, n_ids * h, device=device)
+    anchors, valid = sample_anchors(lm, a, torch.Generator().manual_seed(0))
+    norm = label_weight_sum(lm, anchors, valid, 16, 7.0)
+    attention = "dense" if path == "dense" else resolve_backend("auto", device)
+    amp = (
+        torch.autocast("cuda", dtype=torch.bfloat16)
+        if device.type == "cuda"
+        else torch.autocast("cpu", enabled=False)
+    )
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    per = anchors.shape[1] if path == "dense" else TrainParams.model_fields["anchors_per_forward"].default
+
+    def step() -> None:
+        for s in range(0, anchors.shape[1], per):  # as the trainer does: anchors_per_forward at a time
+            with amp:
+                res = dflash_loss(
+                    drafter, embedding, head, context, ids, lm, att, anchors[:, s : s + per],
+                    valid[:, s : s + per], 7.0, normalizer=norm, attention=attention,
+                    chunked_head=path != "dense",
+                )  # fmt: skip
+                res.loss.backward()
+        drafter.zero_grad(set_to_none=True)
+        sync()
+
+    held = in_use_bytes(device)
+    reset_peak(device)
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        step()
+        if i:  # the first step warms up (and compiles, on a GPU)
+            times.append(time.perf_counter() - t0)
+    return {
+        "seconds": statistics.median(times),
+        "peak": float(peak_bytes(device) - held),
+        "anchors": int(valid.sum()),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
+    ap.add_argument("--case", nargs=3, metavar=("T", "A", "PATH"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.case:
+        t, n, path = int(a.case[0]), int(a.case[1]), a.case[2]
+        print(json.dumps(run_case(t, n, path, a.vocab, a.steps, a.device)))
+        return
+
+    def measure(t: int, n: int, path: str) -> dict[str, float]:
+        cmd = [sys.executable, __file__, "--case", str(t), str(n), path, "--vocab", str(a.vocab),
+               "--steps", str(a.steps), "--device", a.device, "--threads", str(a.threads)]  # fmt: skip
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        return dict(json.loads(out.strip().splitlines()[-1]))
+
+    sparse_name = "blocked" if a.device == "cpu" else "flex"
+    print(
+        f"drafter step (forward + backward), {a.device}, torch {torch.__version__}: hidden 1,024, 8 heads, "
+        f"1 layer, B = 16, batch 1, vocab {a.vocab:,}; sparse = {sparse_name} attention + chunked LM head; "
+        f"median of {a.steps} steps"
+    )
+    print("| T | A | dense s/step | sparse s/step | speed-up | dense MiB | sparse MiB | memory ratio |")
+    print("|--:|--:|-------------:|--------------:|---------:|----------:|-----------:|-------------:|")
+    for t, n in SHAPES:
+        dense, sparse = measure(t, n, "dense"), measure(t, n, "sparse")
+        print(
+            f"| {t:,} | {int(sparse['anchors'])} | {dense['seconds']:.3f} | {sparse['seconds']:.3f} | "
+            f"{dense['seconds'] / sparse['seconds']:.2f}x | {dense['peak'] / 2**20:,.0f} | "
+            f"{sparse['peak'] / 2**20:,.0f} | {dense['peak'] / max(sparse['peak'], 1):.1f}x |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

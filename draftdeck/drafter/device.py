@@ -1,0 +1,99 @@
+"""The training device: which one, how much memory it has, and the peak a run has used.
+
+Peak memory is CUDA's max allocated on a GPU and the process's peak RSS on the CPU (VmHWM, reset
+at the start of a run where Linux allows, so a worker process that ran other jobs before reports
+this run's peak, not its lifetime's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+from pathlib import Path
+
+import torch
+
+from draftdeck.errors import UsageError
+
+
+class DeviceError(UsageError):
+    """The run asks for a device this machine does not have, or more of its memory than it has."""
+
+
+def resolve_device(device: str, rank: int, world: int) -> torch.device:
+    has_cuda = torch.cuda.is_available()
+    if device == "cuda" and not has_cuda:
+        raise DeviceError(
+            "this run asks for a GPU (device 'cuda') but this machine has none (no CUDA device)"
+        )
+    if device == "cpu" or not has_cuda:
+        return torch.device("cpu")
+    if world > torch.cuda.device_count():
+        raise DeviceError(f"this run asks for {world} GPUs; this machine has {torch.cuda.device_count()}")
+    return torch.device("cuda", rank)
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reset_peak(device: torch.device) -> None:
+    """Start counting the peak from now (best effort on the CPU: Linux's clear_refs)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):  # not Linux, or not allowed: the peak is then the process's
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def peak_bytes(device: torch.device) -> int:
+    """The peak since `reset_peak`: CUDA max allocated, or the process's peak RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    hwm = _status_kb("VmHWM")
+    if hwm is not None:
+        return hwm * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def in_use_bytes(device: torch.device) -> int:
+    """What the run holds now: CUDA allocated, or the process's RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    rss = _status_kb("VmRSS")
+    return rss * 1024 if rss is not None else peak_bytes(device)
+
+
+def capacity_bytes(device: torch.device) -> int | None:
+    """What the run may use at most: the GPU's free memory plus what it holds, or on the CPU what
+    the system has available (MemAvailable, and the cgroup's limit when lower) plus the process's
+    RSS. None when unknown."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free) + in_use_bytes(device)
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if avail is None:
+        return None
+    total = avail + in_use_bytes(device)
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total

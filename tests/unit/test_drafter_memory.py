@@ -1,0 +1,69 @@
+"""Know before you run: the peak-memory estimate against a measured peak, the refusal of a run that
+cannot fit, and the run's own peak, tokens/s and cut rows on record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks._train_world import build_world
+from draftdeck.drafter.device import DeviceError, peak_bytes
+from draftdeck.drafter.memory import check_memory
+from draftdeck.drafter.model import DFlashDrafter
+from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.trainer import Trainer
+from draftdeck.jobs.context import LocalContext
+from tests.drafter_helpers import tiny_drafter_config, tiny_target
+
+
+def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path: Path) -> None:
+    """A run whose working set is of the size of what the process holds (so that the estimate of the
+    step, not of the loaded weights, decides the comparison); held-out pass included."""
+    target, ds = build_world(
+        tmp_path, seq=1024, rows=24, hidden=512, layers=2, heads=8, kv_heads=4, vocab=8192
+    )
+    params = TrainParams(
+        inputs=[str(ds)], target=str(target), out=str(tmp_path / "run"), block_size=16, anchors_per_seq=256,
+        batch_size=1, max_steps=2, log_every=1, eval_every=2, heldout_fraction=0.1, heldout_max_rows=2,
+        truth_rows=2, truth_max_new_tokens=8, seq_length=960, device="cpu",
+    )  # fmt: skip
+    ctx = LocalContext(tmp_path / "ctx")
+    record = Trainer(params, ctx).run()
+    peak = peak_bytes(torch.device("cpu"))
+    mem = record.memory
+    assert mem["total_bytes"] - mem["held_bytes"] >= 0.5 * mem["held_bytes"], mem  # not the weights alone
+    assert 0.7 <= mem["total_bytes"] / peak <= 1.3, (mem, peak)
+    # the run says it, and measures it
+    said = [m for level, m, _, _ in ctx.events if m.startswith("memory: about")]
+    assert said and "attention blocked" in said[0]
+    peaks = ctx.series("train/peak_memory_bytes")
+    assert len(peaks) == 2 and 0 < peaks[-1][1] <= peak
+    assert all(v > 0 for _, v in ctx.series("train/tokens_per_s"))
+    # rows longer than seq_length are kept cut, and the cut is counted
+    assert (
+        record.data["truncated_rows"] > 0
+        and record.data["truncated_tokens"] >= 64 * record.data["truncated_rows"]
+    )
+    cut = [(c, n) for level, _, c, n in ctx.events if c == "truncated"]
+    assert cut == [("truncated", record.data["truncated_rows"])]
+
+
+def test_a_run_that_cannot_fit_is_refused_naming_what_to_lower() -> None:
+    """Rows of 100M tokens on this machine: refused before step 1, with the figures and the knobs."""
+    target = tiny_target()
+    cfg = tiny_drafter_config(target, block_size=16)
+    drafter = DFlashDrafter(cfg)
+    params = TrainParams(inputs=["unused"], target="unused", device="cpu")
+    cpu = torch.device("cpu")
+    args = (cfg, target.config, drafter, params, 100_000_000, cpu, "blocked")
+    with pytest.raises(DeviceError) as caught:
+        check_memory(*args, heldout_rows=8)
+    message = str(caught.value)
+    assert "at peak of" in message and "available" in message
+    for knob in ("batch_size", "anchors_per_forward", "seq_length", "gradient_checkpointing", "memory_check"):
+        assert knob in message
+    assert check_memory(*args, heldout_rows=8, enforce=False)["total_bytes"] > 10 * 2**30  # type: ignore[operator]
+    fits = check_memory(cfg, target.config, drafter, params, 512, cpu, "blocked", heldout_rows=8)
+    assert 0 < fits["total_bytes"] < fits["capacity_bytes"]  # type: ignore[operator]
