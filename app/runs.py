@@ -63,7 +63,14 @@ CHARTS: list[dict[str, Any]] = [
     {"id": "lr", "title": "Learning rate", "series": [["train/lr", "lr"]]},
     {"id": "grad", "title": "Gradient norm", "series": [["train/grad_norm", "grad norm"]]},
     {"id": "tps", "title": "Tokens/s", "series": [["train/tokens_per_s", "tokens/s"]]},
-    {"id": "mem", "title": "Peak memory (bytes)", "series": [["train/peak_memory_bytes", "peak"]]},
+    {
+        "id": "mem",
+        "title": "Peak memory (MiB)",
+        "series": [
+            ["train/peak_memory_mib", "training steps"],
+            ["heldout/peak_memory_mib", "with held-out passes"],
+        ],
+    },
 ]
 
 

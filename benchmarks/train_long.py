@@ -1,7 +1,7 @@
 # ruff: noqa: E402 - imports follow the sys.path fix
 """Drafter training at real lengths: the dense reference against the block-sparse path, per shape.
 
-    python benchmarks/train_long.py [--vocab 32768] [--steps 2] [--device cpu|cuda]
+    python benchmarks/train_long.py [--vocab 32768] [--steps 3] [--device cpu|cuda]
 
 One table, measured in one run: for T in {512, 2,048, 4,096} and A in {64, 512} anchors (B = 16,
 batch 1), one drafter step (forward + backward through `dflash_loss`, on a stand-in target context:
@@ -10,8 +10,8 @@ random hidden states of the right shape, a random embedding and LM head) with
 - dense: SDPA under the dense (A*B) x (T + A*B) mask and the LM head over every counted slot at
   once (the trainer before issue 18, kept as the reference);
 - sparse: the trainer's defaults where the benchmark runs: blocked attention on the CPU (flex,
-  compiled, on a GPU), the LM head in chunks of slots, `anchors_per_forward` (128) anchors per
-  forward and backward.
+  compiled, on a GPU), the LM head in chunks of slots, `anchors_per_forward` (32) anchors per
+  forward and backward with the context's part of the drafter computed once (`dflash_backward`).
 
 The drafter is mid-size: hidden 1,024, 8 heads of 128, intermediate 3,072, 1 layer, context from 4
 target layers. Each case runs in its own process so that its peak (RSS on the CPU, max allocated on
@@ -46,7 +46,7 @@ def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str
     from draftdeck.drafter.config import DrafterConfig
     from draftdeck.drafter.device import in_use_bytes, peak_bytes, reset_peak
     from draftdeck.drafter.model import DFlashDrafter
-    from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors
+    from draftdeck.drafter.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
     from draftdeck.drafter.params import TrainParams
 
     torch.manual_seed(0)
@@ -75,17 +75,21 @@ def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str
     )
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    per = anchors.shape[1] if path == "dense" else TrainParams.model_fields["anchors_per_forward"].default
+    per = TrainParams.model_fields["anchors_per_forward"].default
 
     def step() -> None:
-        for s in range(0, anchors.shape[1], per):  # as the trainer does: anchors_per_forward at a time
-            with amp:
+        with amp:
+            if path == "dense":  # one forward over every anchor, every logit at once
                 res = dflash_loss(
-                    drafter, embedding, head, context, ids, lm, att, anchors[:, s : s + per],
-                    valid[:, s : s + per], 7.0, normalizer=norm, attention=attention,
-                    chunked_head=path != "dense",
+                    drafter, embedding, head, context, ids, lm, att, anchors, valid, 7.0, normalizer=norm,
+                    attention="dense", chunked_head=False,
                 )  # fmt: skip
                 res.loss.backward()
+            else:  # as the trainer does: anchors_per_forward at a time, the context's part once
+                dflash_backward(
+                    drafter, embedding, head, context, ids, lm, att, anchors, valid, 7.0, normalizer=norm,
+                    anchors_per_forward=per, attention=attention,
+                )  # fmt: skip
         drafter.zero_grad(set_to_none=True)
         sync()
 
@@ -107,7 +111,7 @@ def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
     ap.add_argument("--case", nargs=3, metavar=("T", "A", "PATH"), help=argparse.SUPPRESS)

@@ -81,17 +81,28 @@ class BlockLayout:
         mask: torch.Tensor = self._cache["dense"]
         return mask
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        """q (bsz, H, A*B, D), k/v (bsz, Hkv, T + A*B, D) -> (bsz, H, A*B, D)."""
-        gqa = q.shape[1] != k.shape[1]
-        if self.backend == "dense":
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=self.dense_mask(), scale=scale, enable_gqa=gqa
-            )
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_ctx: torch.Tensor,
+        k_blk: torch.Tensor,
+        v_ctx: torch.Tensor,
+        v_blk: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """q (bsz, H, A*B, D); the context's keys and values (bsz, Hkv, T, D) and the blocks' (bsz,
+        Hkv, A*B, D), apart (the context's are computed once for all the anchors of a batch)
+        -> (bsz, H, A*B, D)."""
+        gqa = q.shape[1] != k_ctx.shape[1]
+        if self.backend == "blocked":
+            out: torch.Tensor = BlockedAttention.apply(q, k_ctx, k_blk, v_ctx, v_blk, self, scale)
+            return out
+        k, v = torch.cat([k_ctx, k_blk], dim=2), torch.cat([v_ctx, v_blk], dim=2)
         if self.backend == "flex":
             return _flex(self, q, k, v, scale, gqa)
-        out: torch.Tensor = BlockedAttention.apply(q, k, v, self, scale)
-        return out
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=self.dense_mask(), scale=scale, enable_gqa=gqa
+        )
 
 
 def _dense_mask(layout: BlockLayout) -> torch.Tensor:
@@ -177,32 +188,45 @@ def _mask_context_(scores: torch.Tensor, layout: BlockLayout, s: int, n: int, ke
     scores[..., lo:keys].masked_fill_(~ok, fill)
 
 
-def _split(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """(bsz, H, Q, D) -> (bsz, Hkv, H/Hkv * Q, D): the query heads sharing a key head, stacked."""
-    bsz, h, q_len, d = x.shape
-    return x.reshape(bsz, kv_heads, h // kv_heads * q_len, d)
-
-
 class BlockedAttention(torch.autograd.Function):
     """Block-sparse attention over a `BlockLayout`, FlashAttention-style at chunk granularity.
 
-    Saves q, k, v, the output and the per-query log-sum-exp; the backward recomputes each chunk's
-    scores. All softmax arithmetic is float32 whatever the inputs' dtype."""
+    Saves the inputs, the output and the per-query log-sum-exp; the backward recomputes each
+    chunk's scores. All softmax arithmetic is float32 whatever the inputs' dtype."""
 
     @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float
-    ) -> torch.Tensor:  # type: ignore[override]
-        out, lse = _blocked_forward(q, k, v, layout, scale)
-        ctx.save_for_backward(q, k, v, out, lse)
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        q: torch.Tensor,
+        k_ctx: torch.Tensor,
+        k_blk: torch.Tensor,
+        v_ctx: torch.Tensor,
+        v_blk: torch.Tensor,
+        layout: BlockLayout,
+        scale: float,
+    ) -> torch.Tensor:
+        kv = KV(k_ctx, k_blk, v_ctx, v_blk)
+        out, lse = _blocked_forward(q, kv, layout, scale)
+        ctx.save_for_backward(q, k_ctx, k_blk, v_ctx, v_blk, out, lse)
         ctx.layout, ctx.scale = layout, scale
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _blocked_backward(q, k, v, out, lse, grad_out, ctx.layout, ctx.scale)
-        return dq, dk, dv, None, None
+        q, k_ctx, k_blk, v_ctx, v_blk, out, lse = ctx.saved_tensors
+        kv = KV(k_ctx, k_blk, v_ctx, v_blk)
+        dq, dkc, dkb, dvc, dvb = _blocked_backward(q, kv, out, lse, grad_out, ctx.layout, ctx.scale)
+        return dq, dkc, dkb, dvc, dvb, None, None
+
+
+@dataclass
+class KV:
+    """The context's keys and values (bsz, Hkv, T, D) and the blocks' (bsz, Hkv, A*B, D)."""
+
+    k_ctx: torch.Tensor
+    k_blk: torch.Tensor
+    v_ctx: torch.Tensor
+    v_blk: torch.Tensor
 
 
 def _scores(qc: torch.Tensor, kc: torch.Tensor) -> torch.Tensor:
@@ -210,32 +234,29 @@ def _scores(qc: torch.Tensor, kc: torch.Tensor) -> torch.Tensor:
     return torch.matmul(qc, kc.transpose(-1, -2)).float()
 
 
-def _parts(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, s: int, n: int, keys: int
-) -> Any:
+def _parts(q: torch.Tensor, kv: KV, layout: BlockLayout, s: int, n: int, keys: int) -> Any:
     """The chunk's queries (bsz, Hkv, G, n, B, D) and its keys/values: the context prefix (views)
     and its own blocks (bsz, Hkv, 1, n, B, D)."""
-    b, t = layout.block_size, layout.context_len
-    bsz, kvh = k.shape[0], k.shape[1]
-    qc = q[:, :, s * b : (s + n) * b]
-    g = q.shape[1] // kvh
-    q6 = qc.reshape(bsz, kvh, g, n, b, q.shape[-1])
-    kb = k[:, :, t + s * b : t + (s + n) * b].reshape(bsz, kvh, 1, n, b, k.shape[-1])
-    vb = v[:, :, t + s * b : t + (s + n) * b].reshape(bsz, kvh, 1, n, b, v.shape[-1])
-    return q6, k[:, :, :keys], v[:, :, :keys], kb, vb
+    b = layout.block_size
+    bsz, kvh, _, d = kv.k_ctx.shape
+    q6 = q[:, :, s * b : (s + n) * b].reshape(bsz, kvh, q.shape[1] // kvh, n, b, d)
+    kb = kv.k_blk[:, :, s * b : (s + n) * b].reshape(bsz, kvh, 1, n, b, d)
+    vb = kv.v_blk[:, :, s * b : (s + n) * b].reshape(bsz, kvh, 1, n, b, d)
+    return q6, kv.k_ctx[:, :, :keys], kv.v_ctx[:, :, :keys], kb, vb
 
 
 def _blocked_forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout, scale: float
+    q: torch.Tensor, kv: KV, layout: BlockLayout, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     bsz, h, q_len, d = q.shape
-    kvh, g = k.shape[1], h // k.shape[1]
+    kvh, g = kv.k_ctx.shape[1], h // kv.k_ctx.shape[1]
+    v = kv.v_ctx
     out = torch.empty_like(q)
     lse = torch.empty(bsz, h, q_len, dtype=torch.float32, device=q.device)
     b = layout.block_size
     qs = q * scale
     for s, n, keys in _chunks(layout, h):
-        q6, kc, vc, kb, vb = _parts(qs, k, v, layout, s, n, keys)
+        q6, kc, vc, kb, vb = _parts(qs, kv, layout, s, n, keys)
         s_blk = _scores(q6, kb)  # (bsz, Hkv, G, n, B, B)
         m = s_blk.amax(-1)  # (bsz, Hkv, G, n, B): the own block is never empty
         if keys:
@@ -257,25 +278,26 @@ def _blocked_forward(
 
 def _blocked_backward(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    kv: KV,
     out: torch.Tensor,
     lse: torch.Tensor,
     grad_out: torch.Tensor,
     layout: BlockLayout,
     scale: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, ...]:
     """dS = P * (dP - rowsum(dO * O)); dQ = scale * dS K, dK = scale * dS^T Q, dV = P^T dO."""
     bsz, h, _, d = q.shape
-    kvh, g = k.shape[1], h // k.shape[1]
-    b, t = layout.block_size, layout.context_len
+    kvh, g = kv.k_ctx.shape[1], h // kv.k_ctx.shape[1]
+    b = layout.block_size
     dq = torch.empty_like(q, dtype=torch.float32)
-    dk = torch.zeros_like(k, dtype=torch.float32)
-    dv = torch.zeros_like(v, dtype=torch.float32)
+    dkc = torch.zeros_like(kv.k_ctx, dtype=torch.float32)
+    dvc = torch.zeros_like(kv.v_ctx, dtype=torch.float32)
+    dkb = torch.empty_like(kv.k_blk, dtype=torch.float32)  # every block's slots: written once
+    dvb = torch.empty_like(kv.v_blk, dtype=torch.float32)
     delta = (grad_out.float() * out.float()).sum(-1)  # (bsz, H, Q)
     qs = q * scale
     for s, n, keys in _chunks(layout, h):
-        q6, kc, vc, kb, vb = _parts(qs, k, v, layout, s, n, keys)
+        q6, kc, vc, kb, vb = _parts(qs, kv, layout, s, n, keys)
         sl = slice(s * b, (s + n) * b)
         do6 = grad_out[:, :, sl].reshape(bsz, kvh, g, n, b, d).float()
         lse6 = lse[:, :, sl].reshape(bsz, kvh, g, n, b, 1)
@@ -284,10 +306,10 @@ def _blocked_backward(
         p_blk = _scores(q6, kb).sub_(lse6).exp_()
         ds_blk = torch.matmul(do6, vb.float().transpose(-1, -2)).sub_(dl6).mul_(p_blk)
         dq_c = torch.matmul(ds_blk, kb.float())  # (bsz, Hkv, G, n, B, D)
-        dkb = torch.matmul(ds_blk.transpose(-1, -2), q6.float()).sum(2)  # (bsz, Hkv, n, B, D), q scaled
-        dvb = torch.matmul(p_blk.transpose(-1, -2), do6).sum(2)
-        dk[:, :, t + s * b : t + (s + n) * b] = dkb.reshape(bsz, kvh, n * b, d)
-        dv[:, :, t + s * b : t + (s + n) * b] = dvb.reshape(bsz, kvh, n * b, d)
+        dk_own = torch.matmul(ds_blk.transpose(-1, -2), q6.float()).sum(2)  # (bsz, Hkv, n, B, D)
+        dv_own = torch.matmul(p_blk.transpose(-1, -2), do6).sum(2)
+        dkb[:, :, sl] = dk_own.reshape(bsz, kvh, n * b, d)
+        dvb[:, :, sl] = dv_own.reshape(bsz, kvh, n * b, d)
         if keys:  # the context prefix
             qf = q6.reshape(bsz, kvh, g * n * b, d)
             p = _scores(qf, kc).sub_(lse6.reshape(bsz, kvh, g * n * b, 1)).exp_()
@@ -295,8 +317,9 @@ def _blocked_backward(
             dof = do6.reshape(bsz, kvh, g * n * b, d)
             ds = torch.matmul(dof, vc.float().transpose(-1, -2)).sub_(dl6.reshape(bsz, kvh, -1, 1)).mul_(p)
             dq_c += torch.matmul(ds, kc.float()).view_as(dq_c)
-            dk[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), qf.float())
-            dv[:, :, :keys] += torch.matmul(p.transpose(-1, -2), dof)
+            dkc[:, :, :keys] += torch.matmul(ds.transpose(-1, -2), qf.float())
+            dvc[:, :, :keys] += torch.matmul(p.transpose(-1, -2), dof)
         dq[:, :, sl] = dq_c.reshape(bsz, h, n * b, d) * scale
     # dK was accumulated against the scaled queries: scale * dS^T Q already
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dt = kv.k_ctx.dtype
+    return dq.to(q.dtype), dkc.to(dt), dkb.to(dt), dvc.to(dt), dvb.to(dt)

@@ -72,6 +72,16 @@ def in_use_bytes(device: torch.device) -> int:
     return rss * 1024 if rss is not None else peak_bytes(device)
 
 
+def resident_weights_gap(device: torch.device, weights: int) -> int:
+    """Bytes of `weights` not counted in `in_use_bytes` yet. On the CPU, safetensors weights are
+    memory-mapped and count in RSS only once touched (the first forward): the gap is the weights
+    beyond the process's file-backed resident pages (RssFile). On a GPU they are allocated: 0."""
+    if device.type == "cuda":
+        return 0
+    rss_file = _status_kb("RssFile")
+    return max(0, weights - rss_file * 1024) if rss_file is not None else 0
+
+
 def capacity_bytes(device: torch.device) -> int | None:
     """What the run may use at most: the GPU's free memory plus what it holds, or on the CPU what
     the system has available (MemAvailable, and the cgroup's limit when lower) plus the process's

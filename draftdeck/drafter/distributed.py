@@ -1,4 +1,4 @@
-"""N training ranks under torch.distributed (DDP; gloo on CPU, nccl on GPU), relayed to one `ctx`.
+"""N training ranks under torch.distributed (gloo on CPU, nccl on GPU), relayed to one `ctx`.
 
 The process that holds `ctx` spawns the ranks and relays what rank 0 sends through a queue
 (metric points, progress, events, alerts, the final record or the error); cancellation reaches

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-LOGITS_CHUNK_BYTES = 256 * 2**20
+LOGITS_CHUNK_BYTES = 64 * 2**20  # 64 MiB of float32 logits: 256 slots of a 64K vocabulary
 
 
 def rows_per_chunk(vocab: int, chunk_bytes: int = LOGITS_CHUNK_BYTES) -> int:
@@ -113,7 +113,7 @@ def _chunked(
             pred[s : s + rows] = logits.argmax(-1)
             if not (need_h or need_w or need_b):
                 continue
-            g = torch.exp(logits.sub_(lse[:, None]))  # the softmax, in place of the logits
+            g = logits.sub_(lse[:, None]).exp_()  # the softmax, in place of the logits
             g[torch.arange(g.shape[0], device=g.device), lab] -= 1.0
             g.mul_(weights[s : s + rows, None].float())
             if grad_h is not None:

@@ -7,9 +7,10 @@ the run reads. Terms, in bytes (e: the activation dtype's size, 4 on the CPU, 2 
 
 - target forward (no grad): every layer's hidden state of the micro-batch (HF keeps them all for
   `output_hidden_states`) and one layer's MLP;
-- context: the concatenated target features and the drafter's fc/norm of them;
+- context: the concatenated target features and the drafter's fc/norm of them, and every layer's
+  context keys and values (computed once per micro-batch, `objective.dflash_backward`);
 - drafter layers: what autograd keeps per layer for Q = batch x anchors per forward x B queries
-  over T + Q keys (with `gradient_checkpointing` only each layer's input, plus one layer);
+  (with `gradient_checkpointing` only each layer's input, plus one layer);
 - attention: the backend's working set (a chunk of scores for blocked; the dense mask for dense);
 - LM head: one chunk of float32 logits (all counted slots' logits for the unchunked reference).
 
@@ -25,9 +26,10 @@ from torch import nn
 
 from draftdeck.drafter.attention import SCORE_CHUNK_BYTES, Backend
 from draftdeck.drafter.config import DrafterConfig
-from draftdeck.drafter.device import DeviceError, capacity_bytes, in_use_bytes
+from draftdeck.drafter.device import DeviceError, capacity_bytes, in_use_bytes, resident_weights_gap
 from draftdeck.drafter.head import rows_per_chunk
 from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.truth import HEAD_ELEMENTS
 from draftdeck.jobs.context import RunContext
 from draftdeck.units import binary_size
 
@@ -109,30 +111,28 @@ def estimate(
     def target(bsz: int) -> int:
         return bsz * t * e * (h * (layers_t + 1) + 3 * inter_t)
 
-    def context(bsz: int) -> int:
+    def context(bsz: int) -> int:  # the target's features, the drafter's fc and norm of them
         return bsz * t * e * (len(cfg.target_layer_ids) * h + 3 * h)
 
     def attention(bsz: int, q: int, grad: bool) -> int:
-        if shapes.backend == "dense":
-            work = bsz * q * (t + q)  # the boolean mask
-        elif shapes.backend == "blocked":
-            work = 4 * min(SCORE_CHUNK_BYTES, bsz * heads * q * t * 4)
+        if shapes.backend == "dense":  # the boolean mask, and the keys and values put together
+            work = bsz * q * (t + q) + 2 * bsz * (t + q) * kv * e
+        elif shapes.backend == "blocked":  # a chunk's scores and their exp (twice, in the backward)
+            work = (3 if grad else 2) * min(SCORE_CHUNK_BYTES, bsz * heads * q * t * 4)
         else:
             work = bsz * heads * q * 4
-        if grad:  # float32 dq, dk, dv
+        if grad:  # float32 dq, and the context's and blocks' dk, dv
             work += 4 * bsz * (q * heads * cfg.head_dim + 2 * (t + q) * kv)
         return work
 
-    def head(bsz: int, q: int, grad: bool) -> int:
-        slots = bsz * q
-        rows = rows_per_chunk(vocab)
-        logits = 2 * min(rows, slots) * vocab * 4
+    def head(slots: int, grad: bool) -> int:
+        logits = min(rows_per_chunk(vocab), slots) * vocab * 4  # one chunk; the softmax in place
         return logits + slots * h * e * (2 if grad else 1)
 
-    # a training micro-batch
+    # a training micro-batch: the context's keys and values once, then groups of anchors
     bsz = shapes.batch_size
     q = bsz * min(shapes.anchors_per_forward, t) * b
-    per_layer = e * (12 * q * h + (t + q) * (h + 6 * kv) + 5 * q * inter)
+    per_layer = e * (12 * q * h + 8 * q * kv + 5 * q * inter)
     if shapes.gradient_checkpointing:
         drafter_act = cfg.layers * q * h * e + per_layer
     else:
@@ -141,20 +141,26 @@ def estimate(
         "optimizer": optimizer,
         "target forward": target(bsz),
         "context": context(bsz),
+        # per layer: the projections, norm and rotary of the context's keys, its values, and the
+        # detached copies' gradients
+        "context keys and values": cfg.layers * bsz * t * kv * (8 * e + 4 * 4),
         "drafter layers": drafter_act + per_layer // 2,  # + the backward's transient gradients
         "attention": attention(bsz, q // bsz, True),
-        "LM head": head(1, q, True),
+        "LM head": head(q, True),
     }
-    # a held-out batch: no gradients, anchors in chunks
+    # a held-out batch: no gradients, anchors in chunks, the context's keys and values per layer
     ebsz = shapes.eval_batch_size
     qe = ebsz * min(HELDOUT_ANCHORS_PER_CHUNK, t) * b
     heldout = {
         "optimizer": optimizer,
         "target forward": target(ebsz),
         "context": context(ebsz),
-        "drafter layers": e * (4 * qe * h + (t + qe) * (h + 2 * kv) + 3 * qe * inter),
+        "context keys and values": ebsz * t * kv * 4 * e,
+        "drafter layers": e * (4 * qe * h + 2 * qe * kv + 3 * qe * inter),
         "attention": attention(ebsz, qe // ebsz, False),
-        "LM head": head(1, qe, False),
+        "LM head": head(qe, False),
+        # the target's view of the data (draftdeck.drafter.truth): a chunk of its logits, softmaxed
+        "target agreement": 2 * 4 * min(HEAD_ELEMENTS, ebsz * t * vocab),
     }
     phases = {"training step": held + sum(train.values()), "held-out pass": held + sum(heldout.values())}
     phase = max(phases, key=lambda k: phases[k])
@@ -175,12 +181,14 @@ def check_memory(
     backend: Backend,
     *,
     heldout_rows: int,
+    weights: int = 0,
     world: int = 1,
     ctx: RunContext | None = None,
     enforce: bool = True,
 ) -> dict[str, object]:
     """Estimate the run's peak before step 1, say it (`ctx`: the job's log), and refuse a run the
-    device cannot hold, naming what to lower. Returns the estimate for run.json."""
+    device cannot hold, naming what to lower. `weights`: the target's parameter bytes (counted as
+    held even where they are mapped and not read yet). Returns the estimate for run.json."""
     shapes = Shapes(
         batch_size=params.batch_size,
         eval_batch_size=max(1, min(params.eval_batch_size, heldout_rows)),
@@ -194,7 +202,8 @@ def check_memory(
     capacity = capacity_bytes(device)
     if capacity is not None and device.type == "cpu" and world > 1:
         capacity //= world  # the ranks share the machine's memory
-    est = estimate(cfg, target_config, drafter, shapes, held=in_use_bytes(device), capacity=capacity)
+    held = in_use_bytes(device) + resident_weights_gap(device, weights)
+    est = estimate(cfg, target_config, drafter, shapes, held=held, capacity=capacity)
     if ctx is not None:
         ctx.event("info", f"memory: {est.describe()}; attention {backend}, rows up to {longest} tokens")
     if enforce and not est.fits:

@@ -27,7 +27,7 @@ The rotary inverse frequencies are a non-persistent buffer, as in HF.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -100,12 +100,43 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
+    def _heads(self, proj: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
+        return proj(x).view(x.shape[0], x.shape[1], heads, self.head_dim)
+
+    def context_kv(
+        self, context: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The context's keys (normed, rotated) and values, (bsz, Hkv, T, D): the same for every
+        block of a batch, so training computes them once per batch (a row-wise split of forward's)."""
+        cos, sin = position_embeddings
+        k = self.k_norm(self._heads(self.k_proj, context, self.kv_heads)).transpose(1, 2)
+        v = self._heads(self.v_proj, context, self.kv_heads).transpose(1, 2)
+        return _rope(k, cos, sin), v
+
+    def block_attention(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        layout: BlockLayout,
+        context_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Training's flattened blocks (positions: the blocks' own), block-sparse over `layout`."""
+        bsz, q_len, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        q = _rope(self.q_norm(self._heads(self.q_proj, hidden_states, self.heads)).transpose(1, 2), cos, sin)
+        k = _rope(
+            self.k_norm(self._heads(self.k_proj, hidden_states, self.kv_heads)).transpose(1, 2), cos, sin
+        )
+        v = self._heads(self.v_proj, hidden_states, self.kv_heads).transpose(1, 2)
+        out = layout.attend(q, context_kv[0], k, context_kv[1], v, self.scaling)
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
+
     def forward(
         self,
         hidden_states: torch.Tensor,
         target_hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | BlockLayout | None,
+        attention_mask: torch.Tensor | None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
         bsz, q_len, _ = hidden_states.shape
@@ -123,14 +154,11 @@ class Attention(nn.Module):
         k = _rope(k, cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx, {"sin": sin, "cos": cos})
-        if isinstance(attention_mask, BlockLayout):  # training's flattened blocks: block-sparse
-            out = attention_mask.attend(q, k, v, self.scaling)
-        else:
-            if attention_mask is not None and attention_mask.dtype == torch.bool:
-                attention_mask = attention_mask[..., : k.shape[-2]]
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
-            )
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            attention_mask = attention_mask[..., : k.shape[-2]]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
+        )
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 
 
@@ -155,12 +183,24 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def block_forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        layout: BlockLayout,
+        context_kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        h = hidden_states + self.self_attn.block_attention(
+            self.input_layernorm(hidden_states), position_embeddings, layout, context_kv
+        )
+        return h + self.mlp(self.post_attention_layernorm(h))
+
     def forward(
         self,
         hidden_states: torch.Tensor,
         target_hidden: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | BlockLayout | None,
+        attention_mask: torch.Tensor | None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
         h = hidden_states + self.self_attn(
@@ -224,16 +264,49 @@ class DFlashDrafter(nn.Module):
         """
         if noise_embedding is None or target_hidden is None:
             raise ValueError("DFlashDrafter needs noise_embedding and target_hidden")
+        if isinstance(attention_mask, BlockLayout):  # training's flattened blocks
+            ctx_len = target_hidden.shape[1]
+            kv = self.context_kv(target_hidden, position_ids[:, :ctx_len])
+            return self.block_forward(noise_embedding, position_ids[:, ctx_len:], attention_mask, kv)
         hidden = noise_embedding
         context = self.hidden_norm(self.fc(target_hidden))
         pos = self.rotary_emb(hidden, position_ids)
         cache = past_key_values if use_cache or past_key_values is not None else None
-        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
         for layer in self.layers:
+            hidden = layer(hidden, context, pos, attention_mask, cache)
+        return self.norm(hidden)
+
+    @property
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, m) for m in self.layers]
+
+    def context_kv(
+        self, target_hidden: torch.Tensor, position_ids: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's context keys and values for training: `target_hidden` (bsz, T, n_ids * H),
+        `position_ids` (bsz, T). The same for all the blocks of a batch (see `block_forward`)."""
+        context = self.hidden_norm(self.fc(target_hidden))
+        pos = self.rotary_emb(context, position_ids)
+        return [layer.self_attn.context_kv(context, pos) for layer in self.decoder_layers]
+
+    def block_forward(
+        self,
+        noise_embedding: torch.Tensor,
+        position_ids: torch.Tensor,
+        layout: BlockLayout,
+        context_kv: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Training's forward over flattened blocks: (bsz, A*B, H) embedded blocks at `position_ids`
+        (bsz, A*B), block-sparse over `layout`, against `context_kv` -> (bsz, A*B, H) after the
+        final norm. With `gradient_checkpointing` each layer is recomputed in the backward."""
+        hidden = noise_embedding
+        pos = self.rotary_emb(hidden, position_ids)
+        recompute = self.gradient_checkpointing and self.training and torch.is_grad_enabled()
+        for layer, kv in zip(self.decoder_layers, context_kv, strict=True):
             if recompute:
-                hidden = checkpoint(layer, hidden, context, pos, attention_mask, cache, use_reentrant=False)
+                hidden = checkpoint(layer.block_forward, hidden, pos, layout, kv, use_reentrant=False)
             else:
-                hidden = layer(hidden, context, pos, attention_mask, cache)
+                hidden = layer.block_forward(hidden, pos, layout, kv)
         return self.norm(hidden)
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:

@@ -139,17 +139,30 @@ def build_blocks(
     return BlockBatch(b, anchors, valid, block_ids.view(bsz, -1), position_ids, layout, labels, label_valid)
 
 
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # DFlashDrafter.context_kv: per layer (k, v)
+
+
 def drafter_hidden(
-    drafter: nn.Module, embedding: nn.Embedding, context: torch.Tensor, batch: BlockBatch
+    drafter: nn.Module,
+    embedding: nn.Embedding,
+    context: torch.Tensor,
+    batch: BlockBatch,
+    context_kv: ContextKV | None = None,
 ) -> torch.Tensor:
-    """The drafter's final hidden states for every slot: (bsz, A, B, H)."""
+    """The drafter's final hidden states for every slot: (bsz, A, B, H). With `context_kv` (the
+    context's keys and values, computed once for several groups of anchors) only the blocks run."""
     noise = F.embedding(batch.block_ids, embedding.weight)
-    h = drafter(
-        position_ids=batch.position_ids,
-        attention_mask=batch.layout,
-        noise_embedding=noise,
-        target_hidden=context,
-    )
+    if context_kv is not None:
+        t = batch.layout.context_len
+        core = cast(DFlashDrafter, getattr(drafter, "module", drafter))
+        h = core.block_forward(noise, batch.position_ids[:, t:], batch.layout, context_kv)
+    else:
+        h = drafter(
+            position_ids=batch.position_ids,
+            attention_mask=batch.layout,
+            noise_embedding=noise,
+            target_hidden=context,
+        )
     bsz, a = batch.anchors.shape
     return h.view(bsz, a, batch.block_size, -1)
 
@@ -181,8 +194,7 @@ def block_loss(
     `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests; an
     `nn.Linear` goes through `draftdeck.drafter.head`'s chunks unless `chunked_head` is False, the
     reference). The loss is sum w * CE / `normalizer` (default: this batch's sum w; the trainer
-    passes the global sum over micro-batches and ranks, divided by the world size as DDP averages
-    gradients)."""
+    passes the global sum over micro-batches and ranks, and sums the gradients over ranks)."""
     b = batch.block_size
     sel = batch.label_valid
     labels = batch.labels[sel]
@@ -236,18 +248,68 @@ def dflash_loss(
     *,
     attention: Backend = "blocked",
     chunked_head: bool = True,
+    context_kv: ContextKV | None = None,
 ) -> BlockResult:
     """The whole objective for one batch: `context` = the target's concatenated features
-    (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` or a DDP
-    wrapper of one (the forward must go through the wrapper for its gradient hooks)."""
+    (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` (or a module
+    wrapping one as `module`, whose forward is the one called)."""
     if not math.isfinite(gamma) or gamma <= 0:
         raise ValueError(f"gamma {gamma} must be a positive number")
-    core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # DDP wraps the drafter
+    core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # a wrapper's `module`
     batch = build_blocks(
         input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention
     )
-    hidden = drafter_hidden(drafter, embedding, context, batch)
+    hidden = drafter_hidden(drafter, embedding, context, batch, context_kv)
     return block_loss(lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head)
+
+
+def dflash_backward(
+    drafter: DFlashDrafter,
+    embedding: nn.Embedding,
+    lm_head: nn.Module,
+    context: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    normalizer: float,
+    *,
+    anchors_per_forward: int,
+    attention: Backend = "blocked",
+    chunked_head: bool = True,
+) -> Counts:
+    """Forward and backward of the objective over `anchors` in groups of `anchors_per_forward`
+    (gradients accumulate in the drafter; returns the counts).
+
+    The context's part of the drafter (fc, norm, every layer's context keys and values) does not
+    depend on the anchors: it runs once, each group's graph is freed by its own backward against
+    detached copies, and the context's gradient goes back through it once at the end. The sum of
+    the groups' losses is the one-forward loss (`normalizer` is global), so are the gradients."""
+    bsz, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device).expand(bsz, t)
+    shared = drafter.context_kv(context, positions)
+    leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in shared]
+    counts = Counts(drafter.block_size)
+    per = max(1, anchors_per_forward)
+    for s in range(0, max(anchors.shape[1], 1), per):
+        res = dflash_loss(
+            drafter, embedding, lm_head, context, input_ids, loss_mask, attention_mask,
+            anchors[:, s : s + per], valid[:, s : s + per], gamma, normalizer,
+            attention=attention, chunked_head=chunked_head, context_kv=leaves,
+        )  # fmt: skip
+        res.loss.backward()
+        counts = counts + res.counts
+    outs, grads = [], []
+    for pair, leaf_pair in zip(shared, leaves, strict=True):
+        for out, leaf in zip(pair, leaf_pair, strict=True):
+            if leaf.grad is not None:
+                outs.append(out)
+                grads.append(leaf.grad)
+    if outs:
+        torch.autograd.backward(outs, grads)
+    return counts
 
 
 def sample_anchors_per_row(

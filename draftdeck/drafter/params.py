@@ -37,7 +37,7 @@ class TrainParams(JobParams):
     gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
     anchors_per_seq: int = Field(512, ge=1, le=8192, description="Random anchors (blocks) per sequence")
     anchors_per_forward: int = Field(
-        128,
+        32,
         ge=1,
         le=8192,
         description="Anchors per drafter forward and backward in training (more anchors go in several,"

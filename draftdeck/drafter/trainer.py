@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from draftdeck.drafter.attention import resolve_backend
 from draftdeck.drafter.checkpoint import CheckpointStore, bytes_writer, rng_state, set_rng_state, torch_writer
@@ -29,9 +28,9 @@ from draftdeck.drafter.config import DrafterConfig
 from draftdeck.drafter.counts import Counts
 from draftdeck.drafter.data import DataPosition, TrainData, anchor_generator, collate
 from draftdeck.drafter.device import DeviceError, peak_bytes, reset_peak, resolve_device
-from draftdeck.drafter.memory import check_memory
+from draftdeck.drafter.memory import check_memory, params_bytes
 from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors_per_row
+from draftdeck.drafter.objective import dflash_backward, label_weight_sum, sample_anchors_per_row
 from draftdeck.drafter.params import TrainParams
 from draftdeck.drafter.preflight import OnRank, compare, run_preflight
 from draftdeck.drafter.run_record import RunRecord
@@ -93,11 +92,11 @@ class Trainer:
             self.attention = resolve_backend(params.attention, self.device)
         except ValueError as e:
             raise DeviceError(str(e)) from e
-        self.model: nn.Module = self.drafter
-        if world > 1:
-            from torch.nn.parallel import DistributedDataParallel
+        if world > 1:  # the same start on every rank (the seed makes it so; this makes sure)
+            import torch.distributed as dist
 
-            self.model = DistributedDataParallel(self.drafter, device_ids=[rank] if cuda else None)
+            for p in self.drafter.parameters():
+                dist.broadcast(p.data, src=0)
         self.opt = torch.optim.AdamW(
             self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
         )
@@ -182,6 +181,20 @@ class Trainer:
 
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
+
+    def _sum_gradients(self) -> None:
+        """Sum the drafter's gradients over ranks, in one flat buffer (the loss's normaliser is the
+        global weight sum, so the sum is the global batch's gradient)."""
+        if self.world == 1:
+            return
+        params = list(self.drafter.parameters())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        self._sum(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
 
     def _reduce_counts(self, c: Counts) -> Counts:
         if self.world == 1:
@@ -293,32 +306,17 @@ class Trainer:
         wsum = sum(label_weight_sum(lm, a, v, self.cfg.block_size, self.p.gamma) for _, _, lm, a, v in micro)
         total_w = float(self._sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
         counts = Counts(self.cfg.block_size)
-        self.model.train()
-        per = self.p.anchors_per_forward
-        for i, (ids, att, lm, anchors, valid) in enumerate(micro):
+        self.drafter.train()
+        for ids, att, lm, anchors, valid in micro:
             with self.amp:
                 _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
-            for s in range(0, anchors.shape[1], per):  # several forwards: the same sum, less memory
-                last = i == len(micro) - 1 and s + per >= anchors.shape[1]
-                sync = nullcontext() if last or self.world == 1 else self.model.no_sync()  # type: ignore[operator]
-                with sync, self.amp:
-                    res = dflash_loss(
-                        self.model,
-                        self.target.embedding,
-                        self.target.lm_head,
-                        context,
-                        ids,
-                        lm,
-                        att,
-                        anchors[:, s : s + per],
-                        valid[:, s : s + per],
-                        self.p.gamma,
-                        normalizer=max(total_w, 1e-12) / self.world,
-                        attention=self.attention,
-                    )
-                    res.loss.backward()
-                counts = counts + res.counts
+                counts = counts + dflash_backward(
+                    self.drafter, self.target.embedding, self.target.lm_head, context, ids, lm, att,
+                    anchors, valid, self.p.gamma, normalizer=max(total_w, 1e-12),
+                    anchors_per_forward=self.p.anchors_per_forward, attention=self.attention,
+                )  # fmt: skip
             counts.tokens += int(att.sum())
+        self._sum_gradients()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
         return self._reduce_counts(counts), grad_norm
 
@@ -404,6 +402,7 @@ class Trainer:
         self.record.memory = check_memory(  # before step 1: refuses what cannot fit
             self.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
             self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
+            weights=params_bytes(self.target.model),
             world=self.world, ctx=self.ctx if self.rank == 0 else None,
             enforce=self.p.memory_check,
         )  # fmt: skip
@@ -451,7 +450,7 @@ class Trainer:
                     "train/lr": lr,
                     "train/grad_norm": grad_norm,
                     "train/tokens_per_s": window.tokens / dt,
-                    "train/peak_memory_bytes": float(peak_bytes(self.device)),
+                    "train/peak_memory_mib": peak_bytes(self.device) / 2**20,
                     **window.position_metrics("train"),
                 }
                 if self.rank == 0:
@@ -462,7 +461,10 @@ class Trainer:
             if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):
                 heldout, by_source, matched = self.evaluate(step)
                 if self.rank == 0:
-                    values = heldout.heldout_metrics()
+                    values = {
+                        **heldout.heldout_metrics(),
+                        "heldout/peak_memory_mib": peak_bytes(self.device) / 2**20,
+                    }
                     if len(by_source) > 1:  # one source: its figures are the split's
                         for name, c in by_source.items():
                             values.update(c.source_metrics(name))

@@ -15,7 +15,7 @@ from draftdeck.drafter.attention import BlockLayout, resolve_backend
 from draftdeck.drafter.data import collate
 from draftdeck.drafter.head import head_ce
 from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.objective import dflash_loss, label_weight_sum, sample_anchors
+from draftdeck.drafter.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
 from draftdeck.drafter.walked import heldout_counts
 from tests.drafter_helpers import tiny_drafter_config, tiny_target
 
@@ -61,7 +61,8 @@ def test_blocked_attention_equals_dense_values_and_gradients(
     grad_out = torch.randn(2, heads, q_len, d, generator=g).to(dtype)
     got = {}
     for backend in ("dense", "blocked"):
-        out = BlockLayout(anchors, key_ok, t, b, backend).attend(q, k, v, d**-0.5)
+        layout = BlockLayout(anchors, key_ok, t, b, backend)
+        out = layout.attend(q, k[:, :, :t], k[:, :, t:], v[:, :, :t], v[:, :, t:], d**-0.5)
         got[backend] = (out, *torch.autograd.grad(out, (q, k, v), grad_out))
     assert len(attn._chunks(BlockLayout(anchors, key_ok, t, b), heads)) > 1
     for dense, blocked in zip(got["dense"], got["blocked"], strict=True):
@@ -86,7 +87,9 @@ def test_flex_mask_is_the_dense_mask() -> None:
     mask = create_block_mask(rule, 2, None, layout.queries, t + layout.queries, device="cpu")
     with torch.no_grad():
         flex = flex_attention(q, k, v, block_mask=mask, scale=d**-0.5)
-        dense = BlockLayout(anchors, key_ok, t, b, "dense").attend(q, k, v, d**-0.5)
+        dense = BlockLayout(anchors, key_ok, t, b, "dense").attend(
+            q, k[:, :, :t], k[:, :, t:], v[:, :, :t], v[:, :, t:], d**-0.5
+        )
     _close(dense, flex, 1e-5)
 
 
@@ -141,23 +144,23 @@ def _world(b: int, seed: int = 0) -> tuple[DFlashDrafter, object, tuple[torch.Te
 
 
 def _loss_and_grads(drafter, target, batch, *, attention, chunked_head, split=None, recompute=False):  # type: ignore[no-untyped-def]
+    """One forward (dflash_loss) or, with `split`, the trainer's groups of anchors (dflash_backward)."""
     ids, att, lm, anchors, valid = batch
     drafter.zero_grad()
     drafter.gradient_checkpointing = recompute
     drafter.train()
     norm = label_weight_sum(lm, anchors, valid, drafter.block_size, 7.0)
     _, ctx = target.context_features(ids, att, drafter.target_layer_ids)
-    step = split or anchors.shape[1]
-    loss, counts = 0.0, None
-    for s in range(0, anchors.shape[1], step):
-        res = dflash_loss(
-            drafter, target.embedding, target.lm_head, ctx, ids, lm, att,
-            anchors[:, s : s + step], valid[:, s : s + step], 7.0, normalizer=norm,
-            attention=attention, chunked_head=chunked_head,
-        )  # fmt: skip
+    common = (drafter, target.embedding, target.lm_head, ctx, ids, lm, att, anchors, valid, 7.0, norm)
+    if split is None:
+        res = dflash_loss(*common, attention=attention, chunked_head=chunked_head)
         res.loss.backward()
-        loss += float(res.loss)
-        counts = res.counts if counts is None else counts + res.counts
+        loss, counts = float(res.loss.detach()), res.counts
+    else:
+        counts = dflash_backward(
+            *common, anchors_per_forward=split, attention=attention, chunked_head=chunked_head
+        )
+        loss = counts.loss_sum / norm
     grads = torch.cat([p.grad.flatten() for p in drafter.parameters()])
     return loss, counts, grads
 
@@ -179,7 +182,10 @@ def test_anchors_in_several_forwards_and_recomputed_layers_give_the_same_step() 
     one = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True)
     split = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True, split=5)
     again = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True, recompute=True)
-    for other in (split, again):
+    both = _loss_and_grads(
+        drafter, target, batch, attention="dense", chunked_head=False, split=5, recompute=True
+    )
+    for other in (split, again, both):
         assert abs(one[0] - other[0]) <= 1e-5 * abs(one[0])
         assert one[1].correct == other[1].correct and one[1].anchor_hist == other[1].anchor_hist
         _close(one[2], other[2], 1e-5)
