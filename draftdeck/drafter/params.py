@@ -46,7 +46,8 @@ class TrainParams(JobParams):
     attention: Literal["auto", "flex", "blocked", "dense"] = Field(
         "auto",
         description="Training attention over the blocks: auto = flex (compiled) on a GPU, blocked"
-        " (block-sparse, PyTorch ops) elsewhere; dense = SDPA under the full mask (the reference)",
+        " (sparse by block, in PyTorch ops) elsewhere; dense = SDPA under the full mask (the"
+        " reference)",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute each drafter layer in the backward: less memory, ~1/3 more time"
@@ -89,10 +90,10 @@ class TrainParams(JobParams):
         ge=0,
         le=100_000,
         description="Before step 1: training rows checked against the target (target agreement), and"
-        " held-out prompts the target answers for the target-judged tau (0: neither)",
+        " held-out prompts the target answers, for the tau judged by the target (0: neither)",
     )
     truth_max_new_tokens: int = Field(
-        512, ge=1, le=32_768, description="Tokens per answer at most, for the target-judged tau"
+        512, ge=1, le=32_768, description="Tokens per answer at most, for the tau judged by the target"
     )
     off_target_ratio: float = Field(
         OFF_TARGET_RATIO,

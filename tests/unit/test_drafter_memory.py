@@ -3,51 +3,77 @@ cannot fit, and the run's own peak, tokens/s and cut rows on record."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks._train_world import build_world
-from draftdeck.drafter.device import DeviceError, peak_bytes
+from draftdeck.drafter.device import DeviceError
 from draftdeck.drafter.memory import check_memory
 from draftdeck.drafter.model import DFlashDrafter
 from draftdeck.drafter.params import TrainParams
+from tests.drafter_helpers import tiny_drafter_config, tiny_target
+
+# The run, in a process of its own: a long-lived test process reuses heap that earlier tests freed,
+# so its peak RSS would not grow by what the run allocates.
+RUN = """
+import json, sys
+from pathlib import Path
+import torch
+from benchmarks._train_world import build_world
+from draftdeck.drafter.device import peak_bytes
+from draftdeck.drafter.params import TrainParams
 from draftdeck.drafter.trainer import Trainer
 from draftdeck.jobs.context import LocalContext
-from tests.drafter_helpers import tiny_drafter_config, tiny_target
+root = Path(sys.argv[1])
+target, ds = build_world(root, seq=1024, rows=24, hidden=512, layers=2, heads=8, kv_heads=4, vocab=8192)
+params = TrainParams(
+    inputs=[str(ds)], target=str(target), out=str(root / "run"), block_size=16, anchors_per_seq=256,
+    batch_size=1, max_steps=2, log_every=1, eval_every=2, heldout_fraction=0.1, heldout_max_rows=2,
+    truth_rows=2, truth_max_new_tokens=8, seq_length=960, device="cpu",
+)
+ctx = LocalContext(root / "ctx")
+record = Trainer(params, ctx).run()
+names = ("train/peak_memory_mib", "heldout/peak_memory_mib", "train/tokens_per_s")
+series = {n: ctx.series(n) for n in names}
+print(json.dumps({"peak": peak_bytes(torch.device("cpu")), "memory": record.memory, "data": record.data,
+                  "events": ctx.events, "series": series}))
+"""
 
 
 def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path: Path) -> None:
     """A run whose working set is of the size of what the process holds (so that the estimate of the
     step, not of the loaded weights, decides the comparison); held-out pass included."""
-    target, ds = build_world(
-        tmp_path, seq=1024, rows=24, hidden=512, layers=2, heads=8, kv_heads=4, vocab=8192
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    out = subprocess.run(
+        [sys.executable, "-c", RUN, str(tmp_path)],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-    params = TrainParams(
-        inputs=[str(ds)], target=str(target), out=str(tmp_path / "run"), block_size=16, anchors_per_seq=256,
-        batch_size=1, max_steps=2, log_every=1, eval_every=2, heldout_fraction=0.1, heldout_max_rows=2,
-        truth_rows=2, truth_max_new_tokens=8, seq_length=960, device="cpu",
-    )  # fmt: skip
-    ctx = LocalContext(tmp_path / "ctx")
-    record = Trainer(params, ctx).run()
-    peak = peak_bytes(torch.device("cpu"))
-    mem = record.memory
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    peak, mem, data = got["peak"], got["memory"], got["data"]
     assert mem["total_bytes"] - mem["held_bytes"] >= 0.5 * mem["held_bytes"], mem  # not the weights alone
     assert 0.7 <= mem["total_bytes"] / peak <= 1.3, (mem, peak)
     # the run says it, and measures it
-    said = [m for level, m, _, _ in ctx.events if m.startswith("memory: about")]
+    said = [m for _, m, _, _ in got["events"] if m.startswith("memory: about")]
     assert said and "attention blocked" in said[0]
-    peaks = ctx.series("train/peak_memory_mib") + ctx.series("heldout/peak_memory_mib")
+    series = got["series"]
+    peaks = series["train/peak_memory_mib"] + series["heldout/peak_memory_mib"]
     assert len(peaks) == 3 and 0 < max(v for _, v in peaks) * 2**20 <= peak
-    assert all(v > 0 for _, v in ctx.series("train/tokens_per_s"))
+    assert series["train/tokens_per_s"] and all(v > 0 for _, v in series["train/tokens_per_s"])
     # rows longer than seq_length are kept cut, and the cut is counted
-    assert (
-        record.data["truncated_rows"] > 0
-        and record.data["truncated_tokens"] >= 64 * record.data["truncated_rows"]
-    )
-    cut = [(c, n) for level, _, c, n in ctx.events if c == "truncated"]
-    assert cut == [("truncated", record.data["truncated_rows"])]
+    assert data["truncated_rows"] > 0 and data["truncated_tokens"] >= 64 * data["truncated_rows"]
+    cut = [(c, n) for _, _, c, n in got["events"] if c == "truncated"]
+    assert cut == [("truncated", data["truncated_rows"])]
 
 
 def test_a_run_that_cannot_fit_is_refused_naming_what_to_lower() -> None:
