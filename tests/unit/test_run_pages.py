@@ -197,3 +197,28 @@ def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
     assert 'data-alerts="1"' in job and 'id="job-alerts"' in job
     steps = job.split('id="next-steps"', 1)[1].split("</nav>", 1)[0]
     assert "Regenerate with this target" in steps and "kind=regenerate" in steps
+
+
+def test_the_run_page_shows_the_memory_estimate_beside_the_measured_peak_and_the_rows_cut(
+    client: TestClient,
+) -> None:
+    memory = {
+        "total_bytes": 3 * 2**30,
+        "held_bytes": 2**30,
+        "phase": "training step",
+        "parts_bytes": {"drafter layers": 2**30, "LM head": 2**29, "attention": 2**29},
+        "capacity_bytes": 20 * 2**30,
+    }
+    data = {"truncated_rows": 3, "truncated_tokens": 1234}
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=20, params={"memory": memory, "data": data, "seq_length": 960})
+        record_metrics(s, run, 19, {"train/peak_memory_mib": 2000.0}, 1)
+        record_metrics(s, run, 20, {"heldout/peak_memory_mib": 2600.0}, 2)
+    html = client.get(f"/runs/{run}", headers={"accept": "text/html"}).text
+    panel = html.split('id="memory"', 1)[1].split("</section>", 1)[0]
+    assert "<strong>3.0 GiB</strong> before step 1 (training step; 20.0 GiB available)" in panel
+    assert "drafter layers 1.0 GiB · LM head 512.0 MiB · attention 512.0 MiB; loaded 1.0 GiB" in panel
+    assert "<strong>2.5 GiB</strong>" in panel  # the larger peak: after the held-out pass
+    assert "tokens/s" in panel
+    assert "3 rows longer than seq_length 960: 1,234 tokens not trained" in panel
+    assert 'id="plot-mem"' in html
