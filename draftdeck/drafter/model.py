@@ -103,14 +103,15 @@ class Attention(nn.Module):
     def _heads(self, proj: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
         return proj(x).view(x.shape[0], x.shape[1], heads, self.head_dim)
 
-    def context_kv(
-        self, context: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    def keys_values(
+        self, x: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The context's keys (normed, rotated) and values, (bsz, Hkv, T, D): the same for every
-        block of a batch, so training computes them once per batch (a row-wise split of forward's)."""
+        """Keys (normed, rotated) and values of `x` (bsz, L, H): (bsz, Hkv, L, D) each. Training
+        takes the context's once per batch (they are the same for all its blocks) and the blocks'
+        apart: a row-wise split of `forward`'s over [context ; block]."""
         cos, sin = position_embeddings
-        k = self.k_norm(self._heads(self.k_proj, context, self.kv_heads)).transpose(1, 2)
-        v = self._heads(self.v_proj, context, self.kv_heads).transpose(1, 2)
+        k = self.k_norm(self._heads(self.k_proj, x, self.kv_heads)).transpose(1, 2)
+        v = self._heads(self.v_proj, x, self.kv_heads).transpose(1, 2)
         return _rope(k, cos, sin), v
 
     def block_attention(
@@ -124,10 +125,7 @@ class Attention(nn.Module):
         bsz, q_len, _ = hidden_states.shape
         cos, sin = position_embeddings
         q = _rope(self.q_norm(self._heads(self.q_proj, hidden_states, self.heads)).transpose(1, 2), cos, sin)
-        k = _rope(
-            self.k_norm(self._heads(self.k_proj, hidden_states, self.kv_heads)).transpose(1, 2), cos, sin
-        )
-        v = self._heads(self.v_proj, hidden_states, self.kv_heads).transpose(1, 2)
+        k, v = self.keys_values(hidden_states, position_embeddings)
         out = layout.attend(q, context_kv[0], k, context_kv[1], v, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
 
@@ -287,7 +285,7 @@ class DFlashDrafter(nn.Module):
         `position_ids` (bsz, T). The same for all the blocks of a batch (see `block_forward`)."""
         context = self.hidden_norm(self.fc(target_hidden))
         pos = self.rotary_emb(context, position_ids)
-        return [layer.self_attn.context_kv(context, pos) for layer in self.decoder_layers]
+        return [layer.self_attn.keys_values(context, pos) for layer in self.decoder_layers]
 
     def block_forward(
         self,
