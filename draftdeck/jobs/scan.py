@@ -12,7 +12,7 @@ from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams, from_format_field, inputs_field, max_row_bytes_field
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Output, Report
-from draftdeck.scan import scan_paths
+from draftdeck.convert.scan import scan_paths
 
 REPORT_NAME = "scan-report.json"
 
@@ -35,7 +35,7 @@ def scan_files(
     display_names: list[str] | None = None,
     from_format: str | None = None,
 ) -> Report:
-    """Scan the files as one convert would read them (see :func:`draftdeck.scan.scan_paths`); with
+    """Scan the files as one convert would read them (see :func:`draftdeck.convert.scan.scan_paths`); with
     several, `files` in the report lists each file's own container figures."""
     return scan_paths(
         paths,

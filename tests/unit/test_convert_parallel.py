@@ -383,7 +383,7 @@ def test_cli_workers_option(dd_home: Path) -> None:
 
 
 def test_a_failing_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
-    from draftdeck.convert_workers import WorkerError, Workers
+    from draftdeck.convert.workers import WorkerError, Workers
 
     src = _mixed_file(tmp_path / "m.jsonl", n=50, seed=4)
     workers = Workers(ConvertOptions(workers=2), "openai")
@@ -484,7 +484,7 @@ def _general(value: Any, to: str, max_chars: int) -> tuple[str, bytes, int] | No
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(row=_plain_ish(), to=st.sampled_from(["sharegpt", "openai"]))
 def test_plain_row_fast_path_is_the_general_path(row: Any, to: str) -> None:
-    from draftdeck.convert_fast import plain_row
+    from draftdeck.convert.fast import plain_row
 
     fast = plain_row(row, to, 24, True)
     if fast is not None:  # whenever the fast path answers, it answers what the general path does
@@ -492,7 +492,7 @@ def test_plain_row_fast_path_is_the_general_path(row: Any, to: str) -> None:
 
 
 def test_plain_row_fast_path_takes_the_usual_rows() -> None:
-    from draftdeck.convert_fast import plain_row
+    from draftdeck.convert.fast import plain_row
 
     answer = "a long enough answer " * 3
     for row in (

@@ -122,7 +122,7 @@ def test_all_real_files_in_one_run(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_real_file_scans_as_convert_would_read_it(name: str) -> None:
     """scan's pre-flight is convert's verdict: the same rows kept, rejected and warned, per shape."""
-    from draftdeck.scan import scan_file
+    from draftdeck.convert.scan import scan_file
 
     rows_in, rows_out, formats, rejected, warnings = EXPECTED[name]
     report = scan_file(real_file(name))
@@ -139,7 +139,7 @@ def test_forcing_a_shape_on_real_files(tmp_path: Path) -> None:
     chat = real_file("torchtune__chat_tiny.json")
     report = convert([chat], tmp_path / "a.jsonl", "openai", options=ConvertOptions(from_format="sharegpt"))
     assert (report.rows_out, dict(report.formats)) == (1, {"sharegpt": 1})
-    from draftdeck.scan import scan_file
+    from draftdeck.convert.scan import scan_file
 
     scanned = scan_file(real_file("FastChat__dummy_conversation.json"), from_format="alpaca")
     assert (scanned.rows_out, dict(scanned.rejected)) == (0, {"format_mismatch": 500})

@@ -147,7 +147,7 @@ class TestLosses:
 
 class TestPlaceholderRule:
     def test_fillers_need_a_few_prompts_other_answers_a_share(self) -> None:
-        from draftdeck.placeholders import PlaceholderRule, normalise
+        from draftdeck.convert.placeholders import PlaceholderRule, normalise
 
         rule = PlaceholderRule()
         assert [normalise(t) for t in ("OK.", " Okay! ", "...", "N/A", "…")] == ["ok", "okay", "", "n/a", "…"]

@@ -12,7 +12,7 @@ import zstandard
 from draftdeck.errors import InputError, JobFailed, PathNotAllowedError
 from draftdeck.formats.readers import RowReader, iter_rows
 from draftdeck.paths import resolve_in_roots
-from draftdeck.scan import scan_file
+from draftdeck.convert.scan import scan_file
 from tests.conftest import real_file
 
 ROWS = [{"messages": [{"role": "user", "content": "héllo"}]}, {"conversations": [], "id": 2}]

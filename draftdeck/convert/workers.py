@@ -1,4 +1,4 @@
-"""The worker side of `convert` with worker processes (see :mod:`draftdeck.convert_parallel`, the parent).
+"""The worker side of `convert` with worker processes (see :mod:`draftdeck.convert.parallel`, the parent).
 
 A worker does everything a row needs that depends on the row alone (:func:`prepare_rows`): parse the
 JSON, detect the family, build the canonical conversation, run
@@ -17,14 +17,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from draftdeck.convert import ConvertOptions, check_conversation, duplicate_key, placeholder_key
-from draftdeck.convert_fast import plain_row
+from draftdeck.convert.checks import check_conversation, duplicate_key
+from draftdeck.convert.fast import plain_row
+from draftdeck.convert.options import ConvertOptions
+from draftdeck.convert.placeholders import placeholder_key, prompt_key, strip_answers
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
 from draftdeck.formats.detect import parse
 from draftdeck.formats.model import SourceRef
 from draftdeck.formats.readers import JsonlRange, RawRow
 from draftdeck.formats.writers import JSONL_ENCODERS, RESERVED, encode_line
-from draftdeck.placeholders import prompt_key, strip_answers
 from draftdeck.quality import Action
 
 # fork: workers start at once with the converter imported, and need no `if __name__ == "__main__"`
@@ -53,11 +54,11 @@ class Prepared(NamedTuple):
     stripped: bytes | None = None  # with ``placeholders="strip"``: its output line without the answers
 
     def without_answers(self) -> Prepared:
-        """What _Reader writes for a stripped placeholder row."""
+        """What RowState writes for a stripped placeholder row."""
         return self._replace(data=self.stripped)
 
     @property
-    def source(self) -> SourceRef:  # what _Reader.verdict reads
+    def source(self) -> SourceRef:  # what RowState.verdict reads
         return SourceRef(self.file, self.line, self.idx, path=self.path)
 
 

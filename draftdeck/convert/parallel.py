@@ -2,13 +2,13 @@
 
 Split of the work (design):
 
-- **Workers** (:mod:`draftdeck.convert_workers`) do everything a row needs that depends on the row
+- **Workers** (:mod:`draftdeck.convert.workers`) do everything a row needs that depends on the row
   alone, one byte range at a time, and send back a record per row (its line number, its issues, its
   encoded line). Plain OpenAI / ShareGPT rows that pass every check take a fast path
-  (:func:`draftdeck.convert_fast.plain_row`) that gives the same line and hash without building the
+  (:func:`draftdeck.convert.fast.plain_row`) that gives the same line and hash without building the
   canonical model.
 - **The parent** replays the records in input order through the very same state as the one-process
-  path (:class:`draftdeck.convert._Reader`: policy verdicts, the placeholder buffer, the duplicate set)
+  path (:class:`draftdeck.convert.RowState`: policy verdicts, the placeholder buffer, the duplicate set)
   and writes the encoded lines. So the counts, the examples (the first ones in input order), the
   output bytes and a policy failure (at the same row) are those of ``workers=1``. Each worker has
   its own pipe and the parent reads them in turn in its own thread (no helper threads to contend
@@ -31,14 +31,11 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from draftdeck.convert import (
-    PROGRESS_EVERY_ROWS,
-    ConvertOptions,
-    _Reader,
-    _where,
-    input_files,
-)
-from draftdeck.convert_workers import COMPLEX, Chunk, Prepared, Record, Workers, prepare_rows
+from draftdeck.convert.checks import where_prefix
+from draftdeck.convert.options import PROGRESS_EVERY_ROWS, ConvertOptions
+from draftdeck.convert.reading import input_files
+from draftdeck.convert.verdicts import RowState
+from draftdeck.convert.workers import COMPLEX, Chunk, Prepared, Record, Workers, prepare_rows
 from draftdeck.errors import JobFailed
 from draftdeck.formats.readers import RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
@@ -71,7 +68,9 @@ class _Out:
         self.report.rows_out += rows
 
 
-def _apply(records: Iterable[Record], state: _Reader, name: str, lines_before: int = 0) -> Iterator[Prepared]:
+def _apply(
+    records: Iterable[Record], state: RowState, name: str, lines_before: int = 0
+) -> Iterator[Prepared]:
     """Count `records` in the report and judge them, exactly as read_conversations does its rows.
 
     `lines_before`: the lines of the file before the records' range (their numbers count from 1).
@@ -89,7 +88,7 @@ def _apply(records: Iterable[Record], state: _Reader, name: str, lines_before: i
         if kind == "x":
             if state.action(what) is Action.FAIL:
                 raise state.fail(what, name, line, rest)
-            report.reject(what, name, line, _where(line, index, None) + rest)
+            report.reject(what, name, line, where_prefix(line, index, None) + rest)
             continue
         formats[what] += 1
         if kind == "s":
@@ -100,7 +99,9 @@ def _apply(records: Iterable[Record], state: _Reader, name: str, lines_before: i
                 yield item
             continue
         if not rest:
-            report.reject("empty_conversation", name, line, _where(line, index, None) + "no conversation")
+            report.reject(
+                "empty_conversation", name, line, where_prefix(line, index, None) + "no conversation"
+            )
             continue
         if len(rest) > 1:
             report.rows_expanded += len(rest) - 1
@@ -119,7 +120,7 @@ def _apply(records: Iterable[Record], state: _Reader, name: str, lines_before: i
 _DUPLICATE = [("duplicate_conversation", "the same messages appeared earlier")]
 
 
-def _apply_chunk(chunk: Chunk, state: _Reader, name: str, out: _Out, lines_before: int) -> None:
+def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_before: int) -> None:
     """:func:`_apply` for a worker's packed chunk: usual rows are written in blocks of the blob."""
     report = state.report
     formats = report.formats
@@ -186,7 +187,7 @@ def write_converted(
     and writes the same bytes. Raises JobFailed (after writing the rows before the failing one and the
     rows held for the placeholder check, as the one-process path does) and InputError.
     """
-    state = _Reader(report, options)
+    state = RowState(report, options)
     out = _Out(writer, report)
     files, total = input_files(paths)
     done_before = 0

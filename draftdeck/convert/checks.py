@@ -111,7 +111,7 @@ def duplicate_key(conv: Conversation) -> int:
     return xxh3_64_intdigest(orjson.dumps(parts))
 
 
-def _where(line: int | None, index: int | None, path: str | None) -> str:
+def where_prefix(line: int | None, index: int | None, path: str | None) -> str:
     """A reason's prefix locating the record when the line number does not (JSON arrays, tables, trees)."""
     pre = f"record {index}" if line is None and index is not None else ""
     if path:

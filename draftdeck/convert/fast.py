@@ -1,4 +1,4 @@
-"""The convert workers' fast path for the usual row (see :mod:`draftdeck.convert_parallel`)."""
+"""The convert workers' fast path for the usual row (see :mod:`draftdeck.convert.parallel`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 import orjson
 from xxhash import xxh3_64_intdigest
 
+from draftdeck.convert.placeholders import normalise
 from draftdeck.formats import sharegpt
 from draftdeck.formats.detect import media_of
 from draftdeck.formats.model import PROVENANCE_KEY, origin_of
 from draftdeck.formats.writers import RESERVED, SHAREGPT_FROM, encode_line
-from draftdeck.placeholders import normalise
 
 _PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SHAREGPT_ROLES = {k: v for k, v in sharegpt.FROM_MAP.items() if v in ("system", "user", "assistant")}

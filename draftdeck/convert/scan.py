@@ -25,7 +25,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftdeck.convert import ConvertOptions, placeholder_key, read_conversations
+from draftdeck.convert.options import ConvertOptions
+from draftdeck.convert.placeholders import placeholder_key
+from draftdeck.convert.reading import read_conversations
 from draftdeck.errors import JobFailed
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
 from draftdeck.formats.tables import open_reader

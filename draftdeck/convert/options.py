@@ -1,0 +1,61 @@
+"""What one convert (or tokenize, scan, regenerate) read may be told: :class:`ConvertOptions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from draftdeck.convert.placeholders import MODES, PlaceholderRule
+from draftdeck.errors import UsageError
+from draftdeck.formats.detect import check_format_name
+from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
+from draftdeck.quality import Policy
+
+PROGRESS_EVERY_ROWS = 2048
+
+
+@dataclass
+class ConvertOptions:
+    """Options of reading and checking. Defaults suit training data (prompt-only rows rejected)."""
+
+    policy: Policy = field(default_factory=Policy)
+    allow_prompt_only: bool = False  # yield rows with no assistant turn (for regeneration)
+    tree_paths: str = "all"  # "all": one conversation per leaf; "best": the best-ranked path only
+    from_format: str | None = None  # one shape every row must have (draftdeck.formats.detect); None: detect
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    placeholders: str = "reject"  # what a placeholder row becomes: reject | strip | keep
+    placeholder_min_rows: int = 32
+    placeholder_min_share: float = 0.2
+    placeholder_filler_rows: int = 3
+    placeholder_max_chars: int = 24
+    placeholder_buffer: int = 4096
+    check_duplicates: bool = True
+    # convert only: worker processes for JSONL inputs larger than one chunk (1: all in this process);
+    # see draftdeck.convert.parallel. Output and report are the same for any number of workers.
+    workers: int = 1
+    chunk_bytes: int = 4 << 20
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise UsageError(f"workers must be at least 1, not {self.workers}")
+        if self.chunk_bytes < 1:
+            raise UsageError("chunk_bytes must be positive")
+        if self.tree_paths not in ("all", "best"):
+            raise UsageError(f"tree paths must be 'all' or 'best', not {self.tree_paths!r}")
+        try:
+            check_format_name(self.from_format)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        if self.placeholder_min_rows < 2:
+            raise UsageError("placeholder_min_rows must be at least 2")
+        if self.placeholder_filler_rows < 1:
+            raise UsageError("placeholder_filler_rows must be at least 1")
+        if not 0 <= self.placeholder_min_share <= 1:
+            raise UsageError("placeholder_min_share must be between 0 and 1")
+        if self.placeholders not in MODES:
+            raise UsageError(f"placeholders must be one of {', '.join(MODES)}, not {self.placeholders!r}")
+
+    @property
+    def placeholder_rule(self) -> PlaceholderRule:
+        return PlaceholderRule(
+            self.placeholder_min_rows, self.placeholder_min_share, self.placeholder_filler_rows
+        )
