@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
+from draftdeck.convert.scan import scan_paths
 from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams, from_format_field, inputs_field, max_row_bytes_field
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Output, Report
-from draftdeck.convert.scan import scan_paths
 
 REPORT_NAME = "scan-report.json"
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from draftdeck.convert.scan import scan_file
 from draftdeck.errors import InputError, JobFailed, PathNotAllowedError
 from draftdeck.formats.readers import RowReader, iter_rows
 from draftdeck.paths import resolve_in_roots
-from draftdeck.convert.scan import scan_file
 from tests.conftest import real_file
 
 ROWS = [{"messages": [{"role": "user", "content": "héllo"}]}, {"conversations": [], "id": 2}]
