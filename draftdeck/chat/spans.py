@@ -106,11 +106,21 @@ def _unmark(text: str, spans: list[tuple[int, int]], markers: re.Pattern[str]) -
 
 
 def render_rows(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, renderer: ChatRenderer
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    renderer: ChatRenderer,
+    untrained: frozenset[int] | tuple[int, ...] = (),
 ) -> list[RenderedRow]:
-    """The rows of one conversation with their assistant spans. Raises :class:`TemplateError`."""
+    """The rows of one conversation with their assistant spans. Raises :class:`TemplateError`.
+
+    `untrained`: indices of assistant messages a per-turn flag keeps out of the loss. They stay in
+    the text as context; they get no span (and, where the conversation is split per turn, no row of
+    their own). No trained answer at all: no row."""
     asst = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     if not asst:
+        return []
+    trained = [(k, i) for k, i in enumerate(asst) if i not in untrained]
+    if not trained:
         return []
     control, markers = _control_patterns(renderer.control_tokens)
     marked = bool(renderer.control_tokens) and (_contains(messages, control) or _contains(tools, control))
@@ -128,7 +138,7 @@ def render_rows(
 
     full = render(len(messages), False)
     turns: list[tuple[str, int, int]] = []
-    for k, i in enumerate(asst):
+    for k, i in trained:
         try:
             prompt = render(i, True)
         except TemplateError as exc:
@@ -140,7 +150,9 @@ def render_rows(
     if all(full.startswith(done) for done, _, _ in turns):
         rows = [RenderedRow(full, [(s, e) for _, s, e in turns])]
     else:
-        rows = [RenderedRow(done, [(s, e)], turn=k) for k, (done, s, e) in enumerate(turns)]
+        rows = [
+            RenderedRow(done, [(s, e)], turn=k) for (k, _), (done, s, e) in zip(trained, turns, strict=True)
+        ]
     if not marked:
         return rows
     out = []

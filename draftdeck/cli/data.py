@@ -46,7 +46,7 @@ def scan(params: ScanParams, *, report: Path | None) -> None:
         f"scan {names}",
         lambda progress: scan_files(
             paths, progress=progress, max_row_bytes=params.max_row_bytes, display_names=params.inputs,
-            from_format=params.from_format,
+            from_format=params.from_format, tool_tags=params.tool_tags, preference=params.preference,
         ),
         report,
     )  # fmt: skip

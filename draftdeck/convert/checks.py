@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.formats.model import Conversation
+from draftdeck.formats.model import Conversation, Message
 
 
 def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tuple[str, str]]:
@@ -17,7 +17,10 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
     issues: list[tuple[str, str]] = []
     has_user = has_assistant = False
     empty_at: list[int] = []
+    flagged: list[int] = []  # messages with a per-turn training flag
     for i, m in enumerate(messages):
+        if m.train is not None:
+            flagged.append(i)
         if m.role == "user":
             has_user = True
         elif m.role == "assistant":
@@ -31,6 +34,8 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
             empty_at.append(i)
     if len(empty_at) == len(messages):
         return [("empty_conversation", f"all {len(messages)} messages are empty")]
+    if flagged:
+        issues.extend(_flag_issues(messages, flagged))
     if not has_user:
         issues.append(("no_user_turn", f"roles: {', '.join(m.role for m in messages[:8])}"))
     if not has_assistant and not allow_prompt_only:
@@ -96,6 +101,22 @@ def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tupl
     return issues
 
 
+def _flag_issues(messages: list[Message], flagged: list[int]) -> list[tuple[str, str]]:
+    """The issues of per-turn training flags: a flag asking to train what is not an answer (the
+    drafter learns the target's answers, nothing else), and the answers a flag leaves untrained."""
+    wrong = [i for i in flagged if messages[i].train and messages[i].role != "assistant"]
+    if wrong:
+        i = wrong[0]
+        return [("trained_non_assistant", f"message {i} ({messages[i].role}) has a flag asking to train it")]
+    off = [i for i in flagged if messages[i].role == "assistant" and messages[i].train is False]
+    if not off:
+        return []
+    answers = sum(1 for m in messages if m.role == "assistant")
+    return [
+        ("untrained_answer", f"{len(off)} of {answers} answers untrained by their flag (message {off[0]})")
+    ]
+
+
 def duplicate_key(conv: Conversation) -> int:
     """A 64-bit hash of the normalised messages, the same in every process (xxh3 of their JSON text):
     worker processes compute it for the parent's duplicate set."""
@@ -108,6 +129,8 @@ def duplicate_key(conv: Conversation) -> int:
         append(m.reasoning)
         if m.tool_calls:
             parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
+        if m.train is not None:  # the same answer trained once and untrained once is not a duplicate
+            parts.append(m.train)
     return xxh3_64_intdigest(orjson.dumps(parts))
 
 

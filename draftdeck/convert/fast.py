@@ -74,8 +74,8 @@ def plain_row(
         if type(raw) is not str or type(text) is not str:
             return None
         role = role_map.get(raw)
-        if role is None:
-            return None
+        if role is None or (role == "system" and system is not None and len(roles) == 1):
+            return None  # (a top-level system and then a system turn: the general path decides)
         roles.append(role)
         texts.append(text)
     # the checks of check_conversation, on the only shapes that reach here: all must pass

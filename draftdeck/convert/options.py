@@ -6,11 +6,14 @@ from dataclasses import dataclass, field
 
 from draftdeck.convert.placeholders import MODES, PlaceholderRule
 from draftdeck.errors import UsageError
+from draftdeck.formats.common import ParseOptions
 from draftdeck.formats.detect import check_format_name
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.quality import Policy
 
 PROGRESS_EVERY_ROWS = 2048
+TOOL_TAGS = ("parse", "keep")
+PREFERENCE = ("chosen", "reject")
 
 
 @dataclass
@@ -21,6 +24,8 @@ class ConvertOptions:
     allow_prompt_only: bool = False  # yield rows with no assistant turn (for regeneration)
     tree_paths: str = "all"  # "all": one conversation per leaf; "best": the best-ranked path only
     from_format: str | None = None  # one shape every row must have (draftdeck.formats.detect); None: detect
+    tool_tags: str = "parse"  # Hermes <tool_call>/<tool_response> text: parse into structure, or keep as text
+    preference: str = "chosen"  # a preference row: its chosen conversation, or reject the row
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     placeholders: str = "reject"  # what a placeholder row becomes: reject | strip | keep
     placeholder_min_rows: int = 32
@@ -51,8 +56,21 @@ class ConvertOptions:
             raise UsageError("placeholder_filler_rows must be at least 1")
         if not 0 <= self.placeholder_min_share <= 1:
             raise UsageError("placeholder_min_share must be between 0 and 1")
+        if self.tool_tags not in TOOL_TAGS:
+            raise UsageError(f"tool_tags must be one of {', '.join(TOOL_TAGS)}, not {self.tool_tags!r}")
+        if self.preference not in PREFERENCE:
+            raise UsageError(f"preference must be one of {', '.join(PREFERENCE)}, not {self.preference!r}")
         if self.placeholders not in MODES:
             raise UsageError(f"placeholders must be one of {', '.join(MODES)}, not {self.placeholders!r}")
+
+    def parse_options(self) -> ParseOptions:
+        """What each row's parser is told (the one-process reader and the workers alike)."""
+        return ParseOptions(
+            tree_paths=self.tree_paths,
+            from_format=self.from_format,
+            tool_tags=self.tool_tags,
+            preference=self.preference,
+        )
 
     @property
     def placeholder_rule(self) -> PlaceholderRule:

@@ -128,12 +128,16 @@ def scan_paths(
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
     display_names: Sequence[str] | None = None,
     from_format: str | None = None,
+    tool_tags: str = "parse",
+    preference: str = "chosen",
 ) -> Report:
     """Scan `paths` (files or ``save_to_disk`` folders, read in order as one convert would) and return
     the report. Raises :class:`JobFailed` (carrying the report) when no row parsed, InputError for a
     missing or unreadable input."""
     names = dict(zip(paths, display_names, strict=True)) if display_names else {}
-    options = ConvertOptions(max_row_bytes=max_row_bytes, from_format=from_format)
+    options = ConvertOptions(
+        max_row_bytes=max_row_bytes, from_format=from_format, tool_tags=tool_tags, preference=preference
+    )
     report = Report()
     watch = _Watch(names)
     candidates: Counter[tuple[str, ...]] = Counter()

@@ -12,7 +12,6 @@ from draftdeck.convert.checks import where_prefix
 from draftdeck.convert.options import ConvertOptions
 from draftdeck.convert.placeholders import is_filler, strip_answers
 from draftdeck.errors import JobFailed
-from draftdeck.formats.common import ParseOptions
 from draftdeck.formats.model import Conversation
 from draftdeck.quality import Action, Report
 
@@ -24,7 +23,7 @@ class RowState:
         self.report = report
         self.options = options
         self.actions: dict[str, Action] = {}
-        self.parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
+        self.parse_options = options.parse_options()
         self.seen: set[int] = set()
         self.rule = options.placeholder_rule
         self.checked = 0  # conversations past their own checks: the placeholder share's denominator

@@ -21,7 +21,7 @@ from draftdeck.convert.checks import check_conversation, duplicate_key
 from draftdeck.convert.fast import plain_row
 from draftdeck.convert.options import ConvertOptions
 from draftdeck.convert.placeholders import placeholder_key, prompt_key, strip_answers
-from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected
+from draftdeck.formats.common import ParseContext, RowRejected
 from draftdeck.formats.detect import parse
 from draftdeck.formats.model import SourceRef
 from draftdeck.formats.readers import JsonlRange, RawRow
@@ -70,7 +70,7 @@ Record = tuple[Any, ...]
 def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str) -> Iterator[Record]:
     """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state."""
     encoder = JSONL_ENCODERS[to]
-    parse_options = ParseOptions(tree_paths=options.tree_paths, from_format=options.from_format)
+    parse_options = options.parse_options()
     policy = options.policy
     drops: dict[str, bool] = {}
     allow_prompt_only = options.allow_prompt_only

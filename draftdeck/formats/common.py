@@ -27,10 +27,15 @@ class RowRejected(Exception):
 @dataclass
 class ParseOptions:
     """What a family parser may need to know. `tree_paths`: "all" (one conversation per leaf) or "best";
-    `from_format`: a shape name of draftdeck.formats.detect that every row must have (None: detect)."""
+    `from_format`: a shape name of draftdeck.formats.detect that every row must have (None: detect);
+    `tool_tags`: "parse" (Hermes ``<tool_call>`` / ``<tool_response>`` text becomes structured calls
+    and tool messages) or "keep" (it stays text); `preference`: "chosen" (a preference row becomes its
+    chosen conversation) or "reject"."""
 
     tree_paths: str = "all"
     from_format: str | None = None
+    tool_tags: str = "parse"
+    preference: str = "chosen"
 
 
 class ParseContext:
@@ -44,6 +49,26 @@ class ParseContext:
 
     def warn(self, code: str, reason: str) -> None:
         self.warnings.setdefault(code, reason)
+
+
+# Role names every reader maps (OpenAI `role`, ShareGPT `from`, Gemini `role`): what exporters write
+# for the three parties besides the canonical names.
+ROLE_ALIASES: dict[str, str] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "human": "user",
+    "assistant": "assistant",
+    "gpt": "assistant",
+    "bot": "assistant",
+    "model": "assistant",
+    "ai": "assistant",
+    "chatbot": "assistant",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",
+    "observation": "tool",
+}
 
 
 def keys_of(value: dict[str, Any], limit: int = 12) -> str:
@@ -104,7 +129,7 @@ def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
     Part types: ``text`` (``text`` or ``value``), ``reasoning``/``thinking`` (to reasoning),
     ``tool_call`` (a call as JSON text or object). Bare strings in the list are text. Image, audio
     and video parts reject the row as multimodal_content (a text drafter cannot learn from them);
-    other part types cannot be held by the canonical model: counted as unrepresentable_field.
+    any other part would be lost: ``lost_part``, which rejects the row unless a policy says otherwise.
     """
     if isinstance(content, str):
         return Parts(content)
@@ -139,7 +164,7 @@ def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
                 f"{where}.content[{i}] is a {kind!r} part; a text drafter cannot learn from it",
             )
         else:
-            ctx.warn("unrepresentable_field", f"{where}.content[{i}] has part type {kind!r}; it was left out")
+            ctx.warn("lost_part", f"{where}.content[{i}] is a {kind!r} part, which no reader keeps")
     parts.text = "".join(texts)
     if reasons:
         parts.reasoning = "\n".join(reasons)
@@ -201,12 +226,12 @@ def parse_tools(value: Any, where: str, ctx: ParseContext) -> list[dict[str, Any
         try:
             value = orjson.loads(value)
         except orjson.JSONDecodeError:
-            ctx.warn("unrepresentable_field", f"{where} is text that is not JSON; the tools were left out")
+            ctx.warn("lost_tools", f"{where} is text that is not JSON: the tool definitions cannot be read")
             return []
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
-        ctx.warn("unrepresentable_field", f"{where} is not a list of tool objects; it was left out")
+        ctx.warn("lost_tools", f"{where} is not a list of tool objects: the definitions cannot be read")
         return []
     return value
 
@@ -230,3 +255,41 @@ def reasoning_of(d: dict[str, Any], where: str, ctx: ParseContext) -> str | None
     if value is None or value == "":
         return None
     return text_of(value, f"{where}.reasoning_content", ctx)
+
+
+# -- per-turn training flags -----------------------------------------------------------------------
+TRAIN_FLAG_KEYS = ("weight", "loss", "loss_weight", "train")
+
+
+def train_flag(d: dict[str, Any], where: str, ctx: ParseContext) -> bool | None:
+    """A message's training flag: OpenAI's and axolotl's ``weight`` (0 or 1), xtuner's ``loss`` and
+    axolotl's ``train`` (booleans), LLaMA-Factory's ``loss_weight`` (a number; 0 is untrained). None
+    when the message has none. A value none of them allows is ``invalid_train_flag``; a fractional
+    ``loss_weight`` trains the turn (masks are 0 or 1) under ``partial_loss_weight``."""
+    flag: bool | None = None
+    for key in TRAIN_FLAG_KEYS:
+        value = d.get(key)
+        if value is None:
+            continue
+        if key in ("loss", "train"):
+            if not isinstance(value, bool):
+                ctx.warn("invalid_train_flag", f"{where}.{key} is {value!r}, not true or false")
+                continue
+            this = value
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            ctx.warn("invalid_train_flag", f"{where}.{key} is {value!r}, not a number")
+            continue
+        elif key == "weight" and value not in (0, 1):
+            ctx.warn("invalid_train_flag", f"{where}.weight is {value!r}; OpenAI's weight is 0 or 1")
+            continue
+        elif value < 0:
+            ctx.warn("invalid_train_flag", f"{where}.{key} is negative ({value!r})")
+            continue
+        else:
+            this = value != 0
+            if key == "loss_weight" and value not in (0, 1):
+                ctx.warn("partial_loss_weight", f"{where}.loss_weight {value!r} trains the turn fully")
+        if flag is not None and flag != this:
+            ctx.warn("invalid_train_flag", f"{where} has training flags that disagree ({key} says {this})")
+        flag = this
+    return flag

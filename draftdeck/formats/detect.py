@@ -4,10 +4,16 @@ Detection looks at one row at a time (a file may mix shapes; the mix is counted 
 ``report.formats``). The shapes are tried in the order of :data:`SHAPES`, which matters where keys
 overlap:
 
+0. chosen and rejected sides -> preference (first: UltraFeedback also holds ``messages``)
 1. ``messages`` / ``conversations`` lists, by the keys of their first turn: ``role``/``content`` ->
    openai (SpecForge stores OpenAI messages under ``conversations``), ``from``/``value`` -> sharegpt
    (LLaMA-Factory's sharegpt column may be called ``messages``), ``{human, assistant}`` pair objects
    (ms-swift's ``conversation``) -> turn_pairs. Ultrachat rows hold ``prompt`` beside ``messages``.
+   OpenAI-style messages with Anthropic blocks (``tool_use``, ``tool_result``, ``thinking``) or a
+   system of blocks -> anthropic. OpenAI and ShareGPT rows whose text holds Hermes ``<tool_call>`` /
+   ``<tool_response>`` tags -> hermes once the tags are lifted (``tool_tags="keep"``: left as text).
+   A row that is a bare list of messages is that list under ``messages`` (or ``conversations``).
+1b. ``contents`` of role/parts -> gemini; a ``chat`` text with ``USER:`` / ``ASSISTANT:`` -> glaive
 2. ``history``/``trajectory`` of message objects -> trajectory
 3. ``prompt`` node with ``replies`` (or a node) -> tree
 4. ``instruction`` + ``output`` -> alpaca; ``instruction`` + ``response`` (+ ``context``, Dolly) ->
@@ -32,7 +38,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from draftdeck.formats import alpaca, openai, pairs, prompt, sharegpt, trajectory, tree
+from draftdeck.formats import (
+    alpaca,
+    anthropic,
+    gemini,
+    glaive,
+    hermes,
+    openai,
+    pairs,
+    preference,
+    prompt,
+    sharegpt,
+    trajectory,
+    tree,
+)
 from draftdeck.formats.common import ParseContext, RowRejected, keys_of
 from draftdeck.formats.model import Conversation
 
@@ -42,6 +61,11 @@ Parser = Callable[[dict[str, Any], ParseContext], list[Conversation]]
 FormatName = Literal[
     "openai",
     "sharegpt",
+    "anthropic",
+    "gemini",
+    "glaive",
+    "hermes",
+    "preference",
     "turn_pairs",
     "trajectory",
     "tree",
@@ -79,8 +103,23 @@ def turn_style(value: dict[str, Any]) -> tuple[str, str] | None:
     return None
 
 
+def list_style(value: dict[str, Any]) -> tuple[str, str] | None:
+    """(family, key) of a row of turns, with OpenAI-style rows that use Anthropic's blocks told apart."""
+    style = turn_style(value)
+    if (
+        style is not None
+        and style[0] == openai.FAMILY
+        and style[1] == "messages"
+        and anthropic.looks_like(value)
+    ):
+        return anthropic.FAMILY, "messages"
+    return style
+
+
 def parse_turns(family: str, key: str, value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
     """The conversation of a row whose turns under `key` have the style of `family`."""
+    if family == anthropic.FAMILY:
+        return anthropic.parse_row(value, ctx)
     if family == openai.FAMILY:
         if key == "messages":
             return openai.parse_row(value, ctx)
@@ -95,7 +134,7 @@ def parse_turns(family: str, key: str, value: dict[str, Any], ctx: ParseContext)
 
 def _list_parser(family: str) -> Parser:
     def parse_list(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
-        style = turn_style(value)
+        style = list_style(value)
         assert style is not None and style[0] == family
         return parse_turns(family, style[1], value, ctx)
 
@@ -104,10 +143,25 @@ def _list_parser(family: str) -> Parser:
 
 def _is_style(family: str) -> Callable[[dict[str, Any]], bool]:
     def matches(value: dict[str, Any]) -> bool:
-        style = turn_style(value)
-        return style is not None and style[0] == family
+        style = list_style(value)
+        return style is not None and style[0] == family and preference.pair_of(value) is None
 
     return matches
+
+
+def _is_hermes(value: dict[str, Any]) -> bool:
+    style = list_style(value)
+    return style is not None and style[0] in (openai.FAMILY, sharegpt.FAMILY) and hermes.raw_has_tags(value)
+
+
+def _parse_hermes(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
+    style = list_style(value)
+    assert style is not None
+    convs = parse_turns(style[0], style[1], value, ctx)
+    for conv in convs:
+        hermes.lift(conv, ctx)
+        conv.source_format = hermes.FAMILY
+    return convs
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +184,38 @@ SHAPES: tuple[Shape, ...] = (
         "a conversations (or messages) list of from/value turns",
         _is_style(sharegpt.FAMILY),
         _list_parser(sharegpt.FAMILY),
+    ),
+    Shape(
+        anthropic.FAMILY,
+        "a messages list whose content holds Anthropic blocks (tool_use, tool_result, thinking)"
+        " or a system of text blocks",
+        _is_style(anthropic.FAMILY),
+        _list_parser(anthropic.FAMILY),
+    ),
+    Shape(
+        gemini.FAMILY,
+        "a contents list of role/parts turns (systemInstruction optional)",
+        gemini.looks_like,
+        gemini.parse_row,
+    ),
+    Shape(
+        glaive.FAMILY,
+        "a chat text with USER: / ASSISTANT: / FUNCTION RESPONSE: turns (system optional)",
+        glaive.looks_like,
+        glaive.parse_row,
+    ),
+    Shape(
+        hermes.FAMILY,
+        "OpenAI or ShareGPT turns with <tool_call> or <tool_response> text",
+        _is_hermes,
+        _parse_hermes,
+    ),
+    Shape(
+        preference.FAMILY,
+        "chosen and rejected sides (chosen/rejected, chosen_messages/rejected_messages, preferred_output/"
+        "non_preferred_output)",
+        lambda v: preference.pair_of(v) is not None,
+        preference.parse_row,
     ),
     Shape(
         pairs.FAMILY,
@@ -175,8 +261,9 @@ SHAPES: tuple[Shape, ...] = (
     ),
 )
 SHAPES_BY_NAME: dict[str, Shape] = {s.name: s for s in SHAPES}
-LIST_SHAPES = frozenset({openai.FAMILY, sharegpt.FAMILY, pairs.FAMILY})  # told apart by turn_style
-OTHER_SHAPES = tuple(s for s in SHAPES if s.name not in LIST_SHAPES)
+# told apart by list_style; hermes is found after parsing (its tags are inside the text)
+LIST_SHAPES = frozenset({openai.FAMILY, anthropic.FAMILY, sharegpt.FAMILY, pairs.FAMILY, hermes.FAMILY})
+OTHER_SHAPES = tuple(s for s in SHAPES if s.name not in LIST_SHAPES and s.name != preference.FAMILY)
 assert tuple(SHAPES_BY_NAME) == FORMAT_NAMES, "FormatName and SHAPES must list the same shapes"
 
 
@@ -188,7 +275,9 @@ def check_format_name(name: str | None) -> None:
 
 def detect(value: dict[str, Any]) -> tuple[str, Parser]:
     """Return (family, parser) for one row, or raise RowRejected("unknown_format", ...)."""
-    style = turn_style(value)
+    if preference.pair_of(value) is not None:
+        return preference.FAMILY, preference.parse_row
+    style = list_style(value)
     if style is not None:
         return style[0], SHAPES_BY_NAME[style[0]].parser
     for shape in OTHER_SHAPES:
@@ -226,10 +315,24 @@ def media_of(value: dict[str, Any]) -> str | None:
     return ", ".join(found) + (f" and placeholders {', '.join(marks)}" if marks else "")
 
 
+def list_row(value: list[Any]) -> dict[str, Any]:
+    """A row that is a bare list of messages (a JSONL line ``[{"role": ...}, ...]``) as the one
+    conversation it is; RowRejected("not_an_object") for any other list."""
+    first = value[0] if value else None
+    if isinstance(first, dict) and all(isinstance(m, dict) for m in value):
+        if "role" in first:
+            return {"messages": value}
+        if "from" in first:
+            return {"conversations": value}
+    raise RowRejected("not_an_object", "a JSON list, not an object (nor a list of role or from messages)")
+
+
 def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:
     """Detect (or, with ``from_format``, check) and parse one row: (family, conversations).
 
     Raises RowRejected."""
+    if isinstance(value, list):
+        value = list_row(value)
     if not isinstance(value, dict):
         raise RowRejected("not_an_object", f"a JSON {type(value).__name__}, not an object")
     media = media_of(value)
@@ -250,9 +353,17 @@ def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:
                 f"not {forced} (which needs {shape.needs}): {seen}; keys: {keys_of(value)}",
             )
         return shape.name, shape.parser(value, ctx)
-    style = turn_style(value)  # most rows: a list of turns, so look once and parse it directly
+    if preference.pair_of(value) is not None:  # before the turns: UltraFeedback repeats `messages`
+        return preference.FAMILY, preference.parse_row(value, ctx)
+    style = list_style(value)  # most rows: a list of turns, so look once and parse it directly
     if style is not None:
-        return style[0], parse_turns(style[0], style[1], value, ctx)
+        family = style[0]
+        convs = parse_turns(family, style[1], value, ctx)
+        if ctx.options.tool_tags == "parse" and family in (openai.FAMILY, sharegpt.FAMILY):
+            for conv in convs:
+                if hermes.has_tags(conv.messages) and hermes.lift(conv, ctx):
+                    conv.source_format = family = hermes.FAMILY
+        return family, convs
     for shape in OTHER_SHAPES:
         if shape.matches(value):
             return shape.name, shape.parser(value, ctx)

@@ -36,6 +36,19 @@ class Message:
     tool_calls: list[ToolCall] = field(default_factory=list)
     tool_call_id: str | None = None  # for role == "tool": the call this result answers
     name: str | None = None  # tool name on tool results, or a participant name
+    # A per-turn training flag from the source (OpenAI `weight`, xtuner `loss`, LLaMA-Factory
+    # `loss_weight`, axolotl `weight`/`train`): False keeps an answer in the context and out of the
+    # loss, True asks for it to be trained, None (no flag) trains assistant turns and nothing else.
+    train: bool | None = None
+    # Anthropic's `redacted_thinking`: the target's reasoning, encrypted. Kept so the row round-trips;
+    # no template can show it, so it never reaches the tokens.
+    redacted_reasoning: str | None = None
+    is_error: bool = False  # a tool result that reports an error (Anthropic's `is_error`)
+
+    @property
+    def trained(self) -> bool:
+        """Whether this message's tokens are in the loss."""
+        return self.role == "assistant" and self.train is not False
 
     @property
     def is_empty(self) -> bool:
@@ -67,9 +80,7 @@ class Conversation:
     messages: list[Message]
     tools: list[dict[str, Any]] = field(default_factory=list)
     source: SourceRef | None = None
-    source_format: str = (
-        "unknown"  # detected family: openai, sharegpt, alpaca, query_response, prompt, tree, trajectory
-    )
+    source_format: str = "unknown"  # detected family: a shape name of draftdeck.formats.detect
     meta: dict[str, Any] = field(default_factory=dict)  # fields kept verbatim that the model has no place for
     # the warning codes the checks gave this kept row (convert's reader): tokenize stores them per row
     warnings: list[str] = field(default_factory=list)

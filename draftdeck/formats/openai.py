@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from draftdeck.formats.common import (
+    ROLE_ALIASES,
+    TRAIN_FLAG_KEYS,
     ParseContext,
     RowRejected,
     finish_assistant,
@@ -20,21 +22,12 @@ from draftdeck.formats.common import (
     reasoning_of,
     text_of,
     tool_call_from_dict,
+    train_flag,
 )
 from draftdeck.formats.model import Conversation, Message
 
 FAMILY = "openai"
-ROLE_MAP = {
-    "system": "system",
-    "developer": "system",
-    "user": "user",
-    "human": "user",  # ShareGPT's role names inside `messages` (role: human / gpt)
-    "assistant": "assistant",
-    "gpt": "assistant",
-    "tool": "tool",
-    "function": "tool",
-    "ipython": "tool",
-}
+ROLE_MAP = ROLE_ALIASES
 MESSAGE_KEYS = frozenset(
     {
         "role",
@@ -47,9 +40,12 @@ MESSAGE_KEYS = frozenset(
         "name",
         "function_call",
         "tool_call_ids",
+        "redacted_reasoning",
+        "is_error",
+        *TRAIN_FLAG_KEYS,
     }
 )
-ROW_KEYS = ("messages", "tools")
+ROW_KEYS = ("messages", "tools", "system")
 
 
 def parse_message(d: Any, where: str, ctx: ParseContext, role_map: dict[str, str] = ROLE_MAP) -> Message:
@@ -95,6 +91,11 @@ def parse_message(d: Any, where: str, ctx: ParseContext, role_map: dict[str, str
     if isinstance(name, str) and name:
         msg.name = name
     if len(d) > 2:
+        msg.train = train_flag(d, where, ctx)
+        redacted = d.get("redacted_reasoning")
+        if redacted is not None:
+            msg.redacted_reasoning = text_of(redacted, f"{where}.redacted_reasoning", ctx)
+        msg.is_error = d.get("is_error") is True
         for key, value in d.items():
             if value is not None and key not in MESSAGE_KEYS:
                 ctx.warn(
@@ -131,7 +132,47 @@ def meta_of(value: dict[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
     return {k: v for k, v in value.items() if k not in known}
 
 
+def system_text(value: Any, where: str, ctx: ParseContext) -> str | None:
+    """A top-level system prompt: a string, or text blocks (Anthropic); None when there is none.
+    Anything else cannot be kept: ``lost_system``."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        value = [value]
+    if isinstance(value, list):
+        texts = []
+        for i, block in enumerate(value):
+            if isinstance(block, str):
+                texts.append(block)
+            elif isinstance(block, dict) and block.get("type", "text") == "text":
+                texts.append(text_of(block.get("text"), f"{where}[{i}].text", ctx))
+            else:
+                kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+                ctx.warn("lost_system", f"{where}[{i}] is a {kind!r} block, not text")
+        return "".join(texts)
+    ctx.warn("lost_system", f"{where} is a JSON {type(value).__name__}, not text")
+    return None
+
+
+def with_system(system: str | None, messages: list[Message], ctx: ParseContext) -> list[Message]:
+    """`messages` with a top-level system prompt first. When they open with a system message of
+    other text, both are kept in order (``system_conflict``); the same text is kept once."""
+    if system is None:
+        return messages
+    first = messages[0] if messages else None
+    if first is not None and first.role == "system":
+        if first.content == system:
+            return messages
+        ctx.warn("system_conflict", "a top-level system prompt and a different first system message")
+    return [Message(role="system", content=system), *messages]
+
+
 def parse_row(value: dict[str, Any], ctx: ParseContext, key: str = "messages") -> list[Conversation]:
     messages = parse_messages(value[key], key, ctx)
+    if "system" in value:
+        messages = with_system(system_text(value["system"], "system", ctx), messages, ctx)
     tools = parse_tools(value.get("tools"), "tools", ctx)
-    return [Conversation(messages, tools=tools, source_format=FAMILY, meta=meta_of(value, (key, "tools")))]
+    meta = meta_of(value, (key, "tools", "system"))
+    return [Conversation(messages, tools=tools, source_format=FAMILY, meta=meta)]

@@ -17,6 +17,8 @@ from typing import Any
 
 from draftdeck.formats import openai
 from draftdeck.formats.common import (
+    ROLE_ALIASES,
+    TRAIN_FLAG_KEYS,
     ParseContext,
     RowRejected,
     finish_assistant,
@@ -25,28 +27,31 @@ from draftdeck.formats.common import (
     reasoning_of,
     text_of,
     tool_call_from_dict,
+    train_flag,
 )
 from draftdeck.formats.model import Conversation, Message
 
 FAMILY = "sharegpt"
 FROM_MAP = {
-    "human": "user",
-    "user": "user",
-    "gpt": "assistant",
-    "assistant": "assistant",
+    **ROLE_ALIASES,
     "chatgpt": "assistant",
     "bard": "assistant",
     "bing": "assistant",
-    "model": "assistant",
-    "system": "system",
-    "observation": "tool",
-    "tool": "tool",
-    "function": "tool",
-    "ipython": "tool",
     "function_call": "function_call",
 }
 TURN_KEYS = frozenset(
-    {"from", "value", "reasoning_content", "reasoning", "tool_calls", "tool_call_id", "name"}
+    {
+        "from",
+        "value",
+        "reasoning_content",
+        "reasoning",
+        "tool_calls",
+        "tool_call_id",
+        "name",
+        "redacted_reasoning",
+        "is_error",
+        *TRAIN_FLAG_KEYS,
+    }
 )
 ROW_KEYS = ("conversations", "system", "tools")
 
@@ -91,6 +96,10 @@ def parse_turn(d: Any, where: str, ctx: ParseContext, messages: list[Message]) -
     if isinstance(name, str) and name:
         msg.name = name
     if len(d) > 2:
+        msg.train = train_flag(d, where, ctx)
+        if d.get("redacted_reasoning") is not None:
+            msg.redacted_reasoning = text_of(d["redacted_reasoning"], f"{where}.redacted_reasoning", ctx)
+        msg.is_error = d.get("is_error") is True
         for key, v in d.items():
             if v is not None and key not in TURN_KEYS:
                 ctx.warn("unrepresentable_field", f"turn field {key!r} has no place in the canonical model")
@@ -104,9 +113,6 @@ def parse_row(value: dict[str, Any], ctx: ParseContext, key: str = "conversation
     if not isinstance(turns, list):
         raise RowRejected("unknown_format", f"{key} is a JSON {type(turns).__name__}, not a list")
     messages: list[Message] = []
-    system = value.get("system")
-    if system is not None and system != "":
-        messages.append(Message(role="system", content=text_of(system, "system", ctx)))
     append = messages.append
     from_map = FROM_MAP
     for i, turn in enumerate(turns):
@@ -121,6 +127,8 @@ def parse_row(value: dict[str, Any], ctx: ParseContext, key: str = "conversation
                     append(finish_assistant(msg) if role == "assistant" and "<think>" in text else msg)
                     continue
         parse_turn(turn, f"{key}[{i}]", ctx, messages)
+    if "system" in value:
+        messages = openai.with_system(openai.system_text(value["system"], "system", ctx), messages, ctx)
     tools = parse_tools(value.get("tools"), "tools", ctx)
     fmt = FAMILY
     known = ROW_KEYS if key == "conversations" else (key, "system", "tools")

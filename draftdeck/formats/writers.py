@@ -3,13 +3,16 @@
 Shapes written:
 
 - ``openai``: ``{"messages": [{"role", "content", "reasoning_content"?, "tool_calls"?: [{"id"?, "type":
-  "function", "function": {"name", "arguments": JSON text}}], "tool_call_id"?, "name"?}], "tools"?, ...meta}``
+  "function", "function": {"name", "arguments": JSON text}}], "tool_call_id"?, "name"?, "weight"?: 0|1,
+  "redacted_reasoning"?, "is_error"?}], "tools"?, ...meta}``: ``weight`` is OpenAI's per-message training
+  flag, written when the source had one (ShareGPT output writes it on the turn, as axolotl reads it)
 - ``sharegpt``: ``{"conversations": [{"from": system|human|gpt|tool, "value", ...same optional keys}],
   "tools"?, ...meta}``: the shape speculators and SpecForge read (a ``conversations`` column with
   ``from``/``value``). Tool calls stay structured on the ``gpt`` turn (``tool_calls``), reasoning as
   ``reasoning_content``, so the chat template renders them; nothing is folded into text.
 - ``parquet``: columns ``messages`` (list of structs: role, content, reasoning, tool_calls, tool_call_id,
-  name), ``tools`` and ``meta`` (JSON text: their shapes vary per row), ``source_format``.
+  name, weight, redacted_reasoning, is_error), ``tools`` and ``meta`` (JSON text: their shapes vary per
+  row), ``source_format``.
 
 Every row says where it came from: ``draftdeck_source: {"file", "row"}`` (a top-level key in JSONL,
 inside ``meta`` in Parquet; trainers ignore it), the original file and row even after several
@@ -74,7 +77,25 @@ def _message_extras(d: dict[str, Any], m: Message) -> dict[str, Any]:
         d["tool_call_id"] = m.tool_call_id
     if m.name is not None:
         d["name"] = m.name
+    if m.train is not None:
+        d["weight"] = int(m.train)  # OpenAI's per-message flag; axolotl reads it on ShareGPT turns
+    if m.redacted_reasoning is not None:
+        d["redacted_reasoning"] = m.redacted_reasoning
+    if m.is_error:
+        d["is_error"] = True
     return d
+
+
+def _has_extras(m: Message) -> bool:
+    return (
+        m.reasoning is not None
+        or bool(m.tool_calls)
+        or m.tool_call_id is not None
+        or m.name is not None
+        or m.train is not None
+        or m.redacted_reasoning is not None
+        or m.is_error
+    )
 
 
 def meta_collision(src: SourceRef | None, key: str) -> tuple[str, str, int | None, str]:
@@ -111,10 +132,7 @@ def _record(
     turns = []
     for m in conv.messages:
         d = {role_key: role_name[m.role] if role_name else m.role, text_key: m.content}
-        has_extras = (
-            m.reasoning is not None or m.tool_calls or m.tool_call_id is not None or m.name is not None
-        )
-        turns.append(_message_extras(d, m) if has_extras else d)
+        turns.append(_message_extras(d, m) if _has_extras(m) else d)
     out: dict[str, Any] = {key: turns}
     if conv.tools:
         out["tools"] = conv.tools
@@ -168,6 +186,9 @@ def parquet_schema() -> pa.Schema:
                             ),
                             pa.field("tool_call_id", pa.string()),
                             pa.field("name", pa.string()),
+                            pa.field("weight", pa.int8()),
+                            pa.field("redacted_reasoning", pa.string()),
+                            pa.field("is_error", pa.bool_()),
                         ]
                     )
                 ),
@@ -200,6 +221,9 @@ def to_parquet_row(conv: Conversation) -> dict[str, Any]:
                 ],
                 "tool_call_id": m.tool_call_id,
                 "name": m.name,
+                "weight": None if m.train is None else int(m.train),
+                "redacted_reasoning": m.redacted_reasoning,
+                "is_error": m.is_error or None,
             }
             for m in conv.messages
         ],

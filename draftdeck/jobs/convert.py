@@ -20,6 +20,8 @@ from draftdeck.jobs.params import (
     loss_thresholds,
     max_rejected_field,
     max_row_bytes_field,
+    preference_field,
+    tool_tags_field,
 )
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Policy, Report
@@ -45,6 +47,8 @@ class ConvertParams(JobParams):
         default="all", description="message trees: every leaf or the best-ranked path"
     )
     from_format: FormatName | None = from_format_field()
+    tool_tags: Literal["parse", "keep"] = tool_tags_field()
+    preference: Literal["chosen", "reject"] = preference_field()
     allow_prompt_only: bool = Field(
         default=False, description="keep rows without an assistant turn (to regenerate answers)"
     )

@@ -44,6 +44,24 @@ def from_format_field() -> Any:
     )
 
 
+def tool_tags_field() -> Any:
+    """`tool_tags`: what Hermes-style tool calls written as text become (the kinds reading chat rows)."""
+    return Field(
+        default="parse",
+        description="Hermes <tool_call> / <tool_response> text: parse into tool calls and tool messages,"
+        " or keep as text",
+    )
+
+
+def preference_field() -> Any:
+    """`preference`: what a preference row (chosen and rejected sides) becomes."""
+    return Field(
+        default="chosen",
+        description="preference rows (chosen/rejected): read the chosen conversation, or reject them"
+        " as preference_row",
+    )
+
+
 def max_row_bytes_field() -> Any:
     return Field(
         default=DEFAULT_MAX_ROW_BYTES,

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from draftdeck.convert.scan import scan_paths
 from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
-from draftdeck.jobs.params import JobParams, from_format_field, inputs_field, max_row_bytes_field
+from draftdeck.jobs.params import (
+    JobParams,
+    from_format_field,
+    inputs_field,
+    max_row_bytes_field,
+    preference_field,
+    tool_tags_field,
+)
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Output, Report
 
@@ -23,6 +30,8 @@ class ScanParams(JobParams):
         " folders, or folders of such files"
     )
     from_format: FormatName | None = from_format_field()
+    tool_tags: Literal["parse", "keep"] = tool_tags_field()
+    preference: Literal["chosen", "reject"] = preference_field()
     max_row_bytes: int = max_row_bytes_field()
     input_paths: ClassVar[tuple[str, ...]] = ("inputs",)
 
@@ -34,6 +43,8 @@ def scan_files(
     max_row_bytes: int,
     display_names: list[str] | None = None,
     from_format: str | None = None,
+    tool_tags: str = "parse",
+    preference: str = "chosen",
 ) -> Report:
     """Scan the files as one convert would read them (see :func:`draftdeck.convert.scan.scan_paths`); with
     several, `files` in the report lists each file's own container figures."""
@@ -43,6 +54,8 @@ def scan_files(
         max_row_bytes=max_row_bytes,
         display_names=display_names,
         from_format=from_format,
+        tool_tags=tool_tags,
+        preference=preference,
     )
 
 
@@ -58,6 +71,8 @@ def run(params: ScanParams, ctx: RunContext) -> Report:
         progress=ctx.progress,
         max_row_bytes=params.max_row_bytes,
         from_format=params.from_format,
+        tool_tags=params.tool_tags,
+        preference=params.preference,
     )
     report.outputs.append(write_report(ctx.out_dir / REPORT_NAME, report.to_dict(), rows=report.rows_out))
     return report

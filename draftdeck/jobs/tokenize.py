@@ -21,6 +21,8 @@ from draftdeck.jobs.params import (
     inputs_field,
     loss_thresholds,
     max_rejected_field,
+    preference_field,
+    tool_tags_field,
 )
 from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.store import MANIFEST
@@ -60,6 +62,8 @@ class TokenizeParams(JobParams):
     alert_duplicated: float | None = alert_field("a duplicate")
     alert_truncated: float | None = alert_field("cut at seq_length")
     from_format: FormatName | None = from_format_field()
+    tool_tags: Literal["parse", "keep"] = tool_tags_field()
+    preference: Literal["chosen", "reject"] = preference_field()
     encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
     chunk_rows: int | None = Field(
         default=None, ge=1, le=10_000_000, description="conversations per chunk task (default: shard_rows)"

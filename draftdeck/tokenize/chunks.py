@@ -444,7 +444,7 @@ def tokenize_files_chunked(
     check_out_dir(out_dir)
     started = time.monotonic()
     plan = plan_chunks(
-        lambda r: read_inputs(paths, r, strict=opts.strict, from_format=opts.from_format),
+        lambda r: read_inputs(paths, r, **opts.reading()),
         parts_dir,
         chunk_rows,
     )

@@ -21,11 +21,15 @@ def read_inputs(
     *,
     strict: bool = False,
     from_format: str | None = None,
+    tool_tags: str = "parse",
+    preference: str = "chosen",
 ) -> Iterator[Conversation]:
     """Conversations of `paths`; prompt-only rows are rejected as ``no_assistant_turn``; with
     `from_format` every row must have that shape (else ``format_mismatch``)."""
     from draftdeck.convert import ConvertOptions, read_conversations
     from draftdeck.quality import Policy
 
-    options = ConvertOptions(policy=Policy(strict=strict), from_format=from_format)
+    options = ConvertOptions(
+        policy=Policy(strict=strict), from_format=from_format, tool_tags=tool_tags, preference=preference
+    )
     return read_conversations(list(paths), report, options, progress)

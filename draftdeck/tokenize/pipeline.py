@@ -72,8 +72,15 @@ class TokenizeOptions:
     alert_truncated: float | None = None
     encoder: Literal["auto", "hf", "tiktoken"] = "auto"
     from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
+    tool_tags: Literal["parse", "keep"] = "parse"  # Hermes tags in text (draftdeck.formats.hermes)
+    preference: Literal["chosen", "reject"] = "chosen"  # preference rows (draftdeck.formats.preference)
     workers: int = 0  # 0: one per CPU core
     chunk_size: int = 256
+
+    def reading(self) -> dict[str, Any]:
+        """What reading the inputs is told (:func:`draftdeck.tokenize.inputs.read_inputs`)."""
+        return {"strict": self.strict, "from_format": self.from_format, "tool_tags": self.tool_tags,
+                "preference": self.preference}  # fmt: skip
 
     def check(self) -> None:
         if self.seq_length is not None and self.seq_length < 2:
@@ -355,7 +362,7 @@ def tokenize_files(
     from draftdeck.tokenize.inputs import read_inputs
 
     return tokenize(
-        lambda report: read_inputs(paths, report, progress, strict=opts.strict, from_format=opts.from_format),
+        lambda report: read_inputs(paths, report, progress, **opts.reading()),
         out_dir,
         opts,
         progress=None,

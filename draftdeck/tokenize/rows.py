@@ -87,6 +87,7 @@ class Item:
     origin_row: int = -1
     warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
     answered_by: str = ""  # who wrote its assistant turns (a draftdeck.provenance key; "": no record)
+    untrained: tuple[int, ...] = ()  # assistant messages a per-turn flag keeps out of the loss
 
 
 def to_item(conv: Conversation) -> Item:
@@ -97,7 +98,12 @@ def to_item(conv: Conversation) -> Item:
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
                 line if line is not None else -1, conv.has_assistant,
                 origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings),
-                who.key() if who else "")  # fmt: skip
+                who.key() if who else "", untrained_answers(conv))  # fmt: skip
+
+
+def untrained_answers(conv: Conversation) -> tuple[int, ...]:
+    """The indices of the assistant messages a per-turn flag keeps out of the loss."""
+    return tuple(i for i, m in enumerate(conv.messages) if m.role == "assistant" and not m.trained)
 
 
 def _encode(
@@ -206,9 +212,13 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             )
             continue
         try:
-            rows = render_rows(item.messages, item.tools, st.renderer)
+            rows = render_rows(item.messages, item.tools, st.renderer, item.untrained)
         except TemplateError as exc:
             report.reject("template_error", file, line, str(exc)[:500])
+            continue
+        if not rows:
+            n = len(item.untrained)
+            report.reject("no_trained_tokens", file, line, f"all {n} answers are untrained by their flag")
             continue
         report.rows_expanded += len(rows) - 1
         rendered.extend(rows)

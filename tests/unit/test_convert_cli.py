@@ -49,11 +49,11 @@ class TestCli:
         assert {"rows_in", "rows_out", "rejected", "warnings", "formats", "outputs", "examples"} <= set(
             report
         )
-        assert report["formats"] == {"alpaca": 4, "openai": 1, "sharegpt": 8}
+        assert report["formats"] == {"alpaca": 4, "hermes": 1, "openai": 1, "sharegpt": 7}
         [output] = report["outputs"]
         assert (output["path"], output["rows"]) == (str(out), 12)
         assert len(output["sha256"]) == 64
-        assert "formats: sharegpt 8" in text
+        assert "formats: sharegpt 7, alpaca 4, hermes 1, openai 1" in text
 
     def test_unknown_keys_fail_with_exit_1_naming_keys(self, data: Path) -> None:
         out, rep = data / "o.jsonl", data / "r.json"
@@ -226,7 +226,7 @@ class TestJobKind:
         assert output.path.endswith(f"jobs/{job_id}/converted-parquet.parquet")
         assert output.rows == 11 and Path(output.path).exists()
         sev = {e.code: e.level for e in events if e.code}
-        assert sev == {"invalid_tool_arguments": "warning", "unrepresentable_field": "warning"}
+        assert sev == {"invalid_tool_arguments": "warning"}
 
     def test_strict_job_fails_with_severity_error(self, migrated: Path) -> None:
         from app.runner import run_job

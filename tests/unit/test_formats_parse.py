@@ -138,8 +138,8 @@ class TestOpenAI:
         assert "narrator" in exc.value.reason
 
     def test_extra_message_field_is_reported(self) -> None:
-        _, _, warnings = _parse({"messages": [{"role": "user", "content": "x", "loss_weight": 0.0}]})
-        assert "loss_weight" in warnings["unrepresentable_field"]
+        _, _, warnings = _parse({"messages": [{"role": "user", "content": "x", "tokens_used": 3}]})
+        assert "tokens_used" in warnings["unrepresentable_field"]
 
     def test_image_part_rejects_the_row_as_multimodal(self) -> None:
         # a text drafter cannot learn from a picture: leaving the part out silently trained on half a turn
@@ -216,10 +216,15 @@ class TestShareGPT:
                 {"from": "gpt", "value": xml, "reasoning_content": "plan"},
             ]
         }
-        _, [conv], _ = _parse(row)
+        family, [conv], _ = _parse(row, tool_tags="keep")
+        assert family == "sharegpt"
         assert conv.messages[1].content == xml
         assert conv.messages[1].reasoning == "plan"
         assert conv.messages[1].tool_calls == []
+        family, [conv], _ = _parse(row)  # the default lifts the tags into a structured call
+        assert family == "hermes"
+        assert (conv.messages[1].content, conv.messages[1].reasoning) == ("", "plan")
+        assert [(c.name, c.arguments) for c in conv.messages[1].tool_calls] == [("dim", {})]
 
     def test_role_content_under_conversations(self) -> None:
         row = {"conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
@@ -482,5 +487,8 @@ class TestForcedFormat:
         from draftdeck.convert import ConvertOptions
         from draftdeck.errors import UsageError
 
-        with pytest.raises(UsageError, match="unknown input format 'llava'; known formats: openai, sharegpt"):
+        with pytest.raises(
+            UsageError,
+            match="unknown input format 'llava'; known formats: openai, sharegpt",
+        ):
             ConvertOptions(from_format="llava")

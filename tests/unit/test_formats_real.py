@@ -39,14 +39,9 @@ EXPECTED: dict[str, tuple[int, int, dict[str, int], dict[str, int], dict[str, in
     "LLaMA-Factory__reason_tool_use_demo_50.jsonl": (50, 50, {"openai": 50}, {}, {}),
     # 10 records separated by blank lines, no final newline.
     "LLaMA-Factory__training_data.jsonl": (10, 10, {"openai": 10}, {}, {}),
-    # 500 records, every message has `loss_weight` (no place in the model: reported); 1 repeated.
-    "LLaMA-Factory__v1_sft_demo.jsonl": (
-        500,
-        500,
-        {"openai": 500},
-        {},
-        {"unrepresentable_field": 500, "duplicate_conversation": 1},
-    ),
+    # 500 records, every message has `loss_weight` (0.0 on user turns, 1.0 on answers: training
+    # flags, kept as `weight`); 1 repeated.
+    "LLaMA-Factory__v1_sft_demo.jsonl": (500, 500, {"openai": 500}, {}, {"duplicate_conversation": 1}),
     # 1 record, OpenAI messages under `conversations`; call_222's arguments are cut JSON.
     "SpecForge__tool_use_conversation.jsonl": (1, 1, {"openai": 1}, {}, {"invalid_tool_arguments": 1}),
     "axolotl__alpaca.json": (2, 2, {"alpaca": 2}, {}, {}),
@@ -56,8 +51,9 @@ EXPECTED: dict[str, tuple[int, int, dict[str, int], dict[str, int], dict[str, in
     "axolotl__conversation.missingturns.json": (1, 0, {"sharegpt": 1}, {"empty_assistant_turn": 1}, {}),
     "speculators__dolphin_reasoning.jsonl": (1, 1, {"sharegpt": 1}, {}, {}),
     "speculators__gsm8k_singleturn.jsonl": (1, 1, {"query_response": 1}, {}, {}),
-    # <tool_call> XML inside gpt text, answered by a `tool` turn: no orphan, no alternation warning.
-    "speculators__hermes_toolcall.jsonl": (1, 1, {"sharegpt": 1}, {}, {}),
+    # <tool_call> XML inside gpt text, answered by <tool_response> in `tool` turns: lifted into
+    # structured calls and tool messages; no orphan, no alternation warning.
+    "speculators__hermes_toolcall.jsonl": (1, 1, {"hermes": 1}, {}, {}),
     # extra `markdown`/`text` keys per turn, all null: nothing lost, nothing reported.
     "speculators__sharegpt_multiturn.jsonl": (1, 1, {"sharegpt": 1}, {}, {}),
     # `prompt` + `messages`: messages win.
