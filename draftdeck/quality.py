@@ -148,6 +148,8 @@ class Report:
     rejected: Counter[str] = field(default_factory=Counter)
     warnings: Counter[str] = field(default_factory=Counter)
     formats: Counter[str] = field(default_factory=Counter)
+    # plain counts beside the rows (tokenize: answers trained, answers a per-turn flag left untrained)
+    counts: Counter[str] = field(default_factory=Counter)
     examples: dict[str, list[Example]] = field(default_factory=dict)
     outputs: list[Output] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -180,6 +182,7 @@ class Report:
         self.rejected.update(other.rejected)
         self.warnings.update(other.warnings)
         self.formats.update(other.formats)
+        self.counts.update(other.counts)
         for name, items in other.examples.items():
             for ex in items:
                 self._example(name, ex.file, ex.line, ex.reason)
@@ -212,6 +215,7 @@ class Report:
             "rejected": dict(sorted(self.rejected.items())),
             "warnings": dict(sorted(self.warnings.items())),
             "formats": dict(sorted(self.formats.items())),
+            **({"counts": dict(sorted(self.counts.items()))} if self.counts else {}),
             "outputs": [o.to_dict() for o in self.outputs],
             "examples": {k: [e.to_dict() for e in v] for k, v in sorted(self.examples.items())},
             **self.extra,

@@ -91,6 +91,7 @@ def report_state(report: Report) -> dict[str, Any]:
         "rejected": dict(report.rejected),
         "warnings": dict(report.warnings),
         "formats": dict(report.formats),
+        "counts": dict(report.counts),
         "examples": {k: [e.to_dict() for e in v] for k, v in report.examples.items()},
         "extra": report.extra,
     }
@@ -101,6 +102,7 @@ def report_from_state(state: dict[str, Any]) -> Report:
     report.rejected.update(state["rejected"])
     report.warnings.update(state["warnings"])
     report.formats.update(state["formats"])
+    report.counts.update(state.get("counts") or {})
     report.examples = {k: [Example(**e) for e in v] for k, v in state["examples"].items()}
     report.extra = dict(state.get("extra") or {})
     return report

@@ -221,6 +221,10 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             report.reject("no_trained_tokens", file, line, f"all {n} answers are untrained by their flag")
             continue
         report.rows_expanded += len(rows) - 1
+        answers = sum(1 for m in item.messages if m.get("role") == "assistant")
+        report.counts["answers_trained"] += answers - len(item.untrained)
+        if item.untrained:
+            report.counts["answers_untrained_by_flag"] += len(item.untrained)
         rendered.extend(rows)
         owners.extend([item] * len(rows))
 

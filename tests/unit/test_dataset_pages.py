@@ -803,3 +803,35 @@ def test_row_issue_badges_new_and_old_shards(client: Any, migrated: Path) -> Non
         r["source_row"]: _badges(client.get(f"/datasets/{old_id}/rows/{n}").text) for n, r in enumerate(rows)
     }
     assert old == {1: [], 2: ["truncated"], 3: []}
+
+
+def test_answers_untrained_by_a_flag_are_counted_and_badged(client: Any, migrated: Path) -> None:
+    """A weight-0 answer is context, not loss: the dataset page counts such answers apart from the
+    trained ones, and the row's sample carries the untrained_answer badge."""
+    import json
+
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+
+    data = migrated / "data"
+    src = data / "flagged.jsonl"
+    wrong = {"role": "assistant", "content": "wrong", "weight": 0}
+    right = {"role": "assistant", "content": "right", "weight": 1}
+    rows = [
+        {"messages": [{"role": "user", "content": "q"}, wrong, {"role": "user", "content": "again"}, right]},
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]},
+    ]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    out_dir = data / "flagged-ds"
+    report = tokenize_files([src], out_dir, TokenizeOptions(tok, workers=1))
+    assert dict(report.counts) == {"answers_trained": 2, "answers_untrained_by_flag": 1}
+    ds_id = registered(client, out_dir)
+    page = client.get(f"/datasets/{ds_id}").text
+    untrained = page.split('id="answers-untrained"')[1].split("</div>")[0]
+    assert '<span class="num">1</span>' in untrained and "answers untrained by a flag" in untrained
+    assert "<code>untrained_answer</code>" in page  # the report's warning table names the rows
+    by_line = {r["source_row"]: n for n, r in enumerate(shard_rows(out_dir))}
+    assert _badges(client.get(f"/datasets/{ds_id}/rows/{by_line[1]}").text) == ["untrained_answer"]
+    assert _badges(client.get(f"/datasets/{ds_id}/rows/{by_line[2]}").text) == []
