@@ -171,6 +171,17 @@ def test_own_fixtures_same_bytes_and_report(tmp_path: Path) -> None:
     assert two.extra["parallel"]["chunks"] >= 3
 
 
+def test_vendor_fixtures_same_bytes_and_report(tmp_path: Path) -> None:
+    """Anthropic, Gemini, glaive, Hermes, preference rows and training flags: the workers read them
+    as the parent does (the general path: none is a plain row)."""
+    vendors = FIXTURES.parent / "vendors"
+    paths = sorted(vendors.iterdir())
+    for to in ("openai", "sharegpt"):
+        one, two = _both(tmp_path, paths, to, chunk_bytes=512)
+        assert one.rows_in == 35 and one.formats["anthropic"] == 4
+        assert two.extra["parallel"]["chunks"] >= 8
+
+
 def test_generated_mixed_file(tmp_path: Path) -> None:
     src = _mixed_file(tmp_path / "mixed.jsonl", tail=b'{"messages": [{"role": "user"')  # truncated last line
     one, two = _both(

@@ -226,3 +226,63 @@ def test_tokenize_masks_are_exact(tmp_path: Path, qwen_dir: Path, qwen_tok: Any)
     assert "REJECTED-SIDE" not in trained + context
     flagged = [r for r in rows if "untrained_answer" in r.get("issues", [])]
     assert len(flagged) == 4  # the sample view's badge: rows whose answers a flag left out
+
+
+def _one(row: Any, **opts: Any) -> tuple[str, list[Conversation], dict[str, str]]:
+    from draftdeck.formats.common import ParseContext, ParseOptions
+    from draftdeck.formats.detect import parse
+
+    ctx = ParseContext(ParseOptions(**opts))
+    family, convs = parse(row, ctx)
+    return family, convs, ctx.warnings
+
+
+def test_train_flag_values() -> None:
+    def flags(**extra: Any) -> tuple[bool | None, dict[str, str]]:
+        row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", **extra}]}
+        _, [conv], warnings = _one(row)
+        return conv.messages[1].train, warnings
+
+    assert flags(weight=0) == (False, {}) and flags(weight=1) == (True, {})
+    assert flags(loss=False) == (False, {}) and flags(train=True) == (True, {})
+    assert flags(loss_weight=0.0) == (False, {})
+    train, warnings = flags(loss_weight=0.5)
+    assert train is True and "0.5" in warnings["partial_loss_weight"]
+    assert "invalid_train_flag" in flags(loss="no")[1]
+    assert "invalid_train_flag" in flags(weight=True)[1]  # a boolean is not OpenAI's 0 or 1
+    assert "disagree" in flags(weight=1, loss=False)[1]["invalid_train_flag"]
+
+
+def test_role_aliases_and_no_silent_loss() -> None:
+    from draftdeck.formats.common import RowRejected
+
+    family, [conv], _ = _one(
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "chatbot", "value": "a"}]}
+    )
+    assert (family, [m.role for m in conv.messages]) == ("sharegpt", ["user", "assistant"])
+    _, _, warnings = _one({"messages": [{"role": "user", "content": "q"}], "tools": "not json"})
+    assert "lost_tools" in warnings  # the template would have rendered them: the row is refused
+    _, _, warnings = _one(
+        {"messages": [{"role": "user", "content": [{"type": "refusal_note", "text": "x"}]}]}
+    )
+    assert "refusal_note" in warnings["lost_part"]
+    _, _, warnings = _one({"system": 42, "messages": [{"role": "user", "content": "q"}]})
+    assert "lost_system" in warnings
+    image_result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                    "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]}  # fmt: skip
+    with pytest.raises(RowRejected, match="image"):
+        _one({"messages": [{"role": "user", "content": "q"}, image_result]})
+
+
+def test_from_names_the_vendor_shapes() -> None:
+    from draftdeck.formats.common import RowRejected
+
+    openai_row = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(RowRejected, match=r"not anthropic .* it reads as openai"):
+        _one(openai_row, from_format="anthropic")
+    with pytest.raises(RowRejected, match="not hermes"):
+        _one(openai_row, from_format="hermes")
+    call = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    tagged = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": call}]}
+    family, [conv], _ = _one(tagged, from_format="hermes", tool_tags="keep")  # --from hermes always lifts
+    assert (family, conv.messages[1].tool_calls[0].name) == ("hermes", "f")
