@@ -91,7 +91,7 @@ def _result_text(content: Any, where: str, ctx: ParseContext) -> str:
         if kind == "text":
             texts.append(text_of(block.get("text"), f"{where}[{i}].text", ctx))
         elif kind in MEDIA_BLOCKS:
-            raise RowRejected("multimodal_content", f"{where}[{i}] is an {kind!r} block")
+            raise RowRejected("multimodal_content", f"{where}[{i}] is a {kind!r} block")
         else:
             ctx.warn("lost_part", f"{where}[{i}] is a {kind or type(block).__name__!r} block, not text")
     return "".join(texts)
@@ -156,7 +156,7 @@ def _message(d: Any, where: str, ctx: ParseContext) -> list[Message]:
             out.append(result)
         elif kind in MEDIA_BLOCKS:
             raise RowRejected(
-                "multimodal_content", f"{at} is an {kind!r} block; a text drafter cannot learn it"
+                "multimodal_content", f"{at} is a {kind!r} block; a text drafter cannot learn it"
             )
         else:
             ctx.warn("lost_part", f"{at} is a {kind or type(block).__name__!r} block, which no reader keeps")
