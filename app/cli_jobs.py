@@ -1,8 +1,9 @@
 """`draftdeck jobs submit|list|show|cancel|retry`: a client of a server's JSON API.
 
-The server is `--server URL`, else DRAFTDECK_SERVER, else http://127.0.0.1:8000; DRAFTDECK_TOKEN,
-when set, goes as a bearer token. Paths in parameters are the server's to resolve (inside its data
-roots), exactly as if they came from the form.
+The server is `--server URL`, else DRAFTDECK_SERVER, else the one `draftdeck up` recorded under the
+home (``server.json``, while it runs), else http://127.0.0.1:8000; when the user named none, every
+command says on stderr which one it talks to. DRAFTDECK_TOKEN, when set, goes as a bearer token. Paths in
+parameters are the server's to resolve (inside its data roots), exactly as if they came from the form.
 """
 
 from __future__ import annotations
@@ -30,15 +31,38 @@ jobs_app = typer.Typer(
     rich_markup_mode=None,
 )
 ServerOpt = Annotated[
-    str | None, typer.Option("--server", help=f"server URL (default: $DRAFTDECK_SERVER or {DEFAULT_SERVER})")
+    str | None,
+    typer.Option(
+        "--server",
+        help="server URL (default: $DRAFTDECK_SERVER, else the one draftdeck up runs here, else"
+        f" {DEFAULT_SERVER})",
+    ),
 ]
+
+
+def resolve_server(server: str | None) -> tuple[str, str | None]:
+    """(URL, how it was chosen: None when the user named it, by --server or DRAFTDECK_SERVER)."""
+    named = server or os.environ.get("DRAFTDECK_SERVER")
+    if named:
+        return named, None
+    from app.server_record import RECORD, recorded
+    from app.settings import get_settings
+
+    home = get_settings().home_dir
+    found = recorded(home)
+    if found:
+        return found, f"the server draftdeck up runs ({home / RECORD})"
+    return DEFAULT_SERVER, "the default: no draftdeck up is running here"
 
 
 class Client:
     def __init__(self, server: str | None):
         import httpx
 
-        base = (server or os.environ.get("DRAFTDECK_SERVER") or DEFAULT_SERVER).rstrip("/")
+        chosen, how = resolve_server(server)
+        base = chosen.rstrip("/")
+        if how is not None:
+            err.print(f"server {base}, {how}", highlight=False)
         token = os.environ.get("DRAFTDECK_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base = base

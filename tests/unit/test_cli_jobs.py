@@ -209,3 +209,39 @@ def test_in_process_summaries_name_the_absolute_output(
     text = " ".join(r.output.split())
     assert f"wrote {folder.resolve() / 'data' / 'x.jsonl'}: 1 row, " in text
     assert f"report: {folder.resolve() / 'r.json'}" in text
+
+
+def _jobs_list(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "app.cli_service", "jobs", "list"]
+    return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_jobs_talk_to_the_server_up_recorded(tmp_path: Path) -> None:
+    """`draftdeck up --port P` records where it serves; `draftdeck jobs` without --server or
+    DRAFTDECK_SERVER talks to it and says so; once the server is gone its record is not followed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DRAFTDECK_TOKEN", "DRAFTDECK_SERVER")}
+    env["DRAFTDECK_HOME"] = str(tmp_path / "home")
+    for name in ("DATABASE_URL", "DRAFTDECK_DATABASE_URL", "REDIS_URL", "DRAFTDECK_REDIS_URL"):
+        env.pop(name, None)  # embedded: SQLite and the file broker under the home
+    port = _free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "app.cli_service", "up", "--port", str(port)],
+        cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    record = tmp_path / "home" / "server.json"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            r = _jobs_list(env)
+            if r.returncode == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert r.returncode == 0, r.stderr
+        said = " ".join(r.stderr.split())
+        assert f"server http://127.0.0.1:{port}, the server draftdeck up runs ({record})" in said
+        assert json.loads(record.read_text())["url"] == f"http://127.0.0.1:{port}"
+    finally:
+        os.killpg(up.pid, 15)
+        up.wait(timeout=60)
+    r = _jobs_list(env)
+    assert "the default: no draftdeck up is running here" in " ".join(r.stderr.split())
