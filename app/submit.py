@@ -20,6 +20,7 @@ from app.models import Job, JobStatus, utcnow
 from app.settings import Settings
 from app.state import JobStateError
 from draftdeck.errors import UsageError
+from draftdeck.jobs.params import describe_errors
 from draftdeck.jobs.registry import get_kind
 
 log = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def validate(
     try:
         params = kind.params.model_validate(raw_params)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'params'}: {e['msg']}" for e in exc.errors())
+        problems = describe_errors(kind.params, exc)
         raise UsageError(f"{kind_name}: invalid parameters: {problems}") from None
     params = params.confined(settings.roots)
     params.check(settings.roots)

@@ -1,7 +1,7 @@
 """`draftdeck scan` and `draftdeck convert`: options derived from the kinds' parameter models.
 
     draftdeck scan INPUT... [--from FORMAT] [--max-row-bytes N] [--report FILE]
-    draftdeck convert INPUT... --to openai|sharegpt|parquet --out PATH [--from FORMAT] [--report FILE]
+    draftdeck convert INPUT... --out PATH [--to sharegpt|openai|parquet] [--from FORMAT] [--report FILE]
         [--strict] [--max-rejected F] [--policy-file FILE] [--tree-paths all|best] [--allow-prompt-only]
         [--workers N]
 
@@ -162,7 +162,7 @@ def register(app: typer.Typer) -> None:
                     " examples), prompt-only rows, placeholder candidates and key sets.")
     )  # fmt: skip
     app.command("convert")(
-        job_command(ConvertParams, convert, required=("to", "out"), extra=[REPORT, WORKERS],
+        job_command(ConvertParams, convert, required=("out",), extra=[REPORT, WORKERS],
                     doc="Convert chat data of any known shape (detected per row) to OpenAI, ShareGPT"
                     " or Parquet.")
     )  # fmt: skip

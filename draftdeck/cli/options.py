@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from draftdeck.errors import UsageError
-from draftdeck.jobs.params import JobParams
+from draftdeck.jobs.params import JobParams, describe_errors
 
 ARGUMENT = "inputs"
 
@@ -137,10 +137,7 @@ def params_from(model: type[JobParams], values: dict[str, Any]) -> JobParams:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{_flag(str(e['loc'][0])) if e['loc'] else 'options'}: {e['msg']}" for e in exc.errors()
-        )
-        raise UsageError(problems) from None
+        raise UsageError(describe_errors(model, exc, _flag)) from None
 
 
 def job_command(

@@ -9,6 +9,7 @@ once, on the model: the server confines both to its data roots, the CLI takes th
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import typing
@@ -16,7 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from draftdeck.errors import PathNotAllowedError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
@@ -88,6 +97,33 @@ def alert_field(what: str) -> Any:
 def loss_thresholds(params: BaseModel) -> dict[str, float | None]:
     """The alert thresholds a kind's parameters hold (alert_rejected, ...), for Policy.build."""
     return {name: getattr(params, name) for name in LOSSES if name in type(params).model_fields}
+
+
+def closest_field(model: type[BaseModel], name: str) -> str | None:
+    """The known field a misspelt parameter ("maxrejected", "max-rejected") most likely meant."""
+    known = list(model.model_fields)
+    for guess in (name, name.replace("-", "_").lower()):
+        close = difflib.get_close_matches(guess, known, n=1, cutoff=0.6)
+        if close:
+            return close[0]
+    return None
+
+
+def describe_errors(model: type[BaseModel], exc: ValidationError, name: Callable[[str], str] = str) -> str:
+    """A ValidationError as one line, ``field: message; ...``, a misspelt field naming the closest known
+    one: what the API, the form, ``jobs submit -p`` and the CLI all say. `name` shows a field (the CLI
+    shows its flag)."""
+    problems = []
+    for e in exc.errors():
+        field = str(e["loc"][0]) if e["loc"] else ""
+        text = f"{name(field) if field else 'params'}: {e['msg']}"
+        if e["type"] == "extra_forbidden":
+            close = closest_field(model, field)
+            text += (
+                f" (did you mean {name(close)}?)" if close else f" (known: {', '.join(model.model_fields)})"
+            )
+        problems.append(text)
+    return "; ".join(problems)
 
 
 class JobParams(BaseModel):

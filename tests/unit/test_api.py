@@ -65,6 +65,10 @@ def test_submit_list_show_cancel(client: TestClient, migrated: Path) -> None:
         ({"kind": "scan", "params": {"inputs": "../../../../etc/passwd"}}, "outside the data roots"),
         ({"kind": "scan", "params": {"inputs": "data/missing.jsonl"}}, "no such file"),
         ({"kind": "scan", "params": {"inputs": "data/a.jsonl", "colour": 1}}, "colour: Extra inputs"),
+        (
+            {"kind": "convert", "params": {"inputs": "data/a.jsonl", "maxrejected": 0.2}},
+            "maxrejected: Extra inputs are not permitted (did you mean max_rejected?)",
+        ),
     ],
 )
 def test_bad_submissions_are_400_with_a_reason(

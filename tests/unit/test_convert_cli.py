@@ -31,6 +31,17 @@ def _run(*args: str) -> tuple[int, str]:
 
 
 class TestCli:
+    def test_to_has_one_default_everywhere(self, data: Path) -> None:
+        """The in-process command, the API and the form share the kind's default output format."""
+        from draftdeck.jobs.convert import ConvertParams
+
+        default = ConvertParams.model_fields["to"].default
+        out = data / "o.jsonl"
+        code, text = _run(str(data / "openai_mixed.jsonl"), "--out", str(out))
+        assert code == 0, text
+        first = json.loads(out.read_text().splitlines()[0])
+        assert default == "sharegpt" and "conversations" in first and f"convert -> {default}" in text
+
     def test_success_writes_output_and_report(self, data: Path) -> None:
         out, rep = data / "o.jsonl", data / "r.json"
         code, text = _run(
