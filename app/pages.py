@@ -322,8 +322,10 @@ def _new_job_form(
     *,
     error: str | None = None,
     values: dict[str, str] | None = None,
+    invalid: dict[str, str] | None = None,
 ) -> HTMLResponse:
-    """The form, blank or (with `error`) as HTTP 400 with the message and what the user typed."""
+    """The form, blank or (with `error`) as HTTP 400 with the message and what the user typed, each
+    field the server refused marked with its reason (`invalid`)."""
     return render(
         request,
         "job_new.html",
@@ -334,6 +336,7 @@ def _new_job_form(
         roots=settings.roots,
         error=error,
         values=values or {},
+        invalid=invalid or {},
         status_code=400 if error else 200,
     )
 
@@ -351,8 +354,9 @@ async def create_job_form(
         return _new_job_form(request, session, settings, kind, error=str(exc), values=exc.raw)
     except UsageError as exc:
         return _new_job_form(
-            request, session, settings, kind if kind in KINDS else "scan", error=str(exc), values=raw
-        )
+            request, session, settings, kind if kind in KINDS else "scan", error=str(exc), values=raw,
+            invalid=exc.fields,
+        )  # fmt: skip
     return RedirectResponse(f"/jobs/{job.id}", status_code=303)
 
 

@@ -20,7 +20,7 @@ from app.models import Job, JobStatus, utcnow
 from app.settings import Settings
 from app.state import JobStateError
 from draftdeck.errors import UsageError
-from draftdeck.jobs.params import describe_errors
+from draftdeck.jobs.params import describe_errors, field_errors
 from draftdeck.jobs.registry import get_kind
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,8 @@ def validate(
         params = kind.params.model_validate(raw_params)
     except ValidationError as exc:
         problems = describe_errors(kind.params, exc)
-        raise UsageError(f"{kind_name}: invalid parameters: {problems}") from None
+        fields = field_errors(kind.params, exc)
+        raise UsageError(f"{kind_name}: invalid parameters: {problems}", fields) from None
     params = params.confined(settings.roots)
     params.check(settings.roots)
     return kind.name, params.model_dump(mode="json"), kind.queue_for(params)

@@ -8,7 +8,13 @@ class DraftDeckError(Exception):
 
 
 class UsageError(DraftDeckError, ValueError):
-    """The caller asked for something that cannot work (exit code 2 in the CLI, 400 in the API)."""
+    """The caller asked for something that cannot work (exit code 2 in the CLI, 400 in the API).
+
+    `fields`: what is wrong with each named parameter, for a form to mark the fields."""
+
+    def __init__(self, message: str, fields: dict[str, str] | None = None):
+        super().__init__(message)
+        self.fields = fields or {}
 
 
 class PathNotAllowedError(UsageError):

@@ -109,21 +109,29 @@ def closest_field(model: type[BaseModel], name: str) -> str | None:
     return None
 
 
-def describe_errors(model: type[BaseModel], exc: ValidationError, name: Callable[[str], str] = str) -> str:
-    """A ValidationError as one line, ``field: message; ...``, a misspelt field naming the closest known
-    one: what the API, the form, ``jobs submit -p`` and the CLI all say. `name` shows a field (the CLI
-    shows its flag)."""
-    problems = []
+def field_errors(
+    model: type[BaseModel], exc: ValidationError, name: Callable[[str], str] = str
+) -> dict[str, str]:
+    """Each field's first problem ("" for the model as a whole), a misspelt field naming the closest
+    known one. `name` shows a field (the CLI shows its flag)."""
+    found: dict[str, str] = {}
     for e in exc.errors():
         field = str(e["loc"][0]) if e["loc"] else ""
-        text = f"{name(field) if field else 'params'}: {e['msg']}"
+        text = str(e["msg"])
         if e["type"] == "extra_forbidden":
             close = closest_field(model, field)
             text += (
                 f" (did you mean {name(close)}?)" if close else f" (known: {', '.join(model.model_fields)})"
             )
-        problems.append(text)
-    return "; ".join(problems)
+        found.setdefault(field, text)
+    return found
+
+
+def describe_errors(model: type[BaseModel], exc: ValidationError, name: Callable[[str], str] = str) -> str:
+    """A ValidationError as one line, ``field: message; ...``: what the API, the form, ``jobs submit
+    -p`` and the CLI all say."""
+    found = field_errors(model, exc, name)
+    return "; ".join(f"{name(field) if field else 'params'}: {text}" for field, text in found.items())
 
 
 class JobParams(BaseModel):

@@ -139,6 +139,23 @@ def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> No
     assert "script-src 'self'" in r.headers["content-security-policy"]
 
 
+def test_a_refused_form_value_is_kept_and_its_field_marked(client: TestClient, migrated: Path) -> None:
+    _file(migrated)
+    client.get("/jobs/new?kind=convert")
+    csrf = client.cookies.get("dd_csrf")
+    form = {"kind": "convert", "inputs": "data/a.jsonl", "max_rejected": "2", "csrf": csrf}
+    r = client.post("/jobs", data=form)
+    assert r.status_code == 400
+    field = r.text.split('name="max_rejected"')[0].rsplit("<label", 1)[1]
+    assert "field-invalid" in field  # the refused field is marked ...
+    after = r.text.split('name="max_rejected"')[1]
+    assert after.split(">")[0].strip().startswith('value="2"')  # ... keeps what was typed ...
+    assert (
+        'id="error-max_rejected" role="alert">Input should be less than or equal to 1<' in after
+    )  # ... and says why
+    assert r.text.count("field-invalid") == 1
+
+
 def test_pages_render(client: TestClient, migrated: Path) -> None:
     _file(migrated)
     job_id = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": "data/a.jsonl"}}).json()[

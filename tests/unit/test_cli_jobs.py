@@ -99,8 +99,10 @@ def test_jobs_commands_round_trip_over_http(server: str, migrated: Path) -> None
         (["jobs", "submit", "scan", "--param", "nokeyvalue"], "KEY=VALUE"),
         (["jobs", "submit", "teleport"], "unknown job kind"),
         (["jobs", "show", "999"], "no job 999"),
-        (["jobs", "submit", "convert", "-p", "inputs=data/a.jsonl", "-p", "maxrejected=0.2"],
-         "did you mean max_rejected?"),  # fmt: skip
+        (
+            ["jobs", "submit", "convert", "-p", "inputs=data/a.jsonl", "-p", "maxrejected=0.2"],
+            "did you mean max_rejected?",
+        ),
     ],
 )
 def test_usage_errors_exit_2(server: str, args: list[str], message: str) -> None:
