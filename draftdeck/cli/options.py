@@ -19,6 +19,7 @@ import annotated_types
 import typer
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
+from typer.core import TyperCommand
 
 from draftdeck.errors import UsageError
 from draftdeck.jobs.params import JobParams, describe_errors
@@ -179,12 +180,34 @@ def option(name: str, hint: Any, default: Any, *decls: str, **kwargs: Any) -> in
     )  # fmt: skip
 
 
+class PlainCommand(TyperCommand):
+    """Typer's command, its arguments shown by name alone ("INPUT", not "INPUT <list[Path]>"): their
+    help says what they are, as options show plain value names."""
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:  # Typer's own click types
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                args.append((record[0].split(" <", 1)[0], record[1]))
+            elif param.param_type_name == "option":
+                opts.append(record)
+        for title, rows in (("Arguments", args), ("Options", opts)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
 def plain_help(app: typer.Typer) -> typer.Typer:
     """Give every option of `app` (and its sub-apps) a plain value name (``N``, ``X``, ``PATH``,
     ``TEXT``) where it declares none, instead of Typer's ``<int range>``, ``<path>``, ``<str>``; and show
     no default for a flag that is off (``[default: no-quick]`` only wraps mid-word). Call it once the
     commands are registered; choices keep their ``<a|b>``."""
     for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = PlainCommand
         if info.callback is not None:
             _plain_parameters(info.callback)
     for group in app.registered_groups:
