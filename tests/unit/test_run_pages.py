@@ -222,3 +222,34 @@ def test_the_run_page_shows_the_memory_estimate_beside_the_measured_peak_and_the
     assert "tokens/s" in panel
     assert "3 rows longer than seq_length 960: 1,234 tokens not trained" in panel
     assert 'id="plot-mem"' in html
+
+
+def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
+    """On a CPU with a tiny target, verifying a block costs about what decoding it does: the eval page
+    says so beside a speed-up below 1, and says nothing when drafting pays."""
+    from app.models import Job
+
+    def eval_job(speedup: float) -> int:
+        drafter = {"tau_incl_bonus_pooled": 2.4, "tau_incl_bonus_per_response_mean": 2.3,
+                   "acceptance_rate": 0.35, "tokens_per_s": 40.0, "speedup_vs_target_only": speedup,
+                   "lossless": True}  # fmt: skip
+        ev = {
+            "block_size": 4,
+            "mode": "greedy",
+            "methods": {"drafter": drafter},
+            "walked": {"tau_incl_bonus": None},
+        }
+        result = {"rows_in": 8, "rows_out": 8, "rejected": {}, "warnings": {}, "eval": ev}
+        with _session() as s:
+            job = Job(kind="eval", params={}, status="succeeded", queue="gpu", result=result)
+            s.add(job)
+            s.commit()
+            assert job.id is not None
+            return job.id
+
+    slow = client.get(f"/jobs/{eval_job(0.68)}", headers={"accept": "text/html"}).text
+    assert 'id="eval-methods"' in slow and "0.68x" in slow
+    note = slow.split('id="speedup-note">', 1)[1].split("</p>", 1)[0]
+    assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
+    fast = client.get(f"/jobs/{eval_job(1.7)}", headers={"accept": "text/html"}).text
+    assert "1.70x" in fast and 'id="speedup-note"' not in fast
