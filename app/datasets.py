@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, or_, select
 
 from app import records as jobs
 from app.auth import require_page_write
@@ -75,12 +75,11 @@ def datasets_page(
 ) -> HTMLResponse:
     """The datasets table as it is: rows come from registration (POST) and from succeeded jobs."""
     rows = session.exec(select(Dataset).order_by(col(Dataset.id).desc())).all()
-    open_by_path: dict[str, int] = {}
-    for alert in session.exec(select(Alert).where(Alert.acknowledged == False, Alert.dataset != None)).all():  # noqa: E711,E712
-        open_by_path[alert.dataset or ""] = open_by_path.get(alert.dataset or "", 0) + 1
+    open_alerts = session.exec(select(Alert).where(Alert.acknowledged == False)).all()  # noqa: E712
+    open_by_id = {ds.id: sum(1 for a in open_alerts if _concerns(a, ds)) for ds in rows}
     session.commit()
     items = [(ds, load_info(Path(ds.path))) for ds in rows]
-    return render(request, "datasets.html", session, nav="datasets", items=items, open_by_path=open_by_path,
+    return render(request, "datasets.html", session, nav="datasets", items=items, open_by_id=open_by_id,
                   roots=settings.roots, error=error, path_value=path_value,
                   status_code=400 if error else 200)  # fmt: skip
 
@@ -102,10 +101,15 @@ def register_dataset(
     return RedirectResponse(f"/datasets/{ds.id}", status_code=303)
 
 
+def _concerns(alert: Alert, ds: Dataset) -> bool:
+    """An alert is a dataset's when it names the dataset, or when the job that made it raised it."""
+    return alert.dataset == ds.path or (ds.job_id is not None and alert.job_id == ds.job_id)
+
+
 def _dataset_alerts(session: Session, ds: Dataset) -> list[Alert]:
-    query = (
-        select(Alert).where(Alert.dataset == ds.path).order_by(col(Alert.acknowledged), col(Alert.id).desc())
-    )
+    named = col(Alert.dataset) == ds.path
+    where = or_(named, col(Alert.job_id) == ds.job_id) if ds.job_id is not None else named
+    query = select(Alert).where(where).order_by(col(Alert.acknowledged), col(Alert.id).desc())
     return list(session.exec(query).all())
 
 
@@ -192,7 +196,7 @@ def dataset_page(request: Request, dataset_id: int, session: SessionDep) -> HTML
 def ack_dataset_alert(dataset_id: int, alert_id: int, session: SessionDep) -> RedirectResponse:
     ds = _get(session, dataset_id)
     alert = session.get(Alert, alert_id)
-    if alert is None or alert.dataset != ds.path:
+    if alert is None or not _concerns(alert, ds):
         raise HTTPException(404, f"no alert {alert_id} on dataset {dataset_id}")
     jobs.acknowledge_alert(session, alert_id)
     return RedirectResponse(f"/datasets/{dataset_id}", status_code=303)

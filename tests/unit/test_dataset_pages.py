@@ -835,3 +835,33 @@ def test_answers_untrained_by_a_flag_are_counted_and_badged(client: Any, migrate
     by_line = {r["source_row"]: n for n, r in enumerate(shard_rows(out_dir))}
     assert _badges(client.get(f"/datasets/{ds_id}/rows/{by_line[1]}").text) == ["untrained_answer"]
     assert _badges(client.get(f"/datasets/{ds_id}/rows/{by_line[2]}").text) == []
+
+
+def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
+    client: Any, chat: dict[str, Path], migrated: Path
+) -> None:
+    """/datasets said "Alerts: none" for a dataset whose tokenize job had an open alert: the list and
+    the dataset's page show the alerts of the job that made it."""
+    from sqlmodel import select
+
+    from app.dataset_records import add_datasets, found_at
+    from app.db import session_scope
+    from app.models import Alert, Job
+
+    made = migrated / "datasets" / "made-by-job"
+    shutil.copytree(chat["dataset"], made)
+    with session_scope() as s:
+        job = Job(kind="tokenize", params={}, status="succeeded", queue="cpu")
+        s.add(job)
+        s.commit()
+        [ds] = add_datasets(s, [found_at(made.resolve())], job_id=job.id)
+        s.commit()
+        own = len(s.exec(select(Alert).where(Alert.dataset == ds.path)).all())  # what the shards raise
+        s.add(Alert(job_id=job.id, kind="high_duplicated", message="219 of 1,000 rows are duplicates"))
+        s.commit()
+        ds_id = ds.id
+    listing = client.get("/datasets").text
+    row = listing[listing.index(f'data-dataset="{ds_id}"') :].split("\n  </tr>", 1)[0]
+    assert f'class="badge badge-alert">{own + 1}<' in row
+    page = client.get(f"/datasets/{ds_id}").text
+    assert 'data-kind="high_duplicated"' in page and "219 of 1,000 rows are duplicates" in page
