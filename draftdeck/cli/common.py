@@ -49,10 +49,18 @@ def print_report(report: Report, title: str) -> None:
             err.print(f"[bold yellow]alert high_{what}:[/] {escape(loss['alert'])}", highlight=False)
 
 
-def run_in_process(title: str, label: str, work: Callable[[Any], Report], report_path: Path | None) -> Report:
+def run_in_process(
+    title: str,
+    label: str,
+    work: Callable[[Any], Report],
+    report_path: Path | None,
+    *,
+    details: Callable[[Report], None] | None = None,
+) -> Report:
     """Run a core job here with a progress bar on stderr; print its summary; write its JSON report.
 
-    Exit 1 (after printing the report) when the job fails its policy, 2 on input or usage errors.
+    Exit 1 (after printing the report, and `details` of it when given) when the job fails its policy,
+    2 on input or usage errors.
     """
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
@@ -75,6 +83,8 @@ def run_in_process(title: str, label: str, work: Callable[[Any], Report], report
             bar.stop()
             if isinstance(exc.report, Report):
                 print_report(exc.report, title)
+                if details is not None:
+                    details(exc.report)
                 if report_path:
                     exc.report.write_json(report_path)
             err.print(f"[bold red]failed:[/] {escape(str(exc))}", highlight=False)

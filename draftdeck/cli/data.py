@@ -49,6 +49,7 @@ def scan(params: ScanParams, *, report: Path | None) -> None:
             from_format=params.from_format, tool_tags=params.tool_tags, preference=params.preference,
         ),
         report,
+        details=print_scan,  # a scan that would keep nothing fails: its shapes and rejections say why
     )  # fmt: skip
     print_scan(result)
 

@@ -169,9 +169,18 @@ def scan_paths(
         report.extra["from_format"] = from_format
     if report.rows_in == 0:
         raise JobFailed(f"{shown}: empty input ({report.extra['bytes']} bytes, no rows)", report)
+    top = ", ".join(f"{n:,} {c}" for c, n in report.rejected.most_common(3))
     if watch.objects == 0:
-        top = ", ".join(f"{n} {c}" for c, n in report.rejected.most_common(3))
         raise JobFailed(f"{shown}: no row parsed out of {report.rows_in} ({top})", report)
+    if report.rows_out == 0:  # a pre-flight that would keep nothing is a failed one, as an empty output is
+        code = report.rejected.most_common(1)[0][0]
+        ex = report.examples[code][0]
+        where = f"{ex.file}:{ex.line}" if ex.line is not None else ex.file
+        raise JobFailed(
+            f"{shown}: convert would keep none of the {report.rows_in:,} rows ({top}); e.g. {where}: "
+            f"{ex.reason}. Fix those rows, or read them as another shape with --from",
+            report,
+        )
     return report
 
 

@@ -134,11 +134,17 @@ def test_scan_reads_any_readable_file_and_sets_exit_codes(dd_home: Path, tmp_pat
     outside.parent.mkdir()
     outside.write_text('{"messages": []}\nbroken\n')
     r = runner.invoke(app, ["scan", str(outside), "--report", str(tmp_path / "r.json")])
-    assert r.exit_code == 0, r.output
+    # the parsed row is an empty conversation: convert would keep nothing, and the scan fails saying so
+    assert r.exit_code == 1, r.output
+    said = " ".join(r.output.split())
+    assert "convert would keep none of the 2 rows (1 empty_conversation, 1 json_error); e.g." in said
     report = json.loads((tmp_path / "r.json").read_text())
-    # the parsed row is an empty conversation: convert would not keep it, and the scan says so
     assert (report["rows_in"], report["rows_out"]) == (2, 0)
     assert report["rejected"] == {"json_error": 1, "empty_conversation": 1}
+    outside.write_text(
+        '{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a."}]}\n'
+    )
+    assert runner.invoke(app, ["scan", str(outside)]).exit_code == 0  # one row kept: a scan that passes
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     r = runner.invoke(app, ["scan", str(empty)])

@@ -31,7 +31,7 @@ def test_long_title_is_one_line_not_wrapped_to_the_table(tmp_path: Path) -> None
     target.parent.mkdir()
     target.write_text('{"a": 1}\n{"a": 2}\n[3]\n')
     r = _scan(tmp_path, target)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # convert would keep none of its rows: a failed pre-flight
     lines = r.stdout.splitlines()
     assert lines[0] == f"scan {target}"  # the table is ~30 columns wide; the title is not cut to it
     assert any(line.split() == ["in", "│", "3"] for line in lines)
@@ -44,7 +44,7 @@ def test_paths_that_look_like_markup_are_printed_as_they_are(tmp_path: Path) -> 
     odd.parent.mkdir(parents=True)
     odd.write_text('{"a": 1}\n[1]\n')
     r = _scan(tmp_path, odd)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # nothing convert would keep: a failed pre-flight, still printed
     assert f"scan {odd}" in r.stdout
     assert f"{odd}:2: a JSON list, not an object" in r.stdout
     empty = odd.with_name("x]empty.jsonl")

@@ -121,7 +121,14 @@ def test_real_file_scans_as_convert_would_read_it(name: str) -> None:
     from draftdeck.convert.scan import scan_file
 
     rows_in, rows_out, formats, rejected, warnings = EXPECTED[name]
-    report = scan_file(real_file(name))
+    if rows_out == 0:  # a pre-flight after which convert would keep nothing fails, with its report
+        from draftdeck.errors import JobFailed
+
+        with pytest.raises(JobFailed, match="convert would keep none") as exc:
+            scan_file(real_file(name))
+        report = exc.value.report
+    else:
+        report = scan_file(real_file(name))
     assert (report.rows_in, report.rows_out, report.extra["would_keep"]) == (rows_in, rows_out, rows_out)
     assert dict(report.formats) == formats
     assert dict(report.rejected) == rejected
@@ -136,8 +143,11 @@ def test_forcing_a_shape_on_real_files(tmp_path: Path) -> None:
     report = convert([chat], tmp_path / "a.jsonl", "openai", options=ConvertOptions(from_format="sharegpt"))
     assert (report.rows_out, dict(report.formats)) == (1, {"sharegpt": 1})
     from draftdeck.convert.scan import scan_file
+    from draftdeck.errors import JobFailed
 
-    scanned = scan_file(real_file("FastChat__dummy_conversation.json"), from_format="alpaca")
+    with pytest.raises(JobFailed, match="convert would keep none of the 500 rows") as exc:
+        scan_file(real_file("FastChat__dummy_conversation.json"), from_format="alpaca")
+    scanned = exc.value.report
     assert (scanned.rows_out, dict(scanned.rejected)) == (0, {"format_mismatch": 500})
     [item] = scanned.extra["would_reject"]
     assert (

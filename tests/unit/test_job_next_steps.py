@@ -227,3 +227,21 @@ def test_a_chunked_tokenize_shows_rows_and_tokens_per_second(client: TestClient,
         s.commit()
     page = client.get(f"/jobs/{job.id}").text
     assert "3.0 rows/s · 60.0 tokens/s · about 20.0 s left" in page
+
+
+def test_a_scan_that_would_keep_nothing_is_a_failed_scan(client: TestClient, migrated: Path) -> None:
+    """A pre-flight saying "0 rows convert keeps" showed a big Convert this button: it is a failed scan
+    now, its page saying what to fix and offering the form again, not the convert."""
+    from app.runner import run_job
+
+    prompts = migrated / "data" / "only-prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
+                               for i in range(3)))  # fmt: skip
+    csrf = client.cookies.get("dd_csrf") or ""
+    job = _start(client, f"/jobs/new?kind=scan&inputs={prompts}", csrf=csrf)
+    assert run_job(job, in_process=True) == "failed"
+    page = client.get(f"/jobs/{job}").text
+    error = html.unescape(re.search(r'id="job-error">(.*?)</div>', page, re.S)[1])  # type: ignore[index]
+    assert "convert would keep none of the 3 rows (3 no_assistant_turn)" in error
+    assert "Convert this" not in page
+    _next_step(page, "Change and start again")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zstandard
@@ -81,11 +82,18 @@ def test_truncated_json_array_reports_where_it_broke(tmp_path: Path) -> None:
     assert rows[-1].error == "json_error" and f"after record {len(rows) - 1}" in (rows[-1].reason or "")
 
 
+def scan_keeping_nothing(path: Path, **kwargs: Any) -> Any:
+    """The report of a scan that fails because convert would keep none of the rows."""
+    with pytest.raises(JobFailed, match="convert would keep none of the") as exc:
+        scan_file(path, **kwargs)
+    return exc.value.report
+
+
 class TestScan:
     def test_counts_keysets_and_errors(self, tmp_path: Path) -> None:
         path = tmp_path / "s.jsonl"
         path.write_bytes(_jsonl(ROWS) + b"[1, 2]\nnope\n")
-        report = scan_file(path)
+        report = scan_keeping_nothing(path)
         # rows_out is what convert would keep: a question without an answer and an empty conversation
         # are parsed rows convert rejects (before, scan called all parsed rows "out")
         assert (report.rows_in, report.rows_out) == (4, 0)
@@ -194,7 +202,7 @@ class TestScanPreflight:
     def test_user_only_file_is_not_200_rows_out(self, tmp_path: Path) -> None:
         path = tmp_path / "prompts.jsonl"
         path.write_bytes(_jsonl([_qa(f"question {i}", None) for i in range(200)]))
-        report = scan_file(path)
+        report = scan_keeping_nothing(path)
         assert (report.rows_in, report.rows_out) == (200, 0)  # was (200, 200)
         assert report.rejected == {"no_assistant_turn": 200}
         assert report.extra["prompt_only"] == 200
