@@ -184,12 +184,22 @@ def render_chatml(messages: list[dict[str, str]]) -> str:
 
 
 def write_prompts(path: Path, n: int = 1000, seed: int = 1) -> Path:
-    """Demo prompts (user turns only) as OpenAI `messages` JSONL, written atomically."""
+    """`n` distinct demo prompts (user turns only) as OpenAI `messages` JSONL, written atomically: a
+    careful user's data has no repeated prompt, so the demo raises no duplicate alert of its own."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
+    seen: set[str] = set()
     with tmp.open("w", encoding="utf-8") as fh:
-        for conv in demo_conversations(n, seed):
+        for conv in demo_conversations(n * 50, seed):
+            question = conv[0]["content"]
+            if question in seen:
+                continue
+            seen.add(question)
             fh.write(json.dumps({"messages": conv[:1]}, ensure_ascii=False) + "\n")
+            if len(seen) == n:
+                break
+    if len(seen) < n:
+        raise ValueError(f"the demo's tasks give only {len(seen)} distinct prompts, not {n}")
     os.replace(tmp, path)
     return path
 

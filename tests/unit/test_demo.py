@@ -33,7 +33,12 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert summary["heldout_tau_target"] is not None
     assert summary["lossless"] is True
     assert summary["untrained_tau"] == pytest.approx(1.0, abs=0.05)  # a fresh drafter accepts ~nothing
-    assert summary["eval_tau"] > summary["untrained_tau"]  # 40 steps already learn something
+    assert summary["eval_tau"] > summary["untrained_tau"]
+    # the quick world shows the drafter's point: clearly above copying from the prompt
+    assert summary["eval_tau"] > 1.5 * summary["prompt_lookup_tau"], summary
+    said = done.stderr
+    assert "target step 1/" in said and "world ready" in said and "job 3 train: running" in said
+    assert "run page: http://" in said and "%|" not in said  # a full address; no library progress bars
     assert Path(summary["checkpoint"], "model.safetensors").is_file()
     eval_json = json.loads((work / "eval" / "eval.json").read_text())["eval"]
     assert eval_json["methods"]["drafter"]["tau_incl_bonus_pooled"] == summary["eval_tau"]
@@ -57,6 +62,9 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
         # the demo's data is its target's own greedy output: no run or eval says otherwise
         truth = session.exec(select(Alert).where(col(Alert.kind).in_(ALARM_KINDS))).all()
         assert truth == [], [a.message for a in truth]
+        # and it is what a careful user's data is: distinct prompts, no alert a newcomer must ignore
+        alerts = session.exec(select(Alert)).all()
+        assert alerts == [], [(a.kind, a.message) for a in alerts]
     assert {
         "train/loss",
         "heldout/walked/accepted",
