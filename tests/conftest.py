@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,11 +15,15 @@ SHARED = REPO_ROOT.parent / "shared"
 REAL_DATA = SHARED / "datasets" / "real"
 
 
+# Every real-data skip says this, so the run's summary can count them (pytest_terminal_summary).
+NO_SHARED = "../shared/datasets/real/ is not beside this checkout"
+
+
 def real_file(name: str) -> Path:
     """A file from ../shared/datasets/real/, or skip the test saying why."""
     path = REAL_DATA / name
     if not path.exists():
-        pytest.skip(f"{path} is absent: ../shared/datasets/real/ is not beside this checkout")
+        pytest.skip(f"{path} is absent: {NO_SHARED}")
     return path
 
 
@@ -57,3 +62,14 @@ def migrated(dd_home: Path) -> Path:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"shared data: {'present' if REAL_DATA.exists() else 'absent'} ({REAL_DATA}); cwd={os.getcwd()}"
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Say once how many tests skipped for want of ../shared (the project's own fixtures cover the
+    same behaviour), so that a green run without it is not mistaken for one with it."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    n = sum(1 for r in skipped if NO_SHARED in str(getattr(r, "longrepr", "")))
+    if n:
+        terminalreporter.write_line(
+            f"{n} tests skipped: {NO_SHARED} (the project's own fixtures cover the same behaviour)"
+        )
