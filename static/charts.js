@@ -80,6 +80,21 @@
     return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(3) : String(Number(v.toPrecision(5)));
   }
 
+  // Axis ticks: the fewest digits that tell the ticks apart ("1e-4", "2.5e-4", not ".000e-4" cut by the
+  // axis), and an axis as wide as its longest label, so a live run's new scale never clips one.
+  function fmtYTick(v) {
+    if (v === null || v === undefined || !isFinite(v)) return "";
+    var a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2).replace(/\.?0+e/, "e");
+    return String(Number(v.toPrecision(4)));
+  }
+
+  function yAxisSize(u, values) {
+    if (!values || !values.length) return 50;
+    var longest = values.reduce(function (n, t) { return Math.max(n, String(t).length); }, 0);
+    return Math.max(50, Math.ceil(longest * 7.5) + 18);
+  }
+
   // Debiased EMA (TensorBoard's): s_t = a*s + (1-a)*y over the points shown; gaps stay gaps.
   function ema(ys, a) {
     if (!a) return ys;
@@ -180,7 +195,7 @@
       },
       axes: [
         { values: state.axis === "time" ? undefined : function (u, vals) { return vals.map(fmtTick); } },
-        { size: 60, values: function (u, vals) { return vals.map(fmtY); } },
+        { size: yAxisSize, values: function (u, vals) { return vals.map(fmtYTick); } },
       ],
       hooks: { setSelect: [onSelect] },
     };
