@@ -25,6 +25,7 @@ from draftdeck.formats.common import (
     ROLE_ALIASES,
     ParseContext,
     RowRejected,
+    TurnBuilder,
     finish_assistant,
     parse_tools,
     text_of,
@@ -110,37 +111,24 @@ def _message(d: Any, where: str, ctx: ParseContext) -> list[Message]:
         msg = Message(role, text_of(content, f"{where}.content", ctx))  # type: ignore[arg-type]
         msg.train = train_flag(d, where, ctx)
         return [finish_assistant(msg)]
-    out: list[Message] = []
-    current = Message(role)  # type: ignore[arg-type]
-    texts: list[str] = []
-    reasons: list[str] = []
-
-    def flush() -> None:
-        nonlocal current, texts, reasons
-        current.content = "".join(texts)
-        if reasons:
-            current.reasoning = "\n".join(reasons)
-        if not current.is_empty or current.redacted_reasoning is not None:
-            out.append(finish_assistant(current))
-        current, texts, reasons = Message(role), [], []  # type: ignore[arg-type]
-
+    turn = TurnBuilder(role)
     for i, block in enumerate(content):
         at = f"{where}.content[{i}]"
         if isinstance(block, str):
-            texts.append(block)
+            turn.texts.append(block)
             continue
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(text_of(block.get("text"), f"{at}.text", ctx))
+            turn.texts.append(text_of(block.get("text"), f"{at}.text", ctx))
         elif kind == "thinking":
-            reasons.append(text_of(block.get("thinking"), f"{at}.thinking", ctx))
+            turn.reasons.append(text_of(block.get("thinking"), f"{at}.thinking", ctx))
         elif kind == "redacted_thinking":
-            current.redacted_reasoning = text_of(block.get("data"), f"{at}.data", ctx)
+            turn.current.redacted_reasoning = text_of(block.get("data"), f"{at}.data", ctx)
             ctx.warn("redacted_reasoning", f"{at} is redacted thinking: kept, but no template shows it")
         elif kind == "tool_use":
             name = block.get("name")
             call_id = block.get("id")
-            current.tool_calls.append(
+            turn.current.tool_calls.append(
                 ToolCall(
                     name=name if isinstance(name, str) else "",
                     arguments=block.get("input", {}),
@@ -148,26 +136,18 @@ def _message(d: Any, where: str, ctx: ParseContext) -> list[Message]:
                 )
             )
         elif kind == "tool_result":
-            flush()
             call_id = block.get("tool_use_id")
             result = Message("tool", _result_text(block.get("content"), f"{at}.content", ctx))
             result.tool_call_id = call_id if isinstance(call_id, str) else None
             result.is_error = block.get("is_error") is True
-            out.append(result)
+            turn.result(result)
         elif kind in MEDIA_BLOCKS:
             raise RowRejected(
                 "multimodal_content", f"{at} is a {kind!r} block; a text drafter cannot learn it"
             )
         else:
             ctx.warn("lost_part", f"{at} is a {kind or type(block).__name__!r} block, which no reader keeps")
-    flush()
-    flag = train_flag(d, where, ctx)
-    if flag is not None:
-        for m in out:
-            m.train = flag
-    if not out:  # an empty message stays, for the checks to name
-        out.append(Message(role))  # type: ignore[arg-type]
-    return out
+    return turn.messages(train_flag(d, where, ctx))
 
 
 def tools_of(value: Any, ctx: ParseContext) -> list[dict[str, Any]]:

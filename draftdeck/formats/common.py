@@ -236,6 +236,43 @@ def parse_tools(value: Any, where: str, ctx: ParseContext) -> list[dict[str, Any
     return value
 
 
+class TurnBuilder:
+    """Collects the blocks of one source message (text, reasoning, tool calls) into canonical
+    messages, in order: a tool result among them (Anthropic's ``tool_result`` blocks, Gemini's
+    ``functionResponse`` parts) ends the message so far and follows it as its own tool message."""
+
+    def __init__(self, role: str):
+        self.role = role
+        self.out: list[Message] = []
+        self._start()
+
+    def _start(self) -> None:
+        self.current = Message(self.role)  # type: ignore[arg-type]
+        self.texts: list[str] = []
+        self.reasons: list[str] = []
+
+    def result(self, tool: Message) -> None:
+        self.flush()
+        self.out.append(tool)
+
+    def flush(self) -> None:
+        msg = self.current
+        msg.content = "".join(self.texts)
+        if self.reasons:
+            msg.reasoning = "\n".join(self.reasons)
+        if not msg.is_empty or msg.redacted_reasoning is not None:
+            self.out.append(finish_assistant(msg))
+        self._start()
+
+    def messages(self, train: bool | None) -> list[Message]:
+        """The messages built, each with the source message's training flag; an empty source message
+        stays one empty message, for the checks to name."""
+        self.flush()
+        for m in self.out:
+            m.train = train
+        return self.out or [Message(self.role)]  # type: ignore[arg-type]
+
+
 def finish_assistant(msg: Message) -> Message:
     """Move a leading ``<think>`` block of assistant text into reasoning (when reasoning is unset)."""
     if msg.role == "assistant" and msg.reasoning is None and "<think>" in msg.content:

@@ -20,7 +20,7 @@ from draftdeck.formats.common import (
     ROLE_ALIASES,
     ParseContext,
     RowRejected,
-    finish_assistant,
+    TurnBuilder,
     text_of,
     train_flag,
 )
@@ -59,20 +59,7 @@ def _parts(content: Any, role: str, where: str, ctx: ParseContext) -> list[Messa
         parts = [parts]
     if not isinstance(parts, list):
         raise RowRejected("unknown_format", f"{where}.parts is not a list of parts")
-    out: list[Message] = []
-    current = Message(role)  # type: ignore[arg-type]
-    texts: list[str] = []
-    reasons: list[str] = []
-
-    def flush() -> None:
-        nonlocal current, texts, reasons
-        current.content = "".join(texts)
-        if reasons:
-            current.reasoning = "\n".join(reasons)
-        if not current.is_empty:
-            out.append(finish_assistant(current))
-        current, texts, reasons = Message(role), [], []  # type: ignore[arg-type]
-
+    turn = TurnBuilder(role)
     for i, part in enumerate(parts):
         at = f"{where}.parts[{i}]"
         if not isinstance(part, dict):
@@ -80,10 +67,10 @@ def _parts(content: Any, role: str, where: str, ctx: ParseContext) -> list[Messa
         call, response = _get(part, "functionCall"), _get(part, "functionResponse")
         if "text" in part:
             text = text_of(part["text"], f"{at}.text", ctx)
-            (reasons if part.get("thought") is True else texts).append(text)
+            (turn.reasons if part.get("thought") is True else turn.texts).append(text)
         elif isinstance(call, dict):
             name, call_id = call.get("name"), call.get("id")
-            current.tool_calls.append(
+            turn.current.tool_calls.append(
                 ToolCall(
                     name=name if isinstance(name, str) else "",
                     arguments=call.get("args", {}),
@@ -91,24 +78,18 @@ def _parts(content: Any, role: str, where: str, ctx: ParseContext) -> list[Messa
                 )
             )
         elif isinstance(response, dict):
-            flush()
             name, call_id = response.get("name"), response.get("id")
             body = response.get("response")
             tool = Message("tool", body if isinstance(body, str) else orjson.dumps(body).decode())
             tool.name = name if isinstance(name, str) else None
             tool.tool_call_id = call_id if isinstance(call_id, str) else None
-            out.append(tool)
+            turn.result(tool)
         elif any(k in part for k in MEDIA_PARTS):
             raise RowRejected("multimodal_content", f"{at} holds inline or file data")
         else:
             kinds = [k for k in part if k not in IGNORED_PART_KEYS] or ["(empty)"]
             ctx.warn("lost_part", f"{at} is a {kinds[0]!r} part, which no reader keeps")
-    flush()
-    flag = train_flag(content, where, ctx)
-    if flag is not None:
-        for m in out:
-            m.train = flag
-    return out or [Message(role)]  # type: ignore[arg-type, list-item]
+    return turn.messages(train_flag(content, where, ctx))
 
 
 def _tools(value: Any, ctx: ParseContext) -> list[dict[str, Any]]:
