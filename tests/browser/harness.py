@@ -36,6 +36,11 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 TERMINAL = ("succeeded", "failed", "cancelled")
+# A row convert keeps: a scan of a file holding none fails (it would keep nothing), so a file a test
+# means to pass holds at least this one.
+GOOD_ROW = (
+    '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}'
+)
 
 
 def free_port() -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser.harness import REAL_DATA, Server
+from tests.browser.harness import GOOD_ROW, REAL_DATA, Server
 
 pytestmark = pytest.mark.browser
 
@@ -221,7 +221,7 @@ def test_bad_path_gives_a_clear_error_on_the_form(
     assert len(server.api("GET", "/api/jobs?limit=500")) == jobs_before
     # Nothing crashed: fix the path on the same form and it runs.
     good = server.data_dir / "fixed.jsonl"
-    good.write_text('{"a": 1}\n')
+    good.write_text(GOOD_ROW + "\n")  # a row convert keeps: the scan passes
     page.fill("#new-job textarea[name=inputs]", str(good))
     page.click("#new-job button[type=submit]")
     job_id_of(page)
@@ -244,7 +244,8 @@ IMG = "<img src=x onerror=alert(1)>"
 def test_hostile_keys_values_and_file_names_are_shown_as_text(
     page: Any, server: Server, data_file: Any, watch: Any
 ) -> None:
-    path = data_file([{SCRIPT: IMG, "ok": 1}, {SCRIPT: IMG, "ok": 2}, IMG], name=f"{IMG}.jsonl")
+    chat = json.loads(GOOD_ROW)  # one row convert keeps, so that the scan passes
+    path = data_file([{SCRIPT: IMG, "ok": 1}, {SCRIPT: IMG, "ok": 2}, IMG, chat], name=f"{IMG}.jsonl")
     start_from_form(page, path)
     job_id = job_id_of(page)
     expect(page.locator("#job-status")).to_have_text("succeeded")
@@ -280,17 +281,17 @@ def test_jobs_list_updates_when_a_job_finishes(
     pipe = slow_file()
     job_id = server.submit("scan", inputs=str(pipe.path))
     pipe.open()
-    pipe.write_rows([{"q": 1}])
+    pipe.write_rows([json.loads(GOOD_ROW)])
     server.wait_status(job_id, ("running",))
     page.goto("/jobs")
     mark_document(page)
     row = page.locator(f"#jobs-table tr[data-job='{job_id}']")
     expect(row.locator(".status")).to_have_text("running")
     # A job queued elsewhere (the API) shows up while we watch; it waits behind the running one.
-    other = server.submit("scan", inputs=str(data_file([{"q": 3}])))
+    other = server.submit("scan", inputs=str(data_file([json.loads(GOOD_ROW)])))
     other_row = page.locator(f"#jobs-table tr[data-job='{other}']")
     expect(other_row.locator(".status")).to_have_text("queued")
-    pipe.write_rows([{"q": 2}])
+    pipe.write_rows([json.loads(GOOD_ROW.replace("hi", "hi again"))])
     pipe.close()
     expect(row.locator(".status")).to_have_text("succeeded")
     expect(row.locator(".progress")).to_have_text("2 rows")
@@ -381,7 +382,7 @@ def test_retry_from_a_failed_job_page_runs_a_new_attempt(page: Any, server: Serv
     start_from_form(page, path)
     first = job_id_of(page)
     expect(page.locator("#job-status")).to_have_text("failed")
-    path.write_text('{"fixed": true}\n')  # the user fixes the file, then retries
+    path.write_text(GOOD_ROW + "\n")  # the user fixes the file, then retries
     page.click("#job-live button:has-text('Retry')")
     page.wait_for_url(re.compile(rf"/jobs/(?!{first}$)\d+$"))
     second = job_id_of(page)
@@ -417,7 +418,7 @@ def test_cancel_of_a_job_that_already_ended_just_shows_the_job(
     pipe = slow_file()
     job_id = server.submit("scan", inputs=str(pipe.path))
     pipe.open()
-    pipe.write_rows([{"q": 1}])
+    pipe.write_rows([json.loads(GOOD_ROW)])
     server.wait_status(job_id, ("running",))
     # Freeze the page as it loads (its stream ends at once, asking for a reconnect in 10 minutes), finish
     # the job behind its back, then click the stale Cancel.
@@ -444,7 +445,7 @@ def test_token_server_asks_to_sign_in_then_runs_the_job(browser: Any, tmp_path: 
         page = context.new_page()
         page.on("dialog", lambda d: (watch.dialogs.append(d.message), d.dismiss()))
         target = server.data_dir / "a.jsonl"
-        target.write_text('{"a": 1}\n')
+        target.write_text(GOOD_ROW + "\n")
         start_from_form(page, target)
         expect(page.locator("h1")).to_contain_text("Sign in needed")
         expect(page.locator("#error-message")).to_contain_text("sign in at /login")
@@ -472,7 +473,8 @@ def test_pages_fit_a_narrow_screen_with_long_paths(browser: Any, server: Server,
     deep = server.data_dir / ("a-rather-long-folder-name-" * 3) / "and_an_even_longer_file_name_for_a_dataset"
     deep.mkdir(parents=True)
     good = data_file(
-        [{"messages": []}, "{bad", {"k" * 120: 1}], name=str(deep.relative_to(server.data_dir) / "x.jsonl")
+        [{"messages": []}, "{bad", {"k" * 120: 1}, json.loads(GOOD_ROW)],
+        name=str(deep.relative_to(server.data_dir) / "x.jsonl"),
     )
     empty = data_file([], name=str(deep.relative_to(server.data_dir) / "empty.jsonl"))
     ok_id, failed_id = server.submit("scan", inputs=str(good)), server.submit("scan", inputs=str(empty))

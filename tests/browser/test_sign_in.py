@@ -8,7 +8,7 @@ from typing import Any
 
 from playwright.sync_api import expect
 
-from tests.browser.harness import Server
+from tests.browser.harness import GOOD_ROW, Server
 
 TOKEN = "s3cret-token"
 
@@ -17,7 +17,7 @@ def test_reads_beyond_loopback_ask_to_sign_in_first(browser: Any, tmp_path: Path
     server = Server(tmp_path / "home", extra_env={"DRAFTDECK_TOKEN": TOKEN}, host="0.0.0.0").start()
     context = browser.new_context(base_url=server.url)
     try:
-        (server.data_dir / "a.jsonl").write_text('{"messages": []}\n')
+        (server.data_dir / "a.jsonl").write_text(GOOD_ROW + "\n")
         job_id = server.submit(
             "scan", inputs=str(server.data_dir / "a.jsonl")
         )  # over the API, with the bearer

@@ -180,7 +180,9 @@ def test_a_job_whose_message_the_broker_lost_is_sent_again(stack: Stack, client:
     """SQL is the source of truth: the broker loses the queued job's message (Redis restarted without
     its data: FLUSHDB, bindings included; the file broker's message file deleted); the sweeper sends
     it again once it is older than the lost-worker limit, and the job runs exactly once."""
-    (stack.data / "chat.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    (stack.data / "chat.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    )  # a row convert keeps: the scan passes
     job_id = _submit(client, "data/chat.jsonl")
     if stack.mode == "services":
         import redis

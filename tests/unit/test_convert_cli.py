@@ -189,7 +189,7 @@ class TestCli:
     def test_usage_errors_exit_2(self, data: Path, tmp_path: Path) -> None:
         assert _run(str(data / "missing.jsonl"), "--to", "openai", "--out", str(data / "o.jsonl"))[0] == 2
         assert _run(str(data / "alpaca.json"), "--to", "csv", "--out", str(data / "o.jsonl"))[0] == 2
-        assert _run(str(data / "alpaca.json"), "--out", str(data / "o.jsonl"))[0] == 2
+        assert _run(str(data / "alpaca.json"), "--to", "openai")[0] == 2  # --out is required
         assert (
             _run(
                 str(data / "alpaca.json"), "--to", "openai", "--out", str(data / "o"), "--tree-paths", "some"

@@ -250,7 +250,7 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     slow = client.get(f"/jobs/{eval_job(0.68)}", headers={"accept": "text/html"}).text
     assert 'id="eval-methods"' in slow and "0.68x" in slow
     note = slow.split('id="speedup-note">', 1)[1].split("</p>", 1)[0]
-    assert "Drafter drafts run at 0.68× the target alone's speed." in note
+    assert "Drafter drafts run at 0.68\u00d7 the target alone's speed." in note
     assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
     fast = client.get(f"/jobs/{eval_job(1.7)}", headers={"accept": "text/html"}).text
     assert "1.70x" in fast and 'id="speedup-note"' not in fast
