@@ -22,7 +22,10 @@ def client(migrated: Path) -> Iterator[TestClient]:
 
 def _file(home: Path, name: str = "a.jsonl") -> Path:
     path = home / "data" / name
-    path.write_text('{"messages": []}\n')
+    # a row convert keeps: a scan of it passes (one that would keep nothing fails)
+    path.write_text(
+        '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    )
     return path
 
 

@@ -178,7 +178,8 @@ def test_a_lost_job_message_is_sent_again_and_a_double_delivery_runs_once(migrat
     from app.runner import run_job
     from app.submit import submit
 
-    (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    row = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    (migrated / "data" / "a.jsonl").write_text(row)  # a row convert keeps: the scan passes
     with session_scope() as session:
         job = submit(session, "scan", {"inputs": ["data/a.jsonl"]}, get_settings())
     assert job.id is not None
