@@ -50,7 +50,7 @@ from draftdeck.jobs.registry import get_kind
 from draftdeck.jobs.tokenize import TokenizeParams, dataset_output
 from draftdeck.quality import Policy, Report
 from draftdeck.tokenize import chunks as core
-from draftdeck.tokenize.pipeline import TokenizeOptions
+from draftdeck.tokenize.options import TokenizeOptions
 from draftdeck.units import count
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,15 @@ from app.pages import render
 from app.settings import Settings, get_settings
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.filters import Filters, Step, navigate, position_in
-from draftdeck.browse.info import DatasetInfo, cached_info, load_info, sources_of, stats_payload
-from draftdeck.browse.loading import forget_store, open_store, token_table
+from draftdeck.browse.info import (
+    DatasetInfo,
+    cached_info,
+    forget_dataset,
+    load_info,
+    sources_of,
+    stats_payload,
+)
+from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.sample import RowKey, Sample, find_row, read_sample, row_diff, row_key
 from draftdeck.browse.source import find_source_row
 from draftdeck.errors import InputError, PathNotAllowedError
@@ -251,7 +258,7 @@ def delete_dataset(
         ok, why = _deletable(ds, settings)
         if not ok:
             return _delete_page(request, session, settings, ds, f"the files were not deleted: {why}")
-        forget_store(Path(why))
+        forget_dataset(Path(why))
         shutil.rmtree(why)
     session.delete(ds)
     session.commit()

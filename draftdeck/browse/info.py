@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from draftdeck.browse.errors import BrowseError
-from draftdeck.browse.loading import MAX_OPEN_STORES, LoadOnce, open_store, version_of
+from draftdeck.browse.loading import MAX_OPEN_STORES, LoadOnce, forget_store, open_store, version_of
 from draftdeck.errors import InputError
 from draftdeck.quality import DatasetAlert, DatasetFacts, dataset_alerts
 from draftdeck.shards.manifest import MANIFEST, Manifest, read_manifest
@@ -131,7 +131,9 @@ def cached_info(path: Path) -> DatasetInfo:
     return _infos.get(str(path), version_of(path))
 
 
-def forget_info(path: Path) -> None:
+def forget_dataset(path: Path) -> None:
+    """Forget what this process holds of a dataset folder: its open reader and its facts."""
+    forget_store(path)
     _infos.forget(str(path))
 
 

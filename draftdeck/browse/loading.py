@@ -67,10 +67,8 @@ def open_store(path: Path) -> ShardDataset:
 
 
 def forget_store(path: Path) -> None:
+    """Drop the open reader of `path` (see :func:`draftdeck.browse.info.forget_dataset`)."""
     _stores.forget(str(path))
-    from draftdeck.browse.info import forget_info
-
-    forget_info(path)
 
 
 def _load_table(key: str) -> TokenTable:

@@ -26,7 +26,7 @@ from draftdeck.jobs.params import (
 )
 from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.store import MANIFEST
-from draftdeck.tokenize.pipeline import TokenizeOptions
+from draftdeck.tokenize.options import TokenizeOptions
 
 DATASET = "dataset"  # the default output folder, inside the job's folder
 

@@ -54,7 +54,8 @@ from draftdeck.quality import Example, Report
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import Block, ShardInfo, write_block
 from draftdeck.tokenize import pipeline, rows
-from draftdeck.tokenize.pipeline import EncoderMismatch, Item, TokenizeOptions, to_item
+from draftdeck.tokenize.options import TokenizeOptions
+from draftdeck.tokenize.pipeline import EncoderMismatch, Item, to_item
 
 PLAN = "plan.json"
 FALLBACK = "encoder-fallback"  # present once a chunk found the fast encoder wrong: HF from then on

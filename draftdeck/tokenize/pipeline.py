@@ -34,76 +34,24 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from draftdeck.chat.render import ChatRenderer, tokenizer_fingerprint
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import LOSSES, Output, Policy, Report
+from draftdeck.quality import Output, Report
 from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardWriter, write_metadata
 from draftdeck.tokenize import loaded, rows
 from draftdeck.tokenize.encoders import HFEncoder, TiktokenEncoder
+from draftdeck.tokenize.options import TokenizeOptions
 from draftdeck.tokenize.rows import ChunkResult, EncoderMismatch, Item, process_chunk, to_item
 
 MASK_RULE = "a token is trained iff its first character lies inside an assistant span"
-
-
-@dataclass
-class TokenizeOptions:
-    tokenizer: Path
-    chat_template: Path | None = None
-    template_kwargs: dict[str, Any] = field(default_factory=dict)
-    seq_length: int | None = None
-    truncation: Literal["right", "drop"] = "right"
-    on_missing: Literal["error", "drop"] = "error"
-    shard_rows: int = 10_000
-    verify_all: bool = False
-    verify_every: int = 32
-    strict: bool = False
-    max_rejected: float | None = None  # fail past this share of rejected rows (the job's default: 0.5)
-    alert_rejected: float | None = None  # alert thresholds (draftdeck.quality.LOSSES)
-    alert_duplicated: float | None = None
-    alert_truncated: float | None = None
-    encoder: Literal["auto", "hf", "tiktoken"] = "auto"
-    from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
-    tool_tags: Literal["parse", "keep"] = "parse"  # Hermes tags in text (draftdeck.formats.hermes)
-    preference: Literal["chosen", "reject"] = "chosen"  # preference rows (draftdeck.formats.preference)
-    workers: int = 0  # 0: one per CPU core
-    chunk_size: int = 256
-
-    def reading(self) -> dict[str, Any]:
-        """What reading the inputs is told (:func:`draftdeck.tokenize.inputs.read_inputs`)."""
-        return {"strict": self.strict, "from_format": self.from_format, "tool_tags": self.tool_tags,
-                "preference": self.preference}  # fmt: skip
-
-    def check(self) -> None:
-        if self.seq_length is not None and self.seq_length < 2:
-            raise UsageError("--seq-length must be at least 2")
-        if self.truncation not in ("right", "drop"):
-            raise UsageError(f"--truncation must be right or drop, not {self.truncation!r}")
-        if self.on_missing not in ("error", "drop"):
-            raise UsageError(f"--on-missing must be error or drop, not {self.on_missing!r}")
-        if self.shard_rows < 1:
-            raise UsageError("--shard-rows must be at least 1")
-        if self.encoder not in ("auto", "hf", "tiktoken"):
-            raise UsageError(f"encoder must be auto, hf or tiktoken, not {self.encoder!r}")
-
-    def policy(self) -> Policy:
-        """The job's verdict on the finished report: strict, the rejected share, the alert shares."""
-        alerts = {k: getattr(self, k) for k in LOSSES}
-        return Policy.build(None, self.strict, self.max_rejected, **alerts)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["tokenizer"] = str(self.tokenizer)
-        d["chat_template"] = str(self.chat_template) if self.chat_template else None
-        return d
 
 
 # -- main side ------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from draftdeck.shards.store import Block, ShardRow
 from draftdeck.tokenize.encoders import Encoded, HFEncoder, TiktokenEncoder
 
 if TYPE_CHECKING:
-    from draftdeck.tokenize.pipeline import TokenizeOptions
+    from draftdeck.tokenize.options import TokenizeOptions
 
 
 class EncoderMismatch(Exception):
