@@ -13,9 +13,10 @@ checks (and the same ``--from``), so the scan says what a convert would do, row 
   the kept rows, and the answers over the threshold that convert rejects as placeholder_response);
   ``would_keep`` and ``would_reject`` (per code: rows and one example with file, row and reason).
 
-Rows balance as in convert: ``rows_in + rows_expanded = rows_out + rejected``. An empty input, or one
-where no row parses as a JSON object, fails: an unreadable file is never a success. A file of valid
-rows that convert would not keep (all prompt-only, say) is a successful scan that says so.
+Rows balance as in convert: ``rows_in + rows_expanded = rows_out + rejected``. An empty input, one
+where no row parses as a JSON object, and one of which convert would keep no row (all prompt-only,
+say) fail: a pre-flight that would give an empty output is an error, as the empty output is, and its
+message names the top codes, an example and what to fix. The report still comes with the failure.
 """
 
 from __future__ import annotations
