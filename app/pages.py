@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
+import yaml
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -33,6 +34,7 @@ from app.resources import resource_dir
 from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
 from draftdeck.jobs.registry import KINDS
+from draftdeck.mix.composition import composition
 from draftdeck.units import binary_size, count, duration, noun_for
 
 router = APIRouter(include_in_schema=False)
@@ -90,10 +92,13 @@ def form_words(text: str | None, kind_name: str) -> str:
 def new_job_link(kind: str, params: Mapping[str, Any]) -> str:
     """The New-job form of `kind` prefilled with `params` (lists repeat their key)."""
     query: list[tuple[str, str]] = [("kind", kind)]
+    yaml_fields = {f["name"] for f in _form_fields(kind) if f["widget"] == "yaml"} if kind in KINDS else set()
     for name, value in params.items():
         if value is None or value == [] or value == {}:
             continue
-        if isinstance(value, list):
+        if name in yaml_fields and isinstance(value, dict):  # a recipe: back as the YAML it was typed as
+            query.append((name, yaml_text(value)))
+        elif isinstance(value, list):
             query.extend((name, str(v)) for v in value)
         elif isinstance(value, dict):  # KEY=VALUE lines, as the form's pairs field takes them
             query.extend((name, f"{k}={json.dumps(v)}") for k, v in value.items())
@@ -146,12 +151,26 @@ def next_steps(
             return [("Convert this", new_job_link("convert", {"inputs": inputs}))]
         if job.kind == "convert" and files:
             return [("Tokenize this", new_job_link("tokenize", {"inputs": files}))]
+        if job.kind == "mix" and files:  # re-weighting after the per-source figures is the next loop
+            return [("Tokenize this", new_job_link("tokenize", {"inputs": files})),
+                    ("Change the recipe", new_job_link("mix", job.params))]  # fmt: skip
         if job.kind == "tokenize" and datasets:
             return [(f"Open dataset {d.name}", f"/datasets/{d.id}") for d in datasets]
         return fixes
     if job.status == JobStatus.FAILED and job.kind in KINDS:
         return [*fixes, ("Change and start again", new_job_link(job.kind, job.params))]
     return fixes
+
+
+def yaml_text(value: Any) -> str:
+    """A mapping as block YAML, its unset (None) values left out."""
+
+    def bare(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: bare(x) for k, x in v.items() if x is not None}
+        return [bare(x) for x in v] if isinstance(v, list) else v
+
+    return yaml.safe_dump(bare(value), sort_keys=False, allow_unicode=True)
 
 
 def _duration(job: Job) -> str | None:
@@ -169,6 +188,7 @@ templates.env.filters["thousands"] = lambda n: (
 templates.env.filters["short_path"] = _short_path
 templates.env.globals["job_inputs"] = _job_inputs
 templates.env.globals["duration"] = _duration
+templates.env.globals["composition"] = composition
 templates.env.filters["form_words"] = form_words
 
 
@@ -253,7 +273,9 @@ def _form_fields(kind_name: str) -> list[dict[str, Any]]:
         widget = {"boolean": "checkbox", "array": "textarea", "integer": "number", "number": "number"}.get(
             ftype, "text"
         )
-        if "enum" in base:
+        if spec.get("widget"):  # declared on the field (a recipe's YAML)
+            widget = spec["widget"]
+        elif "enum" in base:
             widget = "select"
         elif ftype == "object":
             widget = "pairs"  # KEY=VALUE lines, parsed by the model as the CLI's -k KEY=VALUE
@@ -292,8 +314,8 @@ def _form_params(kind_name: str, form: Any) -> tuple[dict[str, Any], dict[str, s
         widget = widgets.get(name)
         if widget == "textarea":
             params[name] = [line.strip() for line in text.splitlines() if line.strip()]
-        elif widget == "pairs":
-            params[name] = text  # KEY=VALUE lines: the kind's model parses them, as it does the CLI's
+        elif widget in ("pairs", "yaml"):
+            params[name] = text  # KEY=VALUE lines or YAML: the kind's model parses them, as it does the CLI's
         else:
             params[name] = text.strip()
     return params, raw

@@ -39,10 +39,16 @@ class IssueCode:
     name: str
     action: Action
     description: str
+    # False for the rows a recipe chose not to take (a mix's filters and draw): not data lost, so not
+    # counted by max_rejected or the rejected-share alert
+    loss: bool = True
 
 
 def _codes(*items: tuple[str, Action, str]) -> dict[str, IssueCode]:
-    return {name: IssueCode(name, action, text) for name, action, text in items}
+    return {name: IssueCode(name, action, text, name not in CHOSEN) for name, action, text in items}
+
+
+CHOSEN = frozenset({"filtered_out", "not_sampled"})
 
 
 CODES: dict[str, IssueCode] = _codes(
@@ -102,6 +108,15 @@ CODES: dict[str, IssueCode] = _codes(
     ("prompt_too_long", Action.REJECT, "the prompt is longer than the target's context window"),
     ("malformed_answer", Action.REJECT, "the server's answer is not a valid chat completion"),
     ("server_error", Action.REJECT, "the server kept failing on this row after every retry"),
+    # mix (draftdeck.mix): what a recipe takes of each source
+    ("filtered_out", Action.REJECT, "the row fails a filter of its source in the mix recipe"),
+    (
+        "duplicate_removed",
+        Action.REJECT,
+        "the conversation is already in the mix, from this or another source",
+    ),
+    ("not_sampled", Action.REJECT, "not drawn: the source's quota or weight takes fewer rows than it has"),
+    ("upsampled", Action.WARN, "a source gives more rows than it has: some of its rows are repeated"),
 )
 
 
@@ -175,6 +190,11 @@ class Report:
     def rows_rejected(self) -> int:
         return sum(self.rejected.values())
 
+    @property
+    def rows_lost(self) -> int:
+        """Rejected rows that are data lost: not those a mix's recipe chose to leave (filters, draw)."""
+        return sum(n for name, n in self.rejected.items() if code(name).loss)
+
     def merge(self, other: Report) -> None:
         self.rows_in += other.rows_in
         self.rows_out += other.rows_out
@@ -228,7 +248,7 @@ class Report:
 # Policy's alert thresholds: the name of the loss and the codes counted (none: every rejected row).
 LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
     "alert_rejected": ("rejected", ()),
-    "alert_duplicated": ("duplicated", ("duplicate_conversation",)),
+    "alert_duplicated": ("duplicated", ("duplicate_conversation", "duplicate_removed")),
     # tokenize cuts a row at seq_length; regenerate keeps an answer cut at max_tokens (keep_cut_off)
     "alert_truncated": ("truncated", ("truncated", "answer_cut_off")),
 }
@@ -333,7 +353,7 @@ class Policy:
         total = report.rows_in + report.rows_expanded
         out: dict[str, dict[str, Any]] = {}
         for name, (what, codes) in LOSSES.items():
-            n = report.rows_rejected if not codes else sum(
+            n = report.rows_lost if not codes else sum(
                 report.rejected.get(c, 0) + report.warnings.get(c, 0) for c in codes
             )  # fmt: skip
             share = n / total if total else 0.0
@@ -392,12 +412,12 @@ class Policy:
                         )
                     )
         if self.max_rejected is not None and report.rows_in:
-            frac = report.rows_rejected / report.rows_in
+            frac = report.rows_lost / report.rows_in
             if frac > self.max_rejected:
                 out.append(
                     Failure(
                         "max_rejected",
-                        f"{report.rows_rejected} of {report.rows_in} rows rejected ({frac:.1%}),"
+                        f"{report.rows_lost} of {report.rows_in} rows rejected ({frac:.1%}),"
                         f" above --max-rejected {self.max_rejected:.1%}",
                     )
                 )

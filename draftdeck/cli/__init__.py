@@ -1,4 +1,4 @@
-"""`draftdeck ...` in-process commands (scan, convert, regenerate, tokenize, inspect, vocab, export,
+"""`draftdeck ...` in-process commands (scan, convert, mix, regenerate, tokenize, inspect, vocab, export,
 train, eval, export-drafter).
 
 They run the core here, on any path the user can read. The console entry point (app/cli_service.py)
@@ -26,9 +26,10 @@ HELP = "DraftDeck: data plumbing for drafters."
 
 def register(app: typer.Typer) -> None:
     """Add every in-process command to `app`."""
-    from draftdeck.cli import data, drafter, regenerate, tokens
+    from draftdeck.cli import data, drafter, mix, regenerate, tokens
 
     data.register(app)
+    mix.register(app)
     tokens.register(app)
     drafter.register(app)
     regenerate.register(app)

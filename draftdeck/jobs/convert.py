@@ -8,18 +8,18 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from draftdeck.convert import ConvertOptions, check_out, convert
-from draftdeck.errors import PolicyError
 from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
     build_options,
+    build_policy,
     from_format_field,
     inputs_field,
-    loss_thresholds,
     max_rejected_field,
     max_row_bytes_field,
+    policy_or_default,
     preference_field,
     tool_tags_field,
 )
@@ -75,18 +75,10 @@ class ConvertParams(JobParams):
 
     def build_policy(self) -> Policy:
         """The policy (raises PolicyError for a bad policy file)."""
-        return Policy.build(
-            Path(self.policy_file) if self.policy_file else None,
-            self.strict,
-            self.max_rejected,
-            **loss_thresholds(self),
-        )
+        return build_policy(self)
 
     def policy(self) -> Policy:
-        try:
-            return self.build_policy()
-        except PolicyError:  # run raises it again, failing the job with the reason
-            return Policy.build(None, self.strict, self.max_rejected, **loss_thresholds(self))
+        return policy_or_default(self)
 
     def check(self, roots: list[Path]) -> None:
         if self.out is not None:

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from draftdeck.errors import PathNotAllowedError
+from draftdeck.errors import PathNotAllowedError, PolicyError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.paths import check_path_text, resolve_in_roots, resolve_user_path
 from draftdeck.quality import LOSSES, Policy
@@ -97,6 +97,22 @@ def alert_field(what: str) -> Any:
 def loss_thresholds(params: BaseModel) -> dict[str, float | None]:
     """The alert thresholds a kind's parameters hold (alert_rejected, ...), for Policy.build."""
     return {name: getattr(params, name) for name in LOSSES if name in type(params).model_fields}
+
+
+def build_policy(params: Any) -> Policy:
+    """The policy of a kind with `strict`, `max_rejected`, `policy_file` and the alert shares (raises
+    PolicyError for a bad policy file)."""
+    file = Path(params.policy_file) if params.policy_file else None
+    return Policy.build(file, params.strict, params.max_rejected, **loss_thresholds(params))
+
+
+def policy_or_default(params: Any) -> Policy:
+    """:func:`build_policy`, or the policy without its file when the file is bad (the run raises the
+    file's error again, failing the job with the reason)."""
+    try:
+        return build_policy(params)
+    except PolicyError:
+        return Policy.build(None, params.strict, params.max_rejected, **loss_thresholds(params))
 
 
 def closest_field(model: type[BaseModel], name: str) -> str | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from draftdeck.drafter import eval_params, export_params
 from draftdeck.drafter import params as train_params
-from draftdeck.jobs import convert, scan, tokenize
+from draftdeck.jobs import convert, mix, scan, tokenize
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams
 from draftdeck.quality import Report
@@ -66,6 +66,8 @@ KINDS: dict[str, JobKind] = {
                 "Pre-flight: rows, bytes, parse errors and key sets of data files"),
         JobKind("convert", "cpu", convert.ConvertParams, convert.run,
                 "Convert chat data (shapes detected per row) to OpenAI, ShareGPT or Parquet"),
+        JobKind("mix", "cpu", mix.MixParams, mix.run,
+                "Mix named sources by quota or weight into one file: deduplicated, every row counted"),
         JobKind("regenerate", "cpu", regen_params.RegenerateParams, _run_regenerate,
                 "The target answers the prompts (a server or a local model): checked, resumable, in order",
                 route=_regenerate_queue),

@@ -1,0 +1,314 @@
+"""`mix`: a recipe's sources into one converted file, every row accounted for per source.
+
+1. **Convert** each source (its own ``from``) with convert itself, into a temporary JSONL file next
+   to the output: the same readers, checks, placeholder rule, policy and workers, so a mix of 1 and 2
+   workers writes the same bytes. Convert's own duplicate check is off: the mix removes duplicates
+   across every source at once (step 2).
+2. **Count** one pass over each converted file: the source's filters, and a 64-bit key of the
+   normalised conversation (:func:`draftdeck.mix.rows.duplicate_key`). Exact duplicates are found
+   over all sources together with one stable sort of the keys (8 bytes a row): the first copy in
+   recipe order is kept, each later one is counted against the source that kept it.
+3. **Plan** the rows per source from these counts (:mod:`draftdeck.mix.plan`), draw them (a seeded
+   choice per source; upsampled sources repeat every row and draw the rest), and **write** them,
+   interleaved in a seeded order, reading each converted file in order (never all rows in memory).
+
+Rows in = rows taken + rejected + duplicates + not sampled, for each source and for the mix.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import zlib
+from array import array
+from collections import Counter
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from draftdeck.convert import ConvertOptions, check_out, convert
+from draftdeck.errors import AccountingError, JobFailed, UsageError
+from draftdeck.formats.common import ParseContext
+from draftdeck.formats.detect import parse
+from draftdeck.formats.writers import Writer, encode_line
+from draftdeck.mix.plan import plan_rows
+from draftdeck.mix.recipe import MixSource, Recipe
+from draftdeck.mix.rows import SHAPES, Shape, duplicate_key, facts, filter_reason, origin, with_source
+from draftdeck.progress import Progress, no_progress
+from draftdeck.quality import Policy, Report
+
+AVAILABLE, FILTERED, DUPLICATE = 0, 1, 2
+DEDUP = "exact: xxh3-64 of the normalised messages (role, stripped text, reasoning, tool calls, flag)"
+
+
+@dataclass
+class _Source:
+    """One source through the mix: its converted file, its report and what each of its rows became."""
+
+    spec: MixSource
+    path: Path
+    report: Report
+    status: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
+    keys: array = field(default_factory=lambda: array("Q"))  # of its rows left after the filters
+    against: Counter[str] = field(default_factory=Counter)  # duplicates, by the source that kept them
+    available: int = 0
+    take: int = 0
+    sampled: int = 0  # distinct rows taken
+    turns: int = 0  # over the rows written (repeats included)
+    chars: int = 0
+    answer_chars: int = 0
+
+
+def mix(
+    recipe: Recipe,
+    out: Path,
+    policy: Policy | None = None,
+    options: ConvertOptions | None = None,
+    progress: Progress = no_progress,
+) -> Report:
+    """Write the mix of `recipe` to `out` (its ``to`` shape) and return the report, whose
+    ``extra["mix"]`` is the composition table. `options`: how each source is read (workers, limits;
+    ``from_format`` is each source's ``from``). Raises JobFailed when a source or the mix fails the
+    policy, and always when the mix would be empty; UsageError when the amounts cannot be met."""
+    pol = policy or Policy()
+    base = options or ConvertOptions()
+    started = time.monotonic()
+    check_recipe_out(recipe, out)
+    jsonl = recipe.to if recipe.to != "parquet" else "openai"
+    shape = SHAPES[jsonl]
+    written = Report()  # what the writer itself counts (a field Parquet cannot hold)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.mix-", dir=out.parent))
+    try:
+        sources = [_convert(s, work / f"{i}.jsonl", jsonl, pol, base, progress)
+                   for i, s in enumerate(recipe.sources)]  # fmt: skip
+        for src in sources:
+            _count(src, shape)
+        _deduplicate(sources, shape)
+        for src, take in zip(sources, plan_rows(recipe, [s.available for s in sources]), strict=True):
+            full, part = divmod(take, src.available) if src.available else (0, 0)
+            src.take, src.sampled = take, src.available if full else part
+        _write(recipe, sources, shape, out, written, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = Report()
+    for src in sources:
+        _account(src)
+        report.merge(src.report)
+    report.merge(written)
+    report.extra["mix"] = _composition(recipe, sources)
+    report.extra["losses"] = pol.losses(report)
+    report.check_accounting()
+    failures = pol.failures(report)
+    if failures:
+        out.unlink(missing_ok=True)
+        raise JobFailed("mix failed: " + "; ".join(f.reason for f in failures[:5]) + "; no output was kept",
+                        report)  # fmt: skip
+    report.extra["elapsed_s"] = round(time.monotonic() - started, 3)
+    return report
+
+
+def _convert(
+    spec: MixSource, path: Path, to: str, pol: Policy, base: ConvertOptions, progress: Progress
+) -> _Source:
+    opts = ConvertOptions(**{**base.__dict__, "policy": pol, "from_format": spec.from_format,
+                             "check_duplicates": False})  # fmt: skip
+    try:
+        rep = convert([Path(p) for p in spec.inputs], path, to, options=opts, progress=progress)
+    except JobFailed as exc:
+        raise JobFailed(f"source {spec.name!r}: {exc}", exc.report) from None
+    rep.outputs.clear()  # the temporary file is not an output of the mix
+    return _Source(spec, path, rep)
+
+
+def _count(src: _Source, shape: Shape) -> None:
+    """The pass over a converted file: each row's filter verdict, and the keys of those it keeps."""
+    status = bytearray()
+    keys, spec, rep = src.keys, src.spec, src.report
+    filtered = bool(spec.filters)
+    with open(src.path, "rb") as f:
+        for line in f:
+            row = orjson.loads(line)
+            why = filter_reason(spec, facts(row, shape)) if filtered else None
+            if why is not None:
+                file, at = origin(row)
+                rep.reject("filtered_out", file, at, f"source {spec.name!r}: {why}")
+                status.append(FILTERED)
+                continue
+            status.append(AVAILABLE)
+            keys.append(duplicate_key(row, shape))
+    src.status = np.frombuffer(bytes(status), dtype=np.uint8).copy()
+
+
+def _deduplicate(sources: list[_Source], shape: Shape) -> None:
+    """Mark every copy of a conversation after its first (recipe order, then file order) a duplicate,
+    counted against the source that kept the first."""
+    keys = np.concatenate([np.frombuffer(s.keys, dtype=np.uint64) for s in sources])
+    owner = np.concatenate([np.full(len(s.keys), i, dtype=np.int32) for i, s in enumerate(sources)])
+    local = np.concatenate([np.flatnonzero(s.status == AVAILABLE) for s in sources])
+    for s in sources:
+        s.keys = array("Q")  # the memory goes back once the keys are in one array
+    if len(keys):
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        kept = first[inverse.reshape(-1)]
+        dup = np.flatnonzero(kept != np.arange(len(keys)))
+        examples: list[tuple[int, int]] = []
+        for g in dup.tolist():
+            src = sources[owner[g]]
+            src.status[local[g]] = DUPLICATE
+            src.against[sources[owner[kept[g]]].spec.name] += 1
+            if len(examples) < 5:
+                examples.append((g, int(kept[g])))
+        _duplicate_examples(sources, shape, owner, local, examples)
+    for s in sources:
+        s.available = int(np.count_nonzero(s.status == AVAILABLE))
+
+
+def _duplicate_examples(sources: list[_Source], shape: Shape, owner: np.ndarray, local: np.ndarray,
+                        pairs: list[tuple[int, int]]) -> None:  # fmt: skip
+    """The first duplicates' reasons, naming the row each copies (read back from the converted files)."""
+    wanted: dict[int, set[int]] = {}
+    for g, k in pairs:
+        for x in (g, k):
+            wanted.setdefault(int(owner[x]), set()).add(int(local[x]))
+    rows: dict[tuple[int, int], dict[str, Any]] = {}
+    for i, lines in wanted.items():
+        last = max(lines)
+        with open(sources[i].path, "rb") as f:
+            for n, line in enumerate(f):
+                if n in lines:
+                    rows[(i, n)] = orjson.loads(line)
+                if n >= last:
+                    break
+    for g, k in pairs:
+        (i, a), (j, b) = (int(owner[g]), int(local[g])), (int(owner[k]), int(local[k]))
+        file, at = origin(rows[(i, a)])
+        kfile, kat = origin(rows[(j, b)])
+        where = f"{kfile}:{kat}" if kat is not None else kfile
+        kept_by, name = sources[j].spec.name, sources[i].spec.name
+        why = f"source {name!r}: the same conversation as source {kept_by!r} ({where})"
+        sources[i].report.reject("duplicate_removed", file, at, why)  # the examples; _account adds the rest
+
+
+def _stream(src: _Source, rng: np.random.Generator) -> Generator[dict[str, Any]]:
+    """The rows `src` gives, in file order: every available row once per full repeat, then a draw of
+    the rest (:meth:`numpy.random.Generator.choice` without replacement)."""
+    full, part = divmod(src.take, src.available) if src.available else (0, 0)
+    chosen = np.zeros(src.available, dtype=bool)
+    if part:
+        chosen[rng.choice(src.available, part, replace=False)] = True
+    status = src.status.tobytes()
+    for p in range(full + (1 if part else 0)):
+        last = p == full
+        with open(src.path, "rb") as f:
+            k = 0
+            for n, line in enumerate(f):
+                if status[n] != AVAILABLE:
+                    continue
+                if not last or chosen[k]:
+                    yield orjson.loads(line)
+                k += 1
+
+
+def _write(recipe: Recipe, sources: list[_Source], shape: Shape, out: Path, report: Report,
+           progress: Progress) -> None:  # fmt: skip
+    streams = [
+        _stream(s, np.random.default_rng([recipe.seed, zlib.crc32(s.spec.name.encode())])) for s in sources
+    ]
+    order = np.repeat(np.arange(len(sources), dtype=np.uint16), [s.take for s in sources])
+    np.random.default_rng([recipe.seed, len(sources)]).shuffle(order)
+    total = len(order)
+    names = [s.spec.name for s in sources]
+    parquet = recipe.to == "parquet"
+    with Writer(out, recipe.to, report) as writer:
+        for n, i in enumerate(order.tolist()):
+            row = with_source(next(streams[i]), names[i])
+            f = facts(row, shape)
+            src = sources[i]
+            src.turns += f.turns
+            src.chars += f.chars
+            src.answer_chars += f.answer_chars
+            if parquet:
+                writer.write(_conversation(row))
+            else:
+                writer.write_line(encode_line(row))
+            if n % 4096 == 0:
+                progress(n, total, "rows")
+    for s in streams:
+        s.close()
+    progress(total, total, "rows")
+    assert writer.output is not None
+    report.outputs.append(writer.output)
+
+
+def _conversation(row: dict[str, Any]) -> Any:
+    _, convs = parse(row, ParseContext())
+    return convs[0]
+
+
+def _account(src: _Source) -> None:
+    """The mix's own counts in a source's report: duplicates, rows not drawn and repeats (upsampling,
+    counted as extra output rows, like a tree's extra leaves); checks that they balance."""
+    rep, name = src.report, src.spec.name
+    rep.rejected["duplicate_removed"] += sum(src.against.values()) - rep.rejected["duplicate_removed"]
+    rep.rejected["not_sampled"] += src.available - src.sampled
+    repeats = src.take - src.sampled
+    rep.rows_expanded += repeats
+    if repeats:
+        why = (f"source {name!r} ({src.spec.amount}) gives {src.take:,} rows from {src.available:,}:"
+               f" {repeats:,} are repeats")  # fmt: skip
+        rep.warn("upsampled", name, None, why, n=repeats)
+    rep.rejected = +rep.rejected  # no zero counts
+    rep.rows_out = src.take
+    try:
+        rep.check_accounting()
+    except AccountingError as exc:
+        raise AccountingError(f"source {name!r}: {exc}") from None
+
+
+def _composition(recipe: Recipe, sources: list[_Source]) -> dict[str, Any]:
+    """The composition table, as counts (shares and means are computed where they are shown)."""
+    rows = []
+    for s in sources:
+        rep = s.report
+        rejected = {k: v for k, v in sorted(rep.rejected.items())
+                    if k not in ("duplicate_removed", "not_sampled")}  # fmt: skip
+        rows.append({
+            "name": s.spec.name,
+            "amount": s.spec.amount,
+            "inputs": list(s.spec.inputs),
+            "from": s.spec.from_format,
+            "filters": s.spec.filters,
+            "rows_in": rep.rows_in + rep.rows_expanded - (s.take - s.sampled),
+            "rejected": rejected,
+            "duplicates": sum(s.against.values()),
+            "duplicates_against": dict(sorted(s.against.items())),
+            "not_sampled": s.available - s.sampled,
+            "taken": s.sampled,
+            "repeated": s.take - s.sampled,
+            "rows_out": s.take,
+            "turns": s.turns,
+            "chars": s.chars,
+            "answer_chars": s.answer_chars,
+            "formats": dict(sorted(rep.formats.items())),
+        })  # fmt: skip
+    return {
+        "seed": recipe.seed,
+        "total": recipe.total,
+        "to": recipe.to,
+        "dedup": DEDUP,
+        "near_duplicates": "not checked (exact duplicates only)",
+        "balance": "rows_in = taken + rejected + duplicates + not_sampled; rows_out = taken + repeated",
+        "sources": rows,
+    }
+
+
+def check_recipe_out(recipe: Recipe, out: Path) -> None:
+    """Refuse an output that would replace one of the recipe's inputs (before anything runs)."""
+    if not recipe.sources:
+        raise UsageError("the recipe has no sources")
+    check_out([Path(p) for s in recipe.sources for p in s.inputs], out)
