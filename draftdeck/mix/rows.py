@@ -10,6 +10,7 @@ import orjson
 from xxhash import xxh3_64_intdigest
 
 from draftdeck.formats.model import PROVENANCE_KEY
+from draftdeck.formats.writers import encode_line
 from draftdeck.mix.recipe import MixSource
 
 
@@ -98,6 +99,25 @@ def origin(row: dict[str, Any]) -> tuple[str, int | None]:
     if isinstance(prov, dict):
         return str(prov.get("file") or "?"), prov.get("row") if isinstance(prov.get("row"), int) else None
     return "?", None
+
+
+_TAIL = b',"' + PROVENANCE_KEY.encode() + b'":'
+
+
+def named_line(line: bytes, name: bytes) -> bytes:
+    """A converted JSONL line whose provenance also names its mix source: the bytes
+    ``encode_line(with_source(orjson.loads(line), name))`` gives, without parsing the whole row when
+    the provenance is its last key (as convert writes it)."""
+    at = line.rfind(_TAIL)
+    if at > 0 and line.endswith(b"}}\n"):
+        try:
+            prov = orjson.loads(line[at + len(_TAIL) : -2])
+        except orjson.JSONDecodeError:  # the provenance is not the last key
+            prov = None
+        if isinstance(prov, dict):
+            prov["source"] = name.decode()
+            return line[:at] + _TAIL + orjson.dumps(prov) + b"}\n"
+    return encode_line(with_source(orjson.loads(line), name.decode()))
 
 
 def with_source(row: dict[str, Any], name: str) -> dict[str, Any]:

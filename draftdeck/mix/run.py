@@ -35,10 +35,19 @@ from draftdeck.convert import ConvertOptions, check_out, convert
 from draftdeck.errors import AccountingError, JobFailed, UsageError
 from draftdeck.formats.common import ParseContext
 from draftdeck.formats.detect import parse
-from draftdeck.formats.writers import Writer, encode_line
+from draftdeck.formats.writers import Writer
 from draftdeck.mix.plan import plan_rows
 from draftdeck.mix.recipe import MixSource, Recipe
-from draftdeck.mix.rows import SHAPES, Shape, duplicate_key, facts, filter_reason, origin, with_source
+from draftdeck.mix.rows import (
+    SHAPES,
+    Shape,
+    duplicate_key,
+    facts,
+    filter_reason,
+    named_line,
+    origin,
+    with_source,
+)
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Policy, Report
 
@@ -55,6 +64,10 @@ class _Source:
     report: Report
     status: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
     keys: array = field(default_factory=lambda: array("Q"))  # of its rows left after the filters
+    # per row (2 + 4 + 4 bytes): what the composition table sums over the rows written
+    row_turns: array = field(default_factory=lambda: array("H"))
+    row_chars: array = field(default_factory=lambda: array("I"))
+    row_answer_chars: array = field(default_factory=lambda: array("I"))
     against: Counter[str] = field(default_factory=Counter)  # duplicates, by the source that kept them
     available: int = 0
     take: int = 0
@@ -92,7 +105,7 @@ def mix(
         for src, take in zip(sources, plan_rows(recipe, [s.available for s in sources]), strict=True):
             full, part = divmod(take, src.available) if src.available else (0, 0)
             src.take, src.sampled = take, src.available if full else part
-        _write(recipe, sources, shape, out, written, progress)
+        _write(recipe, sources, out, written, progress)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report = Report()
@@ -129,11 +142,16 @@ def _count(src: _Source, shape: Shape) -> None:
     """The pass over a converted file: each row's filter verdict, and the keys of those it keeps."""
     status = bytearray()
     keys, spec, rep = src.keys, src.spec, src.report
+    turns, chars, answers = src.row_turns, src.row_chars, src.row_answer_chars
     filtered = bool(spec.filters)
     with open(src.path, "rb") as f:
         for line in f:
             row = orjson.loads(line)
-            why = filter_reason(spec, facts(row, shape)) if filtered else None
+            fact = facts(row, shape)
+            turns.append(min(fact.turns, 0xFFFF))
+            chars.append(min(fact.chars, 0xFFFFFFFF))
+            answers.append(min(fact.answer_chars, 0xFFFFFFFF))
+            why = filter_reason(spec, fact) if filtered else None
             if why is not None:
                 file, at = origin(row)
                 rep.reject("filtered_out", file, at, f"source {spec.name!r}: {why}")
@@ -194,14 +212,16 @@ def _duplicate_examples(sources: list[_Source], shape: Shape, owner: np.ndarray,
         sources[i].report.reject("duplicate_removed", file, at, why)  # the examples; _account adds the rest
 
 
-def _stream(src: _Source, rng: np.random.Generator) -> Generator[dict[str, Any]]:
-    """The rows `src` gives, in file order: every available row once per full repeat, then a draw of
-    the rest (:meth:`numpy.random.Generator.choice` without replacement)."""
+def _stream(src: _Source, rng: np.random.Generator) -> Generator[bytes]:
+    """The converted lines `src` gives, in file order: every available row once per full repeat, then a
+    draw of the rest (:meth:`numpy.random.Generator.choice` without replacement). Sums the facts of
+    the rows it gives."""
     full, part = divmod(src.take, src.available) if src.available else (0, 0)
     chosen = np.zeros(src.available, dtype=bool)
     if part:
         chosen[rng.choice(src.available, part, replace=False)] = True
     status = src.status.tobytes()
+    turns, chars, answers = src.row_turns, src.row_chars, src.row_answer_chars
     for p in range(full + (1 if part else 0)):
         last = p == full
         with open(src.path, "rb") as f:
@@ -210,32 +230,29 @@ def _stream(src: _Source, rng: np.random.Generator) -> Generator[dict[str, Any]]
                 if status[n] != AVAILABLE:
                     continue
                 if not last or chosen[k]:
-                    yield orjson.loads(line)
+                    src.turns += turns[n]
+                    src.chars += chars[n]
+                    src.answer_chars += answers[n]
+                    yield line
                 k += 1
 
 
-def _write(recipe: Recipe, sources: list[_Source], shape: Shape, out: Path, report: Report,
-           progress: Progress) -> None:  # fmt: skip
+def _write(recipe: Recipe, sources: list[_Source], out: Path, report: Report, progress: Progress) -> None:
     streams = [
         _stream(s, np.random.default_rng([recipe.seed, zlib.crc32(s.spec.name.encode())])) for s in sources
     ]
     order = np.repeat(np.arange(len(sources), dtype=np.uint16), [s.take for s in sources])
     np.random.default_rng([recipe.seed, len(sources)]).shuffle(order)
     total = len(order)
-    names = [s.spec.name for s in sources]
+    names = [s.spec.name.encode() for s in sources]
     parquet = recipe.to == "parquet"
     with Writer(out, recipe.to, report) as writer:
         for n, i in enumerate(order.tolist()):
-            row = with_source(next(streams[i]), names[i])
-            f = facts(row, shape)
-            src = sources[i]
-            src.turns += f.turns
-            src.chars += f.chars
-            src.answer_chars += f.answer_chars
+            line = next(streams[i])
             if parquet:
-                writer.write(_conversation(row))
+                writer.write(_conversation(with_source(orjson.loads(line), names[i].decode())))
             else:
-                writer.write_line(encode_line(row))
+                writer.write_line(named_line(line, names[i]))
             if n % 4096 == 0:
                 progress(n, total, "rows")
     for s in streams:

@@ -183,3 +183,24 @@ def test_cli_prints_the_composition_and_exits_by_the_rules(tmp_path: Path) -> No
     (tmp_path / "bad.yaml").write_text(RECIPE.replace("rows: 20", "rows: 20\n    colour: red"))
     bad = CliRunner().invoke(app, ["mix", str(tmp_path / "bad.yaml"), "--out", str(out)])
     assert bad.exit_code == 2 and "line 6: unknown key 'colour'" in bad.output
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        {
+            "messages": [{"role": "user", "content": 'a ,"draftdeck_source": b'}],
+            "draftdeck_source": {"file": "f", "row": 3},
+        },
+        {"draftdeck_source": {"file": "f", "row": 3}, "messages": [], "id": "provenance not last"},
+        {"messages": [], "draftdeck_source": {"file": "f", "row": 3, "source": "mixed before"}},
+        {"messages": []},
+    ],
+)
+def test_naming_a_line_gives_the_bytes_of_a_full_rewrite(row: dict) -> None:
+    from draftdeck.formats.writers import encode_line
+    from draftdeck.mix.rows import named_line, with_source
+
+    line = encode_line(row)
+    assert named_line(line, b"chat") == encode_line(with_source(json.loads(line), "chat"))
+    assert json.loads(named_line(line, b"chat"))["draftdeck_source"]["source"] == "chat"
