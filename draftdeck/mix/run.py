@@ -23,7 +23,7 @@ import time
 import zlib
 from array import array
 from collections import Counter
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,35 +164,55 @@ def _count(src: _Source, shape: Shape) -> None:
 
 def _deduplicate(sources: list[_Source], shape: Shape) -> None:
     """Mark every copy of a conversation after its first (recipe order, then file order) a duplicate,
-    counted against the source that kept the first."""
+    counted against the source that kept the first. Memory: the keys, one stable argsort and the
+    sorted keys (24 bytes a row) for the moment of the sort; then only the duplicates' indices."""
+    starts = np.cumsum([0, *(len(s.keys) for s in sources)])  # each source's first index in `keys`
     keys = np.concatenate([np.frombuffer(s.keys, dtype=np.uint64) for s in sources])
-    owner = np.concatenate([np.full(len(s.keys), i, dtype=np.int32) for i, s in enumerate(sources)])
-    local = np.concatenate([np.flatnonzero(s.status == AVAILABLE) for s in sources])
     for s in sources:
         s.keys = array("Q")  # the memory goes back once the keys are in one array
-    if len(keys):
-        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        kept = first[inverse.reshape(-1)]
-        dup = np.flatnonzero(kept != np.arange(len(keys)))
-        examples: list[tuple[int, int]] = []
-        for g in dup.tolist():
-            src = sources[owner[g]]
-            src.status[local[g]] = DUPLICATE
-            src.against[sources[owner[kept[g]]].spec.name] += 1
-            if len(examples) < 5:
-                examples.append((g, int(kept[g])))
-        _duplicate_examples(sources, shape, owner, local, examples)
+    order = np.argsort(keys, kind="stable")  # equal keys keep their order: the first copy comes first
+    ordered = keys[order]
+    del keys
+    later = np.flatnonzero(ordered[1:] == ordered[:-1]) + 1  # sorted positions of the later copies
+    dups = order[later]
+    kept = order[np.searchsorted(ordered, ordered[later], side="left")]
+    del order, ordered
+    by_input = np.argsort(dups, kind="stable")  # in input order: the examples are the first ones
+    dups, kept = dups[by_input], kept[by_input]
+    dup_src = np.searchsorted(starts, dups, side="right") - 1
+    kept_src = np.searchsorted(starts, kept, side="right") - 1
+    # per source with duplicates or the first ones' originals: the row of each of its keys (taken
+    # before any row is marked, while the keys are still the rows available)
+    involved = set(np.unique(dup_src).tolist()) | set(kept_src[:5].tolist())
+    rows = {i: np.flatnonzero(sources[i].status == AVAILABLE) for i in involved}
+
+    def where(g: int, i: int) -> tuple[int, int]:
+        return i, int(rows[i][g - starts[i]])
+
+    first = zip(
+        dups[:5].tolist(), dup_src[:5].tolist(), kept[:5].tolist(), kept_src[:5].tolist(), strict=True
+    )
+    examples = [(where(g, i), where(k, j)) for g, i, k, j in first]
+    for i in np.unique(dup_src).tolist():
+        mine = dup_src == i
+        sources[i].status[rows[i][dups[mine] - starts[i]]] = DUPLICATE
+        pairs, n = np.unique(kept_src[mine], return_counts=True)
+        for j, k in zip(pairs.tolist(), n.tolist(), strict=True):
+            sources[i].against[sources[j].spec.name] += k
+    _duplicate_examples(sources, shape, examples)
     for s in sources:
         s.available = int(np.count_nonzero(s.status == AVAILABLE))
 
 
-def _duplicate_examples(sources: list[_Source], shape: Shape, owner: np.ndarray, local: np.ndarray,
-                        pairs: list[tuple[int, int]]) -> None:  # fmt: skip
-    """The first duplicates' reasons, naming the row each copies (read back from the converted files)."""
+def _duplicate_examples(
+    sources: list[_Source], shape: Shape, pairs: list[tuple[tuple[int, int], tuple[int, int]]]
+) -> None:
+    """The first duplicates' reasons, naming the row each copies (read back from the converted files):
+    `pairs` of ((source, row) of the copy, (source, row) of the row kept)."""
     wanted: dict[int, set[int]] = {}
-    for g, k in pairs:
-        for x in (g, k):
-            wanted.setdefault(int(owner[x]), set()).add(int(local[x]))
+    for copy, first in pairs:
+        for i, n in (copy, first):
+            wanted.setdefault(i, set()).add(n)
     rows: dict[tuple[int, int], dict[str, Any]] = {}
     for i, lines in wanted.items():
         last = max(lines)
@@ -202,8 +222,7 @@ def _duplicate_examples(sources: list[_Source], shape: Shape, owner: np.ndarray,
                     rows[(i, n)] = orjson.loads(line)
                 if n >= last:
                     break
-    for g, k in pairs:
-        (i, a), (j, b) = (int(owner[g]), int(local[g])), (int(owner[k]), int(local[k]))
+    for (i, a), (j, b) in pairs:
         file, at = origin(rows[(i, a)])
         kfile, kat = origin(rows[(j, b)])
         where = f"{kfile}:{kat}" if kat is not None else kfile
@@ -247,7 +266,7 @@ def _write(recipe: Recipe, sources: list[_Source], out: Path, report: Report, pr
     names = [s.spec.name.encode() for s in sources]
     parquet = recipe.to == "parquet"
     with Writer(out, recipe.to, report) as writer:
-        for n, i in enumerate(order.tolist()):
+        for n, i in enumerate(_items(order)):
             line = next(streams[i])
             if parquet:
                 writer.write(_conversation(with_source(orjson.loads(line), names[i].decode())))
@@ -260,6 +279,12 @@ def _write(recipe: Recipe, sources: list[_Source], out: Path, report: Report, pr
     progress(total, total, "rows")
     assert writer.output is not None
     report.outputs.append(writer.output)
+
+
+def _items(a: np.ndarray, block: int = 1 << 16) -> Iterator[int]:
+    """The items of `a` as Python ints, a block at a time (not one list of them all)."""
+    for at in range(0, len(a), block):
+        yield from a[at : at + block].tolist()
 
 
 def _conversation(row: dict[str, Any]) -> Any:

@@ -204,3 +204,30 @@ def test_naming_a_line_gives_the_bytes_of_a_full_rewrite(row: dict) -> None:
     line = encode_line(row)
     assert named_line(line, b"chat") == encode_line(with_source(json.loads(line), "chat"))
     assert json.loads(named_line(line, b"chat"))["draftdeck_source"]["source"] == "chat"
+
+
+def test_copies_in_one_source_and_across_are_each_counted_against_the_first(tmp_path: Path) -> None:
+    def chat(q: str) -> str:
+        return json.dumps(
+            {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": q * 2}]}
+        )
+
+    (tmp_path / "a.jsonl").write_text("\n".join(chat(q) for q in "xyxwx") + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join(chat(q) for q in "yzw") + "\n")
+    text = "seed: 0\nsources:\n" + "".join(
+        f"  - name: {n}\n    inputs: [{n}.jsonl]\n    all: true\n" for n in "ab"
+    )
+    rep = mix(_recipe(tmp_path, text), tmp_path / "m.jsonl")
+    a, b, _ = composition(rep.extra["mix"])
+    assert (a["duplicates_against"], b["duplicates_against"]) == ({"a": 2}, {"a": 2})
+    assert (a["taken"], b["taken"]) == (3, 1)
+    answers = sorted(
+        json.loads(x)["messages"][1]["content"] for x in (tmp_path / "m.jsonl").read_text().splitlines()
+    )
+    assert answers == ["ww", "xx", "yy", "zz"]
+    assert [(e.file.rsplit("/", 1)[-1], e.line) for e in rep.examples["duplicate_removed"]] == [
+        ("a.jsonl", 3),
+        ("a.jsonl", 5),
+        ("b.jsonl", 1),
+        ("b.jsonl", 3),
+    ]
