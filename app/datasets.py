@@ -33,6 +33,7 @@ from draftdeck.browse.info import (
     cached_info,
     forget_dataset,
     load_info,
+    mix_sources_of,
     sources_of,
     stats_payload,
 )
@@ -196,7 +197,8 @@ def dataset_page(request: Request, dataset_id: int, session: SessionDep) -> HTML
     alerts = _dataset_alerts(session, ds)
     session.commit()
     info = load_info(Path(ds.path))
-    return render(request, "datasets_detail.html", session, nav="datasets", ds=ds, info=info, alerts=alerts)
+    return render(request, "datasets_detail.html", session, nav="datasets", ds=ds, info=info, alerts=alerts,
+                  mix_sources=mix_sources_of(info))  # fmt: skip
 
 
 @router.post("/datasets/{dataset_id}/alerts/{alert_id}/ack", dependencies=[WriteDep])

@@ -1,6 +1,7 @@
 """What a training run's files and alerts say about it, for its pages: checkpoints with their held-out
 taus (judged by the target and by the data), its evals against real decoding, its alarms, and its
-"Drafter truth" (run.json's pre-flight findings, the latest taus, per source).
+"Drafter truth" (run.json's pre-flight findings, the latest taus, per source, with the latest eval's
+real tau per source beside them).
 
 Files read from the run's output folder: `run.json`, `checkpoints/index.json`, and each eval's
 `eval.json`. Every tau is incl. bonus. Judged by the target: the walk over the target's own greedy
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +111,14 @@ def _training(data: Any) -> dict[str, Any]:
     return section if isinstance(section, dict) else {}
 
 
+def _by_source(data: Any) -> dict[str, float | None]:
+    """The drafter's real tau incl. bonus per source (eval.json's `by_source` counts, the ratio made here)."""
+    raw = _eval_section(data).get("by_source")
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): _tau(v.get("accepted"), v.get("steps")) for k, v in raw.items() if isinstance(v, dict)}
+
+
 def _gap(tau: float | None, real: float | None) -> float | None:
     return (tau - real) / real if tau is not None and real else None
 
@@ -158,6 +168,7 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
                 "target_diff": target_diff,
                 "mismatch": mismatch,
                 "error": error,
+                "by_source": _by_source(data),
             }
         )
     return sorted(rows, key=lambda r: (r["step"] is None, r["step"] or 0, r["job"].id))
@@ -183,9 +194,12 @@ def alarms(session: Session, job: Job, ev_rows: list[dict[str, Any]]) -> list[di
     return found
 
 
-def truth(params: dict[str, Any], names: dict[str, MetricSeries]) -> dict[str, Any]:
+def truth(
+    params: dict[str, Any], names: dict[str, MetricSeries], ev_rows: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
     """What the run page's "Drafter truth" panel shows: the pre-flight's findings (run.json), the latest
-    held-out taus both ways and agreement, and per source when the rows come from several."""
+    held-out taus both ways and agreement, and per source when the rows come from several, with the
+    real tau per source of the run's latest eval that measured one (`ev_rows`: :func:`evals`)."""
     raw = params.get("truth")
     found: dict[str, Any] = raw if isinstance(raw, dict) else {}
     pre = found.get("preflight") if isinstance(found.get("preflight"), dict) else None
@@ -203,6 +217,10 @@ def truth(params: dict[str, Any], names: dict[str, MetricSeries]) -> dict[str, A
                     names, f"{base}/agreement/matches", f"{base}/agreement/tokens", 0.0
                 ),
             }
+    latest = max((r for r in ev_rows if r.get("by_source")), key=lambda r: r["job"].id, default=None)
+    real = latest["by_source"] if latest else {}
+    for name in {*sources, *real}:
+        sources.setdefault(name, {"walked": None, "target": None, "agreement": None})["real"] = real.get(name)
     return {
         "provenance": found.get("provenance"),
         "alert": found.get("alert"),

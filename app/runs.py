@@ -149,7 +149,7 @@ def _run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dic
         "hist_step": hist_step,
         "hist": hist,
         "names": names,
-        "truth": truth(params, names),
+        "truth": truth(params, names, ev_rows),
     }
 
 

@@ -223,7 +223,30 @@ def stats_payload(info: DatasetInfo) -> dict[str, Any]:
             _histogram(info.stats.get("trained_fraction_histogram")), integer=False
         ),
         "per_source": sorted(per_source, key=lambda r: -r["rows"]),
+        "per_mix_source": mix_sources_of(info),
     }
+
+
+def mix_sources_of(info: DatasetInfo) -> list[dict[str, Any]]:
+    """Rows and tokens per mix source (stats.json's ``mix_sources``), most rows first: each source's
+    counts, and the shares and means computed from them here (stats.json keeps only counts). Shares
+    are of the whole dataset's rows and trained tokens; empty when no row comes from a mix."""
+    raw = info.stats.get("mix_sources")
+    rows_all = _count(info.stats.get("rows")) or info.rows
+    trained_all = _count(info.stats.get("trained_tokens")) or info.trained or 0
+    out = []
+    for name, v in raw.items() if isinstance(raw, dict) else ():
+        if not isinstance(v, dict):
+            continue
+        rows, tokens = _count(v.get("rows")) or 0, _count(v.get("tokens")) or 0
+        trained = _count(v.get("trained_tokens")) or 0
+        out.append({
+            "name": str(name), "rows": rows, "tokens": tokens, "trained": trained,
+            "row_share": rows / rows_all if rows_all else None,
+            "trained_share": trained / trained_all if trained_all else None,
+            "mean_tokens": tokens / rows if rows else None,
+        })  # fmt: skip
+    return sorted(out, key=lambda r: (-r["rows"], r["name"]))
 
 
 def sources_of(info: DatasetInfo, limit: int = 500) -> list[str]:
@@ -237,5 +260,6 @@ __all__ = [
     "alerts_for",
     "cached_info",
     "load_info",
+    "mix_sources_of",
     "stats_payload",
 ]

@@ -10,7 +10,7 @@ from xxhash import xxh3_64_intdigest
 from draftdeck.convert.placeholders import normalise
 from draftdeck.formats import sharegpt
 from draftdeck.formats.detect import media_of
-from draftdeck.formats.model import PROVENANCE_KEY, origin_of
+from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value
 from draftdeck.formats.writers import RESERVED, SHAREGPT_FROM, encode_line
 
 _PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -110,9 +110,10 @@ def plain_row(
         out = {"messages": [{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]}
     for k in meta:
         out[k] = value[k]
-    found = origin_of(value.get(PROVENANCE_KEY), *origin)  # as the writers do (`origin`: file, row)
+    kept = value.get(PROVENANCE_KEY)
+    found = origin_of(kept, *origin)  # as the writers do (`origin`: file, row)
     if found is not None:
-        out[PROVENANCE_KEY] = {"file": found[0], "row": found[1]}
+        out[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept))
     dkey = None
     if dups:  # the parts of duplicate_key, in the same order
         parts: list[object] = []

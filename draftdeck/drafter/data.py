@@ -28,7 +28,7 @@ from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
 from draftdeck.provenance import Answered, ModelIdentity
 from draftdeck.shards.manifest import Manifest
-from draftdeck.shards.store import MANIFEST, ShardDataset
+from draftdeck.shards.store import MANIFEST, ShardDataset, row_source_name
 
 
 class DataError(UsageError):
@@ -225,8 +225,9 @@ class TrainData:
         )
 
     def source(self, ref: RowRef) -> str:
-        """The row's source (the original file, or a mix's source name): what per-source counts use."""
-        return str(self.datasets[ref.dataset].row(ref.row)["source"])
+        """The row's source: its mix source's name when it comes from a mix, else its original file
+        (what per-source counts, ``heldout/source/<name>/...``, group by)."""
+        return row_source_name(self.datasets[ref.dataset].row(ref.row))
 
     def sample(self, n: int) -> list[RowRef]:
         """Up to `n` training rows spread evenly over the split (the pre-flight's rows)."""

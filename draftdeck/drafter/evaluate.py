@@ -4,7 +4,10 @@ the same checkpoint on the target's own outputs for the same prompts.
 
 Every tau here counts the bonus token ("incl. bonus", as vLLM): tau = (accepted + steps) / steps.
 Counts go to `<out>/eval.json` and to metric points (`eval/...`, draftdeck.jobs.context); ratios are
-computed only to be shown.
+computed only to be shown. When the prompts come from two or more sources (a mix's source names, else
+the original files), the drafter's counts are also kept per source: eval.json's `by_source` and the
+metrics `eval/source/<name>/accepted` and `eval/source/<name>/steps`, which the run page shows beside
+the held-out tau of the same source.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from draftdeck.drafter.versus import Real, decoder_mismatch, run_figures, versus
 from draftdeck.drafter.walked import heldout_counts
 from draftdeck.errors import UsageError
 from draftdeck.fileio import sha256_file
+from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
 
@@ -49,6 +53,7 @@ class Prompt:
     ids: list[int]
     file: str
     line: int | None
+    source: str = ""  # what per-source figures group it by: its mix source's name, else its original file
 
 
 def _prompt_messages(messages: Any) -> list[dict[str, Any]] | None:
@@ -102,7 +107,10 @@ def read_prompts(
             except Exception as e:  # a template raising is a row problem, named, not a crash
                 report.reject("template_error", str(inputs), line_no, f"{type(e).__name__}: {e}")
                 continue
-            out.append(Prompt([int(t) for t in ids], str(inputs), line_no))
+            kept = row.get(PROVENANCE_KEY)  # a converted row's origin: its mix source, else its file
+            found = origin_of(kept, str(inputs), line_no)
+            source = mix_source_of(kept) or (found[0] if found else str(inputs))
+            out.append(Prompt([int(t) for t in ids], str(inputs), line_no, source))
     return out
 
 
@@ -110,7 +118,7 @@ def _dataset_prompts(folder: Path, limit: int, report: Report, heldout_fraction:
     """Prompts of a tokenized dataset's held-out split (the trainer's split by conversation): the
     tokens before each row's first trained token."""
     from draftdeck.drafter.data import is_heldout
-    from draftdeck.shards.store import ShardDataset
+    from draftdeck.shards.store import ShardDataset, row_source_name
 
     ds = ShardDataset(folder)
     out: list[Prompt] = []
@@ -126,7 +134,7 @@ def _dataset_prompts(folder: Path, limit: int, report: Report, heldout_fraction:
             report.reject("no_trained_tokens", str(folder), n, "the row has no trained token")
             continue
         first = mask.index(1)
-        out.append(Prompt([int(t) for t in row["input_ids"][:first]], str(folder), n))
+        out.append(Prompt([int(t) for t in row["input_ids"][:first]], str(folder), n, row_source_name(row)))
     return out
 
 
@@ -159,10 +167,14 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
 
 
-def _metric_delta(now: DecodeStats, before: dict[str, int], block: int) -> dict[str, float]:
+def _metric_delta(
+    now: DecodeStats, before: dict[str, int], block: int, by_source: dict[str, DecodeStats] | None = None
+) -> dict[str, float]:
     values = {"eval/accepted": now.accepted, "eval/steps": now.steps, "eval/proposed": now.proposed}
     values.update({f"eval/hist/{n}": now.hist[n] for n in range(1, block + 1)})
     values.update({f"eval/pos/{i}/accepted": now.per_pos[i] for i in range(block - 1)})
+    for name, st in (by_source or {}).items():
+        values.update({f"eval/source/{name}/accepted": st.accepted, f"eval/source/{name}/steps": st.steps})
     delta = {k: float(v - before.get(k, 0)) for k, v in values.items()}
     before.update(values)
     return delta
@@ -238,6 +250,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     # the run's figures are for the drafter's own block size, and its target answered some prompts
     run = run_figures(Path(params.checkpoint)) if block == drafter.block_size else None
     same = DecodeStats(block)  # the drafter on those prompts
+    # the drafter per source, when there are several to tell apart
+    names = sorted({p.source for p in prompts})
+    by_source = {name: DecodeStats(block) for name in names} if len(names) > 1 else {}
     differs: dict[str, dict[str, Any] | None] = dict.fromkeys(METHODS)
     outputs: list[list[int]] = []
     sent: dict[str, int] = {}
@@ -252,6 +267,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
                 runner, source, prompt.ids, params.max_new_tokens, block, s
             )
             stats[name].add(gen)
+            if name == "drafter" and by_source:
+                by_source[prompt.source].add(gen)
             if (
                 name == "drafter"
                 and run is not None
@@ -271,7 +288,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         report.rows_out += 1
         ctx.progress(n + 1, len(prompts), "prompts")
         if (n + 1) % METRIC_EVERY == 0 or n + 1 == len(prompts):
-            ctx.metrics(n + 1, _metric_delta(stats["drafter"], sent, block), tokens=stats["drafter"].tokens)
+            delta = _metric_delta(stats["drafter"], sent, block, by_source)
+            ctx.metrics(n + 1, delta, tokens=stats["drafter"].tokens)
 
     w_acc, w_steps, w_hist = _walked(drafter, target, prompts, outputs, block)
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
@@ -329,6 +347,12 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             )
         methods[name] = entry
     result["lossless"] = methods["drafter"]["lossless"]
+    if by_source:  # the drafter's counts per source; tau incl. bonus = 1 + accepted / steps
+        result["by_source"] = {
+            name: {"prompts": st.responses, "accepted": st.accepted, "steps": st.steps,
+                   "tau_incl_bonus": st.tau_pooled}
+            for name, st in by_source.items()
+        }  # fmt: skip
     report.extra["eval"] = _finite(result)
     report.check_accounting()
     path = out_dir / "eval.json"

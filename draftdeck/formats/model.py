@@ -9,6 +9,8 @@ Role = Literal["system", "user", "assistant", "tool"]
 # The field a converted row carries its original file and row in (OpenAI and ShareGPT JSONL: a
 # top-level key, which trainers ignore; Parquet: inside `meta`): {"file": absolute path, "row": the
 # 1-based line of a JSONL file, else the 0-based record}, what the shards' source/source_row hold.
+# A row of a mix also names its mix source ("source": e.g. "chat"), which every writer keeps, so a mixed
+# file converted or regenerated again still says where each row came from (the shards' mix_source).
 PROVENANCE_KEY = "draftdeck_source"
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
@@ -96,6 +98,16 @@ class Conversation:
         )
 
     @property
+    def mix_source(self) -> str:
+        """The name of the mix source this row came from ("" when it is not from a mix)."""
+        return mix_source_of(self.meta.get(PROVENANCE_KEY))
+
+    def origin_record(self) -> dict[str, Any] | None:
+        """The PROVENANCE_KEY value a writer gives this row (None: nothing is known of its origin)."""
+        origin = self.origin()
+        return None if origin is None else provenance_value(origin, self.mix_source)
+
+    @property
     def has_assistant(self) -> bool:
         return any(m.role == "assistant" for m in self.messages)
 
@@ -112,3 +124,17 @@ def origin_of(kept: Any, file: str | None, row: int | None) -> tuple[str, int] |
         if isinstance(kept_file, str) and kept_file and type(kept_row) is int:
             return kept_file, kept_row
     return (file, row) if file and row is not None else None
+
+
+def mix_source_of(kept: Any) -> str:
+    """The mix source name of a row's kept PROVENANCE_KEY value ("" when it has no well-formed one)."""
+    name = kept.get("source") if isinstance(kept, dict) else None
+    return name if isinstance(name, str) and name else ""
+
+
+def provenance_value(origin: tuple[str, int], mix_source: str = "") -> dict[str, Any]:
+    """The PROVENANCE_KEY value every writer writes: {"file", "row"}, and "source" for a mix's row."""
+    out: dict[str, Any] = {"file": origin[0], "row": origin[1]}
+    if mix_source:
+        out["source"] = mix_source
+    return out

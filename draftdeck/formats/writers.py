@@ -16,7 +16,8 @@ Shapes written:
 
 Every row says where it came from: ``draftdeck_source: {"file", "row"}`` (a top-level key in JSONL,
 inside ``meta`` in Parquet; trainers ignore it), the original file and row even after several
-conversions, so tokenizing a converted file still attributes each row to its original data.
+conversions, so tokenizing a converted file still attributes each row to its original data. A row of
+a mix keeps its mix source's name there too (``"source"``), through every later conversion.
 
 Both JSONL shapes hold every field of the canonical model, so OpenAI -> ShareGPT -> OpenAI is lossless.
 What a target cannot hold is counted as ``unrepresentable_field`` (and left out): a kept top-level
@@ -142,10 +143,11 @@ def _record(
 
 
 def _with_provenance(conv: Conversation, out: dict[str, Any]) -> dict[str, Any]:
-    """`out` with the original file and row under PROVENANCE_KEY (replacing a kept copy of it)."""
-    origin = conv.origin()
-    if origin is not None:
-        out[PROVENANCE_KEY] = {"file": origin[0], "row": origin[1]}
+    """`out` with the original file and row (and mix source) under PROVENANCE_KEY (replacing a kept
+    copy of it)."""
+    value = conv.origin_record()
+    if value is not None:
+        out[PROVENANCE_KEY] = value
     return out
 
 

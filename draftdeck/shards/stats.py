@@ -1,8 +1,9 @@
 """Whole-dataset statistics, accumulated row by row while shards are written.
 
 ``stats.json`` holds: a histogram of row lengths (tokens), a histogram of the trained fraction of
-each row, rows / tokens / trained tokens per source file, rows by the model that answered them
-(``provenance``, see draftdeck.provenance) and the most frequent trained tokens.
+each row, rows / tokens / trained tokens per source file and per mix source (``mix_sources``: the
+rows of a mix only, by their source's name), rows by the model that answered them (``provenance``,
+see draftdeck.provenance) and the most frequent trained tokens.
 The full frequency of every token id over trained tokens goes to ``trained_token_counts.npy``
 (int64, one entry per id of the tokenizer), which ``draftdeck vocab`` reads to build a draft
 vocabulary.
@@ -32,6 +33,7 @@ class Stats:
         self.fractions = np.zeros(FRACTION_BINS, dtype=np.int64)
         self.token_counts = np.zeros(vocab_size, dtype=np.int64)
         self.sources: dict[str, dict[str, int]] = {}
+        self.mix_sources: dict[str, dict[str, int]] = {}  # as `sources`, rows with a mix source only
         self.answered: dict[str, int] = {}  # rows per provenance key ("": no record)
         self.rows = 0
         self.tokens = 0
@@ -39,7 +41,10 @@ class Stats:
         self._pending: list[np.ndarray] = []  # trained ids not yet counted (one bincount per batch)
         self._pending_n = 0
 
-    def add(self, input_ids: np.ndarray, loss_mask: np.ndarray, source: str, answered_by: str = "") -> None:
+    def add(
+        self, input_ids: np.ndarray, loss_mask: np.ndarray, source: str, answered_by: str = "",
+        mix_source: str = "",
+    ) -> None:  # fmt: skip
         n = len(input_ids)
         self.answered[answered_by] = self.answered.get(answered_by, 0) + 1
         k = int(loss_mask.sum())
@@ -49,10 +54,9 @@ class Stats:
         self.lengths[np.searchsorted(LENGTH_EDGES, n, side="right") - 1] += 1
         frac = k / n if n else 0.0
         self.fractions[min(int(frac * FRACTION_BINS), FRACTION_BINS - 1)] += 1
-        src = self.sources.setdefault(source, {"rows": 0, "tokens": 0, "trained_tokens": 0})
-        src["rows"] += 1
-        src["tokens"] += n
-        src["trained_tokens"] += k
+        _count_row(self.sources, source, n, k)
+        if mix_source:
+            _count_row(self.mix_sources, mix_source, n, k)
         trained_ids = input_ids[loss_mask.astype(bool)]
         if len(trained_ids):
             self._pending.append(trained_ids)
@@ -77,12 +81,11 @@ class Stats:
         )
         self.fractions += np.bincount(frac, minlength=FRACTION_BINS)
         for source, length, k in zip(block.sources, lengths.tolist(), trained.tolist(), strict=True):
-            src = self.sources.get(source)
-            if src is None:
-                src = self.sources[source] = {"rows": 0, "tokens": 0, "trained_tokens": 0}
-            src["rows"] += 1
-            src["tokens"] += length
-            src["trained_tokens"] += k
+            _count_row(self.sources, source, length, k)
+        if block.mix_sources is not None:
+            for name, length, k in zip(block.mix_sources, lengths.tolist(), trained.tolist(), strict=True):
+                if name:
+                    _count_row(self.mix_sources, name, length, k)
         for key in block.row_answered_by():
             self.answered[key] = self.answered.get(key, 0) + 1
         ids = block.ids[block.masks.astype(bool)]
@@ -111,10 +114,11 @@ class Stats:
         self.lengths += other.lengths
         self.fractions += other.fractions
         self.token_counts += other.token_counts
-        for source, counts in other.sources.items():
-            src = self.sources.setdefault(source, {"rows": 0, "tokens": 0, "trained_tokens": 0})
-            for key, n in counts.items():
-                src[key] += n
+        for mine, theirs in ((self.sources, other.sources), (self.mix_sources, other.mix_sources)):
+            for source, counts in theirs.items():
+                src = mine.setdefault(source, {"rows": 0, "tokens": 0, "trained_tokens": 0})
+                for key, n in counts.items():
+                    src[key] += n
         for key, n in other.answered.items():
             self.answered[key] = self.answered.get(key, 0) + n
 
@@ -122,7 +126,7 @@ class Stats:
         """Every count, to merge later (:meth:`load_state`), in one .npz file written atomically."""
         self._count()
         counts = {"rows": self.rows, "tokens": self.tokens, "trained": self.trained, "sources": self.sources,
-                  "answered": self.answered}  # fmt: skip
+                  "mix_sources": self.mix_sources, "answered": self.answered}  # fmt: skip
         meta = json.dumps(counts, ensure_ascii=False)
         with atomic_output(path) as f:
             np.savez(f, lengths=self.lengths, fractions=self.fractions, token_counts=self.token_counts,
@@ -138,6 +142,7 @@ class Stats:
             meta = json.loads(z["meta"].tobytes().decode("utf-8"))
         stats.rows, stats.tokens, stats.trained = meta["rows"], meta["tokens"], meta["trained"]
         stats.sources = meta["sources"]
+        stats.mix_sources = meta.get("mix_sources") or {}  # a state saved before it: no mix source
         stats.answered = meta.get("answered") or {"": stats.rows}  # a state saved before it: no record
         return stats
 
@@ -167,6 +172,7 @@ class Stats:
                 for i, c in enumerate(self.fractions)
             ],
             "sources": dict(sorted(self.sources.items())),
+            "mix_sources": dict(sorted(self.mix_sources.items())),
             "provenance": self.provenance.to_dict(),
             "distinct_trained_tokens": int(np.count_nonzero(self.token_counts)),
             "top_trained_tokens": [
@@ -181,3 +187,13 @@ class Stats:
             np.save(f, self.token_counts)
         with atomic_output(out_dir / STATS, "w") as f:
             json.dump(self.to_dict(), f, indent=2, ensure_ascii=False)
+
+
+def _count_row(into: dict[str, dict[str, int]], name: str, tokens: int, trained: int) -> None:
+    """One row of `tokens` tokens, `trained` of them trained, counted under `name`."""
+    src = into.get(name)
+    if src is None:
+        src = into[name] = {"rows": 0, "tokens": 0, "trained_tokens": 0}
+    src["rows"] += 1
+    src["tokens"] += tokens
+    src["trained_tokens"] += trained

@@ -11,8 +11,10 @@ Columns (speculators' names and meanings): ``input_ids`` list<int32>, ``loss_mas
 (1 = the token is trained), ``seq_len`` int64, plus ``source`` (input file), ``source_row``
 (line or index in it), ``turn`` (the supervised assistant turn of a split row, -1 when every
 assistant turn of the conversation is supervised), ``n_trained``, ``truncated`` and ``issues`` (the
-warning codes the row carries, list<string>: what the sample view shows as badges; shards written
-before it have no such column and read as before).
+warning codes the row carries, list<string>: what the sample view shows as badges) and ``mix_source``
+(the name of the mix source a row came from, "" when it is not from a mix). Shards written before
+either column have no such column: readers take a missing ``issues`` as none and a missing
+``mix_source`` as "" (:func:`row_mix_source`).
 
 Each shard is written under a temporary name, fsynced and renamed; ``state.json`` and
 ``manifest.json`` are written last, so a folder without a manifest is not a finished dataset.
@@ -46,7 +48,8 @@ from draftdeck.shards.manifest import (
 )
 
 __all__ = ["COLUMNS", "MANIFEST", "Block", "Manifest", "ShardDataset", "ShardInfo", "ShardRow", "ShardWriter",
-           "features", "schema", "write_block", "write_metadata"]  # fmt: skip
+           "features", "row_mix_source", "row_source_name", "schema", "write_block",
+           "write_metadata"]  # fmt: skip
 
 
 # The columns as HF `datasets` features ("int32", or [element] for a list). The Arrow schema and
@@ -63,6 +66,7 @@ COLUMNS: dict[str, str | list[str]] = {
     "n_trained": "int64",
     "truncated": "bool",
     "issues": ["string"],
+    "mix_source": "string",  # last: the columns before it keep their places in older shards
 }
 _ARROW = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "bool": pa.bool_()}
 
@@ -96,6 +100,7 @@ class ShardRow:
     turn: int
     truncated: bool
     issues: list[str] = field(default_factory=list)
+    mix_source: str = ""  # the mix source's name ("": not from a mix)
 
     @property
     def n_trained(self) -> int:
@@ -118,6 +123,7 @@ class Block:
     # per row: who answered it (draftdeck.provenance key, "" for no record); None: no record on any
     # row. Counted into the statistics and the manifest, not written as a column.
     answered_by: list[str] | None = None
+    mix_sources: list[str] | None = None  # per row: its mix source ("": none); None: no row has one
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -139,6 +145,8 @@ class Block:
             [r.turn for r in rows],
             [r.truncated for r in rows],
             [r.issues for r in rows],
+            None,
+            [r.mix_source for r in rows] if any(r.mix_source for r in rows) else None,
         )
 
     def slice(self, a: int, b: int) -> Block:
@@ -146,12 +154,14 @@ class Block:
         ids, masks = self.ids[off[a] : off[b]], self.masks[off[a] : off[b]]
         return Block(ids, masks, self.lengths[a:b], self.sources[a:b], self.source_rows[a:b], self.turns[a:b],
                      self.truncated[a:b], None if self.issues is None else self.issues[a:b],
-                     None if self.answered_by is None else self.answered_by[a:b])  # fmt: skip
+                     None if self.answered_by is None else self.answered_by[a:b],
+                     None if self.mix_sources is None else self.mix_sources[a:b])  # fmt: skip
 
     @classmethod
     def concat(cls, blocks: list[Block]) -> Block:
         if len(blocks) == 1:
             return blocks[0]
+        named = any(b.mix_sources is not None for b in blocks)
         return cls(
             np.concatenate([b.ids for b in blocks]),
             np.concatenate([b.masks for b in blocks]),
@@ -162,6 +172,7 @@ class Block:
             [x for b in blocks for x in b.truncated],
             [x for b in blocks for x in b.row_issues()],
             [x for b in blocks for x in b.row_answered_by()],
+            [x for b in blocks for x in b.row_mix_sources()] if named else None,
         )
 
     def row_issues(self) -> list[list[str]]:
@@ -169,6 +180,9 @@ class Block:
 
     def row_answered_by(self) -> list[str]:
         return self.answered_by if self.answered_by is not None else [""] * len(self)
+
+    def row_mix_sources(self) -> list[str]:
+        return self.mix_sources if self.mix_sources is not None else [""] * len(self)
 
     def n_trained(self) -> np.ndarray:
         csum = np.concatenate([[0], np.cumsum(self.masks, dtype=np.int64)])
@@ -194,6 +208,7 @@ def write_block(path: Path, b: Block, arrow_schema: pa.Schema | None = None) -> 
             pa.array(b.n_trained(), pa.int64()),
             pa.array(b.truncated, pa.bool_()),
             pa.array(b.row_issues(), pa.list_(pa.string())),
+            pa.array(b.row_mix_sources(), pa.string()),
         ],
         schema=sch,
     )
@@ -288,6 +303,16 @@ def write_pretokenized_metadata(
             parameters={"template_kwargs": {}},
         ),
     )
+
+
+def row_mix_source(row: dict[str, Any]) -> str:
+    """A row's mix source name: "" when it has none, or its shard predates the column."""
+    return str(row.get("mix_source") or "")
+
+
+def row_source_name(row: dict[str, Any]) -> str:
+    """What per-source figures group a row by: its mix source's name, else its original file."""
+    return row_mix_source(row) or str(row["source"])
 
 
 class RowOutOfRange(InputError, IndexError):

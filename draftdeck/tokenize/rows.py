@@ -64,10 +64,11 @@ class ChunkResult:
 
     @property
     def rows(self) -> list[ShardRow]:
-        b, off, issues = self.block, self.block.offsets, self.block.row_issues()
+        b, off = self.block, self.block.offsets
+        issues, mix = b.row_issues(), b.row_mix_sources()
         return [
             ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
-                     b.turns[i], b.truncated[i], issues[i])
+                     b.turns[i], b.truncated[i], issues[i], mix[i])
             for i in range(len(b))
         ]  # fmt: skip
 
@@ -88,6 +89,7 @@ class Item:
     warnings: tuple[str, ...] = ()  # the conversation's warning codes from convert's checks
     answered_by: str = ""  # who wrote its assistant turns (a draftdeck.provenance key; "": no record)
     untrained: tuple[int, ...] = ()  # assistant messages a per-turn flag keeps out of the loss
+    mix_source: str = ""  # the mix source the row came from (its provenance; "": not from a mix)
 
 
 def to_item(conv: Conversation) -> Item:
@@ -98,7 +100,7 @@ def to_item(conv: Conversation) -> Item:
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
                 line if line is not None else -1, conv.has_assistant,
                 origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings),
-                who.key() if who else "", untrained_answers(conv))  # fmt: skip
+                who.key() if who else "", untrained_answers(conv), conv.mix_source)  # fmt: skip
 
 
 def untrained_answers(conv: Conversation) -> tuple[int, ...]:
@@ -240,6 +242,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     turns: list[int] = []
     truncs: list[bool] = []
     answered: list[str] = []
+    mixed: list[str] = []  # per kept row: its mix source ("": none)
     issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
     for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
         owner = owners[k]
@@ -276,11 +279,12 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         turns.append(r.turn)
         truncs.append(truncated)
         answered.append(owner.answered_by)
+        mixed.append(owner.mix_source)
     block = Block(
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
         np.asarray([len(i) for i, _ in keep], dtype=np.int64),
-        sources, source_rows, turns, truncs, issues, answered,
+        sources, source_rows, turns, truncs, issues, answered, mixed if any(mixed) else None,
     )  # fmt: skip
     return ChunkResult(report, block, len(fast_set), hf_n, verified)
 

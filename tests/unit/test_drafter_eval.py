@@ -111,6 +111,29 @@ def test_sampled_mode_is_not_checked_token_by_token_and_raises_no_alert(
     assert ctx.alerts == []  # walked (argmax) and sampled acceptance measure different things
 
 
+def test_real_tau_per_mix_source_counts_sum_to_the_whole(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    """Prompts from two mix sources (their provenance names them): the drafter's counts per source, in
+    eval.json and as metric points, add up to its counts over every prompt."""
+    mixed = tmp_path / "mixed.jsonl"
+    lines = [json.loads(x) for x in world.prompts.read_text().splitlines()[:4]]
+    for i, row in enumerate(lines):
+        row["draftdeck_source"] = {"file": "/orig.jsonl", "row": i + 1, "source": ("chat", "code")[i % 2]}
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    data, ctx = _run(world, checkpoint, tmp_path, inputs=mixed)
+    ev = data["eval"]
+    by, whole = ev["by_source"], ev["methods"]["drafter"]["counts"]
+    assert sorted(by) == ["chat", "code"] and sum(b["prompts"] for b in by.values()) == 4
+    assert sum(b["accepted"] for b in by.values()) == whole["accepted"]
+    assert sum(b["steps"] for b in by.values()) == whole["verify_steps"]
+    for name, b in by.items():
+        assert b["tau_incl_bonus"] == pytest.approx(1 + b["accepted"] / b["steps"])
+        assert ctx.total(f"eval/source/{name}/accepted") == b["accepted"]
+        assert ctx.total(f"eval/source/{name}/steps") == b["steps"]
+    assert "by_source" not in _run(world, checkpoint, tmp_path, max_prompts=1)[0]["eval"]  # one source
+
+
 def test_decoder_mismatch_names_both_figures_above_the_tolerance() -> None:
     gap, message = decoder_mismatch(2.0, 2.08, 0.05)
     assert gap == pytest.approx(0.04) and message is None

@@ -57,8 +57,8 @@ def test_load_from_disk_reads_the_shards_with_speculators_types(dataset: Path) -
     assert ds.features["loss_mask"].feature.dtype == "int64"
     assert ds.features["seq_len"].dtype == "int64"
     assert set(ds.column_names) == {"input_ids", "loss_mask", "seq_len", "source", "source_row", "turn",
-                                    "n_trained", "truncated", "issues"}  # fmt: skip
-    assert ds.features["issues"].feature.dtype == "string"
+                                    "n_trained", "truncated", "issues", "mix_source"}  # fmt: skip
+    assert ds.features["issues"].feature.dtype == "string" and ds.features["mix_source"].dtype == "string"
     mine = ShardDataset(dataset)
     for i in (0, 99, 100, 249):
         assert ds[i] == mine.row(i)
