@@ -41,6 +41,8 @@ DERIVED: dict[str, tuple[str, str, float]] = {
     "eval/tau": ("eval/accepted", "eval/steps", 1.0),
 }
 _POS = re.compile(r"^(train|heldout)/pos/(\d+)/acc$")
+# one source's held-out taus from the trainer's heldout/source/<name>/... counts
+_SOURCE_TAU = re.compile(r"^heldout/source/(.+)/tau_(walked|target)$")
 
 
 class QueryError(ValueError):
@@ -54,6 +56,10 @@ def derived_parts(name: str) -> tuple[str, str, float] | None:
     m = _POS.match(name)
     if m:
         return f"{m[1]}/pos/{m[2]}/correct", f"{m[1]}/pos/{m[2]}/total", 0.0
+    m = _SOURCE_TAU.match(name)
+    if m:
+        walk = "walked" if m[2] == "walked" else "target_walked"
+        return f"heldout/source/{m[1]}/{walk}/accepted", f"heldout/source/{m[1]}/{walk}/steps", 1.0
     return None
 
 

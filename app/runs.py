@@ -37,6 +37,7 @@ from app.run_figures import (
 router = APIRouter(include_in_schema=False)
 
 MAX_COMPARE = 8
+MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
 
 # The charts of a run page: (id, title, [(series, label)], y unit). `pos` is filled per run.
 CHARTS: list[dict[str, Any]] = [
@@ -90,9 +91,23 @@ def _pos_series(job: Job, names: dict[str, MetricSeries]) -> list[list[str]]:
     return [[f"train/pos/{k}/acc", f"k = {k}"] for k in sorted(ks)]
 
 
+def _source_chart(names: dict[str, MetricSeries]) -> dict[str, Any] | None:
+    """τ per source (a mix's sources, or the input files) when the held-out rows come from several:
+    which part of the mix the drafter accepts worst, over the run."""
+    sources = sorted({m[1] for n in names if (m := re.match(r"^heldout/source/(.+)/walked/steps$", n))})
+    if len(sources) < 2:
+        return None
+    series = [[f"heldout/source/{s}/tau_walked", s.rsplit("/", 1)[-1]] for s in sources[:MAX_SOURCE_SERIES]]
+    return {"id": "tau-sources", "title": "τ incl. bonus per source (held-out, judged by the data)",
+            "series": series}  # fmt: skip
+
+
 def _charts(job: Job, names: dict[str, MetricSeries]) -> list[dict[str, Any]]:
     charts = [dict(c) for c in CHARTS]
     next(c for c in charts if c["id"] == "pos")["series"] = _pos_series(job, names)
+    by_source = _source_chart(names)
+    if by_source is not None:
+        charts.insert(next(i for i, c in enumerate(charts) if c["id"] == "tau") + 1, by_source)
     return charts
 
 

@@ -184,6 +184,16 @@ def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
     assert "judged by the target (64 of its own answers)" in truth
     sources = truth.split('id="truth-sources"', 1)[1]
     assert "/data/a.jsonl" in sources and "2.500" in sources and "1.750" in sources
+    # and over the run, a line per source on a chart of its own, from the same counts
+    charts = json.loads(html.split("data-config='", 1)[1].split("'", 1)[0].replace("&#34;", '"'))["charts"]
+    by_source = next(c for c in charts if c["id"] == "tau-sources")
+    assert by_source["series"] == [["heldout/source//data/a.jsonl/tau_walked", "a.jsonl"],
+                                   ["heldout/source//data/b.jsonl/tau_walked", "b.jsonl"]]  # fmt: skip
+    from app.metric_query import query
+
+    with _session() as s:
+        [a] = query(s, [run], ["heldout/source//data/a.jsonl/tau_walked"]).series
+    assert a.y == [2.5]
     link = truth.split('<a class="button" href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
     query = parse_qs(urlparse(link).query)
     assert query == {
