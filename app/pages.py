@@ -35,6 +35,7 @@ from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
 from draftdeck.jobs.registry import KINDS
 from draftdeck.mix.composition import composition
+from draftdeck.quality import CHOSEN
 from draftdeck.units import binary_size, count, duration, noun_for
 
 router = APIRouter(include_in_schema=False)
@@ -189,6 +190,8 @@ templates.env.filters["short_path"] = _short_path
 templates.env.globals["job_inputs"] = _job_inputs
 templates.env.globals["duration"] = _duration
 templates.env.globals["composition"] = composition
+templates.env.globals["yaml_text"] = yaml_text
+templates.env.globals["chosen_codes"] = sorted(CHOSEN)
 templates.env.filters["form_words"] = form_words
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.formats.model import Conversation, Message
+from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, repeat_of
 
 
 def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tuple[str, str]]:
@@ -131,6 +131,9 @@ def duplicate_key(conv: Conversation) -> int:
             parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
         if m.train is not None:  # the same answer trained once and untrained once is not a duplicate
             parts.append(m.train)
+    repeat = repeat_of(conv.meta.get(PROVENANCE_KEY))
+    if repeat:  # a repeat a mix's upsampling declared is deliberate, not a duplicate
+        parts.append(("repeat", repeat))
     return xxh3_64_intdigest(orjson.dumps(parts))
 
 

@@ -10,7 +10,7 @@ from xxhash import xxh3_64_intdigest
 from draftdeck.convert.placeholders import normalise
 from draftdeck.formats import sharegpt
 from draftdeck.formats.detect import media_of
-from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value
+from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value, repeat_of
 from draftdeck.formats.writers import RESERVED, SHAREGPT_FROM, encode_line
 
 _PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -113,11 +113,14 @@ def plain_row(
     kept = value.get(PROVENANCE_KEY)
     found = origin_of(kept, *origin)  # as the writers do (`origin`: file, row)
     if found is not None:
-        out[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept))
+        out[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
     dkey = None
     if dups:  # the parts of duplicate_key, in the same order
         parts: list[object] = []
         for r, t in zip(roles, texts, strict=True):
             parts += (r, t.strip() if t[0].isspace() or t[-1].isspace() else t, None)
+        repeat = repeat_of(kept)
+        if repeat:
+            parts.append(("repeat", repeat))
         dkey = xxh3_64_intdigest(orjson.dumps(parts))
     return family, encode_line(out), dkey

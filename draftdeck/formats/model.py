@@ -105,7 +105,8 @@ class Conversation:
     def origin_record(self) -> dict[str, Any] | None:
         """The PROVENANCE_KEY value a writer gives this row (None: nothing is known of its origin)."""
         origin = self.origin()
-        return None if origin is None else provenance_value(origin, self.mix_source)
+        kept = self.meta.get(PROVENANCE_KEY)
+        return None if origin is None else provenance_value(origin, self.mix_source, repeat_of(kept))
 
     @property
     def has_assistant(self) -> bool:
@@ -132,9 +133,19 @@ def mix_source_of(kept: Any) -> str:
     return name if isinstance(name, str) and name else ""
 
 
-def provenance_value(origin: tuple[str, int], mix_source: str = "") -> dict[str, Any]:
-    """The PROVENANCE_KEY value every writer writes: {"file", "row"}, and "source" for a mix's row."""
+def repeat_of(kept: Any) -> int:
+    """Which repeat of its row an upsampled mix row is (1, 2, ...; 0: the row itself, or not a mix's):
+    a declared repeat is not a duplicate (its duplicate key counts it)."""
+    n = kept.get("repeat") if isinstance(kept, dict) else None
+    return n if type(n) is int and n > 0 else 0
+
+
+def provenance_value(origin: tuple[str, int], mix_source: str = "", repeat: int = 0) -> dict[str, Any]:
+    """The PROVENANCE_KEY value every writer writes: {"file", "row"}, "source" for a mix's row and
+    "repeat" for a repeat an upsampled source gave."""
     out: dict[str, Any] = {"file": origin[0], "row": origin[1]}
     if mix_source:
         out["source"] = mix_source
+    if repeat:
+        out["repeat"] = repeat
     return out

@@ -104,10 +104,10 @@ def origin(row: dict[str, Any]) -> tuple[str, int | None]:
 _TAIL = b',"' + PROVENANCE_KEY.encode() + b'":'
 
 
-def named_line(line: bytes, name: bytes) -> bytes:
-    """A converted JSONL line whose provenance also names its mix source: the bytes
-    ``encode_line(with_source(orjson.loads(line), name))`` gives, without parsing the whole row when
-    the provenance is its last key (as convert writes it)."""
+def named_line(line: bytes, name: bytes, repeat: int = 0) -> bytes:
+    """A converted JSONL line whose provenance also names its mix source (and its repeat number): the
+    bytes ``encode_line(with_source(orjson.loads(line), name, repeat))`` gives, without parsing the
+    whole row when the provenance is its last key (as convert writes it)."""
     at = line.rfind(_TAIL)
     if at > 0 and line.endswith(b"}}\n"):
         try:
@@ -115,13 +115,21 @@ def named_line(line: bytes, name: bytes) -> bytes:
         except orjson.JSONDecodeError:  # the provenance is not the last key
             prov = None
         if isinstance(prov, dict):
-            prov["source"] = name.decode()
-            return line[:at] + _TAIL + orjson.dumps(prov) + b"}\n"
-    return encode_line(with_source(orjson.loads(line), name.decode()))
+            return line[:at] + _TAIL + orjson.dumps(_named(prov, name.decode(), repeat)) + b"}\n"
+    return encode_line(with_source(orjson.loads(line), name.decode(), repeat))
 
 
-def with_source(row: dict[str, Any], name: str) -> dict[str, Any]:
-    """`row` whose provenance names its mix source (beside the original file and row)."""
+def with_source(row: dict[str, Any], name: str, repeat: int = 0) -> dict[str, Any]:
+    """`row` whose provenance names its mix source (beside the original file and row) and, for a
+    repeat of an upsampled source, which repeat it is (so later duplicate checks know it is one)."""
     prov = row.get(PROVENANCE_KEY)
-    row[PROVENANCE_KEY] = {**prov, "source": name} if isinstance(prov, dict) else {"source": name}
+    row[PROVENANCE_KEY] = _named(prov if isinstance(prov, dict) else {}, name, repeat)
     return row
+
+
+def _named(prov: dict[str, Any], name: str, repeat: int) -> dict[str, Any]:
+    out = {**prov, "source": name}
+    out.pop("repeat", None)  # a repeat of an earlier mix: this mix decides again
+    if repeat:
+        out["repeat"] = repeat
+    return out

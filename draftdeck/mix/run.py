@@ -231,10 +231,10 @@ def _duplicate_examples(
         sources[i].report.reject("duplicate_removed", file, at, why)  # the examples; _account adds the rest
 
 
-def _stream(src: _Source, rng: np.random.Generator) -> Generator[bytes]:
-    """The converted lines `src` gives, in file order: every available row once per full repeat, then a
-    draw of the rest (:meth:`numpy.random.Generator.choice` without replacement). Sums the facts of
-    the rows it gives."""
+def _stream(src: _Source, rng: np.random.Generator) -> Generator[tuple[bytes, int]]:
+    """The converted lines `src` gives, in file order, each with its repeat number (0: the row's first
+    time): every available row once per full pass, then a draw of the rest
+    (:meth:`numpy.random.Generator.choice` without replacement). Sums the facts of the rows it gives."""
     full, part = divmod(src.take, src.available) if src.available else (0, 0)
     chosen = np.zeros(src.available, dtype=bool)
     if part:
@@ -252,7 +252,7 @@ def _stream(src: _Source, rng: np.random.Generator) -> Generator[bytes]:
                     src.turns += turns[n]
                     src.chars += chars[n]
                     src.answer_chars += answers[n]
-                    yield line
+                    yield line, p
                 k += 1
 
 
@@ -267,11 +267,11 @@ def _write(recipe: Recipe, sources: list[_Source], out: Path, report: Report, pr
     parquet = recipe.to == "parquet"
     with Writer(out, recipe.to, report) as writer:
         for n, i in enumerate(_items(order)):
-            line = next(streams[i])
+            line, repeat = next(streams[i])
             if parquet:
-                writer.write(_conversation(with_source(orjson.loads(line), names[i].decode())))
+                writer.write(_conversation(with_source(orjson.loads(line), names[i].decode(), repeat)))
             else:
-                writer.write_line(named_line(line, names[i]))
+                writer.write_line(named_line(line, names[i], repeat))
             if n % 4096 == 0:
                 progress(n, total, "rows")
     for s in streams:

@@ -4,6 +4,7 @@ balances and whose bytes are the same for 1 and 2 workers, the CLI, and the poli
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -111,9 +112,16 @@ def test_five_shapes_balance_per_source_and_are_the_same_bytes_with_two_workers(
     by_source: dict[str, int] = {}
     for r in rows:
         prov = r["draftdeck_source"]
-        assert set(prov) == {"file", "row", "source"} and "messages" in r
+        assert set(prov) - {"repeat"} == {"file", "row", "source"} and "messages" in r
         by_source[prov["source"]] = by_source.get(prov["source"], 0) + 1
     assert by_source == {"chat": 20, "sharegpt": 43, "alpaca": 40, "claude": 25, "table": 14}
+    # each repeat says which it is: 13 of sharegpt's 30 once more; claude's 10 twice more, then 5 again
+    repeats = Counter((r["draftdeck_source"]["source"], r["draftdeck_source"].get("repeat", 0)) for r in rows)
+    assert {k: n for k, n in repeats.items() if k[1]} == {
+        ("sharegpt", 1): 13,
+        ("claude", 1): 10,
+        ("claude", 2): 5,
+    }
     assert [r["draftdeck_source"]["source"] for r in rows[:20]] != ["chat"] * 20  # interleaved, not in blocks
     dup = rep.examples["duplicate_removed"][0]
     assert dup.file.endswith("sharegpt.jsonl") and dup.line == 31 and "source 'chat'" in dup.reason
@@ -203,6 +211,7 @@ def test_naming_a_line_gives_the_bytes_of_a_full_rewrite(row: dict) -> None:
 
     line = encode_line(row)
     assert named_line(line, b"chat") == encode_line(with_source(json.loads(line), "chat"))
+    assert named_line(line, b"chat", 2) == encode_line(with_source(json.loads(line), "chat", 2))
     assert json.loads(named_line(line, b"chat"))["draftdeck_source"]["source"] == "chat"
 
 
@@ -231,3 +240,28 @@ def test_copies_in_one_source_and_across_are_each_counted_against_the_first(tmp_
         ("b.jsonl", 1),
         ("b.jsonl", 3),
     ]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_declared_repeats_are_not_duplicates_to_convert_but_copies_still_are(
+    tmp_path: Path, workers: int
+) -> None:
+    from draftdeck.convert import convert
+
+    def row(i: int, **prov: object) -> str:
+        msgs = [
+            {"role": "user", "content": f"question {i} " * 4},
+            {"role": "assistant", "content": f"answer {i} " * 9},
+        ]
+        return json.dumps({"messages": msgs, "draftdeck_source": {"file": "a.jsonl", "row": i, **prov}})
+
+    lines = [row(i, source="a") for i in range(40)] + [row(i, source="a", repeat=1) for i in range(40)]
+    lines.append(row(0, source="a"))  # a real copy of row 0
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    rep = convert(
+        [src], tmp_path / "o.jsonl", "sharegpt", options=ConvertOptions(workers=workers, chunk_bytes=2048)
+    )
+    assert rep.warnings["duplicate_conversation"] == 1 and rep.rows_out == 81
+    kept = [json.loads(x)["draftdeck_source"] for x in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert sum(1 for p in kept if p.get("repeat") == 1) == 40 and {p["source"] for p in kept} == {"a"}

@@ -67,3 +67,5 @@ def test_a_recipe_from_the_form_to_a_dataset_with_mix_sources(client: TestClient
     assert mixed, "the dataset page has no mix sources table"
     rows = dict(re.findall(r"<tr><td>(\w+)</td><td class=\"num\">([\d,]+)</td>", mixed[1]))
     assert rows == {"chat": "20", "sharegpt": "43", "alpaca": "40", "claude": "25", "table": "14"}
+    # an upsampled source's repeats are declared (draftdeck_source.repeat): not duplicates, no alert
+    assert "duplicate_conversation" not in ds and "High Duplicated" not in ds
