@@ -19,9 +19,13 @@ from draftdeck.jobs.params import (
     inputs_field,
     max_rejected_field,
     max_row_bytes_field,
+    out_file_field,
+    policy_file_field,
     policy_or_default,
     preference_field,
+    strict_field,
     tool_tags_field,
+    tree_paths_field,
 )
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Policy, Report
@@ -33,19 +37,13 @@ class ConvertParams(JobParams):
         " or folders of such files"
     )
     to: Literal["openai", "sharegpt", "parquet"] = Field(default="sharegpt", description="output format")
-    out: str | None = Field(
-        default=None, description="output file, written atomically (default: in the job's folder)"
-    )
-    strict: bool = Field(default=False, description="every warning fails the job")
+    out: str | None = out_file_field()
+    strict: bool = strict_field()
     max_rejected: float | None = max_rejected_field()
     alert_rejected: float | None = alert_field("rejected")
     alert_duplicated: float | None = alert_field("a duplicate")
-    policy_file: str | None = Field(
-        default=None, description="JSON policy file: {strict, max_rejected, codes}"
-    )
-    tree_paths: Literal["all", "best"] = Field(
-        default="all", description="message trees: every leaf or the best-ranked path"
-    )
+    policy_file: str | None = policy_file_field()
+    tree_paths: Literal["all", "best"] = tree_paths_field()
     from_format: FormatName | None = from_format_field()
     tool_tags: Literal["parse", "keep"] = tool_tags_field()
     preference: Literal["chosen", "reject"] = preference_field()

@@ -18,9 +18,13 @@ from draftdeck.jobs.params import (
     build_policy,
     max_rejected_field,
     max_row_bytes_field,
+    out_file_field,
+    policy_file_field,
     policy_or_default,
     preference_field,
+    strict_field,
     tool_tags_field,
+    tree_paths_field,
 )
 from draftdeck.mix import Recipe, check_recipe_out, mix
 from draftdeck.progress import Progress, no_progress
@@ -33,19 +37,13 @@ class MixParams(JobParams):
         " and one of rows, weight or all, with optional filters and from",
         json_schema_extra={"widget": "yaml"},
     )
-    out: str | None = Field(
-        default=None, description="output file, written atomically (default: in the job's folder)"
-    )
-    strict: bool = Field(default=False, description="every warning fails the job")
+    out: str | None = out_file_field()
+    strict: bool = strict_field()
     max_rejected: float | None = max_rejected_field()
     alert_rejected: float | None = alert_field("rejected")
     alert_duplicated: float | None = alert_field("a duplicate")
-    policy_file: str | None = Field(
-        default=None, description="JSON policy file: {strict, max_rejected, codes}"
-    )
-    tree_paths: Literal["all", "best"] = Field(
-        default="all", description="message trees: every leaf or the best-ranked path"
-    )
+    policy_file: str | None = policy_file_field()
+    tree_paths: Literal["all", "best"] = tree_paths_field()
     tool_tags: Literal["parse", "keep"] = tool_tags_field()
     preference: Literal["chosen", "reject"] = preference_field()
     placeholders: Literal["reject", "strip", "keep"] = Field(

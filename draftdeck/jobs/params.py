@@ -80,6 +80,22 @@ def max_row_bytes_field() -> Any:
     )
 
 
+def out_file_field() -> Any:
+    return Field(default=None, description="output file, written atomically (default: in the job's folder)")
+
+
+def strict_field() -> Any:
+    return Field(default=False, description="every warning fails the job")
+
+
+def policy_file_field() -> Any:
+    return Field(default=None, description="JSON policy file: {strict, max_rejected, codes}")
+
+
+def tree_paths_field() -> Any:
+    return Field(default="all", description="message trees: every leaf or the best-ranked path")
+
+
 def max_rejected_field() -> Any:
     return Field(
         default=0.5, ge=0, le=1,

@@ -52,7 +52,7 @@ from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress
 from draftdeck.quality import Example, Report
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import Block, ShardInfo, write_block
+from draftdeck.shards.store import Block, ShardInfo, schema, write_block
 from draftdeck.tokenize import pipeline, rows
 from draftdeck.tokenize.options import TokenizeOptions
 from draftdeck.tokenize.pipeline import EncoderMismatch, Item, to_item
@@ -407,7 +407,7 @@ def recut(out_dir: Path, shards: list[ShardInfo], shard_rows: int) -> list[Shard
 
     for name in names:
         with pa.memory_map(str(out_dir / name)) as src:
-            table = pa.ipc.open_stream(src).read_all()
+            table = _conformed(pa.ipc.open_stream(src).read_all())
         pending.append(table)
         held += table.num_rows
         while held >= shard_rows:
@@ -420,6 +420,27 @@ def recut(out_dir: Path, shards: list[ShardInfo], shard_rows: int) -> list[Shard
     for name in names:
         (out_dir / name).unlink(missing_ok=True)
     return final
+
+
+def _conformed(table: pa.Table) -> pa.Table:
+    """`table` with the columns of today's shards that it lacks (a chunk reused from an attempt written
+    before a column was added, e.g. ``mix_source``) filled as such shards read: "" or no codes. The
+    shards of one dataset then share one schema."""
+    want = schema()
+    if table.schema.names == want.names:
+        return table
+    n = table.num_rows
+    columns = []
+    for f in want:
+        if f.name in table.schema.names:
+            columns.append(table.column(f.name))
+        elif pa.types.is_string(f.type):
+            columns.append(pa.array([""] * n, f.type))
+        elif pa.types.is_list(f.type):
+            columns.append(pa.array([[]] * n, f.type))
+        else:
+            raise AccountingError(f"a reused chunk lacks the column {f.name!r}; tokenize again without reuse")
+    return pa.Table.from_arrays(columns, schema=want)
 
 
 def parts_dir_of(plan: Plan) -> Path:

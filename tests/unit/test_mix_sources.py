@@ -217,3 +217,28 @@ def test_the_run_page_shows_the_latest_evals_real_tau_per_source(client: Any) ->
     assert cells["chat"].endswith('<td class="num">2.500</td>')  # the newer eval's, 1 + 150/100
     assert cells["code"].endswith('<td class="num">\u2013</td>')  # no eval figure for it: a dash
     assert cells["&lt;i&gt;web&lt;/i&gt;"].endswith('<td class="num">1.500</td>')
+
+
+def test_a_reused_chunk_from_before_the_column_is_recut_with_it(mixed: Path, tmp_path: Path) -> None:
+    """A tokenize retry may reuse chunks an older attempt wrote without mix_source: the recut
+    shards all have today's schema, the old rows reading "" and the new keeping their names."""
+    from draftdeck.shards.manifest import read_manifest
+    from draftdeck.shards.store import schema
+    from draftdeck.tokenize.chunks import recut
+
+    old = _without_column(mixed, tmp_path / "old")
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    infos = []
+    for i, folder in enumerate((old, mixed)):
+        for s in read_manifest(folder).shards:
+            name = f"chunk-{i}-{s.filename}"
+            shutil.copy(folder / s.filename, parts / name)
+            infos.append(s.__class__(name, s.rows, s.bytes, s.sha256))
+    final = recut(parts, infos, shard_rows=8)
+    tables = [pa.ipc.open_stream((parts / f.filename).read_bytes()).read_all() for f in final]
+    assert all(t.schema.names == schema().names for t in tables)
+    names = [n for t in tables for n in t.column("mix_source").to_pylist()]
+    assert names[:10] == [""] * 10 and names[10:] == [
+        row_mix_source(ShardDataset(mixed).row(n)) for n in range(10)
+    ]
