@@ -144,7 +144,8 @@ def _summary(workdir: Path, train_job: int) -> dict[str, Any]:
         "train_tau": _train_estimate(train_job),
         "heldout_tau": heldout,  # judged by the data
         "heldout_tau_target": judged,  # judged by the target (the walk over its own answers)
-        "eval_tau": methods["drafter"]["tau_incl_bonus_pooled"],
+        "eval_tau": methods["drafter"]["tau_incl_bonus_pooled"],  # incl. bonus, as vLLM's counters
+        "eval_tokens_per_step": methods["drafter"].get("tokens_per_step"),  # as z-lab's benchmark
         "untrained_tau": methods["untrained"]["tau_incl_bonus_pooled"],
         "prompt_lookup_tau": methods["prompt_lookup"]["tau_incl_bonus_pooled"],
         "lossless": bool(ev["lossless"]),

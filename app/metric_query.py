@@ -39,6 +39,7 @@ DERIVED: dict[str, tuple[str, str, float]] = {
     "heldout/agreement_expected": ("heldout/agreement/expected_sum", "heldout/agreement/tokens", 0.0),
     "heldout/target_prob": ("heldout/agreement/prob_sum", "heldout/agreement/tokens", 0.0),
     "eval/tau": ("eval/accepted", "eval/steps", 1.0),
+    "eval/tokens_per_step": ("eval/produced", "eval/steps", 0.0),  # z-lab's convention
 }
 _POS = re.compile(r"^(train|heldout)/pos/(\d+)/acc$")
 # one source's held-out taus from the trainer's heldout/source/<name>/... counts

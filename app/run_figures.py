@@ -105,6 +105,14 @@ def _real_tau(data: Any) -> float | None:
     return finite(drafter.get("tau_incl_bonus_pooled"))
 
 
+def _tokens_per_step(data: Any) -> float | None:
+    """The drafter's tokens per verify step over every step of the eval (z-lab's convention), from its
+    counts (eval.json before it stored them has none)."""
+    counts = ((_eval_section(data).get("methods") or {}).get("drafter") or {}).get("counts") or {}
+    produced, steps = counts.get("produced_by_steps"), counts.get("verify_steps")
+    return produced / steps if isinstance(produced, int) and isinstance(steps, int) and steps else None
+
+
 def _training(data: Any) -> dict[str, Any]:
     """The run's figures for the evaluated checkpoint, as the eval compared them (eval.json)."""
     section = _eval_section(data).get("training")
@@ -161,6 +169,7 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
                 "step": step,
                 "real": real,
                 "real_all": real_all,
+                "tokens_per_step": _tokens_per_step(data),
                 "real_over": training.get("real_over"),
                 "walked": walked,
                 "target": judged,

@@ -230,6 +230,8 @@ def runs_page(request: Request, session: SessionDep, q: str = "", status: str = 
                 "tau": latest(names, "heldout/tau_walked"),
                 "target_tau": latest(names, "heldout/tau_target"),
                 "best": next((c for c in ckpts if c["best"]), None),
+                # the latest checkpoint's eval with a figure: real decoding, in both conventions
+                "eval": next((e for e in reversed(ev_rows) if e["real_all"] is not None), None),
                 "alarms": alarms(session, j, ev_rows),
             }
         )

@@ -144,9 +144,11 @@ def make_eval(
     real_tau: float,
     data_tau: float,
     target_tau: float | None = None,
+    tokens_per_step: float | None = None,
 ) -> int:
     """A succeeded eval job of the run's checkpoint at `step`, with eval.json holding the run's taus for
-    it (judged by the data and, unless None, by the target) and the alert the eval raises on them."""
+    it (judged by the data and, unless None, by the target) and the alert the eval raises on them;
+    with `tokens_per_step`, the drafter's counts over 100 verify steps in both conventions."""
     ckpt = jobs_dir / str(run_id) / "checkpoints" / f"step-{step:08d}"
     job = Job(
         kind="eval", params={"checkpoint": str(ckpt), "mode": "greedy"}, status="succeeded", queue="gpu"
@@ -167,11 +169,16 @@ def make_eval(
             "heldout_target_walked_steps": 1000,
         }
     training, alarm = versus_training(Real(real_tau, 100), RunFigures(entry), 0.05, 0.10)
+    drafter: dict[str, Any] = {"tau_incl_bonus_pooled": real_tau}
+    if tokens_per_step is not None:
+        counts = {"verify_steps": 100, "accepted": round(100 * (real_tau - 1)),
+                  "produced_by_steps": round(100 * tokens_per_step)}  # fmt: skip
+        drafter |= {"counts": counts, "tokens_per_step": tokens_per_step}
     (out / "eval.json").write_text(
         json.dumps(  # the layout draftdeck/drafter/evaluate.py writes
             {
                 "eval": {
-                    "methods": {"drafter": {"tau_incl_bonus_pooled": real_tau}},
+                    "methods": {"drafter": drafter},
                     "walked": {"tau_incl_bonus": real_tau},  # the decoder check: equal
                     "training": training,
                 }

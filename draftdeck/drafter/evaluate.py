@@ -167,10 +167,20 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
 
 
+CONVENTIONS = (
+    "Two counts of one decode. tau incl. bonus counts a bonus token on every verify step, as vLLM's"
+    " spec-decode counters do (1 + accepted / drafts): compare it with vLLM's metrics. Tokens per"
+    " verify step counts what each step added to the output, as z-lab's dflash benchmark does: a step"
+    " ending at an accepted stop token or at max_new_tokens adds no bonus, so it is a little lower:"
+    " compare it with z-lab's published acceptance lengths."
+)
+
+
 def _metric_delta(
     now: DecodeStats, before: dict[str, int], block: int, by_source: dict[str, DecodeStats] | None = None
 ) -> dict[str, float]:
-    values = {"eval/accepted": now.accepted, "eval/steps": now.steps, "eval/proposed": now.proposed}
+    values = {"eval/accepted": now.accepted, "eval/steps": now.steps, "eval/proposed": now.proposed,
+              "eval/produced": now.produced}  # fmt: skip
     values.update({f"eval/hist/{n}": now.hist[n] for n in range(1, block + 1)})
     values.update({f"eval/pos/{i}/accepted": now.per_pos[i] for i in range(block - 1)})
     for name, st in (by_source or {}).items():
@@ -292,6 +302,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             ctx.metrics(n + 1, delta, tokens=stats["drafter"].tokens)
 
     w_acc, w_steps, w_hist = _walked(drafter, target, prompts, outputs, block)
+    # the walk covers each output after its first token (the prefill's): the tokens its steps produce
+    w_produced = sum(len(o) - 1 for o in outputs if len(o) > 1)
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
     real_tau = stats["drafter"].tau_pooled
     gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
@@ -304,6 +316,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     methods: dict[str, Any] = {}
     result: dict[str, Any] = {
         "tau_label": "tau incl. bonus = (accepted draft tokens + verify steps) / verify steps",
+        "tokens_per_step_label": "tokens per verify step = tokens the verify steps produced / verify steps",
+        "conventions": CONVENTIONS,
         "mode": params.mode,
         "block_size": block,
         "prompts": len(prompts),
@@ -323,6 +337,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             "steps": w_steps,
             "hist_tau_incl_bonus": {str(n): w_hist[n] for n in range(1, block + 1)},
             "tau_incl_bonus": walked_tau,
+            "convention": "tau incl. bonus (vLLM's counters); tokens_per_step is z-lab's",
+            "produced": w_produced,
+            "tokens_per_step": w_produced / w_steps if w_steps else float("nan"),
             "over": "greedy target outputs"
             if sampling.greedy
             else "sampled target outputs (not comparable to sampled acceptance)",
@@ -350,7 +367,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     if by_source:  # the drafter's counts per source; tau incl. bonus = 1 + accepted / steps
         result["by_source"] = {
             name: {"prompts": st.responses, "accepted": st.accepted, "steps": st.steps,
-                   "tau_incl_bonus": st.tau_pooled}
+                   "produced": st.produced, "tau_incl_bonus": st.tau_pooled,
+                   "tokens_per_step": st.tokens_per_step}
             for name, st in by_source.items()
         }  # fmt: skip
     report.extra["eval"] = _finite(result)

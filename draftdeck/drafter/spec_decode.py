@@ -336,6 +336,7 @@ class DecodeStats:
     accepted: int = 0
     proposed: int = 0
     tokens: int = 0
+    produced: int = 0  # tokens the verify steps added (no bonus past a stop or max_new_tokens)
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     response_tau_sum: float = 0.0  # sum over responses with a verify step of their own tau
@@ -350,6 +351,8 @@ class DecodeStats:
     def add(self, gen: Generation) -> None:
         self.responses += 1
         self.tokens += len(gen.output_ids)
+        # the tokens the verify steps produced: all but the prefill's first (z-lab's per-step count)
+        self.produced += max(len(gen.output_ids) - 1, 0)
         self.seconds += gen.seconds
         self.cpu_seconds += gen.cpu_seconds
         self.steps += gen.steps
@@ -368,6 +371,13 @@ class DecodeStats:
     def tau_pooled(self) -> float:
         """tau incl. bonus, pooled: sum(accepted + steps) / sum(steps)."""
         return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens produced per verify step, pooled: z-lab's benchmark's acceptance length. Below
+        tau_pooled by the bonus tokens a stop dropped (a step ending at an accepted stop token, or at
+        max_new_tokens, adds no bonus)."""
+        return self.produced / self.steps if self.steps else float("nan")
 
     @property
     def tau_per_response(self) -> float:
@@ -396,12 +406,14 @@ class DecodeStats:
                 "proposed": self.proposed,
                 "accepted": self.accepted,
                 "tokens": self.tokens,
+                "produced_by_steps": self.produced,
                 "seconds": round(self.seconds, 4),
                 "cpu_seconds": round(self.cpu_seconds, 4),
                 "hist_tau_incl_bonus": {str(n): self.hist[n] for n in range(1, self.block_size + 1)},
                 "per_pos_accepted_more_than": {str(i): self.per_pos[i] for i in range(self.block_size - 1)},
             },
             "tau_incl_bonus_pooled": self.tau_pooled,
+            "tokens_per_step": self.tokens_per_step,
             "tau_incl_bonus_per_response_mean": self.tau_per_response,
             "acceptance_rate": self.acceptance_rate,
             "per_pos_acceptance": [p / self.steps if self.steps else float("nan") for p in self.per_pos],

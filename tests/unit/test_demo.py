@@ -42,6 +42,9 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert Path(summary["checkpoint"], "model.safetensors").is_file()
     eval_json = json.loads((work / "eval" / "eval.json").read_text())["eval"]
     assert eval_json["methods"]["drafter"]["tau_incl_bonus_pooled"] == summary["eval_tau"]
+    # z-lab's convention beside it: no bonus past a stop, so never above vLLM's
+    assert eval_json["methods"]["drafter"]["tokens_per_step"] == summary["eval_tokens_per_step"]
+    assert 1 <= summary["eval_tokens_per_step"] <= summary["eval_tau"]
 
     from app.db import get_engine
     from app.models import Alert, Job, JobStateHistory, MetricSeries

@@ -75,6 +75,12 @@ def test_greedy_eval_reports_counts_baselines_and_lossless(
         # per-position (vLLM): drafts that accepted more than i tokens; they sum to tau - 1
         assert sum(m["per_pos_acceptance"]) == pytest.approx(m["tau_incl_bonus_pooled"] - 1)
         assert m["tokens_per_s"] > 0 and m["speedup_vs_target_only"] > 0
+        # z-lab's convention: the tokens the steps produced (all but each prefill token) per step;
+        # below tau incl. bonus by exactly the bonus tokens the stops dropped
+        assert c["produced_by_steps"] == c["tokens"] - c["responses"]
+        assert m["tokens_per_step"] == pytest.approx(c["produced_by_steps"] / c["verify_steps"])
+        assert c["accepted"] + c["verify_steps"] - c["produced_by_steps"] == extra
+    assert "vLLM" in ev["conventions"] and "z-lab" in ev["conventions"]
     assert (
         ev["methods"]["drafter"]["tau_incl_bonus_pooled"]
         > ev["methods"]["untrained"]["tau_incl_bonus_pooled"]
@@ -84,6 +90,7 @@ def test_greedy_eval_reports_counts_baselines_and_lossless(
     # metric points are counts that sum to the report's
     dc = ev["methods"]["drafter"]["counts"]
     assert ctx.total("eval/accepted") == dc["accepted"] and ctx.total("eval/steps") == dc["verify_steps"]
+    assert ctx.total("eval/produced") == dc["produced_by_steps"]
     assert ctx.total("eval/pos/0/accepted") == dc["per_pos_accepted_more_than"]["0"]
     assert ctx.total("eval/hist/4") == dc["hist_tau_incl_bonus"]["4"]
 
@@ -97,6 +104,7 @@ def test_walked_tau_equals_real_greedy_tau_on_the_targets_own_outputs(
     assert 1.2 < real["tau_incl_bonus_pooled"] < 4  # a partly trained drafter: the comparison means something
     assert ev["walked"]["steps"] == real["counts"]["verify_steps"]
     assert ev["walked"]["accepted"] == real["counts"]["accepted"]
+    assert ev["walked"]["tokens_per_step"] == pytest.approx(real["tokens_per_step"])  # both conventions agree
     assert ev["walked"]["hist_tau_incl_bonus"] == real["counts"]["hist_tau_incl_bonus"]
     assert ctx.alerts == []
 
@@ -215,3 +223,41 @@ def test_params_forbid_unknown_fields_and_sampling_knobs_in_greedy_mode(world: T
         EvalParams(**base, temperature=0.5)
     with pytest.raises(ValueError):
         EvalParams(**base, block_size=1)
+
+
+def test_zlabs_own_decoder_gives_the_same_outputs_and_steps(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    """Decode-level interop: z-lab's `dflash_generate` (in a venv of its own with `dflash`) and
+    DraftDeck's decoder, the same trained, exported drafter and target, greedy: the same new tokens
+    per prompt and the same verify steps; z-lab's acceptance lengths are DraftDeck's produced tokens."""
+    import subprocess
+
+    from draftdeck.drafter.export import load_zlab
+    from draftdeck.drafter.spec_decode import DecodeStats, DFlashSource, generate_speculative
+    from tests.eval_helpers import dflash_venv
+
+    venv = dflash_venv()
+    stop = world.target.eos_ids()
+    spec = {"prompts": world.prompt_ids, "max_new_tokens": MAX_NEW, "stop": stop}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    probe = Path(__file__).resolve().parent.parent / "dflash_decode_probe.py"
+    args = [str(venv / "bin" / "python"), str(probe), str(checkpoint), str(world.target_dir)]
+    res = subprocess.run([*args, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    theirs = json.loads((tmp_path / "out.json").read_text())
+
+    drafter = load_zlab(checkpoint)
+    runner = TargetRunner(world.target, stop)
+    ours = DecodeStats(drafter.block_size)
+    for ids, z in zip(world.prompt_ids, theirs, strict=True):
+        source = DFlashSource(drafter, world.target, drafter.block_size)
+        gen = generate_speculative(runner, source, ids, MAX_NEW, drafter.block_size)
+        ours.add(gen)
+        assert gen.output_ids == z["output"]
+        assert gen.steps == len(z["acceptance_lengths"])
+    steps = sum(len(z["acceptance_lengths"]) for z in theirs)
+    zlab_tau = sum(sum(z["acceptance_lengths"]) for z in theirs) / steps
+    assert ours.steps == steps > len(theirs) and ours.tokens_per_step == pytest.approx(zlab_tau)
+    assert ours.tau_pooled >= ours.tokens_per_step  # vLLM's count adds the bonus a stop drops

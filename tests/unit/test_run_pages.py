@@ -38,7 +38,8 @@ def _jobs_dir() -> Path:
 def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClient) -> None:
     with _session() as s:
         run = make_run(s, _jobs_dir(), steps=320, status="succeeded", params={"note": "<b>x</b>"})
-        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, data_tau=1.70, target_tau=1.52)
+        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, data_tau=1.70, target_tau=1.52,
+                       tokens_per_step=1.45)  # fmt: skip
     page = client.get(f"/runs/{run}", headers={"accept": "text/html"})
     assert page.status_code == 200
     html = page.text
@@ -60,8 +61,13 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
         "train/pos/2/acc",
         "train/pos/3/acc",
     ]
+    evals = html.split('class="small evals"', 1)[1].split("</table>", 1)[0]
+    assert (
+        "vLLM's counters" in evals and "z-lab's benchmark" in evals and '<td class="num">1.450</td>' in evals
+    )
     table = client.get("/runs", headers={"accept": "text/html"}).text
     assert f'data-run="{run}"' in table and alarm in table
+    assert f'<a href="/jobs/{ev}">1.500</a> / 1.450' in table  # the latest eval, both conventions
     alerts = client.get("/alerts", headers={"accept": "text/html"}).text
     assert '<span class="alert-kind">data not target output</span>' in alerts
     assert (
@@ -242,12 +248,13 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     def eval_job(speedup: float) -> int:
         drafter = {"tau_incl_bonus_pooled": 2.4, "tau_incl_bonus_per_response_mean": 2.3,
                    "acceptance_rate": 0.35, "tokens_per_s": 40.0, "speedup_vs_target_only": speedup,
-                   "lossless": True}  # fmt: skip
+                   "lossless": True, "tokens_per_step": 2.25}  # fmt: skip
         ev = {
             "block_size": 4,
             "mode": "greedy",
             "methods": {"drafter": drafter},
             "walked": {"tau_incl_bonus": None},
+            "conventions": "Two counts of one decode: vLLM's and z-lab's.",
         }
         result = {"rows_in": 8, "rows_out": 8, "rejected": {}, "warnings": {}, "eval": ev}
         with _session() as s:
@@ -259,6 +266,11 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
 
     slow = client.get(f"/jobs/{eval_job(0.68)}", headers={"accept": "text/html"}).text
     assert 'id="eval-methods"' in slow and "0.68x" in slow
+    # both conventions, each named for what to compare it with
+    table = slow.split('id="eval-methods"', 1)[1].split("</table>", 1)[0]
+    assert "vLLM's counters" in table and "z-lab's benchmark" in table
+    assert '<td class="num">2.400</td>\n    <td class="num">2.250</td>' in table
+    assert 'id="tau-conventions"' in slow
     note = slow.split('id="speedup-note">', 1)[1].split("</p>", 1)[0]
     assert "Drafter drafts run at 0.68\u00d7 the target alone's speed." in note
     assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
