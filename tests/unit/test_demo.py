@@ -28,8 +28,9 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(summary) == {"train_tau", "heldout_tau", "heldout_tau_target", "eval_tau", "untrained_tau",
-                            "prompt_lookup_tau", "lossless", "checkpoint"}  # fmt: skip
+    assert set(summary) == {"train_tau", "heldout_tau", "heldout_tau_target", "eval_tau",
+                            "eval_tokens_per_step", "untrained_tau", "prompt_lookup_tau", "lossless",
+                            "checkpoint"}  # fmt: skip
     assert summary["heldout_tau_target"] is not None
     assert summary["lossless"] is True
     assert summary["untrained_tau"] == pytest.approx(1.0, abs=0.05)  # a fresh drafter accepts ~nothing
