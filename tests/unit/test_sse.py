@@ -96,8 +96,10 @@ def test_a_running_job_streams_progress_and_its_last_events_before_end(client: T
 
     def work() -> None:
         with Session(get_engine()) as session:
-            for done in (10, 20):
-                time.sleep(0.4)
+            # the first wait is long: the stream must be open before the first progress, even on a
+            # loaded machine (CI once saw the client connect after 0.4 s and miss the first state)
+            for done, wait in ((10, 1.5), (20, 0.4)):
+                time.sleep(wait)
                 jobs.record_progress(session, job_id, done, 40, "rows")
             time.sleep(0.4)
             assert state.propose(
