@@ -32,7 +32,7 @@ import numpy as np
 import orjson
 
 from draftdeck.convert import ConvertOptions, check_out, convert
-from draftdeck.errors import AccountingError, JobFailed, UsageError
+from draftdeck.errors import AccountingError, JobFailed
 from draftdeck.formats.common import ParseContext
 from draftdeck.formats.detect import parse
 from draftdeck.formats.writers import Writer
@@ -296,7 +296,7 @@ def _account(src: _Source) -> None:
     """The mix's own counts in a source's report: duplicates, rows not drawn and repeats (upsampling,
     counted as extra output rows, like a tree's extra leaves); checks that they balance."""
     rep, name = src.report, src.spec.name
-    rep.rejected["duplicate_removed"] += sum(src.against.values()) - rep.rejected["duplicate_removed"]
+    rep.rejected["duplicate_removed"] = sum(src.against.values())  # the examples counted some already
     rep.rejected["not_sampled"] += src.available - src.sampled
     repeats = src.take - src.sampled
     rep.rows_expanded += repeats
@@ -351,6 +351,4 @@ def _composition(recipe: Recipe, sources: list[_Source]) -> dict[str, Any]:
 
 def check_recipe_out(recipe: Recipe, out: Path) -> None:
     """Refuse an output that would replace one of the recipe's inputs (before anything runs)."""
-    if not recipe.sources:
-        raise UsageError("the recipe has no sources")
     check_out([Path(p) for s in recipe.sources for p in s.inputs], out)
