@@ -108,6 +108,12 @@ CODES: dict[str, IssueCode] = _codes(
     ("prompt_too_long", Action.REJECT, "the prompt is longer than the target's context window"),
     ("malformed_answer", Action.REJECT, "the server's answer is not a valid chat completion"),
     ("server_error", Action.REJECT, "the server kept failing on this row after every retry"),
+    # export-drafter (draftdeck.drafter.servers): the config read as each server's loader reads it
+    (
+        "served_config",
+        Action.WARN,
+        "a server would refuse the export, or fill the draft block with another mask id than trained",
+    ),
     # mix (draftdeck.mix): what a recipe takes of each source
     ("filtered_out", Action.REJECT, "the row fails a filter of its source in the mix recipe"),
     (

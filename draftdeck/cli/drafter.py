@@ -169,9 +169,23 @@ def export_drafter(params: ExportParams) -> None:
 
     if params.out is None:
         raise usage_exit("--out is required: the new folder in z-lab's format")
-    _run(run_export, params, f"export {params.inputs[0]}", None)
-    config = json.loads((Path(params.out) / "config.json").read_text())
-    out.print(f"wrote {params.out}: dflash_config {json.dumps(config.get('dflash_config'))}", highlight=False)
+    report = _run(run_export, params, f"export {params.inputs[0]}", None)
+    dflash = json.loads((Path(params.out) / "config.json").read_text()).get("dflash_config", {})
+    out.print(
+        f"wrote {escape(params.out)}: block {dflash.get('block_size')}, target layers "
+        f"{dflash.get('target_layer_ids')}, mask id {dflash.get('mask_token_id')}",
+        highlight=False,
+    )
+    out.print("As each server's loader reads it (draftdeck/drafter/servers.py):", highlight=False)
+    for r in report.extra["served"]:
+        mask = "unknown" if r["mask_token_id"] is None else r["mask_token_id"]
+        line = f"  {r['server']} ({r['source']}): mask id {mask}, {escape(r['mask_from'])}"
+        out.print(line, highlight=False, soft_wrap=True)
+        out.print(f"    {escape(r['flags'])}", highlight=False, soft_wrap=True)
+        for problem in r["problems"]:
+            out.print(
+                f"    [yellow]warning served_config:[/] {escape(problem)}", highlight=False, soft_wrap=True
+            )
 
 
 def register(app: typer.Typer) -> None:

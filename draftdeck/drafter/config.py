@@ -20,6 +20,9 @@ from typing import Any
 from draftdeck.errors import UsageError
 
 FEW_LAYERS = 6  # targets with fewer layers than this feed every layer to the drafter
+# The mask token string SGLang looks up (and adds to the target's tokenizer when missing, which gives
+# it the id len(tokenizer): the first unused embedding row) when a config names no other.
+DEFAULT_MASK_TOKEN = "<|MASK|>"
 
 MASK_SOURCES = (
     "explicit",
@@ -113,6 +116,21 @@ def resolve_mask_token_id(
     )
 
 
+def mask_token_text(tokenizer: Any, mask_id: int) -> str | None:
+    """The string that names `mask_id` in `tokenizer`, for servers that resolve the mask by its text
+    (SGLang): the token itself, or DEFAULT_MASK_TOKEN for the first unused row (adding it to the
+    tokenizer gives exactly that id). None when no string leads back to `mask_id`."""
+    if tokenizer is None:
+        return None
+    used = len(tokenizer)
+    if mask_id < used:
+        text = tokenizer.convert_ids_to_tokens(mask_id)
+        return text if isinstance(text, str) and tokenizer.get_vocab().get(text) == mask_id else None
+    if mask_id == used and DEFAULT_MASK_TOKEN not in tokenizer.get_vocab():
+        return DEFAULT_MASK_TOKEN
+    return None
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     """Everything that fixes a drafter's shape and its DFlash behaviour.
@@ -133,6 +151,7 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...]
     mask_token_id: int
     mask_token_source: str = "explicit"
+    mask_token: str | None = None  # the mask id's text in the target's tokenizer (mask_token_text)
     block_size: int = 16
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
@@ -229,6 +248,7 @@ class DrafterConfig:
             target_layer_ids=tuple(int(i) for i in ids),
             mask_token_id=mask_id,
             mask_token_source=source,
+            mask_token=mask_token_text(tokenizer, mask_id),
             block_size=block_size,
             max_position_embeddings=int(_get(target_config, "max_position_embeddings", 32768)),
             hidden_act=str(_get(target_config, "hidden_act", "silu")),
@@ -252,12 +272,23 @@ class DrafterConfig:
         return cls(**values)
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The HF `config.json` z-lab's `DFlashDraftModel` reads (a Qwen3 config plus
-        `dflash_config`); vLLM and SGLang load the same file."""
+        """The HF `config.json` z-lab's `DFlashDraftModel` reads (a Qwen3 config plus `dflash_config`),
+        with what vLLM's and SGLang's loaders read besides (draftdeck/drafter/servers.py says which
+        key each reads, and where): `target_hidden_size`, `num_target_layers` and `block_size` in
+        both places, and the mask as an id and, where one names it, as text."""
+        dflash: dict[str, Any] = {
+            "block_size": self.block_size,
+            "target_layer_ids": list(self.target_layer_ids),
+            "mask_token_id": self.mask_token_id,
+            "num_target_layers": self.num_target_layers,
+        }
+        if self.mask_token is not None:
+            dflash["mask_token"] = self.mask_token
         return {
             "architectures": ["DFlashDraftModel"],
             "model_type": "qwen3",
             "hidden_size": self.hidden_size,
+            "target_hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.layers,
             "num_attention_heads": self.num_attention_heads,
@@ -274,9 +305,5 @@ class DrafterConfig:
             "tie_word_embeddings": False,
             "num_target_layers": self.num_target_layers,
             "block_size": self.block_size,
-            "dflash_config": {
-                "block_size": self.block_size,
-                "target_layer_ids": list(self.target_layer_ids),
-                "mask_token_id": self.mask_token_id,
-            },
+            "dflash_config": dflash,
         }

@@ -1,7 +1,8 @@
 """The drafter in z-lab's format, which z-lab's `dflash` package, vLLM (`"method": "dflash"`) and SGLang
 (`--speculative-algorithm DFLASH`) load: a folder with an HF `config.json` (a Qwen3 config plus
-`dflash_config` {block_size, target_layer_ids, mask_token_id}, architectures `DFlashDraftModel`)
-and `model.safetensors` (the drafter's state dict; its keys are z-lab's).
+`dflash_config` {block_size, target_layer_ids, mask_token_id, ...}, architectures `DFlashDraftModel`;
+servers.py says which keys each server reads) and `model.safetensors` (the drafter's state dict; its
+keys are z-lab's).
 
 Writes are atomic: the folder is assembled under a temporary name beside the destination and
 renamed into place, so a reader sees the old export or the new one, never half of one.
@@ -46,10 +47,15 @@ def config_from_hf(hf: Mapping[str, Any], *, mask_token_source: str = "draft_con
             num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
             head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
             intermediate_size=int(hf["intermediate_size"]),
-            num_target_layers=int(hf.get("num_target_layers") or max(dflash["target_layer_ids"]) + 1),
+            num_target_layers=int(
+                dflash.get("num_target_layers")
+                or hf.get("num_target_layers")
+                or max(dflash["target_layer_ids"]) + 1
+            ),
             target_layer_ids=tuple(int(i) for i in dflash["target_layer_ids"]),
             mask_token_id=int(dflash["mask_token_id"]),
             mask_token_source=mask_token_source,
+            mask_token=dflash.get("mask_token"),
             block_size=int(dflash.get("block_size", hf.get("block_size", 16))),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta_of(hf),

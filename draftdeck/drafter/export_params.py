@@ -4,6 +4,7 @@ the run page's Export button, the API and `draftdeck export-drafter` take the sa
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -26,13 +27,19 @@ class ExportParams(JobParams):
         default=None,
         description="new folder for config.json + model.safetensors (default: in the job's folder)",
     )
-    input_paths: ClassVar[tuple[str, ...]] = ("inputs",)
+    target: str | None = Field(
+        default=None,
+        description="the target's folder: its tokenizer checks the mask as SGLang resolves it",
+    )
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
 
 
 def run_export(params: ExportParams, ctx: RunContext) -> Report:
-    """Export; the report counts the one checkpoint in and out, and lists the two files written."""
+    """Export; the report counts the one checkpoint in and out, lists the two files written, and warns
+    `served_config` where vLLM or SGLang would read the config otherwise than it was trained."""
     from draftdeck.drafter.export import export_drafter
+    from draftdeck.drafter.servers import read_export
     from draftdeck.fileio import sha256_file
     from draftdeck.quality import Output, Report
 
@@ -43,5 +50,11 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
     report.outputs.append(Output(str(weights), 1, weights.stat().st_size, sha256_file(weights)))
     report.outputs.append(Output(str(config), 0, config.stat().st_size, sha256_file(config)))
     ctx.event("info", f"exported {params.inputs[0]} to {folder} (z-lab DFlash format)")
+    served = read_export(folder, params.target)
+    for reading in served:
+        ctx.event("info", f"{reading.server} ({reading.source}): {reading.flags}")
+        for problem in reading.problems:
+            report.warn("served_config", str(config), None, problem)
+    report.extra["served"] = [asdict(r) for r in served]
     report.check_accounting()
     return report

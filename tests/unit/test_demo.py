@@ -90,6 +90,8 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
         assert page.status_code == 200 and "incl. bonus" in page.text
         # the run page's Export button starts an export job of the run folder (its best checkpoint)
         assert 'name="kind" value="export-drafter"' in page.text
+        # the Export button passes the run's target: its tokenizer checks the mask as SGLang reads it
+        assert f'name="target" value="{train.params["target"]}"' in page.text
         csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)
         assert csrf is not None
         made = client.post(

@@ -86,7 +86,12 @@ def test_hf_dict_carries_dflash_config_and_round_trips() -> None:
     target = tiny_target()
     cfg = tiny_drafter_config(target, layers=2, block_size=8)
     hf = cfg.to_hf_dict()
-    assert hf["dflash_config"] == {"block_size": 8, "target_layer_ids": [0, 1, 2, 3], "mask_token_id": 299}
+    assert hf["dflash_config"] == {
+        "block_size": 8,
+        "target_layer_ids": [0, 1, 2, 3],
+        "mask_token_id": 299,
+        "num_target_layers": 4,
+    }
     assert hf["num_hidden_layers"] == 2 and hf["num_target_layers"] == 4
     assert DrafterConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
 

@@ -89,6 +89,8 @@ def test_loss_falls_and_walked_tau_rises_above_two(prepared: tuple[Path, Path], 
         "block_size": 4,
         "target_layer_ids": [0, 1],
         "mask_token_id": mask_id,
+        "num_target_layers": 2,
+        "mask_token": "<|MASK|>",  # the first unused row: SGLang adds this text and gets mask_id
     }
 
 

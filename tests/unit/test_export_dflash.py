@@ -51,7 +51,9 @@ def test_export_writes_zlab_config_and_weights_atomically(tmp_path: Path) -> Non
         "block_size": 8,
         "target_layer_ids": list(drafter.target_layer_ids),
         "mask_token_id": drafter.mask_token_id,
-    }
+        "num_target_layers": 4,
+    }  # no mask_token: this drafter was made without a tokenizer, so no text names its mask id
+    assert hf["block_size"] == 8 and hf["num_target_layers"] == 4 and hf["target_hidden_size"] == 64
     back = load_zlab(out)
     x = _inputs(drafter)
     with torch.no_grad():
