@@ -26,13 +26,14 @@ HELP = "DraftDeck: data plumbing for drafters."
 
 def register(app: typer.Typer) -> None:
     """Add every in-process command to `app`."""
-    from draftdeck.cli import data, drafter, mix, regenerate, tokens
+    from draftdeck.cli import data, drafter, mix, regenerate, serving, tokens
 
     data.register(app)
     mix.register(app)
     tokens.register(app)
     drafter.register(app)
     regenerate.register(app)
+    serving.register(app)
 
 
 def make_app() -> typer.Typer:
