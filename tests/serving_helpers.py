@@ -27,13 +27,17 @@ class VllmStandIn:
         self.draft_tokens = Counter(
             "vllm:spec_decode_num_draft_tokens", "draft tokens", labels, registry=self.registry
         )
-        self.accepted = Counter("vllm:spec_decode_num_accepted_tokens", "accepted", labels, registry=self.registry)
+        self.accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "accepted", labels, registry=self.registry
+        )
         self.per_pos = Counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos", "per position", [*labels, "position"],
             registry=self.registry,
         )  # fmt: skip
         # a plain server metric beside them, as vLLM has many
-        Gauge("vllm:num_requests_running", "running", ["model_name"], registry=self.registry).labels("m").set(2)
+        Gauge("vllm:num_requests_running", "running", ["model_name"], registry=self.registry).labels("m").set(
+            2
+        )
         for engine in engines:  # vLLM creates its engines' series at start, at zero
             self._zero("m", engine)
 
@@ -70,7 +74,9 @@ class VllmStandIn:
 class SglangStandIn:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.length = Gauge("sglang:spec_accept_length", "accept length", ["model_name"], registry=self.registry)
+        self.length = Gauge(
+            "sglang:spec_accept_length", "accept length", ["model_name"], registry=self.registry
+        )
         self.rate = Gauge("sglang:spec_accept_rate", "accept rate", ["model_name"], registry=self.registry)
 
     def text(self) -> str:
@@ -88,7 +94,7 @@ class MetricsServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 if self.path != "/metrics":
                     self.send_error(404)
                     return

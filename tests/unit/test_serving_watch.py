@@ -66,13 +66,15 @@ def test_a_missing_per_position_series_is_unknown_not_zero() -> None:
 
 def test_garbage_and_unreachable_urls_are_clear_errors() -> None:
     with serving(lambda: "<html><body>Welcome to nginx</body></html>") as server:
-        with pytest.raises(ExpositionError, match="not a Prometheus text exposition.*Welcome to nginx"):
+        with pytest.raises(ExpositionError, match=r"not a Prometheus text exposition.*Welcome to nginx"):
             _scrape(server.url, 0.0)
         with pytest.raises(ScrapeError, match="HTTP 404"):
             fetch_text(server.url.replace("/metrics", "/nothing"))
-    with serving(lambda: "# a valid exposition with no spec-decode series\nup 1\n") as server:
-        with pytest.raises(ExpositionError, match="without vllm's speculative-decoding series"):
-            _scrape(server.url, 0.0)
+    with (
+        serving(lambda: "# a valid exposition with no spec-decode series\nup 1\n") as server,
+        pytest.raises(ExpositionError, match="without vllm's speculative-decoding series"),
+    ):
+        _scrape(server.url, 0.0)
     with pytest.raises(ScrapeError, match="cannot reach it"):
         fetch_text("http://127.0.0.1:9/metrics", timeout=2)
 
@@ -114,6 +116,5 @@ def test_sglang_gauges_are_shown_as_its_last_interval() -> None:
     with serving(sglang.text) as server:
         done = _watch(server.url, "--kind", "sglang", "--once", "--json")
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {
-        "model_name": "m", "gauges": {"accept_length": 3.25, "accept_rate": 0.45}, "convention": "last interval",
-    }  # fmt: skip
+    gauges = {"accept_length": 3.25, "accept_rate": 0.45}
+    assert json.loads(done.stdout) == {"model_name": "m", "gauges": gauges, "convention": "last interval"}
