@@ -93,6 +93,7 @@ class AlertPublic(BaseModel):
     id: int
     job_id: int | None
     dataset: str | None
+    endpoint_id: int | None = None
     kind: str
     message: str
     created_at: datetime

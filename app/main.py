@@ -10,10 +10,11 @@ from fastapi.responses import HTMLResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import api, datasets, pages, picker, runs, sse
+from app import api, datasets, pages, picker, runs, serving_routes, sse
 from app.auth import CSRF_COOKIE, AccessGuard
 from app.limits import RequestLimits, cap_log_lines
 from app.resources import resource_dir
+from app.scraper import start_scraper
 from app.settings import get_settings
 from app.sweeper import start_sweeper
 
@@ -34,11 +35,12 @@ DOCS_PATHS = ("/docs", "/redoc")
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    stop = start_sweeper(get_settings())
+    stops = [start_sweeper(get_settings()), start_scraper(get_settings())]
     try:
         yield
     finally:
-        stop.set()
+        for stop in stops:
+            stop.set()
 
 
 # The progress label is formatted once, for the template and the event stream alike.
@@ -80,12 +82,14 @@ def create_app() -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=resource_dir("static")), name="static")
     app.include_router(api.router)
+    app.include_router(serving_routes.api)
     app.include_router(sse.router)  # before the pages: /jobs/events is not /jobs/{job_id}
     app.include_router(picker.router)  # before the pages: /jobs/new/files is not /jobs/{job_id}/...
     app.include_router(pages.router)
     app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)
     app.include_router(runs.router)
+    app.include_router(serving_routes.router)
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
     def swagger_docs(request: Request) -> HTMLResponse:

@@ -195,6 +195,7 @@ class Alert(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
     dataset: str | None = None
+    endpoint_id: int | None = Field(default=None, foreign_key="serving_endpoints.id", index=True)
     kind: str  # empty_output | worker_lost | job_failed | zero_byte_shard | ...
     message: str
     created_at: datetime = Field(default_factory=utcnow, index=True)
@@ -278,3 +279,52 @@ class JobStateHistory(SQLModel, table=True):
     to_status: str
     reason: str = ""
     at: datetime = Field(default_factory=utcnow)
+
+
+class ServingEndpoint(SQLModel, table=True):
+    """A served drafter DraftDeck scrapes (app/scraper.py): where its /metrics is, what it serves (a
+    train run, a checkpoint or export folder), and its health as of the last scrape."""
+
+    __tablename__ = "serving_endpoints"
+
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(unique=True)
+    kind: str  # vllm | sglang
+    base_url: str
+    metrics_url: str
+    drafter: str | None = None  # the checkpoint or exported folder it serves
+    run_job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
+    token_env: str | None = None  # the environment variable holding its bearer token (never the token)
+    interval_s: float = 15.0
+    enabled: bool = True
+    created_at: datetime = Field(default_factory=utcnow)
+    next_scrape_at: datetime = Field(default_factory=utcnow, index=True)  # the scrapers' compare-and-set
+    last_scrape_at: datetime | None = None
+    last_ok_at: datetime | None = None
+    last_error: str | None = None
+    failures: int = 0  # consecutive failed scrapes
+    last_raw: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class ServingWindow(SQLModel, table=True):
+    """What one scrape added over the one before, per model_name: counter deltas summed over engines
+    (vLLM), or SGLang's gauges as it reported them. Counts, so any range sums to a window."""
+
+    __tablename__ = "serving_windows"
+    __table_args__ = (Index("ix_serving_windows_endpoint_wall", "endpoint_id", "wall_ms"),)
+
+    id: int | None = Field(
+        default=None, primary_key=True, sa_type=BigInteger().with_variant(Integer(), "sqlite")
+    )
+    endpoint_id: int = Field(foreign_key="serving_endpoints.id")
+    wall_ms: int = Field(sa_type=BigInteger)  # the later scrape's time, epoch milliseconds
+    model_name: str = ""
+    seconds: float = 0.0
+    engines: int = 0
+    restarted: int = 0
+    drafts: int = _big()
+    draft_tokens: int = _big()
+    accepted: int = _big()
+    per_position: list[int | None] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    gauges: dict[str, float] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    raw: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))

@@ -81,9 +81,10 @@ def raise_alert(
     *,
     job_id: int | None = None,
     dataset: str | None = None,
+    endpoint_id: int | None = None,
     commit: bool = True,
 ) -> Alert:
-    alert = Alert(kind=kind, message=message, job_id=job_id, dataset=dataset)
+    alert = Alert(kind=kind, message=message, job_id=job_id, dataset=dataset, endpoint_id=endpoint_id)
     session.add(alert)
     if commit:
         session.commit()

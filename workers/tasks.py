@@ -15,6 +15,7 @@ from app.db import get_engine
 from app.liveness import start_beat
 from app.queue import RUN_CHUNK, RUN_JOB, get_celery
 from app.runner import run_job
+from app.scraper import start_scraper
 from app.settings import get_settings
 from app.sweeper import start_sweeper
 from draftdeck.tokenize.loaded import preload_imports
@@ -38,13 +39,14 @@ _stops: list[Any] = []
 @worker_ready.connect
 def _beat_and_sweep(sender: Any = None, **_: Any) -> None:
     """The worker beats its row in `workers` (with the queues it serves) from its main process, which
-    outlives its pool's children. Workers sweep too, so lost jobs are caught even while no web process
-    runs."""
+    outlives its pool's children. Workers sweep and scrape served drafters too, so lost jobs are caught
+    and endpoints watched even while no web process runs."""
     settings = get_settings()
     queues = sorted(celery_app.amqp.queues.consume_from or celery_app.amqp.queues)
     name = str(getattr(sender, "hostname", None) or celery_app.conf.get("worker_name") or "worker")
     _stops.append(start_beat(name, queues, settings.heartbeat_seconds))
     _stops.append(start_sweeper(settings))
+    _stops.append(start_scraper(settings))
 
 
 @worker_init.connect

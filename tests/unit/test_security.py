@@ -44,7 +44,7 @@ def exposed(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestCli
 
 READS = ["/api/jobs", "/api/jobs/1", "/api/alerts", "/api/kinds", "/jobs", "/jobs/new", "/datasets",
          "/datasets/1", "/datasets/1/rows/0", "/datasets/1/rows/0/source", "/datasets/1/stats.json",
-         "/alerts", "/openapi.json", "/docs"]  # fmt: skip
+         "/alerts", "/openapi.json", "/docs", "/serving", "/serving/1", "/api/serving"]  # fmt: skip
 
 
 @pytest.mark.parametrize("url", READS)
@@ -112,6 +112,9 @@ def test_loopback_server_stays_open_for_reads(migrated: Path, monkeypatch: pytes
         assert c.get("/jobs").status_code == 200
         body = {"kind": "scan", "params": {"inputs": ["x"]}}
         assert c.post("/api/jobs", json=body).status_code == 401  # writes still need the token
+        # a served endpoint makes the server fetch a URL on its own: registering one is a write
+        endpoint = {"name": "x", "kind": "vllm", "metrics_url": "http://127.0.0.1:9/metrics"}
+        assert c.post("/api/serving", json=endpoint).status_code == 401
 
 
 def test_a_remote_client_needs_the_token_whatever_the_settings_say(
