@@ -33,6 +33,7 @@ from app.run_figures import (
     run_out,
     truth,
 )
+from app.serving import served_views
 
 router = APIRouter(include_in_schema=False)
 
@@ -165,6 +166,7 @@ def _run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dic
         "hist": hist,
         "names": names,
         "truth": truth(params, names, ev_rows),
+        "served": served_views(session, [job.id or 0]).get(job.id or 0, []),
     }
 
 
@@ -216,6 +218,7 @@ def runs_page(request: Request, session: SessionDep, q: str = "", status: str = 
             j for j in jobs_ if needle in f"{j.id} {j.status} {json.dumps(j.params, sort_keys=True)}".lower()
         ]
     sums = summaries(session, [j.id for j in jobs_ if j.id is not None])
+    served = served_views(session, [j.id for j in jobs_ if j.id is not None])
     rows = []
     for j in jobs_:
         names = sums.get(j.id or 0, {})
@@ -233,6 +236,7 @@ def runs_page(request: Request, session: SessionDep, q: str = "", status: str = 
                 # the latest checkpoint's eval with a figure: real decoding, in both conventions
                 "eval": next((e for e in reversed(ev_rows) if e["real_all"] is not None), None),
                 "alarms": alarms(session, j, ev_rows),
+                "served": served.get(j.id or 0, []),
             }
         )
     return render(request, "runs.html", session, nav="runs", rows=rows, q=q, status=status)

@@ -207,14 +207,29 @@ def newest(session: Session, ep: ServingEndpoint, min_drafts: int, limit: int = 
 
 
 def eval_tau(session: Session, run: Job) -> tuple[float, Job] | None:
-    """The newest eval's real tau incl. bonus of the run's checkpoints (the run page's evals table)."""
+    """Real tau incl. bonus of the run's best checkpoint (what export-drafter exports), from its newest
+    eval; else the newest eval of any of its checkpoints (the run page's evals table)."""
     from app.run_figures import checkpoints, evals
 
     ckpts, _ = checkpoints(run)
-    for row in evals(session, run, ckpts):
-        if row["real"] is not None:
-            return float(row["real"]), row["job"]
-    return None
+    best = next((c["step"] for c in ckpts if c.get("best")), None)
+    rows = [r for r in evals(session, run, ckpts) if r["real"] is not None]
+    row = next((r for r in rows if r["step"] == best), rows[0] if rows else None)
+    return (float(row["real"]), row["job"]) if row is not None else None
+
+
+def served_views(session: Session, run_ids: list[int]) -> dict[int, list[dict[str, Any]]]:
+    """The endpoints serving each run, as `endpoint_view`s, by run id."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    if not run_ids:
+        return out
+    for ep in session.exec(
+        select(ServingEndpoint)
+        .where(col(ServingEndpoint.run_job_id).in_(run_ids))
+        .order_by(col(ServingEndpoint.id))
+    ):
+        out.setdefault(ep.run_job_id or 0, []).append(endpoint_view(session, ep))
+    return out
 
 
 def check_tau(session: Session, ep: ServingEndpoint, settings: Settings) -> None:

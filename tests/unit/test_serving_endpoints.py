@@ -107,13 +107,16 @@ def test_a_failing_endpoint_shows_its_error_and_alerts_after_n_failures_then_cle
         assert "cannot reach it" in (gone.last_error or "")
 
 
-def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(migrated: Path) -> None:
+def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(client: TestClient) -> None:
     settings = get_settings()
     vllm = VllmStandIn(k=3, engines=("0",))
     with serve(vllm.text) as server, Session(get_engine(), expire_on_commit=False) as s:
         run = make_run(s, settings.jobs_dir, steps=120, status="succeeded")
         make_eval(s, settings.jobs_dir, run, 100, real_tau=3.0, data_tau=3.0)
         ep = serving.create_endpoint(s, name="prod", kind="vllm", metrics_url=server.url, run_job_id=run)
+        ep.enabled = False  # scraped by this test alone, not by the app's scraper thread as well
+        s.add(ep)
+        s.commit()
 
         def scrape_after(accepted: list[int]) -> list[Alert]:
             vllm.decode("m", "0", accepted)
@@ -137,6 +140,11 @@ def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(migrated: Path) ->
         assert cleared.acknowledged
         view = serving.endpoint_view(s, ep, settings)
         assert view["eval_tau"] == 3.0 and view["window"]["tau_incl_bonus"] == 4.0
+    # the run page shows the served figure beside the eval's; the runs table has a column for it
+    page = client.get(f"/runs/{run}").text
+    served = page.split(f'id="served-{run}"', 1)[1].split("</table>", 1)[0]
+    assert ">prod</a>" in served and "4.000" in served and "3.000" in served and "1.00 · 1.00 · 1.00" in served
+    assert 'data-label="served τ"' in client.get("/runs").text
 
 
 def test_sglang_gauges_are_kept_as_reported_and_registration_refuses_bad_fields(migrated: Path) -> None:
