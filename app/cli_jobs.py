@@ -85,7 +85,7 @@ class Client:
             except ValueError:
                 detail = r.text
             raise usage_exit(f"{self.base} answered {r.status_code}: {_detail(detail)}")
-        return r.json()
+        return r.json() if r.content else None
 
 
 def _detail(detail: Any) -> str:

@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 
+from app import cli_serving
 from app.cli_jobs import jobs_app
 from draftdeck import cli as core
 from draftdeck.cli.common import out, usage_exit
@@ -156,7 +157,7 @@ def db_upgrade() -> None:
 
 def make_app() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
-    core.register(app)
+    core.register(app, serving_commands=cli_serving.register)
     app.registered_commands.extend(service_app.registered_commands)
     app.add_typer(db_app, name="db")
     app.add_typer(jobs_app, name="jobs")

@@ -13,6 +13,7 @@ import contextlib
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import NoReturn
 
 import typer
@@ -24,8 +25,8 @@ from draftdeck.errors import DraftDeckError, UsageError
 HELP = "DraftDeck: data plumbing for drafters."
 
 
-def register(app: typer.Typer) -> None:
-    """Add every in-process command to `app`."""
+def register(app: typer.Typer, serving_commands: Callable[[typer.Typer], None] | None = None) -> None:
+    """Add every in-process command to `app` (`serving_commands`: the service's, in the serving group)."""
     from draftdeck.cli import data, drafter, mix, regenerate, serving, tokens
 
     data.register(app)
@@ -33,7 +34,7 @@ def register(app: typer.Typer) -> None:
     tokens.register(app)
     drafter.register(app)
     regenerate.register(app)
-    serving.register(app)
+    serving.register(app, serving_commands)
 
 
 def make_app() -> typer.Typer:

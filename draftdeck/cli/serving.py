@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -27,13 +28,6 @@ if TYPE_CHECKING:
 class Kind(StrEnum):
     vllm = "vllm"
     sglang = "sglang"
-
-
-serving_app = typer.Typer(
-    no_args_is_help=True,
-    help="Watch a served drafter (vLLM, SGLang): acceptance from the server's /metrics.",
-    rich_markup_mode=None,
-)
 
 
 def _fmt(value: float | None, spec: str = ".3f") -> str:
@@ -69,7 +63,6 @@ def _print_window(window: dict[str, Any], as_json: bool) -> None:
     )  # fmt: skip
 
 
-@serving_app.command("watch")
 def watch(
     metrics_url: Annotated[str, typer.Argument(metavar="METRICS_URL", help="the server's /metrics URL")],
     kind: Annotated[Kind, typer.Option("--kind", help="the server's kind")] = Kind.vllm,
@@ -119,5 +112,14 @@ def watch(
         return
 
 
-def register(app: typer.Typer) -> None:
-    app.add_typer(serving_app, name="serving")
+def register(app: typer.Typer, more: Callable[[typer.Typer], None] | None = None) -> None:
+    """Add the `serving` group with `watch`; `more` adds the service's commands (app/cli_serving.py)."""
+    group = typer.Typer(
+        no_args_is_help=True,
+        help="Watch a served drafter (vLLM, SGLang): acceptance from the server's /metrics.",
+        rich_markup_mode=None,
+    )
+    group.command("watch")(watch)
+    if more is not None:
+        more(group)
+    app.add_typer(group, name="serving")

@@ -255,3 +255,32 @@ def test_jobs_talk_to_the_server_up_recorded(tmp_path: Path) -> None:
         up.wait(timeout=60)
     r = _jobs_list(env)
     assert "the default: no draftdeck up is running here" in " ".join(r.stderr.split())
+
+
+def test_serving_commands_register_list_and_remove_over_http(
+    server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.serving_helpers import VllmStandIn, serving
+
+    monkeypatch.setenv("DRAFTDECK_TOKEN", TOKEN)
+    vllm = VllmStandIn(k=2, engines=("0",))
+    with serving(vllm.text) as metrics:
+        added = runner.invoke(
+            app, ["serving", "add", "prod", metrics.url, "--kind", "vllm", "--interval", "1"]
+        )
+        assert added.exit_code == 0, added.output
+        endpoint_id = int(added.stdout.strip().splitlines()[-1])
+        deadline = time.monotonic() + 20
+        while metrics.scrapes < 2 and time.monotonic() < deadline:  # the server's scraper reads it
+            vllm.decode("m", "0", [2, 0])
+            time.sleep(0.2)
+        listed = runner.invoke(app, ["serving", "list"])
+        assert listed.exit_code == 0 and "prod" in listed.stdout and " ok " in listed.stdout, listed.output
+        refused = runner.invoke(app, ["serving", "add", "other", "file:///etc/passwd"])
+        assert refused.exit_code == 2 and "expected an http:// or https:// URL" in " ".join(
+            refused.output.split()
+        )
+        removed = runner.invoke(app, ["serving", "remove", str(endpoint_id)])
+        assert removed.exit_code == 0 and "removed endpoint" in removed.stdout
+        again = runner.invoke(app, ["serving", "remove", str(endpoint_id)])
+        assert again.exit_code == 2 and f"no serving endpoint {endpoint_id}" in " ".join(again.output.split())

@@ -143,7 +143,9 @@ def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(client: TestClient
     # the run page shows the served figure beside the eval's; the runs table has a column for it
     page = client.get(f"/runs/{run}").text
     served = page.split(f'id="served-{run}"', 1)[1].split("</table>", 1)[0]
-    assert ">prod</a>" in served and "4.000" in served and "3.000" in served and "1.00 · 1.00 · 1.00" in served
+    assert (
+        ">prod</a>" in served and "4.000" in served and "3.000" in served and "1.00 · 1.00 · 1.00" in served
+    )
     assert 'data-label="served τ"' in client.get("/runs").text
 
 
