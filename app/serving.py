@@ -172,8 +172,11 @@ def _clear(session: Session, ep: ServingEndpoint, kind: str) -> None:
 
 # -- figures -----------------------------------------------------------------------------------------
 def summed(rows: list[ServingWindow], model_name: str = "") -> Window:
-    """One Window of the sum of `rows` (per-position counts: None where any row lacks one)."""
-    w = Window(model_name, sum(r.seconds for r in rows))
+    """One Window of the sum of `rows` (per-position counts: None where any row lacks one); its time is
+    the span of the scrapes (rows of several models share their scrape times)."""
+    first = min(rows, key=lambda r: r.wall_ms, default=None)
+    span = (max(r.wall_ms for r in rows) - first.wall_ms) / 1000 + first.seconds if first else 0.0
+    w = Window(model_name, span)
     k = max((len(r.per_position) for r in rows), default=0)
     per: list[int | None] = [0] * k
     for r in rows:
@@ -247,7 +250,7 @@ def check_tau(session: Session, ep: ServingEndpoint, settings: Settings) -> None
         records.raise_alert(
             session, TAU_LOW,
             f"{ep.name}: served tau incl. bonus {served:.2f} over the last {w.drafts:,} drafts "
-            f"({w.seconds:.0f} s of scrapes) is {1 - served / real:.0%} below eval {ev.id}'s real tau "
+            f"({w.seconds:.0f} s of scrapes) is {1 - served / real:.1%} below eval {ev.id}'s real tau "
             f"{real:.2f} for run {ep.run_job_id}. Likely causes: {LIKELY_CAUSES}.",
             job_id=ep.run_job_id, endpoint_id=ep.id,
         )  # fmt: skip
@@ -269,7 +272,7 @@ def health(ep: ServingEndpoint, now: datetime | None = None) -> Health:
         return Health("waiting", "not scraped yet")
     if ep.failures:
         return Health("failing", f"{ep.failures} failed scrape(s) in a row: {ep.last_error}")
-    return Health("ok", "scraped")
+    return Health("ok", "answering: the last scrape read its spec-decode series")
 
 
 def endpoint_view(session: Session, ep: ServingEndpoint, settings: Settings | None = None) -> dict[str, Any]:

@@ -18,7 +18,11 @@ class VllmStandIn:
     """vLLM's spec-decode counters for any (model_name, engine)."""
 
     def __init__(
-        self, k: int = 3, missing_positions: frozenset[int] = frozenset(), engines: tuple[str, ...] = ()
+        self,
+        k: int = 3,
+        missing_positions: frozenset[int] = frozenset(),
+        engines: tuple[str, ...] = (),
+        model: str = "m",
     ):
         self.k, self.missing = k, missing_positions
         self.registry = CollectorRegistry()
@@ -39,7 +43,7 @@ class VllmStandIn:
             2
         )
         for engine in engines:  # vLLM creates its engines' series at start, at zero
-            self._zero("m", engine)
+            self._zero(model, engine)
 
     def _zero(self, model: str, engine: str) -> None:
         for counter in (self.drafts, self.draft_tokens, self.accepted):

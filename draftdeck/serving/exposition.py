@@ -99,9 +99,8 @@ def _families(text: str, source: str) -> list[Any]:
         return list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as e:
         head = text.strip().splitlines()[0][:80] if text.strip() else ""
-        raise ExpositionError(
-            f"{source}: not a Prometheus text exposition ({e}); it starts {head!r}"
-        ) from None
+        starts = "" if head in str(e) else f"; it starts {head!r}"
+        raise ExpositionError(f"{source}: not a Prometheus text exposition ({e}){starts}") from None
 
 
 def parse(text: str, kind: str, at: float, source: str = "metrics") -> Scrape:

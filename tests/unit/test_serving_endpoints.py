@@ -132,7 +132,7 @@ def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(client: TestClient
         assert not alert.acknowledged and alert.job_id == run
         assert re.search(
             r"served tau incl\. bonus 1\.50 over the last 1,000 drafts .* "
-            r"50% below eval \d+'s real tau 3\.00",
+            r"50\.0% below eval \d+'s real tau 3\.00",
             alert.message,
         )
         assert "num_speculative_tokens = B - 1" in alert.message

@@ -1,0 +1,88 @@
+"""Screenshots of the serving pages at 1366 and 390 px wide, to look at by eye.
+
+    python -m tests.browser.serving_screens            # writes var/screens/serving-*.png (gitignored)
+
+It starts its own `draftdeck up` with a scratch home, a run with an eval, and three stand-in servers
+(tests/serving_helpers.py): a vLLM one serving the run below its eval tau, one that answers garbage,
+and an SGLang one; the server's own scraper reads them for a few seconds before the photographs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+from sqlmodel import Session
+
+from app import serving
+from app.db import make_engine
+from tests.browser.harness import REPO_ROOT, Server, launch_browser
+from tests.run_helpers import make_eval, make_run
+from tests.serving_helpers import SglangStandIn, VllmStandIn
+from tests.serving_helpers import serving as serve
+
+WIDTHS = {"desktop": (1366, 900), "narrow": (390, 844)}
+
+
+def take(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    shots: list[Path] = []
+    home = Path(tempfile.mkdtemp(prefix="dd-serving-")) / "home"
+    server = Server(home).start()
+    engine = make_engine(f"sqlite:///{home.resolve() / 'draftdeck.db'}")
+    vllm, sglang = VllmStandIn(k=7, engines=("0", "1"), model="qwen"), SglangStandIn()
+    sglang.length.labels("qwen").set(3.41)
+    sglang.rate.labels("qwen").set(0.34)
+    try:
+        with (
+            serve(vllm.text) as good, serve(lambda: "<html><body>502 Bad Gateway</body></html>") as bad,
+            serve(sglang.text) as sg, Session(engine, expire_on_commit=False) as db,
+        ):  # fmt: skip
+            jobs = home / "jobs"
+            run = make_run(db, jobs, steps=3000, status="succeeded", seed=1)
+            make_eval(db, jobs, run, 2900, real_tau=3.9, data_tau=4.0, target_tau=3.95)
+            for name, url, kind in (("prod-qwen-dflash", good.url, "vllm"), ("staging", bad.url, "vllm"),
+                                    ("sglang-canary", sg.url, "sglang")):  # fmt: skip
+                serving.create_endpoint(db, name=name, kind=kind, metrics_url=url, interval_s=1,
+                                        run_job_id=run, drafter="models/drafter")  # fmt: skip
+            for _ in range(25):  # ~5 s: the server's scraper takes its windows
+                vllm.decode("qwen", "0", [7, 3, 2, 0, 5, 1, 2, 4] * 40)
+                vllm.decode("qwen", "1", [2, 1, 0, 3] * 40)
+                time.sleep(0.2)
+            with sync_playwright() as pw:
+                browser = launch_browser(pw)
+                for name, url in [("serving", "/serving"), ("serving-endpoint", "/serving/1"),
+                                  ("serving-failing", "/serving/2"), ("serving-run", f"/runs/{run}"),
+                                  ("serving-runs", "/runs")]:  # fmt: skip
+                    for label, (w, h) in WIDTHS.items():
+                        context = browser.new_context(base_url=server.url, viewport={"width": w, "height": h})
+                        page = context.new_page()
+                        page.goto(url)
+                        path = out / f"{name}-{label}.png"
+                        page.screenshot(path=str(path), full_page=True)
+                        shots.append(path)
+                        if name == "serving-run":  # the run page is long: its evals and served part
+                            shots.append(out / f"{name}-{label}-served.png")
+                            page.locator("section.ckpts").first.screenshot(path=str(shots[-1]))
+                        context.close()
+                browser.close()
+    finally:
+        engine.dispose()
+        server.stop()
+        shutil.rmtree(home.parent, ignore_errors=True)
+    return shots
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "var" / "screens")
+    for path in take(parser.parse_args().out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()
