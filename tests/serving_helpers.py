@@ -135,3 +135,73 @@ def serving(body: Callable[[], str]) -> Iterator[MetricsServer]:
     finally:
         server.httpd.shutdown()
         server.httpd.server_close()
+
+
+class SpecServer:
+    """A stand-in speculative server: `/metrics` (vLLM's counters) and the two generate routes the served
+    eval calls, vLLM's `/v1/completions` and SGLang's `/generate`. Each request decodes `max_tokens`
+    tokens: one from the prefill, then verify steps accepting `accepts` in turn (a + 1 tokens each, the
+    last cut at max_tokens), counted in the counters and in SGLang's meta_info."""
+
+    def __init__(self, accepts: list[int], k: int = 3):
+        self.vllm = VllmStandIn(k=k, engines=("0",))
+        self.accepts, self.requests = accepts, []  # type: ignore[var-annotated]
+        self.steps_total = 0
+        spec = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _send(self, payload: bytes, kind: str = "application/json") -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def do_GET(self) -> None:
+                self._send(spec.vllm.text().encode(), "text/plain; version=0.0.4")
+
+            def do_POST(self) -> None:
+                import json
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                spec.requests.append((self.path, body))
+                if self.path == "/v1/completions":
+                    n, steps = spec.decode(int(body["max_tokens"]))
+                    self._send(
+                        json.dumps({"choices": [{"text": "x"}], "usage": {"completion_tokens": n}}).encode()
+                    )
+                elif self.path == "/generate":
+                    n, steps = spec.decode(int(body["sampling_params"]["max_new_tokens"]))
+                    meta = {"completion_tokens": n, "spec_verify_ct": steps}
+                    self._send(json.dumps({"text": "x", "meta_info": meta}).encode())
+                else:
+                    self.send_error(404)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def decode(self, max_tokens: int) -> tuple[int, int]:
+        produced, steps, runs = 1, 0, []
+        while produced < max_tokens:
+            a = self.accepts[steps % len(self.accepts)]
+            runs.append(a)
+            produced += a + 1
+            steps += 1
+        self.vllm.decode("m", "0", runs)
+        self.steps_total += steps
+        return min(produced, max_tokens), steps
+
+
+@contextmanager
+def spec_server(accepts: list[int], k: int = 3) -> Iterator[SpecServer]:
+    server = SpecServer(accepts, k)
+    thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.httpd.shutdown()
+        server.httpd.server_close()

@@ -156,6 +156,16 @@ def evaluate(params: EvalParams, *, report: Path | None) -> None:
             f"{_num(training['real_tau_incl_bonus'], '.3f')})",
             highlight=False,
         )
+    served = ev.get("served")
+    if served:  # the three numbers of one drafter on these prompts
+        traffic = " (other requests were served meanwhile: not exact)" if served.get("other_traffic") else ""
+        out.print(
+            f"served by {served['url']} ({served['kind']}): tau {_num(served['tau_incl_bonus'], '.3f')}"
+            f" over {served['prompts']} prompts{traffic}; offline real tau "
+            f"{_num(served['offline_real_tau_incl_bonus'], '.3f')}, walked "
+            f"{_num(served['walked_tau_incl_bonus'], '.3f')}",
+            highlight=False,
+        )
     out.print(f"wrote {Path(params.out) / 'eval.json'}", highlight=False)
 
 

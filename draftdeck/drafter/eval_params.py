@@ -78,6 +78,20 @@ class EvalParams(JobParams):
         description="Alert data_not_target_output when the run's held-out tau judged by the data is above "
         "real greedy tau by more than this share.",
     )
+    served_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Served eval: the base URL of a vLLM or SGLang server serving this drafter; the same "
+        "prompts are sent to it (greedy) and its tau on exactly them is reported beside the offline one.",
+    )
+    served_kind: Literal["vllm", "sglang"] = Field(default="vllm", description="The served server's kind.")
+    served_metrics_url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Its /metrics (vLLM; default: the base URL's)."
+    )
+    served_model: str | None = Field(default=None, description="The model name it serves (vLLM).")
+    served_token_env: str | None = Field(
+        default=None, description="Environment variable holding its bearer token."
+    )
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
@@ -88,4 +102,6 @@ class EvalParams(JobParams):
             raise ValueError(
                 "temperature and top_p apply to mode 'sampled' only; greedy mode takes the argmax"
             )
+        if self.served_url and self.mode != "greedy":
+            raise ValueError("served_url: the served eval decodes greedily; use mode 'greedy'")
         return self

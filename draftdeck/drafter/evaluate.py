@@ -218,6 +218,35 @@ def _walked(
     return counts.walked_accepted, counts.walked_steps, counts.walked_hist
 
 
+def _served(
+    params: EvalParams, prompts: list[Prompt], real_tau: float, walked_tau: float, ctx: RunContext
+) -> dict[str, Any]:
+    """The same prompts through the served drafter (draftdeck/serving/served_eval.py), beside the
+    checkpoint's real and walked tau on them: the three numbers of one drafter on one prompt set."""
+    import os
+
+    from draftdeck.serving.served_eval import served_eval
+
+    assert params.served_url is not None
+    metrics = params.served_metrics_url or params.served_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    token = os.environ.get(params.served_token_env) if params.served_token_env else None
+    where = f"{params.served_url} ({params.served_kind})"
+    ctx.event("info", f"served eval: {len(prompts)} prompts to {where}")
+    counts = served_eval(
+        [p.ids for p in prompts], kind=params.served_kind, base_url=params.served_url,
+        metrics_url=metrics if params.served_kind == "vllm" else None, model=params.served_model,
+        max_new_tokens=params.max_new_tokens, token=token,
+    )  # fmt: skip
+    if counts.other_traffic:
+        ctx.event(
+            "warning",
+            "served eval: the server verified more tokens than it returned to this eval: other requests "
+            "were served meanwhile, so its counters are not these prompts' alone",
+        )
+    return {**counts.to_json(), "url": params.served_url, "offline_real_tau_incl_bonus": real_tau,
+            "walked_tau_incl_bonus": walked_tau}  # fmt: skip
+
+
 def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
@@ -371,6 +400,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
                    "tokens_per_step": st.tokens_per_step}
             for name, st in by_source.items()
         }  # fmt: skip
+    if params.served_url:
+        result["served"] = _served(params, prompts, real_tau, walked_tau, ctx)
     report.extra["eval"] = _finite(result)
     report.check_accounting()
     path = out_dir / "eval.json"

@@ -261,3 +261,38 @@ def test_zlabs_own_decoder_gives_the_same_outputs_and_steps(
     zlab_tau = sum(sum(z["acceptance_lengths"]) for z in theirs) / steps
     assert ours.steps == steps > len(theirs) and ours.tokens_per_step == pytest.approx(zlab_tau)
     assert ours.tau_pooled >= ours.tokens_per_step  # vLLM's count adds the bonus a stop drops
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_served_eval_reports_served_tau_beside_offline_and_walked_on_the_same_prompts(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path, kind: str
+) -> None:
+    from tests.serving_helpers import spec_server
+
+    with spec_server([3, 1, 2]) as server:
+        data, _ = _run(world, checkpoint, tmp_path, served_url=server.url, served_kind=kind, served_model="m")
+        sent = [body for _, body in server.requests]
+    ev = data["eval"]
+    served = ev["served"]
+    assert served["prompts"] == ev["prompts"] == len(sent)
+    # the very token ids decoded offline went to the server
+    ids_key = "prompt" if kind == "vllm" else "input_ids"
+    assert all(isinstance(b[ids_key], list) and all(isinstance(t, int) for t in b[ids_key]) for b in sent)
+    # 32 tokens each: the prefill's, then steps of 4, 2, 3, ... tokens: 10 steps accepting 21 drafts
+    assert served["completion_tokens"] == 32 * len(sent) and served["verify_steps"] == 10 * len(sent)
+    if kind == "vllm":
+        w = served["window"]
+        assert (w["drafts"], w["accepted"]) == (10 * len(sent), 21 * len(sent)) and not served[
+            "other_traffic"
+        ]
+        assert served["tau_incl_bonus"] == pytest.approx(1 + 21 / 10)
+    else:
+        assert served["tau_incl_bonus"] == pytest.approx(32 / 10)
+    assert served["offline_real_tau_incl_bonus"] == ev["methods"]["drafter"]["tau_incl_bonus_pooled"]
+    assert served["walked_tau_incl_bonus"] == ev["walked"]["tau_incl_bonus"]
+
+
+def test_served_eval_needs_greedy_mode(world: TinyWorld, checkpoint: Path) -> None:
+    with pytest.raises(ValueError, match="served eval decodes greedily"):
+        EvalParams(inputs=[str(world.prompts)], target=str(world.target_dir), checkpoint=str(checkpoint),
+                   mode="sampled", served_url="http://127.0.0.1:9")  # fmt: skip
