@@ -35,8 +35,8 @@ test: $(STAMP) services lint typecheck  ## everything CI runs
 	$(BIN)/pytest -q --cov --cov-report= -p no:cacheprovider -m "not browser"
 	$(BIN)/pytest -q --cov --cov-append --cov-report=term:skip-covered -p no:cacheprovider -m browser
 
-# Every CPU benchmark; benchmarks/train_gpu.py is the check for a machine with a GPU (run it there).
-BENCHES := $(filter-out benchmarks/_% benchmarks/train_gpu.py,$(wildcard benchmarks/*.py))
+# Every CPU benchmark; benchmarks/train_gpu.py and serve_gpu.py are the checks for a machine with a GPU.
+BENCHES := $(filter-out benchmarks/_% benchmarks/train_gpu.py benchmarks/serve_gpu.py,$(wildcard benchmarks/*.py))
 
 bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done

@@ -1,0 +1,87 @@
+# ruff: noqa: E402 - imports follow the sys.path fix
+"""A served drafter on a lent GPU: vLLM serving an exported checkpoint with its target, scraped, and a
+served eval on the demo's prompts: the three numbers of one drafter on one prompt set.
+
+    draftdeck demo --quick --workdir W          # the tiny world, a trained run and its eval (CPU)
+    python benchmarks/serve_gpu.py W [--port 8100] [--prompts 32]
+
+Exports the run's best checkpoint (`export-drafter --target`, which prints the launch flags), starts
+`vllm serve TARGET --speculative-config {"method": "dflash", ..., "num_speculative_tokens": B - 1}`,
+waits for it, runs `eval --served-url` on the dataset's held-out prompts (offline real tau, walked tau
+and served tau on the same prompts), scrapes one window with `serving watch --once --json`, and prints
+one table. Needs vLLM installed on that machine; without it, it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import time
+
+import httpx
+
+
+def _cli(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "draftdeck.cli", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"draftdeck {' '.join(args)} failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("workdir", type=Path, help="a `draftdeck demo` folder (world/, dataset/, run/)")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    args = parser.parse_args()
+    if importlib.util.find_spec("vllm") is None:
+        print("vLLM is not installed here: this check runs where it is (pip install vllm)", file=sys.stderr)
+        sys.exit(2)
+    w = args.workdir.resolve()
+    target, drafter = w / "world" / "target", w / "drafter"
+    print(_cli("export-drafter", str(w / "run"), "--out", str(drafter), "--target", str(target)))
+    block = json.loads((drafter / "config.json").read_text())["dflash_config"]["block_size"]
+    spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": block - 1}
+    base = f"http://127.0.0.1:{args.port}"
+    server = subprocess.Popen(["vllm", "serve", str(target), "--port", str(args.port), "--served-model-name",
+                               "target", "--speculative-config", json.dumps(spec)])  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                sys.exit("vLLM did not start (see its output above)")
+            time.sleep(2)
+        _cli("eval", str(w / "dataset"), "--target", str(target), "--checkpoint", str(w / "run"),
+             "--out", str(w / "eval-served"), "--max-prompts", str(args.prompts), "--heldout-fraction", "0.1",
+             "--max-new-tokens", str(args.max_new_tokens), "--device", "cuda", "--served-url", base,
+             "--served-model", "target")  # fmt: skip
+        served = json.loads((w / "eval-served" / "eval.json").read_text())["eval"]["served"]
+        window = _cli("serving", "watch", f"{base}/metrics", "--interval", "1", "--once", "--json")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    print(f"{'figure':<44} {'tau incl. bonus':>16}")
+    for name, value in (("walked (the checkpoint, these prompts)", served["walked_tau_incl_bonus"]),
+                        ("real, offline (DraftDeck's decoder)", served["offline_real_tau_incl_bonus"]),
+                        ("served by vLLM (counters over the eval)", served["tau_incl_bonus"])):  # fmt: skip
+        print(f"{name:<44} {value:>16.3f}")
+    print(f"served / offline: {served['tau_incl_bonus'] / served['offline_real_tau_incl_bonus']:.3f}x;"
+          f" other traffic: {served.get('other_traffic')}; a scraped window after it: {window.strip() or 'idle'}")
+
+
+if __name__ == "__main__":
+    main()
