@@ -68,15 +68,15 @@ class EvalParams(JobParams):
         gt=0.0,
         le=1.0,
         description="Relative difference between real greedy tau and the walks that should equal it (over "
-        "its own outputs: decoder_mismatch; the run's target-judged tau: training_estimate_off), both incl. "
-        "bonus, above which an alert is raised.",
+        "its own outputs: decoder_mismatch; the run's tau judged by the target: training_estimate_off), "
+        "both incl. bonus, above which an alert is raised.",
     )
     off_target_tolerance: float = Field(
         default=OFF_TARGET_TOLERANCE,
         gt=0.0,
         le=10.0,
-        description="Alert data_not_target_output when the run's held-out tau judged by the data is above "
-        "real greedy tau by more than this share.",
+        description="Alert data_not_target_output when the data-judged tau of the run's held-out split is "
+        "above real greedy tau by more than this share.",
     )
     served_url: str | None = Field(
         default=None,

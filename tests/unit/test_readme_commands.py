@@ -39,7 +39,7 @@ def _commands() -> list[list[str]]:
 
 def _path(words: list[str]) -> list[str]:
     """The command and its sub-commands: the leading words before the first argument or option."""
-    groups = {"jobs": 1, "db": 1}
+    groups = {"jobs": 1, "db": 1, "serving": 1}
     n = 1 + groups.get(words[0], 0)
     return words[:n]
 
