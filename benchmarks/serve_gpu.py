@@ -79,8 +79,9 @@ def main() -> None:
                         ("real, offline (DraftDeck's decoder)", served["offline_real_tau_incl_bonus"]),
                         ("served by vLLM (counters over the eval)", served["tau_incl_bonus"])):  # fmt: skip
         print(f"{name:<44} {value:>16.3f}")
-    print(f"served / offline: {served['tau_incl_bonus'] / served['offline_real_tau_incl_bonus']:.3f}x;"
-          f" other traffic: {served.get('other_traffic')}; a scraped window after it: {window.strip() or 'idle'}")
+    ratio = served["tau_incl_bonus"] / served["offline_real_tau_incl_bonus"]
+    print(f"served / offline: {ratio:.3f}x; other traffic: {served.get('other_traffic')}")
+    print(f"a scraped window after it: {window.strip() or 'idle'}")
 
 
 if __name__ == "__main__":
