@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
@@ -126,8 +127,8 @@ class MetricsServer:
 
 
 @contextmanager
-def serving(body: Callable[[], str]) -> Iterator[MetricsServer]:
-    server = MetricsServer(body)
+def _running(server: Any) -> Iterator[Any]:
+    """Serve `server.httpd` in a thread for the block."""
     thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
     thread.start()
     try:
@@ -135,6 +136,10 @@ def serving(body: Callable[[], str]) -> Iterator[MetricsServer]:
     finally:
         server.httpd.shutdown()
         server.httpd.server_close()
+
+
+def serving(body: Callable[[], str]) -> AbstractContextManager[MetricsServer]:
+    return _running(MetricsServer(body))
 
 
 class SpecServer:
@@ -195,13 +200,5 @@ class SpecServer:
         return min(produced, max_tokens), steps
 
 
-@contextmanager
-def spec_server(accepts: list[int], k: int = 3) -> Iterator[SpecServer]:
-    server = SpecServer(accepts, k)
-    thread = threading.Thread(target=server.httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.httpd.shutdown()
-        server.httpd.server_close()
+def spec_server(accepts: list[int], k: int = 3) -> AbstractContextManager[SpecServer]:
+    return _running(SpecServer(accepts, k))
