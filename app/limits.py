@@ -26,6 +26,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 1 << 20
 MAX_ID = 2**31 - 1
+# Query parameters that are chart coordinates, not ids: epoch milliseconds and token counts pass 2^31
+# (a zoom on a run's time or tokens axis); they stay within a 64-bit column.
+COORDINATES = frozenset({"lo", "hi"})
+MAX_COORDINATE = 2**62
 MAX_LOG_LINE_CHARS = 4000
 MAX_TRACEBACK_CHARS = 20000
 _WHOLE_NUMBER = re.compile(r"[+-]?\d+")
@@ -49,13 +53,13 @@ def text_problem(text: str) -> str | None:
     return None
 
 
-def out_of_range(text: str) -> bool:
-    """`text` is a whole number beyond what any id column or row index here holds."""
+def out_of_range(text: str, limit: int = MAX_ID) -> bool:
+    """`text` is a whole number beyond `limit` (by default what any id column or row index holds)."""
     if not _WHOLE_NUMBER.fullmatch(text):
         return False
     digits = text.lstrip("+-")
     # Compare lengths first: int() refuses strings of over 4300 digits, and we need no such number.
-    return len(digits) > 10 or int(digits) > MAX_ID
+    return len(digits) > len(str(limit)) or int(digits) > limit
 
 
 def json_problem(value: Any) -> str | None:
@@ -94,8 +98,9 @@ def check_url(scope: Scope) -> None:
             problem = text_problem(text)
             if problem:
                 raise Rejected(400, f"a query parameter {part} {problem}")
-        if out_of_range(value):
-            raise Rejected(422, f"query parameter {name[:40]!r}: {value[:40]} is above {MAX_ID}")
+        limit = MAX_COORDINATE if name in COORDINATES else MAX_ID
+        if out_of_range(value, limit):
+            raise Rejected(422, f"query parameter {name[:40]!r}: {value[:40]} is above {limit}")
 
 
 def check_body(body: bytes, content_type: str) -> None:

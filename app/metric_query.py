@@ -255,9 +255,10 @@ def _pairs_sql(level: int, col: str) -> str:
     )
 
 
-# Integer division truncates the same way on both databases; edge rows of a rollup may reach past
+# The bucket index of a row's x (app/serving_series.py buckets served tau with it too). Integer
+# division truncates the same way on both databases; edge rows of a rollup may reach past
 # the range, so the index is clamped into [0, nb).
-_BUCKET = (
+BUCKET = (
     "CASE WHEN (x - :lo) * :nb / :span >= :nb THEN :nb - 1 WHEN x < :lo THEN 0"
     " ELSE (x - :lo) * :nb / :span END"
 )
@@ -286,7 +287,7 @@ def _fill(
     if parts is None:
         sql = f"""
         WITH r AS ({rows_sql.format(name=":n1")}),
-        b AS (SELECT {_BUCKET} AS bk, r.* FROM r),
+        b AS (SELECT {BUCKET} AS bk, r.* FROM r),
         ranked AS (SELECT b.*, ROW_NUMBER() OVER (PARTITION BY bk ORDER BY x DESC, k DESC) AS rn FROM b)
         SELECT bk, MAX(x), MIN(vmin), MAX(vmax), MAX(CASE WHEN rn = 1 THEN last END),
                SUM(nonfinite), MAX(CASE WHEN rn = 1 THEN n END)
@@ -304,7 +305,7 @@ def _fill(
         sql = f"""
         WITH r AS (SELECT x, a, d, CASE WHEN d > 0 THEN a / d END AS ratio
                    FROM ({_pairs_sql(s.level, col)}) AS p),
-        b AS (SELECT {_BUCKET} AS bk, r.* FROM r)
+        b AS (SELECT {BUCKET} AS bk, r.* FROM r)
         SELECT bk, MAX(x), SUM(a), SUM(d), MIN(ratio), MAX(ratio) FROM b GROUP BY bk ORDER BY bk"""
         for _bk, x, a, d, rmin, rmax in session.execute(text(sql), args):
             s.x.append(x)

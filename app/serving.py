@@ -209,15 +209,21 @@ def newest(session: Session, ep: ServingEndpoint, min_drafts: int, limit: int = 
     return summed(rows)
 
 
-def eval_tau(session: Session, run: Job) -> tuple[float, Job] | None:
-    """Real tau incl. bonus of the run's best checkpoint (what export-drafter exports), from its newest
-    eval; else the newest eval of any of its checkpoints (the run page's evals table)."""
+def best_eval(session: Session, run: Job) -> tuple[int | None, dict[str, Any] | None]:
+    """(the best checkpoint's step, the eval row of it): the eval of the best checkpoint (what
+    export-drafter exports) with a real tau, else the first such eval of any of its checkpoints (the
+    run page's evals table)."""
     from app.run_figures import checkpoints, evals
 
     ckpts, _ = checkpoints(run)
     best = next((c["step"] for c in ckpts if c.get("best")), None)
     rows = [r for r in evals(session, run, ckpts) if r["real"] is not None]
-    row = next((r for r in rows if r["step"] == best), rows[0] if rows else None)
+    return best, next((r for r in rows if r["step"] == best), rows[0] if rows else None)
+
+
+def eval_tau(session: Session, run: Job) -> tuple[float, Job] | None:
+    """Real tau incl. bonus of the run's best eval (`best_eval`) and its job."""
+    _, row = best_eval(session, run)
     return (float(row["real"]), row["job"]) if row is not None else None
 
 

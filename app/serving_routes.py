@@ -7,16 +7,18 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
 from sqlmodel import Session, col, select
 
 from app import serving
 from app.auth import require_api_write, require_page_write
 from app.deps import SessionDep
+from app.metric_query import QueryError
 from app.models import Alert, Job, ServingEndpoint, ServingWindow
 from app.pages import render
 from app.serving import EndpointError
+from app.serving_series import chart_data
 
 router = APIRouter(include_in_schema=False)
 api = APIRouter(prefix="/api", tags=["api"])
@@ -145,6 +147,18 @@ def endpoint_page(request: Request, session: SessionDep, endpoint_id: int) -> HT
     view = serving.endpoint_view(session, ep)
     return render(request, "serving_endpoint.html", session, nav="serving", view=view,
                   recent=[_window_row(r) for r in recent], alerts=alerts)  # fmt: skip
+
+
+@router.get("/serving/{endpoint_id}/data")
+def endpoint_data(
+    session: SessionDep, endpoint_id: int, lo: int | None = None, hi: int | None = None, budget: int = 500
+) -> JSONResponse:
+    """Chart data of an endpoint: served tau over time bucketed on [lo, hi] epoch ms, p_i served and of
+    its run's best eval and held-out walk, and the run's taus to draw beside them."""
+    try:
+        return JSONResponse(chart_data(session, _get(session, endpoint_id), lo, hi, budget))
+    except QueryError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 @router.post("/serving/{endpoint_id}/{action}", dependencies=[PageWrite])

@@ -4,9 +4,9 @@
 (function () {
   "use strict";
   var root = document.getElementById("charts");
-  if (!root || typeof uPlot === "undefined") return;
+  if (!root || typeof uPlot === "undefined" || !window.ddPlot) return;
   var cfg = JSON.parse(root.getAttribute("data-config"));
-  var COLORS = ["#2f5bd3", "#c2410c", "#15803d", "#9333ea", "#0e7490", "#b91c1c", "#a16207", "#475467"];
+  var P = window.ddPlot, COLORS = P.COLORS, fmtY = P.fmtY, fade = P.fade;
   var DASHES = [[], [6, 4], [2, 3], [10, 3, 2, 3]];
   var state = { axis: "step", logy: false, smooth: 0, band: true, range: null };
   var store = {};      // "job|name" -> {x: [], y: [], min: [], max: [], steps: last step}
@@ -74,27 +74,6 @@
     return Math.round(v).toLocaleString();
   }
 
-  function fmtY(v) {
-    if (v === null || v === undefined || !isFinite(v)) return "–";
-    var a = Math.abs(v);
-    return a !== 0 && (a < 1e-3 || a >= 1e5) ? v.toExponential(3) : String(Number(v.toPrecision(5)));
-  }
-
-  // Axis ticks: the fewest digits that tell the ticks apart ("1e-4", "2.5e-4", not ".000e-4" cut by the
-  // axis), and an axis as wide as its longest label, so a live run's new scale never clips one.
-  function fmtYTick(v) {
-    if (v === null || v === undefined || !isFinite(v)) return "";
-    var a = Math.abs(v);
-    if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(2).replace(/\.?0+e/, "e");
-    return String(Number(v.toPrecision(4)));
-  }
-
-  function yAxisSize(u, values) {
-    if (!values || !values.length) return 50;
-    var longest = values.reduce(function (n, t) { return Math.max(n, String(t).length); }, 0);
-    return Math.max(50, Math.ceil(longest * 7.5) + 18);
-  }
-
   // Debiased EMA (TensorBoard's): s_t = a*s + (1-a)*y over the points shown; gaps stay gaps.
   function ema(ys, a) {
     if (!a) return ys;
@@ -116,11 +95,6 @@
 
   function colorOf(runIdx, seriesIdx) {
     return cfg.jobs.length > 1 ? COLORS[runIdx % COLORS.length] : COLORS[seriesIdx % COLORS.length];
-  }
-
-  function fade(hex, alpha) {
-    var n = parseInt(hex.slice(1), 16);
-    return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha + ")";
   }
 
   function build(chart) {
@@ -173,48 +147,11 @@
     if (!el) return;
     var spec = build(chart);
     if (plots[chart.id]) { plots[chart.id].destroy(); delete plots[chart.id]; }
-    el.replaceChildren();
-    if (!spec) {
-      var p = document.createElement("p");
-      p.className = "muted small plot-empty";
-      p.textContent = "No points yet.";
-      el.appendChild(p);
-      return;
-    }
-    var width = Math.max(240, el.clientWidth || 600);
-    var opts = {
-      width: width,
-      height: width < 500 ? 200 : 240,
-      series: spec.series,
-      bands: spec.bands,
-      legend: { live: true },
-      cursor: { sync: { key: sync.key, setSeries: false }, drag: { x: true, y: false, setScale: false } },
-      scales: {
-        x: state.range ? { time: state.axis === "time", auto: false, range: [state.range.lo, state.range.hi] } : { time: state.axis === "time" },
-        y: state.logy ? { distr: 3 } : {},
-      },
-      axes: [
-        { values: state.axis === "time" ? undefined : function (u, vals) { return vals.map(fmtTick); } },
-        { size: yAxisSize, values: function (u, vals) { return vals.map(fmtYTick); } },
-      ],
-      hooks: { setSelect: [onSelect] },
-    };
-    var data = spec.data;
-    if (state.axis === "time") data = [data[0].map(function (ms) { return ms / 1000; })].concat(data.slice(1));
-    if (state.axis === "time" && state.range) opts.scales.x.range = [state.range.lo / 1000, state.range.hi / 1000];
-    var u = plots[chart.id] = new uPlot(opts, data, el);
-    // The band's edges are drawn, not listed: their legend rows would double the legend.
-    var rows = u.root.querySelectorAll(".u-legend .u-series");
-    spec.series.forEach(function (s, i) { if (s.ddBandEdge && rows[i]) rows[i].classList.add("band-edge"); });
-    el.setAttribute("data-points", String(data[0].length));
-  }
-
-  function fmtTick(v) {
-    var a = Math.abs(v);
-    if (a >= 1e9) return (v / 1e9).toFixed(1) + "G";
-    if (a >= 1e6) return (v / 1e6).toFixed(1) + "M";
-    if (a >= 1e4) return (v / 1e3).toFixed(0) + "k";
-    return String(v);
+    if (!spec) { P.empty(el, "No points yet."); return; }
+    var time = state.axis === "time", range = null;
+    if (time) spec.data = [spec.data[0].map(function (ms) { return ms / 1000; })].concat(spec.data.slice(1));
+    if (state.range) range = time ? [state.range.lo / 1000, state.range.hi / 1000] : [state.range.lo, state.range.hi];
+    plots[chart.id] = P.draw(el, spec, { time: time, range: range, logy: state.logy, sync: sync, onSelect: onSelect });
   }
 
   function onSelect(u) {

@@ -145,10 +145,12 @@ def make_eval(
     data_tau: float,
     target_tau: float | None = None,
     tokens_per_step: float | None = None,
+    per_pos: list[int] | None = None,
 ) -> int:
     """A succeeded eval job of the run's checkpoint at `step`, with eval.json holding the run's taus for
     it (judged by the data and, unless None, by the target) and the alert the eval raises on them;
-    with `tokens_per_step`, the drafter's counts over 100 verify steps in both conventions."""
+    with `tokens_per_step`, the drafter's counts over 100 verify steps in both conventions; with
+    `per_pos`, how many of those 100 steps accepted more than i draft tokens."""
     ckpt = jobs_dir / str(run_id) / "checkpoints" / f"step-{step:08d}"
     job = Job(
         kind="eval", params={"checkpoint": str(ckpt), "mode": "greedy"}, status="succeeded", queue="gpu"
@@ -174,6 +176,10 @@ def make_eval(
         counts = {"verify_steps": 100, "accepted": round(100 * (real_tau - 1)),
                   "produced_by_steps": round(100 * tokens_per_step)}  # fmt: skip
         drafter |= {"counts": counts, "tokens_per_step": tokens_per_step}
+    if per_pos is not None:
+        drafter.setdefault("counts", {"verify_steps": 100})["per_pos_accepted_more_than"] = {
+            str(i): n for i, n in enumerate(per_pos)
+        }
     (out / "eval.json").write_text(
         json.dumps(  # the layout draftdeck/drafter/evaluate.py writes
             {

@@ -34,7 +34,7 @@ def take(out: Path) -> list[Path]:
     home = Path(tempfile.mkdtemp(prefix="dd-serving-")) / "home"
     server = Server(home).start()
     engine = make_engine(f"sqlite:///{home.resolve() / 'draftdeck.db'}")
-    vllm, sglang = VllmStandIn(k=7, engines=("0", "1"), model="qwen"), SglangStandIn()
+    vllm, sglang = VllmStandIn(k=3, engines=("0", "1"), model="qwen"), SglangStandIn()
     sglang.length.labels("qwen").set(3.41)
     sglang.rate.labels("qwen").set(0.34)
     try:
@@ -44,13 +44,13 @@ def take(out: Path) -> list[Path]:
         ):  # fmt: skip
             jobs = home / "jobs"
             run = make_run(db, jobs, steps=3000, status="succeeded", seed=1)
-            make_eval(db, jobs, run, 2900, real_tau=3.9, data_tau=4.0, target_tau=3.95)
+            make_eval(db, jobs, run, 2900, real_tau=3.9, data_tau=4.0, target_tau=3.95, per_pos=[97, 93, 90])
             for name, url, kind in (("prod-qwen-dflash", good.url, "vllm"), ("staging", bad.url, "vllm"),
                                     ("sglang-canary", sg.url, "sglang")):  # fmt: skip
                 serving.create_endpoint(db, name=name, kind=kind, metrics_url=url, interval_s=1,
                                         run_job_id=run, drafter="models/drafter")  # fmt: skip
             for _ in range(25):  # ~5 s: the server's scraper takes its windows
-                vllm.decode("qwen", "0", [7, 3, 2, 0, 5, 1, 2, 4] * 40)
+                vllm.decode("qwen", "0", [3, 3, 2, 0, 3, 1, 2, 3] * 40)
                 vllm.decode("qwen", "1", [2, 1, 0, 3] * 40)
                 time.sleep(0.2)
             with sync_playwright() as pw:
@@ -62,12 +62,14 @@ def take(out: Path) -> list[Path]:
                         context = browser.new_context(base_url=server.url, viewport={"width": w, "height": h})
                         page = context.new_page()
                         page.goto(url)
+                        if name in ("serving-run", "serving-endpoint"):  # the served charts drawn
+                            page.wait_for_selector("[data-plot=tau][data-points]", timeout=10_000)
                         path = out / f"{name}-{label}.png"
                         page.screenshot(path=str(path), full_page=True)
                         shots.append(path)
                         if name == "serving-run":  # the run page is long: its evals and served part
                             shots.append(out / f"{name}-{label}-served.png")
-                            page.locator("section.ckpts").first.screenshot(path=str(shots[-1]))
+                            page.locator("section.served").first.screenshot(path=str(shots[-1]))
                         context.close()
                 browser.close()
     finally:

@@ -19,8 +19,9 @@ import pytest
 from sqlmodel import Session
 
 from app.db import make_engine
+from app import serving
 from app.metrics import record_points
-from app.models import JobStatus
+from app.models import JobStatus, ServingWindow
 from app.state import propose
 from tests.browser.harness import Server
 from tests.run_helpers import make_eval, make_run, step_points
@@ -154,3 +155,30 @@ def test_the_alarm_shows_every_figure_on_run_runs_and_alerts_pages(
     found = page.locator(".alert", has_text="data not target output").first
     expect(found).to_contain_text("real tau 1.420")
     expect(found).to_contain_text("judged by the data 1.640 and judged by the target (its own answers) 1.450")
+
+
+def test_the_served_drafter_is_charted_beside_the_runs_eval_and_walk(
+    page: Any, server: Server, db: Session
+) -> None:
+    run = make_run(db, server.home / "jobs", steps=120, status="succeeded")
+    make_eval(db, server.home / "jobs", run, 100, real_tau=3.0, data_tau=3.0, per_pos=[90, 60, 30])
+    ep = serving.create_endpoint(
+        db, name="prod", kind="vllm", metrics_url="http://127.0.0.1:9/metrics", run_job_id=run
+    )
+    ep.enabled = False  # the test's windows only
+    now = int(time.time() * 1000)
+    for i in range(30):
+        db.add(ServingWindow(endpoint_id=ep.id or 0, wall_ms=now - (30 - i) * 15_000, drafts=100,
+                             draft_tokens=300, accepted=150 + i, per_position=[80, 50, 20 + i]))  # fmt: skip
+    db.add(ep)
+    db.commit()
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.goto(f"/runs/{run}")
+    tau, pos = page.locator(f"#served-tau-{ep.id}"), page.locator(f"#served-pos-{ep.id}")
+    expect(tau).to_have_attribute("data-points", "30")
+    expect(pos).to_have_attribute("data-points", "3")  # positions 0, 1, 2 of a block of 4
+    legend = tau.locator(".u-legend").inner_text()
+    assert "served τ incl. bonus" in legend and "eval τ (real decoding" in legend and "by the target" in legend
+    assert "eval, real decoding (100 steps)" in pos.locator(".u-legend").inner_text()
+    data = page.evaluate(f"window.ddServed.data['{ep.id}']")
+    assert data["series"][0]["y"][-1] == 1 + 179 / 100 and data["eval_tau"] == 3.0

@@ -114,6 +114,11 @@ def test_huge_and_negative_ids_are_4xx(client: TestClient) -> None:
     assert r.status_code == 404 and "ids go up to 2147483647" in r.json()["detail"]
     r = client.get(f"/datasets/compare?a={2**31}")
     assert r.status_code == 422 and "'a'" in r.json()["detail"]
+    # a chart's coordinates (epoch ms, tokens) pass 2^31 and reach the route, up to a 64-bit column
+    r = client.get("/serving/999/data?lo=1800000000000&hi=1800000001000")
+    assert r.status_code == 404 and "endpoint" in r.json()["detail"]
+    r = client.get(f"/serving/999/data?lo={2**63}")
+    assert r.status_code == 422 and "'lo'" in r.json()["detail"]
 
 
 def test_nul_surrogates_and_long_names_are_400_with_the_reason(client: TestClient) -> None:
