@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
-from app.db import make_engine
 from app import serving
+from app.db import make_engine
 from app.metrics import record_points
 from app.models import JobStatus, ServingWindow
 from app.state import propose
@@ -178,7 +178,8 @@ def test_the_served_drafter_is_charted_beside_the_runs_eval_and_walk(
     expect(tau).to_have_attribute("data-points", "30")
     expect(pos).to_have_attribute("data-points", "3")  # positions 0, 1, 2 of a block of 4
     legend = tau.locator(".u-legend").inner_text()
-    assert "served τ incl. bonus" in legend and "eval τ (real decoding" in legend and "by the target" in legend
+    assert "served τ incl. bonus" in legend and "eval τ (real decoding" in legend
+    assert "held-out walk, by the target" in legend
     assert "eval, real decoding (100 steps)" in pos.locator(".u-legend").inner_text()
     data = page.evaluate(f"window.ddServed.data['{ep.id}']")
     assert data["series"][0]["y"][-1] == 1 + 179 / 100 and data["eval_tau"] == 3.0
