@@ -27,12 +27,16 @@ def add(
     token_env: Annotated[
         str | None, typer.Option("--token-env", help="environment variable holding its bearer token")
     ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="the served model_name that is this drafter's")
+    ] = None,
     interval: Annotated[float, typer.Option("--interval", help="seconds between scrapes")] = 15.0,
     server: ServerOpt = None,
 ) -> None:
     """Register a served drafter: the server scrapes it on its interval and compares it with the run."""
     body = {"name": name, "kind": kind.value, "metrics_url": metrics_url, "run_job_id": run,
-            "drafter": drafter, "token_env": token_env, "interval_s": interval}  # fmt: skip
+            "drafter": drafter, "token_env": token_env, "model_name": model,
+            "interval_s": interval}  # fmt: skip
     ep = Client(server).call("POST", "/api/serving", body)
     out.print(ep["id"])
 

@@ -295,6 +295,7 @@ class ServingEndpoint(SQLModel, table=True):
     drafter: str | None = None  # the checkpoint or exported folder it serves
     run_job_id: int | None = Field(default=None, foreign_key="jobs.id", index=True)
     token_env: str | None = None  # the environment variable holding its bearer token (never the token)
+    model_name: str | None = None  # the served model whose counts are the drafter's (None: all, summed)
     interval_s: float = 15.0
     enabled: bool = True
     created_at: datetime = Field(default_factory=utcnow)

@@ -62,6 +62,7 @@ def create_endpoint(
     drafter: str | None = None,
     run_job_id: int | None = None,
     token_env: str | None = None,
+    model_name: str | None = None,
     interval_s: float = 15.0,
 ) -> ServingEndpoint:
     name = name.strip()
@@ -83,7 +84,8 @@ def create_endpoint(
             raise EndpointError(f"run_job_id: job {run_job_id} is not a train run")
     ep = ServingEndpoint(
         name=name, kind=kind, metrics_url=metrics_url, base_url=base, drafter=(drafter or None),
-        run_job_id=run_job_id, token_env=token_env or None, interval_s=interval_s,
+        run_job_id=run_job_id, token_env=token_env or None, model_name=(model_name or "").strip() or None,
+        interval_s=interval_s,
     )  # fmt: skip
     session.add(ep)
     session.commit()
@@ -192,16 +194,17 @@ def summed(rows: list[ServingWindow], model_name: str = "") -> Window:
     return w
 
 
+def own_windows(ep: ServingEndpoint) -> Any:
+    """A select of the endpoint's windows: of its model when it names one, else of every model."""
+    stmt = select(ServingWindow).where(ServingWindow.endpoint_id == ep.id)
+    return stmt.where(ServingWindow.model_name == ep.model_name) if ep.model_name else stmt
+
+
 def newest(session: Session, ep: ServingEndpoint, min_drafts: int, limit: int = 10_000) -> Window:
     """The newest windows of `ep`, back until they hold at least `min_drafts` drafts (or all there are)."""
     rows: list[ServingWindow] = []
     drafts = 0
-    for r in session.exec(
-        select(ServingWindow)
-        .where(ServingWindow.endpoint_id == ep.id)
-        .order_by(col(ServingWindow.wall_ms).desc())
-        .limit(limit)
-    ):
+    for r in session.exec(own_windows(ep).order_by(col(ServingWindow.wall_ms).desc()).limit(limit)):
         rows.append(r)
         drafts += r.drafts
         if drafts >= min_drafts:
@@ -287,16 +290,15 @@ def endpoint_view(session: Session, ep: ServingEndpoint, settings: Settings | No
     w = newest(session, ep, settings.serving_min_drafts)
     gauges = None
     if ep.kind == "sglang":
-        last = session.exec(
-            select(ServingWindow)
-            .where(ServingWindow.endpoint_id == ep.id)
-            .order_by(col(ServingWindow.id).desc())
-        ).first()
+        last = session.exec(own_windows(ep).order_by(col(ServingWindow.id).desc())).first()
         gauges = last.gauges if last is not None else None
     run = session.get(Job, ep.run_job_id) if ep.run_job_id is not None else None
     found = eval_tau(session, run) if run is not None else None
+    raw = ep.last_raw or {}
+    seen = {e.get("model_name", "") for e in raw.get("engines", [])} | set(raw.get("gauges") or {})
     return {
         "endpoint": ep,
+        "models": sorted(seen),  # the model names the last scrape found
         "health": health(ep),
         "window": w.to_json(),
         "gauges": gauges,

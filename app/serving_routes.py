@@ -39,6 +39,9 @@ class EndpointCreate(BaseModel):
     drafter: str | None = Field(default=None, description="the checkpoint or exported folder it serves")
     run_job_id: int | None = Field(default=None, description="the train run whose drafter it serves")
     token_env: str | None = Field(default=None, description="environment variable holding a bearer token")
+    model_name: str | None = Field(
+        default=None, description="the served model whose counts are the drafter's (default: all, summed)"
+    )
     interval_s: float = Field(default=15.0, description="seconds between scrapes")
 
 
@@ -51,6 +54,7 @@ class EndpointPublic(BaseModel):
     drafter: str | None
     run_job_id: int | None
     token_env: str | None
+    model_name: str | None
     interval_s: float
     enabled: bool
     health: str
@@ -115,15 +119,17 @@ def register_page(
     drafter: Annotated[str, Form()] = "",
     run_job_id: Annotated[str, Form()] = "",
     token_env: Annotated[str, Form()] = "",
+    model_name: Annotated[str, Form()] = "",
     interval_s: Annotated[str, Form()] = "15",
 ) -> Response:
     form = {"name": name, "kind": kind, "metrics_url": metrics_url, "drafter": drafter,
-            "run_job_id": run_job_id, "token_env": token_env, "interval_s": interval_s}  # fmt: skip
+            "run_job_id": run_job_id, "token_env": token_env, "model_name": model_name,
+            "interval_s": interval_s}  # fmt: skip
     try:
         ep = serving.create_endpoint(
             session, name=name, kind=kind, metrics_url=metrics_url, drafter=drafter or None,
             run_job_id=int(run_job_id) if run_job_id.strip() else None, token_env=token_env.strip() or None,
-            interval_s=float(interval_s),
+            model_name=model_name, interval_s=float(interval_s),
         )  # fmt: skip
     except ValueError:
         return serving_page(request, session, error="run and interval must be numbers", form=form)

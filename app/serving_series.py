@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from app.metric_query import BUCKET, MAX_BUDGET, QueryError, Series
 from app.models import Job, ServingEndpoint, ServingWindow
 from app.run_figures import checkpoints, read_json, run_out
-from app.serving import best_eval, newest, summed
+from app.serving import best_eval, newest, own_windows, summed
 from app.settings import get_settings
 
 TAU = "served/tau"
@@ -62,14 +62,15 @@ def tau_series(
     lo, hi = _bounds(session, ep, lo, hi)
     if lo is None or hi is None:
         return s
-    args = {"e": ep.id, "lo": lo, "hi": hi, "nb": budget, "span": max(hi - lo, 1)}
+    args = {"e": ep.id, "m": ep.model_name, "lo": lo, "hi": hi, "nb": budget, "span": max(hi - lo, 1)}
+    model = " AND model_name = :m" if ep.model_name else ""
     if ep.kind == "sglang":
-        _gauge_buckets(session, s, args)
+        _gauge_buckets(session, s, ep, args)
         return s
     sql = f"""
     WITH r AS (SELECT wall_ms AS x, accepted AS a, drafts AS d,
                       CASE WHEN drafts > 0 THEN CAST(accepted AS FLOAT) / drafts END AS ratio
-               FROM serving_windows WHERE endpoint_id = :e AND wall_ms BETWEEN :lo AND :hi),
+               FROM serving_windows WHERE endpoint_id = :e AND wall_ms BETWEEN :lo AND :hi{model}),
     b AS (SELECT {BUCKET} AS bk, r.* FROM r)
     SELECT bk, MAX(x), SUM(a), SUM(d), MIN(ratio), MAX(ratio) FROM b GROUP BY bk ORDER BY bk"""
     for _bk, x, a, d, rmin, rmax in session.execute(text(sql), args):
@@ -87,20 +88,26 @@ def _bounds(
     if lo is not None and hi is not None:
         return lo, hi
     found = session.execute(
-        text("SELECT MIN(wall_ms), MAX(wall_ms) FROM serving_windows WHERE endpoint_id = :e"), {"e": ep.id}
+        text(
+            "SELECT MIN(wall_ms), MAX(wall_ms) FROM serving_windows WHERE endpoint_id = :e"
+            + (" AND model_name = :m" if ep.model_name else "")
+        ),
+        {"e": ep.id, "m": ep.model_name},
     ).one()
     if found[0] is None:
         return None, None
     return (int(found[0]) if lo is None else lo), (int(found[1]) if hi is None else hi)
 
 
-def _gauge_buckets(session: Session, s: Series, args: dict[str, Any]) -> None:
-    rows = session.execute(
-        select(ServingWindow.wall_ms, ServingWindow.gauges)
-        .where(ServingWindow.endpoint_id == args["e"])
-        .where(col(ServingWindow.wall_ms).between(args["lo"], args["hi"]))
-        .order_by(col(ServingWindow.wall_ms), col(ServingWindow.id))
-    )
+def _gauge_buckets(session: Session, s: Series, ep: ServingEndpoint, args: dict[str, Any]) -> None:
+    rows = [
+        (w.wall_ms, w.gauges)
+        for w in session.exec(
+            own_windows(ep)
+            .where(col(ServingWindow.wall_ms).between(args["lo"], args["hi"]))
+            .order_by(col(ServingWindow.wall_ms), col(ServingWindow.id))
+        )
+    ]
     lo, nb, span = args["lo"], args["nb"], args["span"]
     buckets: dict[int, list[tuple[int, float]]] = {}
     for wall_ms, gauges in rows:
@@ -125,8 +132,8 @@ def positions(
     if lo is not None and hi is not None:
         rows = list(
             session.exec(
-                select(ServingWindow)
-                .where(ServingWindow.endpoint_id == ep.id, col(ServingWindow.wall_ms).between(lo, hi))
+                own_windows(ep)
+                .where(col(ServingWindow.wall_ms).between(lo, hi))
                 .order_by(col(ServingWindow.wall_ms).desc())
                 .limit(RANGE_ROWS)
             )

@@ -44,9 +44,10 @@ class VllmStandIn:
             2
         )
         for engine in engines:  # vLLM creates its engines' series at start, at zero
-            self._zero(model, engine)
+            self.start_engine(model, engine)
 
-    def _zero(self, model: str, engine: str) -> None:
+    def start_engine(self, model: str, engine: str) -> None:
+        """The series an engine of `model` has from its start, at zero (as vLLM creates them)."""
         for counter in (self.drafts, self.draft_tokens, self.accepted):
             counter.labels(model, engine).inc(0)
         for i in range(self.k):
@@ -70,7 +71,7 @@ class VllmStandIn:
         for i in range(self.k):
             if i not in self.missing:
                 self.per_pos.remove(model, engine, str(i))
-        self._zero(model, engine)
+        self.start_engine(model, engine)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()

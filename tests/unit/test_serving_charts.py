@@ -19,7 +19,7 @@ from app.scraper import scrape_one
 from app.serving_series import tau_series
 from app.settings import get_settings
 from tests.run_helpers import BLOCK, make_eval, make_run, step_points, target_accepted
-from tests.serving_helpers import SglangStandIn
+from tests.serving_helpers import SglangStandIn, VllmStandIn
 from tests.serving_helpers import serving as serve
 
 T0 = 1_800_000_000_000  # epoch ms
@@ -98,3 +98,29 @@ def test_sglang_accept_length_is_charted_as_reported(migrated: Path) -> None:
         one = tau_series(s, ep, budget=1)
         assert one.name == "served/accept_length" and one.y == [3.0] and (one.lo, one.hi) == ([2.75], [3.25])
         assert tau_series(s, ep, budget=100).y[-1] == 3.0
+
+
+def test_an_endpoint_naming_its_model_reads_only_that_models_counts(client: TestClient) -> None:
+    vllm = VllmStandIn(k=3, engines=("0",), model="drafted")
+    vllm.start_engine("other", "0")  # a second model behind the same /metrics
+    with serve(vllm.text) as server, Session(get_engine(), expire_on_commit=False) as s:
+        mine = serving.create_endpoint(
+            s, name="mine", kind="vllm", metrics_url=server.url, model_name="drafted"
+        )
+        every = serving.create_endpoint(s, name="every", kind="vllm", metrics_url=server.url)
+        for ep in (mine, every):
+            ep.enabled = False  # scraped by this test alone
+            scrape_one(s, ep)
+        vllm.decode("drafted", "0", [3] * 100)  # tau 4 on the drafter's model
+        vllm.decode("other", "0", [0] * 300)  # tau 1 on another model behind the same /metrics
+        for ep in (mine, every):
+            scrape_one(s, ep)
+        settings = get_settings()
+        assert serving.newest(s, mine, settings.serving_min_drafts).tau_incl_bonus == 4.0
+        assert serving.newest(s, every, settings.serving_min_drafts).tau_incl_bonus == 1 + 300 / 400
+        assert tau_series(s, mine).y == [4.0] and tau_series(s, every).y == [1.75]
+        view = serving.endpoint_view(s, mine)
+        assert view["models"] == ["drafted", "other"] and view["window"]["drafts"] == 100
+    assert client.get(f"/api/serving/{mine.id}").json()["model_name"] == "drafted"
+    page = client.get(f"/serving/{every.id}").text
+    assert "every model, summed" in page and "the last scrape found: drafted, other" in page
