@@ -113,6 +113,12 @@ def _tokens_per_step(data: Any) -> float | None:
     return produced / steps if isinstance(produced, int) and isinstance(steps, int) and steps else None
 
 
+def _served_tau(data: Any) -> float | None:
+    """Served tau incl. bonus of a served eval: the same prompts through the served drafter."""
+    served = _eval_section(data).get("served")
+    return finite(served.get("tau_incl_bonus")) if isinstance(served, dict) else None
+
+
 def _training(data: Any) -> dict[str, Any]:
     """The run's figures for the evaluated checkpoint, as the eval compared them (eval.json)."""
     section = _eval_section(data).get("training")
@@ -170,6 +176,7 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
                 "real": real,
                 "real_all": real_all,
                 "tokens_per_step": _tokens_per_step(data),
+                "served": _served_tau(data),
                 "real_over": training.get("real_over"),
                 "walked": walked,
                 "target": judged,

@@ -146,11 +146,13 @@ def make_eval(
     target_tau: float | None = None,
     tokens_per_step: float | None = None,
     per_pos: list[int] | None = None,
+    served_tau: float | None = None,
 ) -> int:
     """A succeeded eval job of the run's checkpoint at `step`, with eval.json holding the run's taus for
     it (judged by the data and, unless None, by the target) and the alert the eval raises on them;
     with `tokens_per_step`, the drafter's counts over 100 verify steps in both conventions; with
-    `per_pos`, how many of those 100 steps accepted more than i draft tokens."""
+    `per_pos`, how many of those 100 steps accepted more than i draft tokens; with `served_tau`, a
+    served eval's figure on the same prompts."""
     ckpt = jobs_dir / str(run_id) / "checkpoints" / f"step-{step:08d}"
     job = Job(
         kind="eval", params={"checkpoint": str(ckpt), "mode": "greedy"}, status="succeeded", queue="gpu"
@@ -187,6 +189,7 @@ def make_eval(
                     "methods": {"drafter": drafter},
                     "walked": {"tau_incl_bonus": real_tau},  # the decoder check: equal
                     "training": training,
+                    **({"served": {"tau_incl_bonus": served_tau}} if served_tau is not None else {}),
                 }
             }
         )

@@ -39,7 +39,8 @@ def _endpoint_with_windows(rows: list[tuple[int, int, int, list[int]]]) -> tuple
     settings = get_settings()
     with Session(get_engine(), expire_on_commit=False) as s:
         run = make_run(s, settings.jobs_dir, steps=120, status="succeeded")
-        make_eval(s, settings.jobs_dir, run, 100, real_tau=3.0, data_tau=3.0, per_pos=[90, 60, 30])
+        make_eval(s, settings.jobs_dir, run, 100, real_tau=3.0, data_tau=3.0, per_pos=[90, 60, 30],
+                  served_tau=2.5)  # fmt: skip
         ep = serving.create_endpoint(
             s, name="prod", kind="vllm", metrics_url="http://127.0.0.1:9/metrics", run_job_id=run
         )
@@ -86,6 +87,8 @@ def test_served_tau_is_bucketed_from_summed_counts_beside_the_runs_eval_and_walk
     assert client.get("/serving/999/data").status_code == 404
     page = client.get(f"/runs/{run}").text
     assert f'data-served="{ep}"' in page and 'id="served-tau-' in page and "/static/served.js" in page
+    evals = page.split('class="small evals"', 1)[1].split("</table>", 1)[0]
+    assert "Served τ" in evals and ">2.500<" in evals  # the served eval's figure beside real tau
 
 
 def test_sglang_accept_length_is_charted_as_reported(migrated: Path) -> None:
