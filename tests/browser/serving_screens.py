@@ -9,28 +9,38 @@ and an SGLang one; the server's own scraper reads them for a few seconds before 
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from playwright.sync_api import sync_playwright
 from sqlmodel import Session
 
 from app import serving
 from app.db import make_engine
-from tests.browser.harness import REPO_ROOT, Server, launch_browser
+from tests.browser.harness import Server
+from tests.browser.photos import main, photograph
 from tests.run_helpers import make_eval, make_run
 from tests.serving_helpers import SglangStandIn, VllmStandIn
 from tests.serving_helpers import serving as serve
 
-WIDTHS = {"desktop": (1366, 900), "narrow": (390, 844)}
+
+def _ready(name: str, page: Any) -> None:
+    if name in ("serving-run", "serving-endpoint"):  # the served charts drawn
+        page.wait_for_selector("[data-plot=tau][data-points]", timeout=10_000)
+
+
+def _served_part(name: str, label: str, page: Any, out: Path) -> list[Path]:
+    """The run page is long: its Served section alone as well."""
+    if name != "serving-run":
+        return []
+    path = out / f"{name}-{label}-served.png"
+    page.locator("section.served").first.screenshot(path=str(path))
+    return [path]
 
 
 def take(out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
-    shots: list[Path] = []
     home = Path(tempfile.mkdtemp(prefix="dd-serving-")) / "home"
     server = Server(home).start()
     engine = make_engine(f"sqlite:///{home.resolve() / 'draftdeck.db'}")
@@ -53,38 +63,15 @@ def take(out: Path) -> list[Path]:
                 vllm.decode("qwen", "0", [3, 3, 2, 0, 3, 1, 2, 3] * 40)
                 vllm.decode("qwen", "1", [2, 1, 0, 3] * 40)
                 time.sleep(0.2)
-            with sync_playwright() as pw:
-                browser = launch_browser(pw)
-                for name, url in [("serving", "/serving"), ("serving-endpoint", "/serving/1"),
-                                  ("serving-failing", "/serving/2"), ("serving-run", f"/runs/{run}"),
-                                  ("serving-runs", "/runs")]:  # fmt: skip
-                    for label, (w, h) in WIDTHS.items():
-                        context = browser.new_context(base_url=server.url, viewport={"width": w, "height": h})
-                        page = context.new_page()
-                        page.goto(url)
-                        if name in ("serving-run", "serving-endpoint"):  # the served charts drawn
-                            page.wait_for_selector("[data-plot=tau][data-points]", timeout=10_000)
-                        path = out / f"{name}-{label}.png"
-                        page.screenshot(path=str(path), full_page=True)
-                        shots.append(path)
-                        if name == "serving-run":  # the run page is long: its evals and served part
-                            shots.append(out / f"{name}-{label}-served.png")
-                            page.locator("section.served").first.screenshot(path=str(shots[-1]))
-                        context.close()
-                browser.close()
+            pages = [("serving", "/serving"), ("serving-endpoint", "/serving/1"),
+                     ("serving-failing", "/serving/2"), ("serving-run", f"/runs/{run}"),
+                     ("serving-runs", "/runs")]  # fmt: skip
+            return photograph(server.url, pages, out, _ready, _served_part)
     finally:
         engine.dispose()
         server.stop()
         shutil.rmtree(home.parent, ignore_errors=True)
-    return shots
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "var" / "screens")
-    for path in take(parser.parse_args().out):
-        print(path)
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__ or "", take)
