@@ -75,7 +75,7 @@ def tau_series(
     SELECT bk, MAX(x), SUM(a), SUM(d), MIN(ratio), MAX(ratio) FROM b GROUP BY bk ORDER BY bk"""
     for _bk, x, a, d, rmin, rmax in session.execute(text(sql), args):
         s.x.append(int(x))
-        s.y.append(1 + a / d if d else None)
+        s.y.append(1 + float(a) / float(d) if d else None)  # PostgreSQL sums BIGINTs as NUMERIC
         s.lo.append(None if rmin is None else 1 + rmin)
         s.hi.append(None if rmax is None else 1 + rmax)
         s.nonfinite.append(0)

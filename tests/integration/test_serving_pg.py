@@ -1,0 +1,44 @@
+"""Served tau on PostgreSQL: the migrations (0009's model_name) apply, and the bucketed query gives the
+same numbers as on SQLite (PostgreSQL sums BIGINT counts as NUMERIC: the figures must still be floats
+a JSON response can carry)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlmodel import Session
+
+
+@pytest.fixture
+def engine(pg_url: str) -> Iterator[Any]:
+    from app.db import make_engine, upgrade
+
+    upgrade(pg_url)
+    made = make_engine(pg_url)
+    yield made
+    made.dispose()
+
+
+def test_served_tau_buckets_sum_counts_on_postgresql(engine: Any) -> None:
+    from app import serving
+    from app.models import ServingWindow
+    from app.serving_series import tau_series
+
+    with Session(engine, expire_on_commit=False) as s:
+        ep = serving.create_endpoint(
+            s, name="prod", kind="vllm", metrics_url="http://127.0.0.1:9/metrics", model_name="m"
+        )
+        t0 = 1_800_000_000_000
+        for dt, model, drafts, accepted in ((0, "m", 100, 300), (1000, "m", 100, 100), (1500, "x", 50, 0),
+                                            (10_000, "m", 50, 50)):  # fmt: skip
+            s.add(ServingWindow(endpoint_id=ep.id or 0, wall_ms=t0 + dt, model_name=model, drafts=drafts,
+                                draft_tokens=3 * drafts, accepted=accepted, per_position=[]))  # fmt: skip
+        s.commit()
+        series = tau_series(s, ep, budget=2)
+    assert series.x == [t0 + 1000, t0 + 10_000] and series.y == [3.0, 2.0]  # model "x" left out
+    assert (series.lo, series.hi) == ([2.0, 2.0], [4.0, 2.0])
+    assert all(type(v) is float for v in series.y + series.lo + series.hi)
+    json.dumps(series.as_json())
