@@ -147,6 +147,7 @@ def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(client: TestClient
         ">prod</a>" in served and "4.000" in served and "3.000" in served and "1.00 · 1.00 · 1.00" in served
     )
     assert 'data-label="served τ"' in client.get("/runs").text
+    assert f'href="/serving/{ep.id}">Open endpoint' in client.get("/alerts").text
 
 
 def test_sglang_gauges_are_kept_as_reported_and_registration_refuses_bad_fields(migrated: Path) -> None:
