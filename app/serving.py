@@ -201,14 +201,22 @@ def own_windows(ep: ServingEndpoint) -> Any:
 
 
 def newest(session: Session, ep: ServingEndpoint, min_drafts: int, limit: int = 10_000) -> Window:
-    """The newest windows of `ep`, back until they hold at least `min_drafts` drafts (or all there are)."""
+    """The newest windows of `ep`, back until they hold at least `min_drafts` drafts (or all there are,
+    up to `limit`). Read in pages that grow 4x: a query's rows are all loaded before the first is
+    seen, and the usual answer is a few windows of a long history."""
     rows: list[ServingWindow] = []
-    drafts = 0
-    for r in session.exec(own_windows(ep).order_by(col(ServingWindow.wall_ms).desc()).limit(limit)):
-        rows.append(r)
-        drafts += r.drafts
-        if drafts >= min_drafts:
+    drafts, page = 0, 16
+    newest_first = own_windows(ep).order_by(col(ServingWindow.wall_ms).desc(), col(ServingWindow.id).desc())
+    while len(rows) < limit:
+        got = list(session.exec(newest_first.offset(len(rows)).limit(min(page, limit - len(rows)))))
+        for r in got:
+            rows.append(r)
+            drafts += r.drafts
+            if drafts >= min_drafts:
+                return summed(rows)
+        if len(got) < page:
             break
+        page *= 4
     return summed(rows)
 
 

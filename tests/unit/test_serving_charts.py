@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from app import serving
 from app.db import get_engine
-from app.models import ServingWindow
+from app.models import ServingEndpoint, ServingWindow
 from app.scraper import scrape_one
 from app.serving_series import tau_series
 from app.settings import get_settings
@@ -127,3 +127,14 @@ def test_an_endpoint_naming_its_model_reads_only_that_models_counts(client: Test
     assert client.get(f"/api/serving/{mine.id}").json()["model_name"] == "drafted"
     page = client.get(f"/serving/{every.id}").text
     assert "every model, summed" in page and "the last scrape found: drafted, other" in page
+
+
+def test_the_newest_windows_are_read_back_until_they_hold_the_drafts_asked(migrated: Path) -> None:
+    _, ep_id = _endpoint_with_windows([(i * 1000, 10, 10 + i % 3, [10, 5, 0]) for i in range(100)])
+    with Session(get_engine()) as s:
+        ep = s.get(ServingEndpoint, ep_id)
+        assert ep is not None
+        four = serving.newest(s, ep, 35)  # the newest 4 windows: 99, 98, 97 and 96
+        assert four.drafts == 40 and four.accepted == 4 * 10 + 0 + 2 + 1 + 0
+        assert serving.newest(s, ep, 10**9).drafts == 1000  # all, across the growing pages
+        assert serving.newest(s, ep, 10**9, limit=50).drafts == 500

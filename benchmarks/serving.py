@@ -1,0 +1,154 @@
+# ruff: noqa: E402, E501 - imports follow the sys.path fix; table layout lines
+"""Benchmark: the served-tau chart query (GET /serving/<id>/data) at 10K and 200K scrape windows.
+
+    python benchmarks/serving.py [--small 10000] [--large 200000] [--reps 20]
+
+An endpoint scraped every 15 s has 5,760 windows a day: 10K is under two days, 200K a month. One
+endpoint per size gets windows with drafts, accepted and per-position counts (bulk inserted into a
+migrated SQLite file under benchmarks/.work/serving/). Timed in-process, p50 / p95 over --reps calls
+after a warm-up:
+- chart: `app.serving_series.chart_data` over all windows, 1,000 buckets (what the page asks first:
+  the SQL-bucketed tau series, p_i over the newest windows, the run's figures);
+- zoom 1%: the same over 1 % of the time range (p_i summed over the windows in it);
+- naive: what the chart would cost without SQL bucketing, the baseline: every window read as a row
+  and summed per bucket in Python.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(REPO))
+
+import argparse
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import insert
+from sqlmodel import Session, col, select
+
+from app import serving
+from app.db import make_engine, upgrade
+from app.models import ServingEndpoint, ServingWindow
+from app.serving_series import chart_data
+
+WORK = REPO / "benchmarks" / ".work" / "serving"
+BATCH = 10_000
+T0 = 1_800_000_000_000
+EVERY_MS = 15_000
+
+
+def _endpoint(session: Session, n: int) -> ServingEndpoint:
+    ep = serving.create_endpoint(
+        session, name=f"bench-{n}", kind="vllm", metrics_url="http://127.0.0.1:9/metrics"
+    )
+    rng = random.Random(n)
+    for start in range(0, n, BATCH):
+        rows = []
+        for i in range(start, min(n, start + BATCH)):
+            drafts = rng.randint(200, 2000)
+            per = [round(drafts * p * rng.uniform(0.9, 1.0)) for p in (0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05)]
+            rows.append(
+                {
+                    "endpoint_id": ep.id,
+                    "wall_ms": T0 + i * EVERY_MS,
+                    "model_name": "m",
+                    "seconds": 15.0,
+                    "engines": 2,
+                    "restarted": 0,
+                    "drafts": drafts,
+                    "draft_tokens": 7 * drafts,
+                    "accepted": sum(per),
+                    "per_position": per,
+                }
+            )
+        session.execute(insert(ServingWindow), rows)
+        session.commit()
+    return ep
+
+
+def _naive(session: Session, ep: ServingEndpoint, budget: int) -> list[float | None]:
+    rows = session.exec(
+        select(ServingWindow).where(ServingWindow.endpoint_id == ep.id).order_by(col(ServingWindow.wall_ms))
+    ).all()
+    lo, hi = rows[0].wall_ms, rows[-1].wall_ms
+    acc, drafts = [0] * budget, [0] * budget
+    for r in rows:
+        b = min((r.wall_ms - lo) * budget // max(hi - lo, 1), budget - 1)
+        acc[b] += r.accepted
+        drafts[b] += r.drafts
+    return [1 + a / d if d else None for a, d in zip(acc, drafts, strict=True)]
+
+
+def _time(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
+    for _ in range(2):
+        fn()
+    ms = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t) * 1000)
+    ms.sort()
+    return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.95))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", type=int, default=10_000)
+    parser.add_argument("--large", type=int, default=200_000)
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    url = f"sqlite:///{WORK / 'bench.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    rows = []
+    with Session(engine, expire_on_commit=False) as session:
+        for n in (args.small, args.large):
+            print(f"  writing {n:,} windows", file=sys.stderr, flush=True)
+            ep = _endpoint(session, n)
+            span = (n - 1) * EVERY_MS
+            mid = T0 + span // 2
+            chart = chart_data(session, ep, budget=1000)
+            naive = _naive(session, ep, 1000)
+            ys = chart["series"][0]["y"]
+            agree = len(ys) == len([y for y in naive if y is not None]) and all(
+                abs(a - b) < 1e-9 for a, b in zip(ys, [y for y in naive if y is not None], strict=True)
+            )
+            rows.append({
+                "n": n, "agree": agree,
+                "chart": _time(lambda ep=ep: chart_data(session, ep, budget=1000), args.reps),
+                "zoom": _time(lambda ep=ep, mid=mid, span=span: chart_data(session, ep, mid, mid + span // 100, 1000), args.reps),
+                "naive": _time(lambda ep=ep: _naive(session, ep, 1000), max(3, args.reps // 4)),
+            })  # fmt: skip
+    engine.dispose()
+    print()
+    print("Served-tau chart (app.serving_series.chart_data, in-process, SQLite), p50 / p95 ms; 1,000 buckets")
+    print(
+        f"{'windows':>9} | {'chart':>13} | {'zoom 1%':>13} | {'naive (baseline)':>16} | {'naive / chart':>13} | same taus"
+    )
+    print(f"{'-' * 9}-+-{'-' * 13}-+-{'-' * 13}-+-{'-' * 16}-+-{'-' * 13}-+-{'-' * 9}")
+    for r in rows:
+        ratio = r["naive"][0] / r["chart"][0]
+        print(
+            f"{r['n']:>9,} | {r['chart'][0]:5.1f} / {r['chart'][1]:5.1f} | {r['zoom'][0]:5.1f} / {r['zoom'][1]:5.1f} | "
+            f"{r['naive'][0]:7.1f} / {r['naive'][1]:6.1f} | {ratio:12.1f}x | {'yes' if r['agree'] else 'NO'}"
+        )
+    small, large = rows
+    print(
+        f"\n{large['n']:,}/{small['n']:,} windows: chart p50 ratio {large['chart'][0] / small['chart'][0]:.1f} "
+        f"(the windows are read in full: no rollups), zoom p50 ratio {large['zoom'][0] / small['zoom'][0]:.1f}"
+    )
+    return 0 if all(r["agree"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
