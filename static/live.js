@@ -111,6 +111,8 @@
   var names = Object.keys(handlers).concat((root.getAttribute("data-sse-events") || "").split(/\s+/));
   names.filter(Boolean).forEach(function (name) {
     source.addEventListener(name, function (ev) {
+      // where a reconnect resumes (EventSource sends it back as Last-Event-ID); readable for tests
+      if (ev.lastEventId) root.setAttribute("data-sse-last", ev.lastEventId);
       var data = JSON.parse(ev.data);
       if (handlers[name]) handlers[name](data);
       document.dispatchEvent(new CustomEvent("dd:sse", { detail: { event: name, data: data } }));

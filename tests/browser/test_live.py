@@ -132,6 +132,8 @@ def test_a_dropped_stream_reconnects_and_resumes_without_duplicates(
         pipe.write_rows([{"q": 1}])
         expect(page.locator("#job-status")).to_have_text("running")
         expect(page.locator("#job-log")).to_contain_text("started on")
+        # the page may have drawn those from its HTML: cut only once an event with a cursor came
+        expect(page.locator("#job-stream")).to_have_attribute("data-sse-last", re.compile(r"^log="))
         assert proxy.cut() >= 2
         for _ in range(100):  # EventSource comes back after the stream's `retry: 1000`
             if len(streams) == 2:
