@@ -63,14 +63,13 @@ def tau_series(
     if lo is None or hi is None:
         return s
     args = {"e": ep.id, "m": ep.model_name, "lo": lo, "hi": hi, "nb": budget, "span": max(hi - lo, 1)}
-    model = " AND model_name = :m" if ep.model_name else ""
     if ep.kind == "sglang":
         _gauge_buckets(session, s, ep, args)
         return s
     sql = f"""
     WITH r AS (SELECT wall_ms AS x, accepted AS a, drafts AS d,
                       CASE WHEN drafts > 0 THEN CAST(accepted AS FLOAT) / drafts END AS ratio
-               FROM serving_windows WHERE endpoint_id = :e AND wall_ms BETWEEN :lo AND :hi{model}),
+               FROM serving_windows WHERE endpoint_id = :e AND wall_ms BETWEEN :lo AND :hi{_of_model(ep)}),
     b AS (SELECT {BUCKET} AS bk, r.* FROM r)
     SELECT bk, MAX(x), SUM(a), SUM(d), MIN(ratio), MAX(ratio) FROM b GROUP BY bk ORDER BY bk"""
     for _bk, x, a, d, rmin, rmax in session.execute(text(sql), args):
@@ -82,16 +81,18 @@ def tau_series(
     return s
 
 
+def _of_model(ep: ServingEndpoint) -> str:
+    """The SQL condition of `serving.own_windows` (``:m`` the endpoint's model), or nothing."""
+    return " AND model_name = :m" if ep.model_name else ""
+
+
 def _bounds(
     session: Session, ep: ServingEndpoint, lo: int | None, hi: int | None
 ) -> tuple[int | None, int | None]:
     if lo is not None and hi is not None:
         return lo, hi
     found = session.execute(
-        text(
-            "SELECT MIN(wall_ms), MAX(wall_ms) FROM serving_windows WHERE endpoint_id = :e"
-            + (" AND model_name = :m" if ep.model_name else "")
-        ),
+        text(f"SELECT MIN(wall_ms), MAX(wall_ms) FROM serving_windows WHERE endpoint_id = :e{_of_model(ep)}"),
         {"e": ep.id, "m": ep.model_name},
     ).one()
     if found[0] is None:
