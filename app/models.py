@@ -329,3 +329,25 @@ class ServingWindow(SQLModel, table=True):
     per_position: list[int | None] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     gauges: dict[str, float] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     raw: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+
+
+class ServingHour(SQLModel, table=True):
+    """Per endpoint, model and hour of scrapes, the sum of its windows (app/serving.py keeps it as each
+    scrape lands): served tau over months reads hours, not every window (app/serving_series.py).
+    `vmin`/`vmax`/`vlast` are the figure a window shows: its tau incl. bonus (vLLM), its accept length
+    gauge (SGLang)."""
+
+    __tablename__ = "serving_hours"
+
+    endpoint_id: int = Field(foreign_key="serving_endpoints.id", primary_key=True)
+    model_name: str = Field(default="", primary_key=True)
+    hour: int = Field(primary_key=True, sa_type=BigInteger)  # wall_ms // 3,600,000
+    windows: int = 0
+    drafts: int = _big()
+    draft_tokens: int = _big()
+    accepted: int = _big()
+    per_position: list[int | None] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    vmin: float | None = None
+    vmax: float | None = None
+    vlast: float | None = None
+    last_wall_ms: int = Field(default=0, sa_type=BigInteger)

@@ -23,11 +23,11 @@ from sqlalchemy import delete, update
 from sqlmodel import Session, col, select
 
 from app import records
-from app.models import Alert, Job, ServingEndpoint, ServingWindow, utcnow
+from app.models import Alert, Job, ServingEndpoint, ServingHour, ServingWindow, utcnow
 from app.settings import Settings, get_settings
 from draftdeck.errors import UsageError
 from draftdeck.serving.exposition import KINDS, Scrape
-from draftdeck.serving.window import Window, windows
+from draftdeck.serving.window import Window, sum_positions, windows
 
 UNREACHABLE = "endpoint_unreachable"
 TAU_LOW = "served_tau_low"
@@ -95,7 +95,8 @@ def create_endpoint(
 
 def delete_endpoint(session: Session, ep: ServingEndpoint) -> None:
     """Forget an endpoint and its windows; its alerts stay (their messages name it), detached."""
-    session.execute(delete(ServingWindow).where(col(ServingWindow.endpoint_id) == ep.id))  # type: ignore[call-overload]
+    for table in (ServingWindow, ServingHour):
+        session.execute(delete(table).where(col(table.endpoint_id) == ep.id))  # type: ignore[call-overload]
     session.execute(update(Alert).where(col(Alert.endpoint_id) == ep.id).values(endpoint_id=None))  # type: ignore[call-overload]
     session.delete(ep)
     session.commit()
@@ -149,11 +150,47 @@ def record_scrape(
         ep.last_raw = scrape.to_dict()
         ep.failures, ep.last_error, ep.last_ok_at = 0, None, now
         _clear(session, ep, UNREACHABLE)
-    session.add_all([ep, *rows])
+    session.add(ep)
+    add_windows(session, ep, rows)
     session.commit()
     if scrape is not None and ep.run_job_id is not None:
         check_tau(session, ep, settings)
     return rows
+
+
+HOUR_MS = 3_600_000
+
+
+def figure(ep: ServingEndpoint, w: ServingWindow) -> float | None:
+    """What a window shows: its tau incl. bonus (vLLM's counts), its accept length gauge (SGLang)."""
+    if ep.kind == "sglang":
+        return (w.gauges or {}).get("accept_length")
+    return 1 + w.accepted / w.drafts if w.drafts else None
+
+
+def add_windows(session: Session, ep: ServingEndpoint, rows: list[ServingWindow]) -> None:
+    """Store windows of `ep` and add each to its hour's sums, in the caller's transaction. One process
+    scrapes an endpoint at a time (app/scraper.py's compare-and-set): the read-modify-write is safe."""
+    session.add_all(rows)
+    for w in rows:
+        _add_to_hour(session, ep, w)
+
+
+def _add_to_hour(session: Session, ep: ServingEndpoint, w: ServingWindow) -> None:
+    key = (ep.id or 0, w.model_name, w.wall_ms // HOUR_MS)
+    h = session.get(ServingHour, key) or ServingHour(endpoint_id=key[0], model_name=key[1], hour=key[2])
+    h.per_position = sum_positions([h.per_position, w.per_position]) if h.windows else list(w.per_position)
+    h.windows += 1
+    h.drafts += w.drafts
+    h.draft_tokens += w.draft_tokens
+    h.accepted += w.accepted
+    h.last_wall_ms = max(h.last_wall_ms, w.wall_ms)
+    v = figure(ep, w)
+    if v is not None:
+        h.vmin = v if h.vmin is None else min(h.vmin, v)
+        h.vmax = v if h.vmax is None else max(h.vmax, v)
+        h.vlast = v
+    session.add(h)
 
 
 def _open_alert(session: Session, ep: ServingEndpoint, kind: str) -> Alert | None:
@@ -179,18 +216,13 @@ def summed(rows: list[ServingWindow], model_name: str = "") -> Window:
     first = min(rows, key=lambda r: r.wall_ms, default=None)
     span = (max(r.wall_ms for r in rows) - first.wall_ms) / 1000 + first.seconds if first else 0.0
     w = Window(model_name, span)
-    k = max((len(r.per_position) for r in rows), default=0)
-    per: list[int | None] = [0] * k
     for r in rows:
         w.drafts += r.drafts
         w.draft_tokens += r.draft_tokens
         w.accepted += r.accepted
         w.restarted += r.restarted
         w.engines = max(w.engines, r.engines)
-        for i in range(k):
-            n = r.per_position[i] if i < len(r.per_position) else None
-            per[i] = None if n is None or per[i] is None else (per[i] or 0) + n
-    w.per_position_counts = per
+    w.per_position_counts = sum_positions([r.per_position for r in rows])
     return w
 
 

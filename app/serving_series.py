@@ -19,17 +19,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import text
-from sqlmodel import Session, col
+from sqlmodel import Session, col, select
 
-from app.metric_query import BUCKET, MAX_BUDGET, QueryError, Series
-from app.models import Job, ServingEndpoint, ServingWindow
+from app.metric_query import BUCKET, MAX_BUDGET, ROWS_PER_BUCKET, QueryError, Series
+from app.models import Job, ServingEndpoint, ServingHour, ServingWindow
 from app.run_figures import checkpoints, read_json, run_out
-from app.serving import best_eval, newest, own_windows, summed
+from app.serving import best_eval, figure, newest, own_windows, summed
 from app.settings import get_settings
+from draftdeck.serving.window import sum_positions
 
 TAU = "served/tau"
 ACCEPT_LENGTH = "served/accept_length"  # SGLang's gauge, last interval
-RANGE_ROWS = 50_000  # windows summed for p_i over a zoomed range, newest first
+RANGE_ROWS = 2_000  # windows in a zoomed range summed for p_i; more: their hours
 
 
 @dataclass
@@ -53,7 +54,8 @@ def tau_series(
     session: Session, ep: ServingEndpoint, lo: int | None = None, hi: int | None = None, budget: int = 500
 ) -> Series:
     """Served tau incl. bonus (vLLM: from counts) or SGLang's accept length (its gauge) over time, on
-    `budget` buckets of [lo, hi] epoch ms (bounds left out: all the endpoint's windows)."""
+    `budget` buckets of [lo, hi] epoch ms (bounds left out: all the endpoint's windows). From the
+    windows when they fit `ROWS_PER_BUCKET * budget` rows, else from their hourly sums (level 1)."""
     if not 1 <= budget <= MAX_BUDGET:
         raise QueryError(f"point budget {budget}: must be 1..{MAX_BUDGET}")
     if lo is not None and hi is not None and lo > hi:
@@ -63,20 +65,25 @@ def tau_series(
     if lo is None or hi is None:
         return s
     args = {"e": ep.id, "m": ep.model_name, "lo": lo, "hi": hi, "nb": budget, "span": max(hi - lo, 1)}
+    s.level = 1 if windows_in(session, ep, lo, hi, ROWS_PER_BUCKET * budget) > ROWS_PER_BUCKET * budget else 0
     if ep.kind == "sglang":
-        _gauge_buckets(session, s, ep, args)
+        _gauge_buckets(s, _gauges(session, ep, lo, hi, hourly=bool(s.level)), args)
         return s
+    if s.level:
+        table, x, vmin, vmax = "serving_hours", "last_wall_ms", "vmin", "vmax"
+    else:
+        tau = "CASE WHEN drafts > 0 THEN 1 + CAST(accepted AS FLOAT) / drafts END"
+        table, x, vmin, vmax = "serving_windows", "wall_ms", tau, tau
     sql = f"""
-    WITH r AS (SELECT wall_ms AS x, accepted AS a, drafts AS d,
-                      CASE WHEN drafts > 0 THEN CAST(accepted AS FLOAT) / drafts END AS ratio
-               FROM serving_windows WHERE endpoint_id = :e AND wall_ms BETWEEN :lo AND :hi{_of_model(ep)}),
+    WITH r AS (SELECT {x} AS x, accepted AS a, drafts AS d, {vmin} AS vmin, {vmax} AS vmax
+               FROM {table} WHERE endpoint_id = :e AND {x} BETWEEN :lo AND :hi{_of_model(ep)}),
     b AS (SELECT {BUCKET} AS bk, r.* FROM r)
-    SELECT bk, MAX(x), SUM(a), SUM(d), MIN(ratio), MAX(ratio) FROM b GROUP BY bk ORDER BY bk"""
-    for _bk, x, a, d, rmin, rmax in session.execute(text(sql), args):
-        s.x.append(int(x))
+    SELECT bk, MAX(x), SUM(a), SUM(d), MIN(vmin), MAX(vmax) FROM b GROUP BY bk ORDER BY bk"""
+    for _bk, x_, a, d, band_lo, band_hi in session.execute(text(sql), args):
+        s.x.append(int(x_))
         s.y.append(1 + float(a) / float(d) if d else None)  # PostgreSQL sums BIGINTs as NUMERIC
-        s.lo.append(None if rmin is None else 1 + rmin)
-        s.hi.append(None if rmax is None else 1 + rmax)
+        s.lo.append(band_lo)
+        s.hi.append(band_hi)
         s.nonfinite.append(0)
     return s
 
@@ -84,6 +91,16 @@ def tau_series(
 def _of_model(ep: ServingEndpoint) -> str:
     """The SQL condition of `serving.own_windows` (``:m`` the endpoint's model), or nothing."""
     return " AND model_name = :m" if ep.model_name else ""
+
+
+def windows_in(session: Session, ep: ServingEndpoint, lo: int, hi: int, limit: int) -> int:
+    """The endpoint's windows in [lo, hi], counted no further than `limit` + 1."""
+    sql = (
+        "SELECT COUNT(*) FROM (SELECT 1 FROM serving_windows WHERE endpoint_id = :e"
+        f" AND wall_ms BETWEEN :lo AND :hi{_of_model(ep)} LIMIT :lim) AS t"
+    )
+    args = {"e": ep.id, "m": ep.model_name, "lo": lo, "hi": hi, "lim": limit + 1}
+    return int(session.execute(text(sql), args).scalar_one())
 
 
 def _bounds(
@@ -100,27 +117,39 @@ def _bounds(
     return (int(found[0]) if lo is None else lo), (int(found[1]) if hi is None else hi)
 
 
-def _gauge_buckets(session: Session, s: Series, ep: ServingEndpoint, args: dict[str, Any]) -> None:
-    rows = [
-        (w.wall_ms, w.gauges)
-        for w in session.exec(
-            own_windows(ep)
-            .where(col(ServingWindow.wall_ms).between(args["lo"], args["hi"]))
-            .order_by(col(ServingWindow.wall_ms), col(ServingWindow.id))
-        )
-    ]
+def _hours(ep: ServingEndpoint, lo: int, hi: int) -> Any:
+    stmt = select(ServingHour).where(
+        ServingHour.endpoint_id == ep.id, col(ServingHour.last_wall_ms).between(lo, hi)
+    )
+    return stmt.where(ServingHour.model_name == ep.model_name) if ep.model_name else stmt
+
+
+def _gauges(
+    session: Session, ep: ServingEndpoint, lo: int, hi: int, hourly: bool
+) -> list[tuple[int, float, float, float]]:
+    """(x, last, min, max) of SGLang's gauge per window, or per hour, in time order."""
+    if hourly:
+        hours = session.exec(_hours(ep, lo, hi).order_by(col(ServingHour.last_wall_ms)))
+        # vmin and vmax are set with vlast, from the same figures
+        return [(h.last_wall_ms, h.vlast, h.vmin, h.vmax) for h in hours if h.vlast is not None]
+    rows = session.exec(
+        own_windows(ep)
+        .where(col(ServingWindow.wall_ms).between(lo, hi))
+        .order_by(col(ServingWindow.wall_ms), col(ServingWindow.id))
+    )
+    return [(w.wall_ms, v, v, v) for w in rows if (v := figure(ep, w)) is not None]
+
+
+def _gauge_buckets(s: Series, points: list[tuple[int, float, float, float]], args: dict[str, Any]) -> None:
     lo, nb, span = args["lo"], args["nb"], args["span"]
-    buckets: dict[int, list[tuple[int, float]]] = {}
-    for wall_ms, gauges in rows:
-        v = (gauges or {}).get("accept_length")
-        if v is not None:  # `BUCKET`, in Python
-            buckets.setdefault(min(max((wall_ms - lo) * nb // span, 0), nb - 1), []).append((wall_ms, v))
-    for _bk, points in sorted(buckets.items()):
-        values = [v for _, v in points]
-        s.x.append(points[-1][0])
-        s.y.append(values[-1])
-        s.lo.append(min(values))
-        s.hi.append(max(values))
+    buckets: dict[int, list[tuple[int, float, float, float]]] = {}
+    for p in points:  # `BUCKET`, in Python
+        buckets.setdefault(min(max((p[0] - lo) * nb // span, 0), nb - 1), []).append(p)
+    for _bk, inside in sorted(buckets.items()):
+        s.x.append(inside[-1][0])
+        s.y.append(inside[-1][1])
+        s.lo.append(min(p[2] for p in inside))
+        s.hi.append(max(p[3] for p in inside))
         s.nonfinite.append(0)
 
 
@@ -130,19 +159,20 @@ def positions(
     """p_i served (over [lo, hi], else the newest windows the served table sums), and of the run's
     best-checkpoint eval (real decoding) and held-out walk (the run's accepted-length histogram)."""
     out = Positions()
-    if lo is not None and hi is not None:
-        rows = list(
-            session.exec(
-                own_windows(ep)
-                .where(col(ServingWindow.wall_ms).between(lo, hi))
-                .order_by(col(ServingWindow.wall_ms).desc())
-                .limit(RANGE_ROWS)
-            )
-        )
-        w = summed(rows)
+    if lo is not None and hi is not None and windows_in(session, ep, lo, hi, RANGE_ROWS) > RANGE_ROWS:
+        hours = list(session.exec(_hours(ep, lo, hi)))
+        drafts = sum(h.drafts for h in hours)
+        per = sum_positions([h.per_position for h in hours])
+        out.served = [None if n is None or not drafts else n / drafts for n in per]
+        out.served_drafts = drafts
     else:
-        w = newest(session, ep, get_settings().serving_min_drafts)
-    out.served, out.served_drafts = w.per_position, w.drafts
+        rows = (
+            list(session.exec(own_windows(ep).where(col(ServingWindow.wall_ms).between(lo, hi))))
+            if lo is not None and hi is not None
+            else None
+        )
+        w = summed(rows) if rows is not None else newest(session, ep, get_settings().serving_min_drafts)
+        out.served, out.served_drafts = w.per_position, w.drafts
     run = session.get(Job, ep.run_job_id) if ep.run_job_id is not None else None
     if run is not None:
         _eval_positions(session, run, out)

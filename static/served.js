@@ -86,9 +86,10 @@
           "No window yet: a window needs two good scrapes with drafts between them.");
         put("pos", posEl, posSpec(d), { xValues: function (u, vals) { return vals.map(function (v) { return Number.isInteger(v) ? String(v) : ""; }); } },
           "No per-position counts yet.");
-        if (note) note.textContent = range
+        var hourly = d.series[0].level ? " · read from hourly sums; zoom in for every window" : "";
+        if (note) note.textContent = (range
           ? "zoomed: " + new Date(range.lo).toLocaleTimeString() + " – " + new Date(range.hi).toLocaleTimeString() + "; p_i over this range · double-click to reset"
-          : "drag across the τ chart to zoom; p_i over the newest windows, as the table";
+          : "drag across the τ chart to zoom; p_i over the newest windows, as the table") + hourly;
       }).catch(function (err) { if (note) note.textContent = "could not load the served charts: " + err.message; });
     }
 

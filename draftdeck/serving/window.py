@@ -107,3 +107,16 @@ def windows(before: Scrape, now: Scrape) -> list[Window]:
             round(sum(d[i] for d in deltas)) if all(i in d for d in deltas) else None for i in range(k)
         ]
     return [out[m] for m in sorted(out)]
+
+
+def sum_positions(rows: list[list[int | None]]) -> list[int | None]:
+    """Per-position counts of several windows summed: None at a position any of them lacks (a missing
+    series is unknown, not zero)."""
+    k = max((len(r) for r in rows), default=0)
+    out: list[int | None] = [0] * k
+    for r in rows:
+        for i in range(k):
+            n = r[i] if i < len(r) else None
+            out[i] = None if n is None or out[i] is None else (out[i] or 0) + n
+    return out
+
