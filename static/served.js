@@ -86,10 +86,15 @@
           "No window yet: a window needs two good scrapes with drafts between them.");
         put("pos", posEl, posSpec(d), { xValues: function (u, vals) { return vals.map(function (v) { return Number.isInteger(v) ? String(v) : ""; }); } },
           "No per-position counts yet.");
-        var hourly = d.series[0].level ? " · read from hourly sums; zoom in for every window" : "";
+        var notes = d.series[0].level ? " · read from hourly sums; zoom in for every window" : "";
+        var p = d.positions, k = p.served.length, own = p.eval.length || p.walked.length;
+        if (k && own && k !== own) {  // one of the served_tau_low alert's likely causes, seen directly
+          notes += " · the server drafts " + k + " tokens a step where the drafter proposes " + own +
+            " (vLLM: num_speculative_tokens = B - 1)";
+        }
         if (note) note.textContent = (range
           ? "zoomed: " + new Date(range.lo).toLocaleTimeString() + " – " + new Date(range.hi).toLocaleTimeString() + "; p_i over this range · double-click to reset"
-          : "drag across the τ chart to zoom; p_i over the newest windows, as the table") + hourly;
+          : "drag across the τ chart to zoom; p_i over the newest windows, as the table") + notes;
       }).catch(function (err) { if (note) note.textContent = "could not load the served charts: " + err.message; });
     }
 

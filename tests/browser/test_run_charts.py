@@ -186,6 +186,7 @@ def test_an_endpoint_registered_on_the_page_is_charted_on_the_run_page_beside_it
     assert "served τ incl. bonus" in legend and "eval τ (real decoding" in legend
     assert "held-out walk, by the target" in legend
     assert "eval, real decoding (100 steps)" in pos.locator(".u-legend").inner_text()
+    expect(page.locator(f"[data-served='{ep}'] [data-served-state]")).to_contain_text("drag across")
     data = page.evaluate(f"window.ddServed.data['{ep}']")
     ys = [y for y in data["series"][0]["y"] if y is not None]
     # a window is what came between two scrapes: whole decode calls, or (rarely) a cut one
