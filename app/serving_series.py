@@ -24,7 +24,7 @@ from sqlmodel import Session, col, select
 from app.metric_query import BUCKET, MAX_BUDGET, ROWS_PER_BUCKET, QueryError, Series
 from app.models import Job, ServingEndpoint, ServingHour, ServingWindow
 from app.run_figures import checkpoints, read_json, run_out
-from app.serving import best_eval, figure, newest, own_windows, summed
+from app.serving import best_eval, figure, newest, own_windows
 from app.settings import get_settings
 from draftdeck.serving.window import sum_positions
 
@@ -108,11 +108,19 @@ def _bounds(
 ) -> tuple[int | None, int | None]:
     if lo is not None and hi is not None:
         return lo, hi
-    found = session.execute(
-        text(f"SELECT MIN(wall_ms), MAX(wall_ms) FROM serving_windows WHERE endpoint_id = :e{_of_model(ep)}"),
-        {"e": ep.id, "m": ep.model_name},
-    ).one()
-    if found[0] is None:
+    # One end a query: SQLite answers each from the (endpoint_id, wall_ms) index, MIN and MAX together
+    # it answers by reading the endpoint's whole index range.
+    found = [
+        session.execute(
+            text(
+                f"SELECT wall_ms FROM serving_windows WHERE endpoint_id = :e{_of_model(ep)}"
+                f" ORDER BY wall_ms {order} LIMIT 1"
+            ),
+            {"e": ep.id, "m": ep.model_name},
+        ).scalar()
+        for order in ("ASC", "DESC")
+    ]
+    if found[0] is None or found[1] is None:
         return None, None
     return (int(found[0]) if lo is None else lo), (int(found[1]) if hi is None else hi)
 
@@ -159,20 +167,20 @@ def positions(
     """p_i served (over [lo, hi], else the newest windows the served table sums), and of the run's
     best-checkpoint eval (real decoding) and held-out walk (the run's accepted-length histogram)."""
     out = Positions()
-    if lo is not None and hi is not None and windows_in(session, ep, lo, hi, RANGE_ROWS) > RANGE_ROWS:
-        hours = list(session.exec(_hours(ep, lo, hi)))
-        drafts = sum(h.drafts for h in hours)
-        per = sum_positions([h.per_position for h in hours])
+    if lo is None or hi is None:
+        w = newest(session, ep, get_settings().serving_min_drafts)
+        out.served, out.served_drafts = w.per_position, w.drafts
+    else:  # the counts alone, of the windows in range or, past RANGE_ROWS of them, of their hours
+        hourly = windows_in(session, ep, lo, hi, RANGE_ROWS) > RANGE_ROWS
+        table: Any = ServingHour if hourly else ServingWindow
+        x = table.last_wall_ms if hourly else table.wall_ms
+        stmt = select(table.drafts, table.per_position).where(table.endpoint_id == ep.id, x.between(lo, hi))
+        if ep.model_name:
+            stmt = stmt.where(table.model_name == ep.model_name)
+        rows = session.execute(stmt).all()
+        drafts, per = sum(d for d, _ in rows), sum_positions([p for _, p in rows])
         out.served = [None if n is None or not drafts else n / drafts for n in per]
         out.served_drafts = drafts
-    else:
-        rows = (
-            list(session.exec(own_windows(ep).where(col(ServingWindow.wall_ms).between(lo, hi))))
-            if lo is not None and hi is not None
-            else None
-        )
-        w = summed(rows) if rows is not None else newest(session, ep, get_settings().serving_min_drafts)
-        out.served, out.served_drafts = w.per_position, w.drafts
     run = session.get(Job, ep.run_job_id) if ep.run_job_id is not None else None
     if run is not None:
         _eval_positions(session, run, out)
