@@ -4,9 +4,11 @@ walk's, for the run page's Served section and an endpoint's page.
 Served tau is bucketed in SQL as the run charts are (app/metric_query.py: its grid arithmetic `BUCKET`
 and its `Series`): per bucket the sums of the windows' counts, tau incl. bonus = 1 + sum(accepted) /
 sum(drafts), never an average of ratios; the band spans the windows' own taus; a bucket with no drafts
-is a gap. SGLang reports gauges, not counts: its accept length ("last interval") is bucketed with the
-same arithmetic as a stored series (the bucket's last value, its min and max), in Python, because a
-JSON field is read differently by SQLite and PostgreSQL.
+is a gap. A range of more windows than ROWS_PER_BUCKET a bucket reads their hourly sums instead
+(`ServingHour`, kept by app/serving.py as each scrape lands: the same counts, and the min and max of
+the windows' taus), so a month charts as fast as a day. SGLang reports gauges, not counts: its accept
+length ("last interval") is bucketed with the same arithmetic as a stored series (the bucket's last
+value, its min and max), in Python, because a JSON field is read differently by SQLite and PostgreSQL.
 
 p_i (the share of verify steps accepting more than i draft tokens) comes from counts in each case:
 the served windows' per-position counters; the eval's `per_pos_accepted_more_than` over its verify
