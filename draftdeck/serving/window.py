@@ -119,4 +119,3 @@ def sum_positions(rows: list[list[int | None]]) -> list[int | None]:
             n = r[i] if i < len(r) else None
             out[i] = None if n is None or out[i] is None else (out[i] or 0) + n
     return out
-

@@ -77,13 +77,12 @@ def _hours_of_existing_windows() -> list[dict[str, Any]]:
              "draft_tokens": 0, "accepted": 0, "per_position": list(per), "vmin": None, "vmax": None,
              "vlast": None, "last_wall_ms": wall},
         )  # fmt: skip
-        if h["windows"]:
-            k = max(len(h["per_position"]), len(per))
+        if h["windows"]:  # a position any window lacks is unknown, not zero
+            have = h["per_position"]
             h["per_position"] = [
-                None if i >= len(per) or i >= len(h["per_position"]) or per[i] is None or h["per_position"][i] is None
-                else h["per_position"][i] + per[i]
-                for i in range(k)
-            ]  # fmt: skip
+                have[i] + per[i] if i < len(have) and i < len(per) and None not in (have[i], per[i]) else None
+                for i in range(max(len(have), len(per)))
+            ]
         h["windows"] += 1
         h["drafts"] += drafts
         h["draft_tokens"] += draft_tokens
