@@ -31,10 +31,8 @@ import argparse
 import math
 import random
 import shutil
-import statistics
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from sqlmodel import Session
@@ -43,6 +41,7 @@ from app.db import make_engine, upgrade
 from app.metric_query import query
 from app.metrics import record_metrics, record_points
 from app.models import Job
+from benchmarks._timing import p50_p95
 from draftdeck.jobs.context import MetricPoint
 
 WORK = REPO / "benchmarks" / ".work" / "metrics"
@@ -72,18 +71,6 @@ def _write_run(session: Session, n: int) -> tuple[int, float]:
     return job.id, written / (time.perf_counter() - t0)
 
 
-def _time(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
-    for _ in range(3):
-        fn()
-    ms = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t) * 1000)
-    ms.sort()
-    return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.95))]
-
-
 def _live(session: Session, steps: int) -> tuple[float, float]:
     job = Job(kind="train", params={"bench": "live"})
     session.add(job)
@@ -110,14 +97,16 @@ def bench(label: str, url: str, sizes: list[int], reps: int) -> list[dict[str, A
             job, rate = _write_run(session, n)
             mid = n // 2
             r: dict[str, Any] = {"db": label, "n": n, "write": rate}
-            r["full"] = _time(lambda job=job: query(session, [job], ["train/loss"], budget=1000), reps)
-            r["zoom"] = _time(
+            r["full"] = p50_p95(lambda job=job: query(session, [job], ["train/loss"], budget=1000), reps)
+            r["zoom"] = p50_p95(
                 lambda job=job, mid=mid, n=n: query(
                     session, [job], ["train/loss"], lo=mid, hi=mid + n // 100, budget=1000
                 ),
                 reps,
             )
-            r["tau"] = _time(lambda job=job: query(session, [job], ["heldout/tau_walked"], budget=1000), reps)
+            r["tau"] = p50_p95(
+                lambda job=job: query(session, [job], ["heldout/tau_walked"], budget=1000), reps
+            )
             res = query(session, [job], ["train/loss"], budget=1000).series[0]
             r["level"] = res.level
             r["spike_kept"] = max(v for v in res.hi if v is not None) > 5

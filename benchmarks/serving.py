@@ -28,10 +28,7 @@ sys.path.insert(0, str(REPO))
 import argparse
 import random
 import shutil
-import statistics
 import time
-from collections.abc import Callable
-from typing import Any
 
 from sqlmodel import Session, col, select
 
@@ -39,6 +36,7 @@ from app import serving
 from app.db import make_engine, upgrade
 from app.models import ServingEndpoint, ServingWindow
 from app.serving_series import chart_data
+from benchmarks._timing import p50_p95
 
 WORK = REPO / "benchmarks" / ".work" / "serving"
 BATCH = 10_000
@@ -79,18 +77,6 @@ def _naive(session: Session, ep: ServingEndpoint, budget: int) -> list[float | N
     return [1 + a / d if d else None for a, d in zip(acc, drafts, strict=True)]
 
 
-def _time(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
-    for _ in range(2):
-        fn()
-    ms = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t) * 1000)
-    ms.sort()
-    return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.95))]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small", type=int, default=10_000)
@@ -115,9 +101,9 @@ def main() -> int:
             )
             rows.append({
                 "n": n, "agree": agree, "rate": rate, "level": chart_data(session, ep, budget=1000)["series"][0]["level"],
-                "chart": _time(lambda ep=ep: chart_data(session, ep, budget=1000), args.reps),
-                "zoom": _time(lambda ep=ep, mid=mid, span=span: chart_data(session, ep, mid, mid + span // 100, 1000), args.reps),
-                "naive": _time(lambda ep=ep: _naive(session, ep, 1000), max(3, args.reps // 4)),
+                "chart": p50_p95(lambda ep=ep: chart_data(session, ep, budget=1000), args.reps),
+                "zoom": p50_p95(lambda ep=ep, mid=mid, span=span: chart_data(session, ep, mid, mid + span // 100, 1000), args.reps),
+                "naive": p50_p95(lambda ep=ep: _naive(session, ep, 1000), max(3, args.reps // 4)),
             })  # fmt: skip
     engine.dispose()
     print()

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,17 @@ def pg_url() -> Iterator[str]:
     yield f"postgresql+psycopg://{base.split('://', 1)[1]}/{name}"
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pg_engine(pg_url: str) -> Iterator[Any]:
+    """A migrated PostgreSQL database of the test's own."""
+    from app.db import make_engine, upgrade
+
+    upgrade(pg_url)
+    made = make_engine(pg_url)
+    yield made
+    made.dispose()
 
 
 @pytest.fixture

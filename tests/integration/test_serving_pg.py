@@ -5,29 +5,17 @@ their hour, and the bucketed query gives the same numbers as on SQLite, from the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from sqlmodel import Session
 
 
-@pytest.fixture
-def engine(pg_url: str) -> Iterator[Any]:
-    from app.db import make_engine, upgrade
-
-    upgrade(pg_url)
-    made = make_engine(pg_url)
-    yield made
-    made.dispose()
-
-
-def test_served_tau_buckets_sum_counts_on_postgresql(engine: Any) -> None:
+def test_served_tau_buckets_sum_counts_on_postgresql(pg_engine: Any) -> None:
     from app import serving
     from app.models import ServingWindow
     from app.serving_series import tau_series
 
-    with Session(engine, expire_on_commit=False) as s:
+    with Session(pg_engine, expire_on_commit=False) as s:
         ep = serving.create_endpoint(
             s, name="prod", kind="vllm", metrics_url="http://127.0.0.1:9/metrics", model_name="m"
         )

@@ -3,23 +3,11 @@ history is written, and the liveness check reads one snapshot under read committ
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.services
-
-
-@pytest.fixture
-def engine(pg_url: str) -> Iterator[Any]:
-    """A migrated PostgreSQL database of the test's own."""
-    from app.db import make_engine, upgrade
-
-    upgrade(pg_url)
-    made = make_engine(pg_url)
-    yield made
-    made.dispose()
 
 
 def _running_job(session: Any, kind: str, inputs: list[str]) -> Any:
@@ -35,13 +23,13 @@ def _running_job(session: Any, kind: str, inputs: list[str]) -> Any:
 BIG = 2_202_034_233  # the progress_total that overflowed INTEGER on a 2.2 GB input
 
 
-def test_counts_above_2_31_fit_after_the_migrations(engine: Any) -> None:
+def test_counts_above_2_31_fit_after_the_migrations(pg_engine: Any) -> None:
     from sqlmodel import Session, select
 
     from app import records, state
     from app.models import Job, JobChunk, JobOutput
 
-    with Session(engine, expire_on_commit=False) as session:
+    with Session(pg_engine, expire_on_commit=False) as session:
         job = _running_job(session, "scan", ["big.jsonl"])
         assert records.record_progress(session, job.id, BIG - 1, BIG, "bytes") is False
         session.add(JobChunk(job_id=job.id, chunk_index=0, conversations=BIG, rows_in=BIG, bytes=BIG))
@@ -57,7 +45,7 @@ def test_counts_above_2_31_fit_after_the_migrations(engine: Any) -> None:
         ]
 
 
-def test_a_claim_landing_mid_check_does_not_strand_the_job(engine: Any) -> None:
+def test_a_claim_landing_mid_check_does_not_strand_the_job(pg_engine: Any) -> None:
     """Under read committed, a worker's claim (pending → running) landed between the two chunk queries
     of the liveness check: the first saw no running chunk, the second no pending one, and the sweeper
     failed a job whose chunk had just started (seen under CI load). The claim is made to land right
@@ -70,7 +58,7 @@ def test_a_claim_landing_mid_check_does_not_strand_the_job(engine: Any) -> None:
     from app import liveness, records
     from app.models import ChunkStatus, JobChunk, utcnow
 
-    with Session(engine, expire_on_commit=False) as session:
+    with Session(pg_engine, expire_on_commit=False) as session:
         job = _running_job(session, "tokenize", ["a.jsonl"])
         job.heartbeat_at = utcnow() - timedelta(hours=1)  # its chunk's worker died: the job's beat is stale
         session.add(job)
@@ -82,7 +70,7 @@ def test_a_claim_landing_mid_check_does_not_strand_the_job(engine: Any) -> None:
     def claim_after_first_chunk_query(conn: object, cursor: object, statement: str, *rest: object) -> None:
         if "job_chunks" in statement and not claims:
             claims.append(statement)
-            with engine.connect() as other:  # the worker, committing its claim
+            with pg_engine.connect() as other:  # the worker, committing its claim
                 now = utcnow()
                 other.execute(
                     update(JobChunk)
@@ -93,11 +81,11 @@ def test_a_claim_landing_mid_check_does_not_strand_the_job(engine: Any) -> None:
                 )
                 other.commit()
 
-    event.listen(engine, "after_cursor_execute", claim_after_first_chunk_query)
+    event.listen(pg_engine, "after_cursor_execute", claim_after_first_chunk_query)
     try:
-        with Session(engine, expire_on_commit=False) as session:
+        with Session(pg_engine, expire_on_commit=False) as session:
             live = liveness.of_job(session, records.get_job(session, job.id), 30.0)  # type: ignore[arg-type]
     finally:
-        event.remove(engine, "after_cursor_execute", claim_after_first_chunk_query)
+        event.remove(pg_engine, "after_cursor_execute", claim_after_first_chunk_query)
     assert claims, "the claim landed during the check"
     assert not live.stranded, live.reason
