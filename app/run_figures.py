@@ -105,10 +105,17 @@ def _real_tau(data: Any) -> float | None:
     return finite(drafter.get("tau_incl_bonus_pooled"))
 
 
+def drafter_counts(data: Any) -> dict[str, Any]:
+    """The drafter's counts in an eval.json (verify steps, accepted, per position...; an eval.json from
+    before they were stored has none)."""
+    counts = ((_eval_section(data).get("methods") or {}).get("drafter") or {}).get("counts")
+    return counts if isinstance(counts, dict) else {}
+
+
 def _tokens_per_step(data: Any) -> float | None:
     """The drafter's tokens per verify step over every step of the eval (z-lab's convention), from its
-    counts (eval.json before it stored them has none)."""
-    counts = ((_eval_section(data).get("methods") or {}).get("drafter") or {}).get("counts") or {}
+    counts."""
+    counts = drafter_counts(data)
     produced, steps = counts.get("produced_by_steps"), counts.get("verify_steps")
     return produced / steps if isinstance(produced, int) and isinstance(steps, int) and steps else None
 

@@ -252,16 +252,17 @@ def newest(session: Session, ep: ServingEndpoint, min_drafts: int, limit: int = 
     return summed(rows)
 
 
-def best_eval(session: Session, run: Job) -> tuple[int | None, dict[str, Any] | None]:
-    """(the best checkpoint's step, the eval row of it): the eval of the best checkpoint (what
+def best_eval(session: Session, run: Job) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """(the best checkpoint's row, the eval row of it): the eval of the best checkpoint (what
     export-drafter exports) with a real tau, else the first such eval of any of its checkpoints (the
-    run page's evals table)."""
+    run page's checkpoints and evals tables)."""
     from app.run_figures import checkpoints, evals
 
     ckpts, _ = checkpoints(run)
-    best = next((c["step"] for c in ckpts if c.get("best")), None)
+    best = next((c for c in ckpts if c.get("best")), None)
     rows = [r for r in evals(session, run, ckpts) if r["real"] is not None]
-    return best, next((r for r in rows if r["step"] == best), rows[0] if rows else None)
+    step = best["step"] if best else None
+    return best, next((r for r in rows if r["step"] == step), rows[0] if rows else None)
 
 
 def eval_tau(session: Session, run: Job) -> tuple[float, Job] | None:

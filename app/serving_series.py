@@ -25,7 +25,7 @@ from sqlmodel import Session, col, select
 
 from app.metric_query import BUCKET, MAX_BUDGET, ROWS_PER_BUCKET, QueryError, Series
 from app.models import Job, ServingEndpoint, ServingHour, ServingWindow
-from app.run_figures import checkpoints, read_json, run_out
+from app.run_figures import drafter_counts, read_json, run_out
 from app.serving import best_eval, figure, newest, own_windows
 from app.settings import get_settings
 from draftdeck.serving.window import sum_positions
@@ -166,8 +166,8 @@ def _gauge_buckets(s: Series, points: list[tuple[int, float, float, float]], arg
 def positions(
     session: Session, ep: ServingEndpoint, lo: int | None = None, hi: int | None = None
 ) -> Positions:
-    """p_i served (over [lo, hi], else the newest windows the served table sums), and of the run's
-    best-checkpoint eval (real decoding) and held-out walk (the run's accepted-length histogram)."""
+    """p_i served: over [lo, hi], else over the newest windows the served table sums (`chart_data` adds
+    the run's own)."""
     out = Positions()
     if lo is None or hi is None:
         w = newest(session, ep, get_settings().serving_min_drafts)
@@ -183,22 +183,22 @@ def positions(
         drafts, per = sum(d for d, _ in rows), sum_positions([p for _, p in rows])
         out.served = [None if n is None or not drafts else n / drafts for n in per]
         out.served_drafts = drafts
-    run = session.get(Job, ep.run_job_id) if ep.run_job_id is not None else None
-    if run is not None:
-        _eval_positions(session, run, out)
     return out
 
 
-def _eval_positions(session: Session, run: Job, out: Positions) -> None:
-    best, row = best_eval(session, run)
+def _run_positions(
+    session: Session, run: Job, best: dict[str, Any] | None, row: dict[str, Any] | None, out: Positions
+) -> None:
+    """p_i of the run's best eval (real decoding) and of its held-out walk (the run's accepted-length
+    histogram at the best checkpoint's step)."""
     if row is not None:
         data, _ = read_json(run_out(row["job"]) / "eval.json")
-        counts = _dig(data, "eval", "methods", "drafter", "counts")
+        counts = drafter_counts(data)
         per, steps = counts.get("per_pos_accepted_more_than"), counts.get("verify_steps")
         if isinstance(per, dict) and isinstance(steps, int) and steps > 0:
             out.eval = [per[k] / steps for k in sorted(per, key=int)]
             out.eval_steps, out.eval_job = steps, row["job"].id
-    step = best if best is not None else (row["step"] if row else None)
+    step = best["step"] if best is not None else (row["step"] if row else None)
     hist = _hist_at(session, run.id or 0, step)
     total = sum(hist.values())
     if total:
@@ -228,30 +228,24 @@ def _hist_at(session: Session, job_id: int, step: int | None) -> dict[int, float
     return {int(name.rsplit("/", 1)[1]): float(v) for name, v in rows if name.rsplit("/", 1)[1].isdigit()}
 
 
-def _dig(data: Any, *keys: str) -> dict[str, Any]:
-    for k in keys:
-        data = data.get(k) if isinstance(data, dict) else None
-    return data if isinstance(data, dict) else {}
-
-
 def chart_data(
     session: Session, ep: ServingEndpoint, lo: int | None = None, hi: int | None = None, budget: int = 500
 ) -> dict[str, Any]:
     """What GET /serving/<id>/data answers: the tau series, p_i, and the run's figures to draw beside
     them (its best eval's real tau, its best checkpoint's held-out walked taus)."""
     series = tau_series(session, ep, lo, hi, budget)
+    pos = positions(session, ep, lo, hi)
     out: dict[str, Any] = {
-        "x": "time", "lo": lo, "hi": hi, "budget": budget, "kind": ep.kind,
-        "series": [series.as_json()], "positions": positions(session, ep, lo, hi).as_json(),
+        "x": "time", "lo": lo, "hi": hi, "budget": budget, "kind": ep.kind, "series": [series.as_json()],
         "eval_tau": None, "eval_job": None, "target_tau": None, "data_tau": None,
     }  # fmt: skip
     run = session.get(Job, ep.run_job_id) if ep.run_job_id is not None else None
     if run is not None:
         best, row = best_eval(session, run)
+        _run_positions(session, run, best, row, pos)
         if row is not None:
             out["eval_tau"], out["eval_job"] = row["real"], row["job"].id
-        ckpts, _ = checkpoints(run)
-        ckpt = next((c for c in ckpts if c["step"] == best), None)
-        if ckpt is not None:
-            out["target_tau"], out["data_tau"] = ckpt["target_tau"], ckpt["tau"]
+        if best is not None:
+            out["target_tau"], out["data_tau"] = best["target_tau"], best["tau"]
+    out["positions"] = pos.as_json()
     return out
