@@ -18,7 +18,7 @@ from celery import Celery
 from kombu import Queue
 
 from app.settings import get_settings
-from draftdeck.jobs.registry import QUEUES
+from draftdeck.kinds import QUEUES
 
 RUN_JOB = "draftdeck.run_job"
 RUN_CHUNK = "draftdeck.run_chunk"

@@ -40,9 +40,9 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = 5.0
     lost_after_seconds: float = 30.0
     sweep_seconds: float = 5.0
-    # a failed chunked job's done chunks wait this long for a Retry to reuse them (app/resume.py)
+    # a failed chunked job's done chunks wait this long for a Retry to reuse them (app/run/resume.py)
     keep_failed_chunks_hours: float = Field(default=24.0, ge=0)
-    # served drafters (app/serving.py): an alert after this many failed scrapes in a row, and when
+    # served drafters (app/serving/endpoints.py): an alert after this many failed scrapes in a row, and when
     # served tau is this share below the checkpoint's eval tau over at least this many drafts
     serving_alert_failures: int = Field(default=3, ge=1)
     serving_tau_drop: float = Field(default=0.10, gt=0, lt=1)

@@ -28,13 +28,13 @@ import numpy as np
 import torch
 
 from draftdeck.chat.render import tokenizer_fingerprint
-from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import read_prompts, run_eval
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import train
-from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
-from draftdeck.drafter.target import Target
+from draftdeck.drafter.eval.evaluate import read_prompts, run_eval
+from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.tiny import build_tiny_demo, write_prompts
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import train
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
 from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata

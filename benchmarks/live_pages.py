@@ -87,7 +87,7 @@ def watch(kind: str, port: int, pid: int, job_id: int, viewers: int, seconds: fl
     from sqlmodel import Session
 
     from app import jobs
-    from app.db import get_engine
+    from app.store.db import get_engine
 
     tally, stop = Tally(), threading.Event()
     target = poller if kind == "polling" else streamer
@@ -148,8 +148,8 @@ def main() -> None:
         from sqlmodel import Session
 
         from app import jobs
-        from app.db import get_engine
-        from app.models import JobStatus
+        from app.store.db import get_engine
+        from app.store.models import JobStatus
 
         with Session(get_engine()) as session:
             job = jobs.create_job(session, "scan", {"path": str(home / "data" / "a.jsonl")}, "cpu")

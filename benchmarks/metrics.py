@@ -6,8 +6,8 @@
 For each database (SQLite file under benchmarks/.work/metrics/, and PostgreSQL when it answers), one
 run per size writes a training-like series (`train/loss`: noise around a falling curve with spikes)
 and the held-out walked-tau counts (`heldout/walked/accepted` and `.../steps`, every 100 steps), in
-batches of 10,000 points through `app.metrics.record_points` (bulk write rate). The query
-(`app.metric_query.query`, what GET /runs/data runs) is then timed in-process, p50 and p95 over
+batches of 10,000 points through `app.store.metrics.record_points` (bulk write rate). The query
+(`app.store.metric_query.query`, what GET /runs/data runs) is then timed in-process, p50 and p95 over
 --reps calls after a warm-up, for:
 - full: the whole series, 1,000 buckets (a chart 1,000 px wide);
 - zoom 1%: a range of 1% of the steps in the middle (re-resolved: finer store level);
@@ -37,10 +37,10 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.db import make_engine, upgrade
-from app.metric_query import query
-from app.metrics import record_metrics, record_points
-from app.models import Job
+from app.store.db import make_engine, upgrade
+from app.store.metric_query import query
+from app.store.metrics import record_metrics, record_points
+from app.store.models import Job
 from benchmarks._timing import p50_p95
 from draftdeck.jobs.context import MetricPoint
 
@@ -149,7 +149,7 @@ def main() -> int:
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     print()
     print(
-        f"Chart query (app.metric_query.query, in-process), p50 / p95 ms over {args.reps} calls; 1,000 buckets"
+        f"Chart query (app.store.metric_query.query, in-process), p50 / p95 ms over {args.reps} calls; 1,000 buckets"
     )
     print(
         f"{'db':>10} | {'points':>9} | {'level':>5} | {'full':>13} | {'zoom 1%':>13} | {'tau (counts)':>13} | {'spike':>5} | {'bulk write':>12}"

@@ -5,10 +5,10 @@
 
 An endpoint scraped every 15 s has 5,760 windows a day: 10K is under two days, 200K a month. One
 endpoint per size gets windows with drafts, accepted and per-position counts, stored as scrapes store
-them (`app.serving.add_windows`: each window and its hour's sums; 10,000 a transaction, the rate is
+them (`app.serving.endpoints.add_windows`: each window and its hour's sums; 10,000 a transaction, the rate is
 shown) in a migrated SQLite file under benchmarks/.work/serving/. Timed in-process, p50 / p95 over
 --reps calls after a warm-up:
-- chart: `app.serving_series.chart_data` over all windows, 1,000 buckets (what the page asks first:
+- chart: `app.serving.series.chart_data` over all windows, 1,000 buckets (what the page asks first:
   the SQL-bucketed tau series, from the windows or, past 4 a bucket, their hourly sums; p_i over the
   newest windows; the run's figures);
 - zoom 1%: the same over 1 % of the time range (p_i summed over the windows in it);
@@ -32,10 +32,10 @@ import time
 
 from sqlmodel import Session, col, select
 
-from app import serving
-from app.db import make_engine, upgrade
-from app.models import ServingEndpoint, ServingWindow
-from app.serving_series import chart_data
+from app.serving import endpoints
+from app.serving.series import chart_data
+from app.store.db import make_engine, upgrade
+from app.store.models import ServingEndpoint, ServingWindow
 from benchmarks._timing import p50_p95
 
 WORK = REPO / "benchmarks" / ".work" / "serving"
@@ -46,7 +46,7 @@ EVERY_MS = 15_000
 
 def _endpoint(session: Session, n: int) -> tuple[ServingEndpoint, float]:
     """An endpoint with `n` windows stored as scrapes store them, and the windows/s of that."""
-    ep = serving.create_endpoint(
+    ep = endpoints.create_endpoint(
         session, name=f"bench-{n}", kind="vllm", metrics_url="http://127.0.0.1:9/metrics"
     )
     rng = random.Random(n)
@@ -59,7 +59,7 @@ def _endpoint(session: Session, n: int) -> tuple[ServingEndpoint, float]:
             rows.append(ServingWindow(endpoint_id=ep.id or 0, wall_ms=T0 + i * EVERY_MS, model_name="m",
                                       seconds=15.0, engines=2, drafts=drafts, draft_tokens=7 * drafts,
                                       accepted=sum(per), per_position=per))  # fmt: skip
-        serving.add_windows(session, ep, rows)
+        endpoints.add_windows(session, ep, rows)
         session.commit()
     return ep, n / (time.perf_counter() - t0)
 
@@ -107,7 +107,7 @@ def main() -> int:
             })  # fmt: skip
     engine.dispose()
     print()
-    print("Served-tau chart (app.serving_series.chart_data, in-process, SQLite), p50 / p95 ms; 1,000 buckets")
+    print("Served-tau chart (app.serving.series.chart_data, in-process, SQLite), p50 / p95 ms; 1,000 buckets")
     print(
         f"{'windows':>9} | {'read':>7} | {'chart':>13} | {'zoom 1%':>13} | {'naive (baseline)':>16} | {'naive / chart':>13} | same tau | {'stored':>12}"
     )

@@ -47,9 +47,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from draftdeck.drafter.objective import build_blocks, sample_anchors, slot_weights
-    from draftdeck.drafter.params import TrainParams
-    from draftdeck.drafter.trainer import Trainer
+    from draftdeck.drafter.train.objective import build_blocks, sample_anchors, slot_weights
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.trainer import Trainer
     from draftdeck.jobs.context import LocalContext
 
     root = Path(tempfile.mkdtemp(prefix="dd-bench-train-"))

@@ -76,8 +76,8 @@ def main() -> None:
     if a.tiny:
         a.hidden, a.target_layers, a.vocab, a.seq, a.batch, a.anchors, a.block = 64, 4, 2048, 128, 2, 16, 8
 
-    from draftdeck.drafter.params import TrainParams
-    from draftdeck.drafter.trainer import Trainer
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.trainer import Trainer
     from draftdeck.jobs.context import LocalContext
 
     root = Path(tempfile.mkdtemp(prefix="dd-bench-train-gpu-"))

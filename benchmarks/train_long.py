@@ -42,12 +42,17 @@ SHAPES = [(512, 64), (512, 512), (2048, 64), (2048, 512), (4096, 64), (4096, 512
 def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str) -> dict[str, float]:
     from torch import nn
 
-    from draftdeck.drafter.attention import resolve_backend
-    from draftdeck.drafter.config import DrafterConfig
-    from draftdeck.drafter.device import in_use_bytes, peak_bytes, reset_peak
-    from draftdeck.drafter.model import DFlashDrafter
-    from draftdeck.drafter.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
-    from draftdeck.drafter.params import TrainParams
+    from draftdeck.drafter.model.attention import resolve_backend
+    from draftdeck.drafter.model.config import DrafterConfig
+    from draftdeck.drafter.model.dflash import DFlashDrafter
+    from draftdeck.drafter.train.device import in_use_bytes, peak_bytes, reset_peak
+    from draftdeck.drafter.train.objective import (
+        dflash_backward,
+        dflash_loss,
+        label_weight_sum,
+        sample_anchors,
+    )
+    from draftdeck.drafter.train.params import TrainParams
 
     torch.manual_seed(0)
     device = torch.device(device_name)

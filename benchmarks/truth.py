@@ -27,18 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
-from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import run_eval
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import run_train
+from draftdeck.drafter.eval.evaluate import run_eval
+from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.tiny import build_tiny_demo
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import run_train
 from draftdeck.jobs.context import LocalContext
-from draftdeck.jobs.tokenize import TokenizeParams
-from draftdeck.jobs.tokenize import run as run_tokenize
 from draftdeck.provenance import model_fingerprint
 from draftdeck.regenerate.params import RegenerateParams
 from draftdeck.regenerate.run import run_regenerate
 from draftdeck.shards.manifest import read_manifest
+from draftdeck.tokenize.job import TokenizeParams
+from draftdeck.tokenize.job import run as run_tokenize
 
 FULL = {"target_steps": 600, "prompts": 1000, "max_new": 128, "train_steps": 400, "eval_prompts": 100}
 QUICK = {"target_steps": 200, "prompts": 300, "max_new": 64, "train_steps": 120, "eval_prompts": 30}

@@ -6,7 +6,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 from sqlmodel import SQLModel
 
-import app.models  # noqa: F401  (registers the tables)
+import app.store.models  # noqa: F401  (registers the tables)
 from app.settings import get_settings
 
 config = context.config

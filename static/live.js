@@ -1,4 +1,4 @@
-// Live pages: ONE EventSource per page, on the element with data-sse (its events: app/sse.py's docstring).
+// Live pages: ONE EventSource per page, on the element with data-sse (its events: app/web/sse.py's docstring).
 // A plain EventSource rather than htmx's SSE extension: the stream's payloads are JSON (progress counts,
 // log rows, and next metric points for charts), not HTML fragments to swap. Small updates are drawn here
 // with textContent (never parsed as HTML); when a status changes, the server-rendered partial named by

@@ -39,7 +39,7 @@ def write_chat_input(path: Path, n: int = 60) -> Path:
     return path
 
 
-# The loss thresholds a tokenize job gets by default (draftdeck/jobs/tokenize.py), for in-process runs
+# The loss thresholds a tokenize job gets by default (draftdeck/tokenize/job.py), for in-process runs
 # whose dataset is compared with a job's: the manifest records them.
 JOB_LIMITS = {"max_rejected": 0.5, "alert_rejected": 0.05, "alert_duplicated": 0.05, "alert_truncated": 0.05}
 

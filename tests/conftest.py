@@ -30,8 +30,8 @@ def real_file(name: str) -> Path:
 @pytest.fixture
 def dd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh DraftDeck home with embedded defaults; data roots = the home and ../shared."""
-    from app.db import get_engine
     from app.settings import get_settings
+    from app.store.db import get_engine
 
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)
@@ -54,7 +54,7 @@ def dd_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 @pytest.fixture
 def migrated(dd_home: Path) -> Path:
-    from app.db import upgrade
+    from app.store.db import upgrade
 
     upgrade()
     return dd_home

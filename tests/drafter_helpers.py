@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from draftdeck.drafter.config import DrafterConfig
-from draftdeck.drafter.target import Target
+from draftdeck.drafter.model.config import DrafterConfig
+from draftdeck.drafter.model.target import Target
 
 
 def tiny_target_config(vocab_size: int = 300, layers: int = 4, hidden: int = 64, **kw: Any) -> Any:

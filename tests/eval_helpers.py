@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.target import Target
+from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.tiny import TargetShape, build_target, build_tokenizer, write_prompts
 
 SMALL_SHAPE = TargetShape(
@@ -102,9 +102,9 @@ def quick_trained_drafter(
     helper's objective, output tokens trained: a checkpoint with tau between 1 and B for tests."""
     import torch
 
-    from draftdeck.drafter.config import DrafterConfig
-    from draftdeck.drafter.model import DFlashDrafter
-    from draftdeck.drafter.objective import dflash_loss, sample_anchors
+    from draftdeck.drafter.model.config import DrafterConfig
+    from draftdeck.drafter.model.dflash import DFlashDrafter
+    from draftdeck.drafter.train.objective import dflash_loss, sample_anchors
 
     torch.manual_seed(seed)
     cfg = DrafterConfig.from_target(target.config, tokenizer=target.tokenizer, block_size=block_size)

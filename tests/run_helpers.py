@@ -1,7 +1,7 @@
 """Training runs as the trainer and the eval leave them: a `train` job with its metric points (names of
 draftdeck/jobs/context.py, counts as counts), run.json and checkpoints/index.json in its folder, and
 `eval` jobs with eval.json and the alert the eval raises when real decoding and the run's figures
-disagree (draftdeck.drafter.evaluate.versus_training). For page tests, browser tests and screenshots."""
+disagree (draftdeck.drafter.eval.evaluate.versus_training). For page tests, browser tests and screenshots."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.metrics import record_points
-from app.models import Alert, Job
-from draftdeck.drafter.versus import Real, RunFigures, versus_training
+from app.store.metrics import record_points
+from app.store.models import Alert, Job
+from draftdeck.drafter.eval.versus import Real, RunFigures, versus_training
 from draftdeck.jobs.context import MetricPoint
 
 BLOCK = 4
@@ -183,7 +183,7 @@ def make_eval(
             str(i): n for i, n in enumerate(per_pos)
         }
     (out / "eval.json").write_text(
-        json.dumps(  # the layout draftdeck/drafter/evaluate.py writes
+        json.dumps(  # the layout draftdeck/drafter/eval/evaluate.py writes
             {
                 "eval": {
                     "methods": {"drafter": drafter},

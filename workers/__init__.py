@@ -1,1 +1,1 @@
-"""Celery task bodies: thin wrappers over app/runner.py and app/chunks.py. Nothing imports workers/."""
+"""Celery task bodies: thin wrappers over app/run/job.py and app/run/chunks.py. Nothing imports workers/."""

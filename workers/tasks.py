@@ -10,14 +10,14 @@ from typing import Any
 from celery import Task
 from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
-from app.chunks import run_chunk
-from app.db import get_engine
-from app.liveness import start_beat
 from app.queue import RUN_CHUNK, RUN_JOB, get_celery
-from app.runner import run_job
-from app.scraper import start_scraper
+from app.run.chunks import run_chunk
+from app.run.job import run_job
+from app.run.liveness import start_beat
+from app.run.sweeper import start_sweeper
+from app.serving.scraper import start_scraper
 from app.settings import get_settings
-from app.sweeper import start_sweeper
+from app.store.db import get_engine
 from draftdeck.tokenize.loaded import preload_imports
 
 celery_app = get_celery()

@@ -1,7 +1,7 @@
 """`draftdeck ...` in-process commands (scan, convert, mix, regenerate, tokenize, inspect, vocab, export,
 train, eval, export-drafter).
 
-They run the core here, on any path the user can read. The console entry point (app/cli_service.py)
+They run the core here, on any path the user can read. The console entry point (app/cli/main.py)
 joins them with the service commands (up, web, worker, db, jobs); this package imports nothing of the
 web, the queue or SQL.
 """

@@ -20,9 +20,9 @@ from rich.table import Table
 
 from draftdeck.cli.common import out, run_in_process, usage_exit
 from draftdeck.cli.options import job_command, option
+from draftdeck.convert.job import ConvertParams, convert_files
+from draftdeck.convert.scan_job import ScanParams, scan_files
 from draftdeck.errors import UsageError
-from draftdeck.jobs.convert import ConvertParams, convert_files
-from draftdeck.jobs.scan import ScanParams, scan_files
 from draftdeck.quality import Report
 from draftdeck.units import binary_size, count
 

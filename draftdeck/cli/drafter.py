@@ -4,7 +4,7 @@
     draftdeck eval PROMPTS --target DIR --checkpoint RUN|CKPT [--mode greedy|sampled] [--out DIR]
     draftdeck export-drafter RUN|CKPT --out DIR
 
-Options are the `train` and `eval` job kinds' parameters (draftdeck/drafter/params.py,
+Options are the `train` and `eval` job kinds' parameters (draftdeck/drafter/train/params.py,
 eval_params.py): the same names in the CLI, the JSON API and the form. Every tau printed counts the
 bonus token, as vLLM does. Exit codes: 0 success, 1 the run failed (NaN loss, policy), 2 usage errors.
 """
@@ -25,9 +25,9 @@ from rich.markup import escape
 from draftdeck.cli.common import err, out, usage_exit
 from draftdeck.cli.data import REPORT
 from draftdeck.cli.options import job_command
-from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.export_params import ExportParams
-from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.export.params import ExportParams
+from draftdeck.drafter.train.params import TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
@@ -110,7 +110,7 @@ def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report
 
 
 def train(params: TrainParams, *, report: Path | None) -> None:
-    from draftdeck.drafter.run import run_train
+    from draftdeck.drafter.train.run import run_train
 
     result = _run(run_train, params, f"train -> {params.out}", report)
     extra = result.extra
@@ -121,7 +121,7 @@ def train(params: TrainParams, *, report: Path | None) -> None:
 
 
 def evaluate(params: EvalParams, *, report: Path | None) -> None:
-    from draftdeck.drafter.evaluate import run_eval
+    from draftdeck.drafter.eval.evaluate import run_eval
 
     if params.out is None:
         raise usage_exit("--out is required: the folder for eval.json")
@@ -175,7 +175,7 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def export_drafter(params: ExportParams) -> None:
-    from draftdeck.drafter.export_params import run_export
+    from draftdeck.drafter.export.params import run_export
 
     if params.out is None:
         raise usage_exit("--out is required: the new folder in z-lab's format")
@@ -186,7 +186,7 @@ def export_drafter(params: ExportParams) -> None:
         f"{dflash.get('target_layer_ids')}, mask id {dflash.get('mask_token_id')}",
         highlight=False,
     )
-    out.print("As each server's loader reads it (draftdeck/drafter/servers.py):", highlight=False)
+    out.print("As each server's loader reads it (draftdeck/drafter/export/servers.py):", highlight=False)
     for r in report.extra["served"]:
         mask = "unknown" if r["mask_token_id"] is None else r["mask_token_id"]
         line = f"  {r['server']} ({r['source']}): mask id {mask}, {escape(r['mask_from'])}"

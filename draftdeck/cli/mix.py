@@ -20,9 +20,9 @@ from draftdeck.cli.common import out, run_in_process, usage_exit
 from draftdeck.cli.data import REPORT, WORKERS, default_workers
 from draftdeck.cli.options import model_parameters, params_from
 from draftdeck.errors import UsageError
-from draftdeck.jobs.mix import MixParams, mix_files
 from draftdeck.mix import Recipe
 from draftdeck.mix.composition import composition
+from draftdeck.mix.job import MixParams, mix_files
 from draftdeck.quality import Report
 from draftdeck.units import binary_size, count
 

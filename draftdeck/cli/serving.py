@@ -113,7 +113,7 @@ def watch(
 
 
 def register(app: typer.Typer, more: Callable[[typer.Typer], None] | None = None) -> None:
-    """Add the `serving` group with `watch`; `more` adds the service's commands (app/cli_serving.py)."""
+    """Add the `serving` group with `watch`; `more` adds the service's commands (app/cli/serving.py)."""
     group = typer.Typer(
         no_args_is_help=True,
         help="Watch a served drafter (vLLM, SGLang): acceptance from the server's /metrics.",

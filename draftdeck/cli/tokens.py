@@ -26,8 +26,8 @@ from draftdeck.cli.common import run_in_process, usage_exit
 from draftdeck.cli.data import REPORT
 from draftdeck.cli.options import job_command, option
 from draftdeck.errors import InputError, UsageError
-from draftdeck.jobs.tokenize import TokenizeParams, tokenize_files
 from draftdeck.paths import resolve_user_path
+from draftdeck.tokenize.job import TokenizeParams, tokenize_files
 from draftdeck.units import binary_size, count
 
 
@@ -114,7 +114,7 @@ def inspect_command(
 ) -> None:
     """Print one row's tokens: trained tokens in green, context dimmed; whitespace and specials visible."""
     from draftdeck.chat.render import load_tokenizer
-    from draftdeck.shards.inspect import render_row
+    from draftdeck.cli.inspect import render_row
 
     ds = _open_dataset(dataset)
     try:

@@ -1,6 +1,6 @@
 """Tokenizing in chunks: how a large input becomes many independent tasks and one dataset.
 
-Three steps, each a plain function (no Celery, no SQL: ``app/chunks.py`` runs them as tasks):
+Three steps, each a plain function (no Celery, no SQL: ``app/run/chunks.py`` runs them as tasks):
 
 1. :func:`plan_chunks` reads the inputs ONCE, in order, through the conversion reader (the same
    reading as ``draftdeck tokenize``: detection, checks, duplicate and placeholder detection, which

@@ -1,6 +1,6 @@
 """job_state_history; 64-bit counts; one retry per attempt
 
-- ``job_state_history``: every accepted status change of a job or chunk (app/state.py).
+- ``job_state_history``: every accepted status change of a job or chunk (app/store/state.py).
 - Progress, rows, bytes, event counts and metric steps become BIGINT: on PostgreSQL an input of
   2 GiB or more overflowed INTEGER (``progress_total 2202034233``). SQLite's INTEGER is 64-bit
   already; batch mode rewrites the tables there anyway, to keep the two schemas in step.

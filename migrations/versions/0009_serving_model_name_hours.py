@@ -55,7 +55,7 @@ def upgrade() -> None:
 
 
 def _hours_of_existing_windows() -> list[dict[str, Any]]:
-    """The windows stored before this revision, summed by hour as app/serving.py sums new ones."""
+    """The windows stored before this revision, summed by hour as app/serving/endpoints.py sums new ones."""
     kinds = dict(op.get_bind().execute(sa.text("SELECT id, kind FROM serving_endpoints")).all())
     rows = op.get_bind().execute(
         sa.text(

@@ -110,8 +110,8 @@ class Server:
     def start(self, timeout: float = 60.0) -> Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # The console entry point's module, run from this checkout (an installed `draftdeck` script may
-        # predate the entry point's move to app/cli_service.py until the venv is reinstalled).
-        argv = [sys.executable, "-m", "app.cli_service"]
+        # predate the entry point's move to app/cli/main.py until the venv is reinstalled).
+        argv = [sys.executable, "-m", "app.cli.main"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child holds it; closed when we stop
         self.proc = subprocess.Popen(
             [*argv, "up", "--host", self.host, "--port", str(self.port)],

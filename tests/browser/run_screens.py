@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app.db import make_engine
+from app.store.db import make_engine
 from tests.browser.harness import Server
 from tests.browser.photos import WIDTHS, main, photograph
 from tests.run_helpers import make_eval, make_run

@@ -17,8 +17,8 @@ from typing import Any
 
 from sqlmodel import Session
 
-from app import serving
-from app.db import make_engine
+from app.serving import endpoints
+from app.store.db import make_engine
 from tests.browser.harness import Server
 from tests.browser.photos import main, photograph
 from tests.run_helpers import make_eval, make_run
@@ -57,7 +57,7 @@ def take(out: Path) -> list[Path]:
             make_eval(db, jobs, run, 2900, real_tau=3.9, data_tau=4.0, target_tau=3.95, per_pos=[97, 93, 90])
             for name, url, kind in (("prod-qwen-dflash", good.url, "vllm"), ("staging", bad.url, "vllm"),
                                     ("sglang-canary", sg.url, "sglang")):  # fmt: skip
-                serving.create_endpoint(db, name=name, kind=kind, metrics_url=url, interval_s=1,
+                endpoints.create_endpoint(db, name=name, kind=kind, metrics_url=url, interval_s=1,
                                         run_job_id=run, drafter="models/drafter")  # fmt: skip
             for _ in range(25):  # ~5 s: the server's scraper takes its windows
                 vllm.decode("qwen", "0", [3, 3, 2, 0, 3, 1, 2, 3] * 40)

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from sqlmodel import Session
 
-from app.db import make_engine
-from app.metrics import record_points
-from app.models import JobStatus
-from app.state import propose
+from app.store.db import make_engine
+from app.store.metrics import record_points
+from app.store.models import JobStatus
+from app.store.state import propose
 from tests.browser.harness import Server
 from tests.run_helpers import make_eval, make_run, step_points
 from tests.serving_helpers import VllmStandIn

@@ -53,7 +53,7 @@ def pg_url() -> Iterator[str]:
 @pytest.fixture
 def pg_engine(pg_url: str) -> Iterator[Any]:
     """A migrated PostgreSQL database of the test's own."""
-    from app.db import make_engine, upgrade
+    from app.store.db import make_engine, upgrade
 
     upgrade(pg_url)
     made = make_engine(pg_url)
@@ -119,8 +119,8 @@ class Stack:
 
 @pytest.fixture(params=["embedded", "services"])
 def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    from app.db import get_engine, upgrade
     from app.settings import get_settings
+    from app.store.db import get_engine, upgrade
 
     home = tmp_path / "home"
     (home / "data").mkdir(parents=True)

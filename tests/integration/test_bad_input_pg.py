@@ -16,8 +16,8 @@ pytestmark = [pytest.mark.services]
 
 @pytest.fixture
 def pg_client(dd_home: Path, pg_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    from app.db import get_engine, upgrade
     from app.settings import get_settings
+    from app.store.db import get_engine, upgrade
 
     monkeypatch.setenv("DATABASE_URL", pg_url)
     get_settings.cache_clear()

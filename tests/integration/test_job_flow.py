@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 @pytest.fixture
 def client(stack: Stack) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c

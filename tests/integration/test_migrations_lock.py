@@ -18,7 +18,7 @@ STARTERS = 4
 # race the lock must win is between upgrades, not between interpreter start-ups.
 RACE = """
 import sys, time
-from app.db import upgrade
+from app.store.db import upgrade
 start = float(sys.argv[1])
 time.sleep(max(0.0, start - time.time()))
 upgrade()
@@ -89,7 +89,7 @@ def test_concurrent_upgrades_of_a_fresh_sqlite_file_all_succeed(tmp_path: Path) 
 
 
 def test_a_held_lock_makes_the_next_upgrade_wait(tmp_path: Path) -> None:
-    from app.db import migration_lock
+    from app.store.db import migration_lock
 
     url = f"sqlite:///{tmp_path / 'x.db'}"
     # flock is per open file: a second open in this process contends like another process would

@@ -11,12 +11,12 @@ from sqlmodel import Session
 
 
 def test_served_tau_buckets_sum_counts_on_postgresql(pg_engine: Any) -> None:
-    from app import serving
-    from app.models import ServingWindow
-    from app.serving_series import tau_series
+    from app.serving import endpoints
+    from app.serving.series import tau_series
+    from app.store.models import ServingWindow
 
     with Session(pg_engine, expire_on_commit=False) as s:
-        ep = serving.create_endpoint(
+        ep = endpoints.create_endpoint(
             s, name="prod", kind="vllm", metrics_url="http://127.0.0.1:9/metrics", model_name="m"
         )
         t0 = 1_800_000_000_000
@@ -26,14 +26,14 @@ def test_served_tau_buckets_sum_counts_on_postgresql(pg_engine: Any) -> None:
             for dt, model, drafts, accepted in ((0, "m", 100, 300), (1000, "m", 100, 100),
                                                 (1500, "x", 50, 0), (10_000, "m", 50, 50))
         ]  # fmt: skip
-        serving.add_windows(s, ep, rows)
+        endpoints.add_windows(s, ep, rows)
         s.commit()
         series = tau_series(s, ep, budget=2)
         # two more of model "m": 5 windows are more than a 1-bucket chart reads, so it reads their hour
         more = [ServingWindow(endpoint_id=ep.id or 0, wall_ms=t0 + dt, model_name="m", drafts=50,
                               draft_tokens=150, accepted=100, per_position=[50, 0])
                 for dt in (20_000, 30_000)]  # fmt: skip
-        serving.add_windows(s, ep, more)
+        endpoints.add_windows(s, ep, more)
         s.commit()
         hourly = tau_series(s, ep, budget=1)
     assert series.x == [t0 + 1000, t0 + 10_000] and series.y == [3.0, 2.0]  # model "x" left out

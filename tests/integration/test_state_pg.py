@@ -11,8 +11,8 @@ pytestmark = pytest.mark.services
 
 
 def _running_job(session: Any, kind: str, inputs: list[str]) -> Any:
-    from app import records, state
-    from app.models import JobStatus
+    from app.store import records, state
+    from app.store.models import JobStatus
 
     job = records.create_job(session, kind, {"inputs": inputs}, "cpu")
     assert job.id is not None
@@ -26,8 +26,8 @@ BIG = 2_202_034_233  # the progress_total that overflowed INTEGER on a 2.2 GB in
 def test_counts_above_2_31_fit_after_the_migrations(pg_engine: Any) -> None:
     from sqlmodel import Session, select
 
-    from app import records, state
-    from app.models import Job, JobChunk, JobOutput
+    from app.store import records, state
+    from app.store.models import Job, JobChunk, JobOutput
 
     with Session(pg_engine, expire_on_commit=False) as session:
         job = _running_job(session, "scan", ["big.jsonl"])
@@ -55,8 +55,9 @@ def test_a_claim_landing_mid_check_does_not_strand_the_job(pg_engine: Any) -> No
     from sqlalchemy import event, update
     from sqlmodel import Session
 
-    from app import liveness, records
-    from app.models import ChunkStatus, JobChunk, utcnow
+    from app.run import liveness
+    from app.store import records
+    from app.store.models import ChunkStatus, JobChunk, utcnow
 
     with Session(pg_engine, expire_on_commit=False) as session:
         job = _running_job(session, "tokenize", ["a.jsonl"])

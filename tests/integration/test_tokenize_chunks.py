@@ -27,7 +27,7 @@ def small_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def client(stack: Stack) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c
@@ -53,8 +53,8 @@ def _run(client: TestClient, stack: Stack, params: dict) -> dict:
 
 
 def _chunk_workers(job_id: int) -> list[str]:
-    from app.db import session_scope
-    from app.models import JobChunk
+    from app.store.db import session_scope
+    from app.store.models import JobChunk
 
     with session_scope() as session:
         rows = session.exec(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index))
@@ -145,8 +145,8 @@ def test_a_worker_keeps_its_tokenizer_for_the_next_job(
 
 
 def _chunk_rows(job_id: int) -> list:  # type: ignore[type-arg]
-    from app.db import session_scope
-    from app.models import JobChunk
+    from app.store.db import session_scope
+    from app.store.models import JobChunk
 
     with session_scope() as session:
         return list(
@@ -221,8 +221,8 @@ def test_a_chunk_whose_worker_died_runs_again_once(
     assert job["status"] == "succeeded", (job["error"], stack.worker_logs())
     [chunk] = _chunk_rows(job_id)
     assert (chunk.status, chunk.losses) == ("done", 1) and chunk.worker != dead
-    from app import state
-    from app.db import session_scope
+    from app.store import state
+    from app.store.db import session_scope
 
     with session_scope() as session:
         moves = [(h.from_status, h.to_status) for h in state.history(session, job_id) if h.chunk_index == 0]
@@ -284,8 +284,8 @@ def test_retry_after_a_chunk_lost_twice_reuses_the_chunks_already_done(
 
     from sqlalchemy import func
 
-    from app.db import session_scope
-    from app.models import JobChunk
+    from app.store.db import session_scope
+    from app.store.models import JobChunk
 
     stack.start_worker()
     out = stack.data / "out"

@@ -14,7 +14,7 @@ from app.settings import Settings
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c
@@ -96,8 +96,8 @@ def test_api_writes_must_be_json(client: TestClient, migrated: Path) -> None:
 
 
 def test_token_required_beyond_loopback(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.main import create_app
     from app.settings import get_settings
+    from app.web.main import create_app
 
     monkeypatch.setenv("DRAFTDECK_HOST", "0.0.0.0")
     monkeypatch.setenv("DRAFTDECK_TOKEN", "s3cret")
@@ -190,10 +190,10 @@ def test_a_convert_out_that_is_a_data_root_is_refused(client: TestClient, migrat
 
 
 def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
-    from app import records, state
-    from app.db import session_scope
-    from app.models import JobStatus
-    from app.sweeper import mark_lost_jobs
+    from app.run.sweeper import mark_lost_jobs
+    from app.store import records, state
+    from app.store.db import session_scope
+    from app.store.models import JobStatus
 
     with session_scope() as s:
         stale = records.create_job(s, "scan", {"inputs": ["x"]}, "cpu")
@@ -201,7 +201,7 @@ def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
         assert state.propose(s, stale.id, JobStatus.RUNNING, "test", worker="w:1").accepted
         from sqlalchemy import update
 
-        from app.models import Job, utcnow
+        from app.store.models import Job, utcnow
 
         s.execute(
             update(Job).where(Job.id == stale.id).values(heartbeat_at=utcnow() - timedelta(seconds=120))
@@ -218,10 +218,10 @@ def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
 
 
 def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
-    from app import records
-    from app.db import session_scope
-    from app.models import JobStatus
-    from app.runner import run_job
+    from app.run.job import run_job
+    from app.store import records
+    from app.store.db import session_scope
+    from app.store.models import JobStatus
 
     path = _file(migrated)
     with session_scope() as s:
@@ -231,7 +231,7 @@ def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
     with session_scope() as s:
         from sqlmodel import select
 
-        from app.models import JobOutput
+        from app.store.models import JobOutput
 
         assert len(s.exec(select(JobOutput).where(JobOutput.job_id == job.id)).all()) == 1
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c

@@ -26,7 +26,7 @@ def client(migrated: Path) -> Iterator[TestClient]:
 
 
 def make_client(home: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     (home / "data" / "a.jsonl").write_text('{"messages": []}\n')
     with TestClient(create_app(), raise_server_exceptions=False) as c:
@@ -36,7 +36,7 @@ def make_client(home: Path) -> Iterator[TestClient]:
 
 def _api_routes() -> Iterator[APIRoute]:
     """Every route of the app (FastAPI keeps included routers' routes on their original router)."""
-    from app.main import app
+    from app.web.main import app
 
     for route in app.routes:
         router = getattr(route, "original_router", None)
@@ -149,7 +149,7 @@ def test_a_huge_body_is_413_before_it_is_read(client: TestClient) -> None:
 def test_log_lines_are_capped(capsys: pytest.CaptureFixture[str]) -> None:
     from uvicorn.logging import AccessFormatter
 
-    from app.limits import MAX_LOG_LINE_CHARS, cap_log_lines
+    from app.web.limits import MAX_LOG_LINE_CHARS, cap_log_lines
 
     cap_log_lines()
     stream = io.StringIO()

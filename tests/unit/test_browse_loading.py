@@ -88,8 +88,8 @@ def test_one_store_per_dataset_for_concurrent_first_readers(tmp_path: Path) -> N
 def test_fifty_concurrent_first_requests_to_a_fresh_server_all_succeed(migrated: Path) -> None:
     """Right after start, 50 readers of sample pages at once: every answer is the page (no 404 from an
     import race, no 500 from an exhausted pool, no traceback in the log)."""
-    from app.dataset_records import add_datasets, found_at
-    from app.db import session_scope
+    from app.store.dataset_records import add_datasets, found_at
+    from app.store.db import session_scope
 
     made = build_chat_dataset(migrated, max_len=40)
     with session_scope() as s:  # registered before the server starts: its first request loads everything

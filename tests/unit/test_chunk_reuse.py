@@ -1,5 +1,5 @@
 # ruff: noqa: F811 - pytest fixtures imported from tokenize_helpers
-"""Retry of a failed chunked tokenize job resumes from the chunks already done (app/resume.py): the
+"""Retry of a failed chunked tokenize job resumes from the chunks already done (app/run/resume.py): the
 done chunks are kept (out of `out`, in the failed job's folder), verified by sha256 and taken over;
 only the rest run. Chunk tasks are called inline, as in tests/unit/test_tokenize_chunks.py."""
 
@@ -20,10 +20,10 @@ from tests.unit.tokenize_helpers import small_dir  # noqa: F401
 def _fail_in_chunk(job_id: int, index: int) -> None:
     """Chunk `index`: its worker died in it a second time (stale beat, losses=1); the sweeper fails
     the job "worker lost" as it does for a real kill -9 (tests/integration covers the real one)."""
-    from app import liveness
-    from app.db import session_scope
-    from app.models import Job, JobChunk, utcnow
-    from app.sweeper import sweep
+    from app.run import liveness
+    from app.run.sweeper import sweep
+    from app.store.db import session_scope
+    from app.store.models import Job, JobChunk, utcnow
 
     old = utcnow() - timedelta(hours=1)
     with session_scope() as session:
@@ -36,17 +36,17 @@ def _fail_in_chunk(job_id: int, index: int) -> None:
 
 
 def _job(job_id: int):  # type: ignore[no-untyped-def]
-    from app import records
-    from app.db import session_scope
+    from app.store import records
+    from app.store.db import session_scope
 
     with session_scope() as session:
         return records.get_job(session, job_id)
 
 
 def _retry(job_id: int) -> int:
-    from app.db import session_scope
+    from app.run.submit import retry
     from app.settings import get_settings
-    from app.submit import retry
+    from app.store.db import session_scope
 
     with session_scope() as session:
         job = retry(session, job_id, get_settings())
@@ -55,8 +55,8 @@ def _retry(job_id: int) -> int:
 
 
 def _events(job_id: int) -> list[str]:
-    from app.db import session_scope
-    from app.models import JobEvent
+    from app.store.db import session_scope
+    from app.store.models import JobEvent
 
     with session_scope() as session:
         return [e.message for e in session.exec(select(JobEvent).where(JobEvent.job_id == job_id))]
@@ -64,8 +64,8 @@ def _events(job_id: int) -> list[str]:
 
 def _failed_with_three_done(migrated: Path, small_dir: Path) -> tuple[int, Path, Path, dict[int, bytes]]:
     """A job with `out` set, 4 chunks: 0, 1, 2 done, then chunk 3 lost twice: the job fails."""
-    from app.chunks import run_chunk
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
 
     out = migrated / "data" / "out"
     job_id, src, tok = _submit(migrated, small_dir, 30, chunk_rows=10, out=str(out))
@@ -82,12 +82,12 @@ def _failed_with_three_done(migrated: Path, small_dir: Path) -> tuple[int, Path,
 def test_retry_reuses_the_done_chunks_and_runs_only_the_rest(
     migrated: Path, small_dir: Path, tmp_path: Path
 ) -> None:
-    from app import state
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.models import JobChunk
-    from app.resume import kept_dir
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.run.resume import kept_dir
+    from app.store import state
+    from app.store.db import session_scope
+    from app.store.models import JobChunk
 
     job_id, src, tok, shards = _failed_with_three_done(migrated, small_dir)
     out = migrated / "data" / "out"
@@ -115,7 +115,7 @@ def test_retry_reuses_the_done_chunks_and_runs_only_the_rest(
     assert job.result["chunks_reused"]["summary"] == f"3 of 4 chunks reused from job {job_id}"
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as client:  # the new attempt's page says it
         assert f"3 of 4 chunks reused from job {job_id}" in client.get(f"/jobs/{new_id}").text
@@ -129,9 +129,9 @@ def test_retry_reuses_the_done_chunks_and_runs_only_the_rest(
 
 
 def test_a_corrupt_or_missing_kept_chunk_runs_again(migrated: Path, small_dir: Path, tmp_path: Path) -> None:
-    from app.chunks import run_chunk
-    from app.resume import kept_dir
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.run.resume import kept_dir
 
     job_id, src, tok, _ = _failed_with_three_done(migrated, small_dir)
     kept = kept_dir(job_id)
@@ -158,7 +158,7 @@ def test_a_corrupt_or_missing_kept_chunk_runs_again(migrated: Path, small_dir: P
 
 
 def test_changed_input_is_not_reused(migrated: Path, small_dir: Path) -> None:
-    from app.runner import run_job
+    from app.run.job import run_job
 
     job_id, src, _, _ = _failed_with_three_done(migrated, small_dir)
     lines = src.read_text().splitlines()
@@ -170,11 +170,11 @@ def test_changed_input_is_not_reused(migrated: Path, small_dir: Path) -> None:
 
 
 def test_kept_chunks_are_deleted_after_the_retention_time(migrated: Path, small_dir: Path) -> None:
-    from app.db import session_scope
-    from app.models import Job
-    from app.resume import kept_dir
-    from app.runner import run_job
-    from app.sweeper import sweep
+    from app.run.job import run_job
+    from app.run.resume import kept_dir
+    from app.run.sweeper import sweep
+    from app.store.db import session_scope
+    from app.store.models import Job
 
     job_id, _, _, _ = _failed_with_three_done(migrated, small_dir)
     with session_scope() as session:
@@ -199,11 +199,11 @@ def test_a_retry_with_every_chunk_reused_runs_the_final_step_at_once(
 ) -> None:
     """The worker that claimed the final step died before it: every chunk is done, the job is lost.
     Its retry reuses every chunk and runs only the final step, in the job's own task."""
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.models import Job, JobChunk, utcnow
-    from app.runner import run_job
-    from app.sweeper import sweep
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.run.sweeper import sweep
+    from app.store.db import session_scope
+    from app.store.models import Job, JobChunk, utcnow
 
     out = migrated / "data" / "out"
     job_id, src, tok = _submit(migrated, small_dir, 30, chunk_rows=10, out=str(out))

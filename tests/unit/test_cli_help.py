@@ -17,7 +17,7 @@ def _commands(cmd: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]
 
 
 def test_every_help_at_80_columns_has_plain_value_names_and_whole_words() -> None:
-    from app.cli_service import app
+    from app.cli.main import app
 
     paths = list(_commands(typer.main.get_command(app)))
     assert len(paths) > 15 and ("tokenize",) in paths and ("jobs", "submit") in paths

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from app.cli_service import app
+from app.cli.main import app
 from tests.conftest import REPO_ROOT
 
 runner = CliRunner()
@@ -38,7 +38,7 @@ def server(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
     monkeypatch.setenv("DRAFTDECK_TOKEN", TOKEN)
     get_settings.cache_clear()
-    from app.main import app as web
+    from app.web.main import app as web
 
     port = _free_port()
     srv = uvicorn.Server(uvicorn.Config(web, host="127.0.0.1", port=port, log_level="warning"))
@@ -67,8 +67,8 @@ def test_jobs_commands_round_trip_over_http(server: str, migrated: Path) -> None
     shown = runner.invoke(app, ["jobs", "show", str(job_id), "--json"])
     inputs = json.loads(shown.output)["params"]["inputs"]
     assert [Path(p).name for p in inputs] == ["a.jsonl", "b.jsonl"]  # resolved by the server
-    from app import records
-    from app.db import session_scope
+    from app.store import records
+    from app.store.db import session_scope
 
     with session_scope() as session:  # what a run raises while it goes on (the truth pre-flight)
         records.raise_alert(
@@ -156,7 +156,7 @@ def test_up_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "DRAFTDECK_TOKEN"}
     env["DRAFTDECK_HOME"] = str(tmp_path)
     r = subprocess.run(
-        [sys.executable, "-m", "app.cli_service", "up", "--host", "0.0.0.0", "--port", "8799"],
+        [sys.executable, "-m", "app.cli.main", "up", "--host", "0.0.0.0", "--port", "8799"],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -171,9 +171,9 @@ def test_submit_wait_says_where_the_output_went(server: str, migrated: Path) -> 
     """`jobs submit --wait` names the resolved output (absolute, on the server), not only the status."""
     from sqlmodel import select
 
-    from app.db import session_scope
-    from app.models import Job
-    from app.runner import run_job
+    from app.run.job import run_job
+    from app.store.db import session_scope
+    from app.store.models import Job
 
     (migrated / "data" / "a.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"},'
                                                ' {"role": "assistant", "content": "hello"}]}\n')  # fmt: skip
@@ -222,7 +222,7 @@ def test_in_process_summaries_name_the_absolute_output(
 
 
 def _jobs_list(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "app.cli_service", "jobs", "list"]
+    argv = [sys.executable, "-m", "app.cli.main", "jobs", "list"]
     return subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -235,7 +235,7 @@ def test_jobs_talk_to_the_server_up_recorded(tmp_path: Path) -> None:
         env.pop(name, None)  # embedded: SQLite and the file broker under the home
     port = _free_port()
     up = subprocess.Popen(
-        [sys.executable, "-m", "app.cli_service", "up", "--port", str(port)],
+        [sys.executable, "-m", "app.cli.main", "up", "--port", str(port)],
         cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
     record = tmp_path / "home" / "server.json"

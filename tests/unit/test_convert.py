@@ -340,7 +340,7 @@ class TestLosses:
         assert [k for k, _ in pol.loss_alerts(report)] == ["high_rejected", "high_duplicated"]
 
     def test_5_of_6_rejected_fails_at_the_default_half(self, tmp_path: Path) -> None:
-        from draftdeck.jobs.convert import ConvertParams, convert_files
+        from draftdeck.convert.job import ConvertParams, convert_files
 
         src = _jsonl(tmp_path / "i.jsonl", [_chat("q", "an answer")] + [{"unknown": i} for i in range(5)])
         params = ConvertParams(inputs=[str(src)], to="openai")

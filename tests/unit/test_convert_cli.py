@@ -1,4 +1,4 @@
-"""`draftdeck convert` exit codes and files, and the `convert` job kind run through app.runner."""
+"""`draftdeck convert` exit codes and files, and the `convert` job kind run through app.run.job."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _run(*args: str) -> tuple[int, str]:
 class TestCli:
     def test_to_has_one_default_everywhere(self, data: Path) -> None:
         """The in-process command, the API and the form share the kind's default output format."""
-        from draftdeck.jobs.convert import ConvertParams
+        from draftdeck.convert.job import ConvertParams
 
         default = ConvertParams.model_fields["to"].default
         out = data / "o.jsonl"
@@ -200,10 +200,10 @@ class TestCli:
 
 class TestJobKind:
     def _job(self, params: dict) -> int:
-        from app import records as jobs
-        from app import submit
-        from app.db import session_scope
+        from app.run import submit
         from app.settings import get_settings
+        from app.store import records as jobs
+        from app.store.db import session_scope
 
         with session_scope() as session:
             kind, confined, queue = submit.validate("convert", params, get_settings())
@@ -212,9 +212,9 @@ class TestJobKind:
     def _get(self, job_id: int):  # type: ignore[no-untyped-def]
         from sqlmodel import select
 
-        from app import records as jobs
-        from app.db import session_scope
-        from app.models import JobEvent, JobOutput
+        from app.store import records as jobs
+        from app.store.db import session_scope
+        from app.store.models import JobEvent, JobOutput
 
         with session_scope() as session:
             job = jobs.get_job(session, job_id)
@@ -223,7 +223,7 @@ class TestJobKind:
         return job, events, outputs
 
     def test_convert_job_succeeds_into_job_folder(self, migrated: Path) -> None:
-        from app.runner import run_job
+        from app.run.job import run_job
 
         data = migrated / "data"
         shutil.copy(FIXTURES / "openai_mixed.jsonl", data / "a.jsonl")
@@ -240,7 +240,7 @@ class TestJobKind:
         assert sev == {"invalid_tool_arguments": "warning"}
 
     def test_strict_job_fails_with_severity_error(self, migrated: Path) -> None:
-        from app.runner import run_job
+        from app.run.job import run_job
 
         shutil.copy(FIXTURES / "openai_mixed.jsonl", migrated / "data" / "a.jsonl")
         out = migrated / "data" / "out" / "x.jsonl"
@@ -252,7 +252,7 @@ class TestJobKind:
         assert not out.exists()
 
     def test_empty_output_job_fails(self, migrated: Path) -> None:
-        from app.runner import run_job
+        from app.run.job import run_job
 
         shutil.copy(FIXTURES / "unknown_keys.jsonl", migrated / "data" / "u.jsonl")
         job_id = self._job({"inputs": ["data/u.jsonl"]})
@@ -263,9 +263,9 @@ class TestJobKind:
     def test_heavy_losses_raise_alerts(self, migrated: Path) -> None:
         from sqlmodel import select
 
-        from app.db import session_scope
-        from app.models import Alert
-        from app.runner import run_job
+        from app.run.job import run_job
+        from app.store.db import session_scope
+        from app.store.models import Alert
 
         shutil.copy(QUALITY / "short_real_answers.jsonl", migrated / "data" / "s.jsonl")
         shutil.copy(QUALITY / "mostly_rejected.jsonl", migrated / "data" / "m.jsonl")

@@ -33,7 +33,7 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def client(migrated: Path) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         c.get("/datasets")  # sets the CSRF cookie
@@ -149,9 +149,9 @@ def test_register_refuses_outside_roots_and_non_datasets(client: Any, migrated: 
 
 
 def test_job_outputs_appear_in_the_list(client: Any, chat: dict[str, Path]) -> None:
-    from app.dataset_records import add_datasets, found_in_outputs
-    from app.db import session_scope
-    from app.models import Job, JobOutput
+    from app.store.dataset_records import add_datasets, found_in_outputs
+    from app.store.db import session_scope
+    from app.store.models import Job, JobOutput
 
     shards = sorted(chat["dataset"].glob("data-*.arrow"))
     assert len(shards) >= 2
@@ -177,8 +177,8 @@ def test_get_writes_nothing_and_40_concurrent_lists_answer(client: Any, chat: di
 
     from sqlmodel import func, select
 
-    from app.db import session_scope
-    from app.models import Alert, Dataset, Job, JobOutput
+    from app.store.db import session_scope
+    from app.store.models import Alert, Dataset, Job, JobOutput
 
     with session_scope() as s:
         job = Job(kind="tokenize", params={}, status="succeeded")
@@ -433,8 +433,8 @@ def test_statistics_match_the_shards(client: Any, chat: dict[str, Path]) -> None
 def test_alerts_raised_once_and_acknowledged(client: Any, migrated: Path, tokenizer_dir: Path) -> None:
     from sqlmodel import select
 
-    from app.db import session_scope
-    from app.models import Alert
+    from app.store.db import session_scope
+    from app.store.models import Alert
 
     empty = write_dataset(migrated / "datasets" / "empty", [], tokenizer_dir)
     ds_id = registered(client, empty)
@@ -531,8 +531,8 @@ def test_compare_pairs_rows_by_source_and_stops_at_the_first_other_id(
 
 def test_delete_needs_confirmation_and_stays_inside_roots(client: Any, chat: dict[str, Path],
                                                           tmp_path: Path) -> None:  # fmt: skip
-    from app.db import session_scope
-    from app.models import Dataset
+    from app.store.db import session_scope
+    from app.store.models import Dataset
 
     csrf = client.cookies.get("dd_csrf")
     ds_id = registered(client, chat["dataset"])
@@ -579,7 +579,7 @@ def test_migration_up_down_sqlite_and_postgres_sql(
     from alembic import command
     from sqlalchemy import inspect
 
-    from app.db import alembic_config, get_engine
+    from app.store.db import alembic_config, get_engine
 
     cfg = alembic_config()
     assert "datasets" in inspect(get_engine()).get_table_names()
@@ -601,10 +601,10 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
 
     from sqlmodel import select
 
-    from app import records as jobs
-    from app.dataset_records import add_datasets, found_in_outputs
-    from app.db import session_scope
-    from app.models import JobOutput
+    from app.store import records as jobs
+    from app.store.dataset_records import add_datasets, found_in_outputs
+    from app.store.db import session_scope
+    from app.store.models import JobOutput
     from draftdeck.chat.testing import small_bpe_tokenizer
     from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
     from tests.datasets_helpers import sample_conversations
@@ -694,9 +694,9 @@ def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
         from fastapi.testclient import TestClient
         from sqlalchemy import inspect
 
-        from app.db import alembic_config, get_engine, upgrade
-        from app.main import create_app
         from app.settings import get_settings
+        from app.store.db import alembic_config, get_engine, upgrade
+        from app.web.main import create_app
 
         monkeypatch.setenv(
             "DATABASE_URL", f"postgresql://{admin.split('://', 1)[1].rsplit('/', 1)[0]}/{name}"
@@ -844,9 +844,9 @@ def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
     the dataset's page show the alerts of the job that made it."""
     from sqlmodel import select
 
-    from app.dataset_records import add_datasets, found_at
-    from app.db import session_scope
-    from app.models import Alert, Job
+    from app.store.dataset_records import add_datasets, found_at
+    from app.store.db import session_scope
+    from app.store.models import Alert, Job
 
     made = migrated / "datasets" / "made-by-job"
     shutil.copytree(chat["dataset"], made)

@@ -23,7 +23,7 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     work = dd_home / "demo"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run(
-        [sys.executable, "-m", "app.cli_service", "demo", "--quick", "--workdir", str(work)],
+        [sys.executable, "-m", "app.cli.main", "demo", "--quick", "--workdir", str(work)],
         cwd=dd_home, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -47,9 +47,9 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert eval_json["methods"]["drafter"]["tokens_per_step"] == summary["eval_tokens_per_step"]
     assert 1 <= summary["eval_tokens_per_step"] <= summary["eval_tau"]
 
-    from app.db import get_engine
-    from app.models import Alert, Job, JobStateHistory, MetricSeries
-    from app.run_figures import ALARM_KINDS
+    from app.store.db import get_engine
+    from app.store.models import Alert, Job, JobStateHistory, MetricSeries
+    from app.store.run_figures import ALARM_KINDS
 
     with Session(get_engine()) as session:
         jobs = session.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]
@@ -78,7 +78,7 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
         "heldout/agreement/tokens",
         "preflight/agreement/tokens",
     } <= names
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as client:
         # each job page shows what its kind measured: rows/s and endpoint health, tau per draft source

@@ -11,8 +11,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from draftdeck.drafter.config import DrafterConfigError
-from draftdeck.drafter.data import (
+from draftdeck.drafter.model.config import DrafterConfigError
+from draftdeck.drafter.model.target import TargetError
+from draftdeck.drafter.train.data import (
     EmptySplitError,
     NoAnchorError,
     RowTooLongError,
@@ -21,10 +22,9 @@ from draftdeck.drafter.data import (
     collate,
     is_heldout,
 )
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import train
-from draftdeck.drafter.target import TargetError
-from draftdeck.drafter.trainer import DeviceError
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import train
+from draftdeck.drafter.train.trainer import DeviceError
 from draftdeck.jobs.context import LocalContext
 from tests.drafter_helpers import saved_target, write_dataset
 
@@ -120,7 +120,7 @@ def test_settings_the_target_cannot_serve_are_refused(target: Path, tmp_path: Pa
 def test_an_anchor_pair_never_straddles_two_rows() -> None:
     import numpy as np
 
-    from draftdeck.drafter.data import _has_anchor
+    from draftdeck.drafter.train.data import _has_anchor
 
     masks = np.array([0, 1, 1, 0, 1, 1, 1, 0, 1], dtype=np.uint8)  # rows: [0 1] [1 0 1] [1 1] [0 1]
     offsets = np.array([0, 2, 5, 7, 9])

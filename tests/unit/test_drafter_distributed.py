@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import train
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import train
 from draftdeck.errors import Cancelled
 from draftdeck.jobs.context import LocalContext
 from tests.drafter_helpers import greedy_text, learnable_target, write_dataset

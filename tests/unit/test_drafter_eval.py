@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import run_eval
-from draftdeck.drafter.export import save_zlab
-from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
-from draftdeck.drafter.versus import Real, RunFigures, decoder_mismatch, versus_training
+from draftdeck.drafter.eval.evaluate import run_eval
+from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.eval.versus import Real, RunFigures, decoder_mismatch, versus_training
+from draftdeck.drafter.export.format import save_zlab
 from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.eval_helpers import TinyWorld, build_world, quick_trained_drafter
@@ -233,8 +233,8 @@ def test_zlabs_own_decoder_gives_the_same_outputs_and_steps(
     per prompt and the same verify steps; z-lab's acceptance lengths are DraftDeck's produced tokens."""
     import subprocess
 
-    from draftdeck.drafter.export import load_zlab
-    from draftdeck.drafter.spec_decode import DecodeStats, DFlashSource, generate_speculative
+    from draftdeck.drafter.eval.spec_decode import DecodeStats, DFlashSource, generate_speculative
+    from draftdeck.drafter.export.format import load_zlab
     from tests.eval_helpers import dflash_venv
 
     venv = dflash_venv()

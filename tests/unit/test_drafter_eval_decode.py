@@ -10,10 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from draftdeck.drafter.baselines import PromptLookup, untrained_drafter
-from draftdeck.drafter.config import DrafterConfig
-from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.spec_decode import (
+from draftdeck.drafter.eval.baselines import PromptLookup, untrained_drafter
+from draftdeck.drafter.eval.spec_decode import (
     DFlashSource,
     ReferenceDrafts,
     Sampling,
@@ -22,6 +20,8 @@ from draftdeck.drafter.spec_decode import (
     generate_speculative,
     sampling_probs,
 )
+from draftdeck.drafter.model.config import DrafterConfig
+from draftdeck.drafter.model.dflash import DFlashDrafter
 from tests.drafter_helpers import tiny_target
 from tests.eval_helpers import TinyWorld, build_world, chi2_bound
 

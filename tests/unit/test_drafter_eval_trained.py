@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import run_eval
-from draftdeck.drafter.export import export_drafter, load_zlab, resolve_checkpoint
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import train
-from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.eval.evaluate import run_eval
+from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.export.format import export_drafter, load_zlab, resolve_checkpoint
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import train
 from draftdeck.jobs.context import LocalContext
 from tests.drafter_helpers import write_dataset
 from tests.eval_helpers import build_world

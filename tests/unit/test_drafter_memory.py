@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.device import DeviceError
-from draftdeck.drafter.memory import check_memory
-from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.params import TrainParams
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.train.device import DeviceError
+from draftdeck.drafter.train.memory import check_memory
+from draftdeck.drafter.train.params import TrainParams
 from tests.drafter_helpers import tiny_drafter_config, tiny_target
 
 # The run, in a process of its own: a long-lived test process reuses heap that earlier tests freed,
@@ -25,9 +25,9 @@ import json, sys
 from pathlib import Path
 import torch
 from benchmarks._train_world import build_world
-from draftdeck.drafter.device import peak_bytes
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.trainer import Trainer
+from draftdeck.drafter.train.device import peak_bytes
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.trainer import Trainer
 from draftdeck.jobs.context import LocalContext
 root = Path(sys.argv[1])
 target, ds = build_world(root, seq=1024, rows=24, hidden=512, layers=2, heads=8, kv_heads=4, vocab=8192)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.config import DrafterConfig, DrafterConfigError, default_target_layer_ids
-from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.target import Target, TargetError
+from draftdeck.drafter.model.config import DrafterConfig, DrafterConfigError, default_target_layer_ids
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.target import Target, TargetError
 from tests.drafter_helpers import saved_target, tiny_drafter_config, tiny_target
 
 torch.set_num_threads(1)

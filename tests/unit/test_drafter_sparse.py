@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from draftdeck.drafter import attention as attn
-from draftdeck.drafter.attention import BlockLayout, resolve_backend
-from draftdeck.drafter.data import collate
-from draftdeck.drafter.head import head_ce
-from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
-from draftdeck.drafter.walked import heldout_counts
+from draftdeck.drafter.model import attention as attn
+from draftdeck.drafter.model.attention import BlockLayout, resolve_backend
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.head import head_ce
+from draftdeck.drafter.train.data import collate
+from draftdeck.drafter.train.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
+from draftdeck.drafter.train.walked import heldout_counts
 from tests.drafter_helpers import tiny_drafter_config, tiny_target
 
 torch.set_num_threads(1)

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import torch
 
-from draftdeck.drafter import trainer as trainer_mod
-from draftdeck.drafter.checkpoint import CheckpointWriteError
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import run_train, train
-from draftdeck.drafter.trainer import TrainingDiverged
+from draftdeck.drafter.train import trainer as trainer_mod
+from draftdeck.drafter.train.checkpoint import CheckpointWriteError
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import run_train, train
+from draftdeck.drafter.train.trainer import TrainingDiverged
 from draftdeck.errors import Cancelled
 from draftdeck.jobs.context import LocalContext
 from tests.drafter_helpers import greedy_text, learnable_target, write_dataset
@@ -169,8 +169,8 @@ KILLED_RUN = """
 import sys, time, torch
 torch.set_num_threads(1)
 from pathlib import Path
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.run import train
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import train
 from draftdeck.jobs.context import LocalContext
 
 class Slow(LocalContext):
@@ -226,8 +226,8 @@ def test_kill_9_then_resume_continues_steps_and_matches_an_uninterrupted_run(
 
 
 def test_each_epoch_visits_every_row_at_most_once_and_resumes_mid_epoch(prepared, tmp_path: Path) -> None:
-    from draftdeck.drafter.data import DataPosition
-    from draftdeck.drafter.trainer import Trainer
+    from draftdeck.drafter.train.data import DataPosition
+    from draftdeck.drafter.train.trainer import Trainer
 
     tr = Trainer(_params(prepared, tmp_path / "run", batch_size=5), LocalContext(tmp_path / "ctx"))
     n = len(tr.data.train)

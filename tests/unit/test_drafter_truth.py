@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from draftdeck.drafter import truth
-from draftdeck.drafter.counts import Counts
-from draftdeck.drafter.spec_decode import TargetRunner, generate_plain
-from draftdeck.drafter.truth import Agreement, TruthUnavailable, agreement_of, off_target, target_view
+from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.train import truth
+from draftdeck.drafter.train.counts import Counts
+from draftdeck.drafter.train.truth import Agreement, TruthUnavailable, agreement_of, off_target, target_view
 from tests.eval_helpers import build_world
 
 V = 5

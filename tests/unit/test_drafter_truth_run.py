@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
-from draftdeck.drafter.data import TrainData
-from draftdeck.drafter.eval_params import EvalParams
-from draftdeck.drafter.evaluate import run_eval
-from draftdeck.drafter.params import TrainParams
-from draftdeck.drafter.preflight import OFF_TARGET, compare
-from draftdeck.drafter.run import train
-from draftdeck.drafter.versus import run_figures
+from draftdeck.drafter.eval.evaluate import run_eval
+from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.eval.versus import run_figures
+from draftdeck.drafter.train.data import TrainData
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.preflight import OFF_TARGET, compare
+from draftdeck.drafter.train.run import train
 from draftdeck.errors import JobFailed
 from draftdeck.jobs.context import LocalContext
 from draftdeck.provenance import Answered, ModelIdentity
@@ -114,7 +114,7 @@ def test_a_policy_makes_off_target_data_fatal_before_step_1(world: dict[str, Pat
 
 
 def test_the_training_comparison_alerts_when_the_data_judged_walk_runs_ahead() -> None:
-    from draftdeck.drafter.counts import Counts
+    from draftdeck.drafter.train.counts import Counts
 
     params = TrainParams(inputs=["d"], target="t", off_target_tolerance=0.05)  # the default is 0.10
     data, own = (

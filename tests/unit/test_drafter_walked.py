@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from draftdeck.drafter.model import DFlashDrafter
-from draftdeck.drafter.walked import heldout_counts, spans, walk
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.train.walked import heldout_counts, spans, walk
 from tests.drafter_helpers import tiny_drafter_config, tiny_target
 
 torch.set_num_threads(1)

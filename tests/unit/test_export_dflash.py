@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.export import CheckpointError, export_drafter, load_zlab, save_zlab
-from draftdeck.drafter.model import DFlashDrafter
+from draftdeck.drafter.export.format import CheckpointError, export_drafter, load_zlab, save_zlab
+from draftdeck.drafter.model.dflash import DFlashDrafter
 from tests.drafter_helpers import tiny_drafter_config, tiny_target
 from tests.eval_helpers import dflash_venv
 

@@ -60,16 +60,14 @@ def test_schemathesis_finds_no_server_error(dd_home: Path) -> None:
     env["DATABASE_URL"] = os.environ.get("DRAFTDECK_FUZZ_DATABASE_URL", "")
     if not env["DATABASE_URL"]:
         del env["DATABASE_URL"]
-    subprocess.run(
-        [sys.executable, "-m", "app.cli_service", "db", "upgrade"], cwd=dd_home, env=env, check=True
-    )
+    subprocess.run([sys.executable, "-m", "app.cli.main", "db", "upgrade"], cwd=dd_home, env=env, check=True)
     (dd_home / "data" / "a.jsonl").write_text('{"messages": []}\n')
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     log = dd_home / "server.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-m", "uvicorn", "app.web.main:app", "--host", "127.0.0.1", "--port", str(port)],
             cwd=dd_home,
             env=env,
             stdout=out,

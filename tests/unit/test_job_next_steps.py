@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         c.get("/jobs")  # sets the CSRF cookie
@@ -61,7 +61,7 @@ def _start(client: TestClient, link: str, **more: str) -> int:
 
 
 def test_scan_convert_tokenize_each_page_offers_the_next(client: TestClient, migrated: Path) -> None:
-    from app.runner import run_job
+    from app.run.job import run_job
     from draftdeck.chat.testing import small_bpe_tokenizer
     from tests.datasets_helpers import sample_conversations
 
@@ -90,8 +90,8 @@ def test_scan_convert_tokenize_each_page_offers_the_next(client: TestClient, mig
     [(ds_id, name)] = re.findall(r'href="/datasets/(\d+)">Open dataset ([^<]+)</a>', page)
     assert name == f"{Path(converted).name.split('.')[0]}-job{tokenize}"  # its input and job, not "dataset"
     assert "+1 more" not in page  # the tokenizer is a parameter, not a second input
-    from app.db import session_scope
-    from app.models import Job
+    from app.store.db import session_scope
+    from app.store.models import Job
 
     with session_scope() as s:
         result = s.get(Job, tokenize).result  # type: ignore[union-attr]
@@ -110,7 +110,7 @@ def test_scan_convert_tokenize_each_page_offers_the_next(client: TestClient, mig
 def _prompt_only_job(client: TestClient, migrated: Path, **form: str) -> tuple[int, Path, Path, str]:
     """A tokenize job started from the form on a prompt-only row, run here: it fails (on_missing is
     error by default). Returns (job id, prompts file, tokenizer folder, csrf token)."""
-    from app.runner import run_job
+    from app.run.job import run_job
     from draftdeck.chat.testing import small_bpe_tokenizer
 
     data = migrated / "data"
@@ -151,7 +151,7 @@ def test_start_again_keeps_template_arguments_in_the_forms_syntax(client: TestCl
 
 
 def test_form_words_leave_unknown_flags_and_plain_text() -> None:
-    from app.pages import form_words
+    from app.web.pages import form_words
 
     assert form_words("use --strict to fail", "tokenize") == "tick “strict” in the form to fail"
     assert form_words("5 tokens > --seq-length 4", "tokenize") == "5 tokens > “seq_length” (in the form) 4"
@@ -160,7 +160,7 @@ def test_form_words_leave_unknown_flags_and_plain_text() -> None:
 
 
 def _running_job(done: int, total: int | None, unit: str, seconds: float) -> Any:
-    from app.models import Job, JobStatus, utcnow
+    from app.store.models import Job, JobStatus, utcnow
 
     started = utcnow() - timedelta(seconds=100)
     seen = started + timedelta(seconds=seconds)
@@ -180,7 +180,7 @@ def _running_job(done: int, total: int | None, unit: str, seconds: float) -> Any
 def test_rates_and_time_left_come_from_counts_and_timestamps(
     done: int, total: int | None, unit: str, seconds: float, rate: str | None, eta: str | None
 ) -> None:
-    from app.sse import progress_view
+    from app.web.sse import progress_view
 
     view = progress_view(_running_job(done, total, unit, seconds))
     assert (view["rate"], view["eta"]) == (rate, eta)
@@ -189,9 +189,9 @@ def test_rates_and_time_left_come_from_counts_and_timestamps(
 def test_rates_show_on_the_job_page_and_the_jobs_list(client: TestClient, migrated: Path) -> None:
     from sqlmodel import update
 
-    from app import records, state
-    from app.db import session_scope
-    from app.models import Job, JobStatus
+    from app.store import records, state
+    from app.store.db import session_scope
+    from app.store.models import Job, JobStatus
 
     with session_scope() as s:
         job = records.create_job(s, "scan", {"inputs": [str(migrated / "data" / "x.jsonl")]}, "cpu")
@@ -210,9 +210,9 @@ def test_a_chunked_tokenize_shows_rows_and_tokens_per_second(client: TestClient,
     """Its progress unit is chunks; the rate is the finished chunks' rows and tokens over the time."""
     from sqlmodel import update
 
-    from app import records, state
-    from app.db import session_scope
-    from app.models import ChunkStatus, Job, JobChunk, JobStatus
+    from app.store import records, state
+    from app.store.db import session_scope
+    from app.store.models import ChunkStatus, Job, JobChunk, JobStatus
 
     with session_scope() as s:
         job = records.create_job(s, "tokenize", {"inputs": ["x"], "tokenizer": "t"}, "cpu")
@@ -232,7 +232,7 @@ def test_a_chunked_tokenize_shows_rows_and_tokens_per_second(client: TestClient,
 def test_a_scan_that_would_keep_nothing_is_a_failed_scan(client: TestClient, migrated: Path) -> None:
     """A pre-flight saying "0 rows convert keeps" showed a big Convert this button: it is a failed scan
     now, its page saying what to fix and offering the form again, not the convert."""
-    from app.runner import run_job
+    from app.run.job import run_job
 
     prompts = migrated / "data" / "only-prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"

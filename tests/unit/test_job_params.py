@@ -10,9 +10,9 @@ import typer
 from typer.main import get_command
 
 from draftdeck.cli import make_app
-from draftdeck.jobs.convert import ConvertParams
-from draftdeck.jobs.registry import KINDS
-from draftdeck.jobs.tokenize import TokenizeParams
+from draftdeck.convert.job import ConvertParams
+from draftdeck.kinds import KINDS
+from draftdeck.tokenize.job import TokenizeParams
 
 CLI_ONLY = {"report", "workers"}  # the CLI's own options, not job parameters
 NOT_ON_THE_CLI = {"tokenize": {"chunk_rows"}}  # chunk tasks are the service's
@@ -68,8 +68,8 @@ def test_core_options_are_built_from_the_parameters() -> None:
 def test_form_fields_and_api_schema_are_the_model(migrated: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from app.main import app
-    from app.pages import _form_fields
+    from app.web.main import app
+    from app.web.pages import _form_fields
 
     kinds = TestClient(app).get("/api/kinds").json()
     for name, kind in KINDS.items():
@@ -108,8 +108,8 @@ def test_template_kwargs_take_one_syntax_everywhere(migrated: Path) -> None:
     from fastapi.testclient import TestClient
     from pydantic import ValidationError
 
-    from app.main import create_app
-    from app.pages import _form_params
+    from app.web.main import create_app
+    from app.web.pages import _form_params
     from draftdeck.cli.options import params_from
 
     want = {"enable_thinking": False, "effort": "high", "budget": 3}

@@ -19,14 +19,12 @@ def _loaded_after(imports: str) -> set[str]:
 
 
 def test_the_core_and_its_cli_import_nothing_of_the_web_the_queue_or_sql() -> None:
-    loaded = _loaded_after(
-        "import draftdeck.cli, draftdeck.cli.data, draftdeck.cli.tokens, draftdeck.jobs.registry"
-    )
+    loaded = _loaded_after("import draftdeck.cli, draftdeck.cli.data, draftdeck.cli.tokens, draftdeck.kinds")
     assert not loaded & {"app", "workers", "fastapi", "celery", "kombu", "sqlmodel", "sqlalchemy", "uvicorn"}
 
 
 def test_the_web_app_never_imports_workers() -> None:
-    loaded = _loaded_after("import app.main, app.cli_service, app.runner, app.chunks, app.submit")
+    loaded = _loaded_after("import app.web.main, app.cli.main, app.run.job, app.run.chunks, app.run.submit")
     assert "workers" not in loaded
 
 

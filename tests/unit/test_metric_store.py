@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
-from app.db import make_engine, upgrade
-from app.metric_query import QueryError, query
-from app.metrics import last_ids, points_since, record_metrics, record_points, summaries
-from app.models import Job, MetricValue
+from app.store.db import make_engine, upgrade
+from app.store.metric_query import QueryError, query
+from app.store.metrics import last_ids, points_since, record_metrics, record_points, summaries
+from app.store.models import Job, MetricValue
 from draftdeck.jobs.context import MetricPoint
 
 PG_ADMIN = os.environ.get("DRAFTDECK_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -242,14 +242,14 @@ def test_migration_matches_the_models_and_downgrades(session: Session) -> None:
     from alembic.migration import MigrationContext
     from sqlalchemy import inspect
 
-    from app.db import alembic_config
-    from app.models import SQLModel
+    from app.store.db import alembic_config
+    from app.store.models import SQLModel
 
     engine = session.get_bind()
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     mine = [d for d in diff if "metric" in repr(d)]
-    assert mine == [], f"migration 0005 and app/models.py disagree: {mine}"
+    assert mine == [], f"migration 0005 and app/store/models.py disagree: {mine}"
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     session.close()
     command.downgrade(cfg, "0004")

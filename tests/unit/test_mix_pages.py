@@ -16,7 +16,7 @@ from tests.unit.test_job_next_steps import _form_values, _next_step, _start, cli
 
 
 def test_a_recipe_from_the_form_to_a_dataset_with_mix_sources(client: TestClient, migrated: Path) -> None:  # noqa: F811
-    from app.runner import run_job
+    from app.run.job import run_job
     from draftdeck.chat.testing import small_bpe_tokenizer
 
     data = migrated / "data"

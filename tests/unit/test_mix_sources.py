@@ -16,8 +16,8 @@ import pytest
 
 from draftdeck.convert import convert
 from draftdeck.convert.fast import plain_row
-from draftdeck.drafter.data import TrainData
-from draftdeck.drafter.evaluate import read_prompts
+from draftdeck.drafter.eval.evaluate import read_prompts
+from draftdeck.drafter.train.data import TrainData
 from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, SourceRef
 from draftdeck.formats.writers import to_openai
 from draftdeck.quality import Report
@@ -154,7 +154,7 @@ def test_a_jsonl_prompt_file_is_grouped_by_provenance(tmp_path: Path, mixed: Pat
 def client(migrated: Path) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         c.get("/datasets")  # sets the CSRF cookie
@@ -190,9 +190,9 @@ def test_dataset_pages_show_mix_sources_escaped_and_only_when_there_are(
 def test_the_run_page_shows_the_latest_evals_real_tau_per_source(client: Any) -> None:
     from sqlmodel import Session
 
-    from app.db import get_engine
-    from app.metrics import record_metrics
     from app.settings import get_settings
+    from app.store.db import get_engine
+    from app.store.metrics import record_metrics
     from tests.run_helpers import make_eval, make_run
 
     jobs = get_settings().jobs_dir

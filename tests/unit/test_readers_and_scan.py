@@ -279,7 +279,7 @@ class TestScanPreflight:
         assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 2}]
 
     def test_several_files_are_scanned_as_one_convert_reads_them(self, tmp_path: Path) -> None:
-        from draftdeck.jobs.scan import scan_files
+        from draftdeck.convert.scan_job import scan_files
 
         a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
         a.write_bytes(_jsonl([_qa("q", "a long enough answer to not be a placeholder")]))

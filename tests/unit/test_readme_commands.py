@@ -52,7 +52,7 @@ def test_readme_commands_and_options_exist() -> None:
     for words in commands:
         path = tuple(_path(words))
         if path not in helps:
-            argv = [sys.executable, "-m", "app.cli_service", *path, "--help"]
+            argv = [sys.executable, "-m", "app.cli.main", *path, "--help"]
             env = {"COLUMNS": "200", "PATH": ""}
             r = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
             assert r.returncode == 0, f"draftdeck {' '.join(path)}: {r.stderr[-400:]}"

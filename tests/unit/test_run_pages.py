@@ -11,20 +11,20 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, func, select
 
-from app.metrics import record_metrics
-from app.models import MetricValue
+from app.store.metrics import record_metrics
+from app.store.models import MetricValue
 from tests.run_helpers import make_eval, make_run
 
 
 @pytest.fixture
 def client(migrated: Path) -> TestClient:
-    from app.main import create_app
+    from app.web.main import create_app
 
     return TestClient(create_app())
 
 
 def _session() -> Session:
-    from app.db import get_engine
+    from app.store.db import get_engine
 
     return Session(get_engine(), expire_on_commit=False)
 
@@ -106,8 +106,8 @@ def test_data_route_validates_and_times_itself(client: TestClient) -> None:
 
 
 def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: TestClient) -> None:
-    from app.models import JobStatus
-    from app.state import propose
+    from app.store.models import JobStatus
+    from app.store.state import propose
 
     with _session() as s:
         run = make_run(s, _jobs_dir(), steps=10, status="running")
@@ -152,7 +152,7 @@ def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
 ) -> None:
     from urllib.parse import parse_qs, urlparse
 
-    from app.models import Alert
+    from app.store.models import Alert
     from draftdeck.shards.manifest import Manifest
     from draftdeck.shards.store import write_metadata
 
@@ -195,7 +195,7 @@ def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
     by_source = next(c for c in charts if c["id"] == "tau-sources")
     assert by_source["series"] == [["heldout/source//data/a.jsonl/tau_walked", "a.jsonl"],
                                    ["heldout/source//data/b.jsonl/tau_walked", "b.jsonl"]]  # fmt: skip
-    from app.metric_query import query
+    from app.store.metric_query import query
 
     with _session() as s:
         [a] = query(s, [run], ["heldout/source//data/a.jsonl/tau_walked"]).series
@@ -243,7 +243,7 @@ def test_the_run_page_shows_the_memory_estimate_beside_the_measured_peak_and_the
 def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     """On a CPU with a tiny target, verifying a block costs about what decoding it does: the eval page
     says so beside a speed-up below 1, and says nothing when drafting pays."""
-    from app.models import Job
+    from app.store.models import Job
 
     def eval_job(speedup: float) -> int:
         drafter = {"tau_incl_bonus_pooled": 2.4, "tau_incl_bonus_per_response_mean": 2.3,

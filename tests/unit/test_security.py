@@ -23,8 +23,8 @@ TOKEN = "s3cret-token"
 
 
 def _app(monkeypatch: pytest.MonkeyPatch, host: str | None = None, token: str | None = None):  # type: ignore[no-untyped-def]
-    from app.main import create_app
     from app.settings import get_settings
+    from app.web.main import create_app
 
     if host:
         monkeypatch.setenv("DRAFTDECK_HOST", host)
@@ -120,7 +120,7 @@ def test_loopback_server_stays_open_for_reads(migrated: Path, monkeypatch: pytes
 def test_a_remote_client_needs_the_token_whatever_the_settings_say(
     migrated: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`uvicorn app.main:app --host 0.0.0.0` with DRAFTDECK_TOKEN set: the settings keep the
+    """`uvicorn app.web.main:app --host 0.0.0.0` with DRAFTDECK_TOKEN set: the settings keep the
     loopback default, the peer's address says the truth."""
     with TestClient(_app(monkeypatch, token=TOKEN), client=REMOTE) as c:
         assert c.get("/api/jobs").status_code == 401
@@ -183,7 +183,7 @@ def test_plain_uvicorn_on_all_interfaces_without_a_token(migrated: Path) -> None
     env = {k: v for k, v in os.environ.items() if k not in ("DRAFTDECK_TOKEN", "DRAFTDECK_HOST")}
     env["PYTHONPATH"] = str(REPO_ROOT)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", str(port)],
+        [sys.executable, "-m", "uvicorn", "app.web.main:app", "--host", "0.0.0.0", "--port", str(port)],
         cwd=migrated,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -12,12 +12,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from app import serving
-from app.db import get_engine
-from app.models import ServingEndpoint, ServingWindow
-from app.scraper import scrape_one
-from app.serving_series import tau_series
+from app.serving import endpoints
+from app.serving.scraper import scrape_one
+from app.serving.series import tau_series
 from app.settings import get_settings
+from app.store.db import get_engine
+from app.store.models import ServingEndpoint, ServingWindow
 from tests.run_helpers import BLOCK, make_eval, make_run, step_points, target_accepted
 from tests.serving_helpers import SglangStandIn, VllmStandIn
 from tests.serving_helpers import serving as serve
@@ -27,7 +27,7 @@ T0 = 1_800_000_000_000  # epoch ms
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c
@@ -41,7 +41,7 @@ def _endpoint_with_windows(rows: list[tuple[int, int, int, list[int]]]) -> tuple
         run = make_run(s, settings.jobs_dir, steps=120, status="succeeded")
         make_eval(s, settings.jobs_dir, run, 100, real_tau=3.0, data_tau=3.0, per_pos=[90, 60, 30],
                   served_tau=2.5)  # fmt: skip
-        ep = serving.create_endpoint(
+        ep = endpoints.create_endpoint(
             s, name="prod", kind="vllm", metrics_url="http://127.0.0.1:9/metrics", run_job_id=run
         )
         ep.enabled = False  # these windows are the test's; no scrape adds any
@@ -94,7 +94,7 @@ def test_served_tau_is_bucketed_from_summed_counts_beside_the_runs_eval_and_walk
 def test_sglang_accept_length_is_charted_as_reported(migrated: Path) -> None:
     sglang = SglangStandIn()
     with serve(sglang.text) as server, Session(get_engine(), expire_on_commit=False) as s:
-        ep = serving.create_endpoint(s, name="sg", kind="sglang", metrics_url=server.url)
+        ep = endpoints.create_endpoint(s, name="sg", kind="sglang", metrics_url=server.url)
         for length in (2.75, 3.25, 3.0):
             sglang.length.labels("m").set(length)
             scrape_one(s, ep)
@@ -107,10 +107,10 @@ def test_an_endpoint_naming_its_model_reads_only_that_models_counts(client: Test
     vllm = VllmStandIn(k=3, engines=("0",), model="drafted")
     vllm.start_engine("other", "0")  # a second model behind the same /metrics
     with serve(vllm.text) as server, Session(get_engine(), expire_on_commit=False) as s:
-        mine = serving.create_endpoint(
+        mine = endpoints.create_endpoint(
             s, name="mine", kind="vllm", metrics_url=server.url, model_name="drafted"
         )
-        every = serving.create_endpoint(s, name="every", kind="vllm", metrics_url=server.url)
+        every = endpoints.create_endpoint(s, name="every", kind="vllm", metrics_url=server.url)
         for ep in (mine, every):
             ep.enabled = False  # scraped by this test alone
             scrape_one(s, ep)
@@ -119,10 +119,10 @@ def test_an_endpoint_naming_its_model_reads_only_that_models_counts(client: Test
         for ep in (mine, every):
             scrape_one(s, ep)
         settings = get_settings()
-        assert serving.newest(s, mine, settings.serving_min_drafts).tau_incl_bonus == 4.0
-        assert serving.newest(s, every, settings.serving_min_drafts).tau_incl_bonus == 1 + 300 / 400
+        assert endpoints.newest(s, mine, settings.serving_min_drafts).tau_incl_bonus == 4.0
+        assert endpoints.newest(s, every, settings.serving_min_drafts).tau_incl_bonus == 1 + 300 / 400
         assert tau_series(s, mine).y == [4.0] and tau_series(s, every).y == [1.75]
-        view = serving.endpoint_view(s, mine)
+        view = endpoints.endpoint_view(s, mine)
         assert view["models"] == ["drafted", "other"] and view["window"]["drafts"] == 100
     assert client.get(f"/api/serving/{mine.id}").json()["model_name"] == "drafted"
     page = client.get(f"/serving/{every.id}").text
@@ -134,7 +134,7 @@ def test_the_newest_windows_are_read_back_until_they_hold_the_drafts_asked(migra
     with Session(get_engine()) as s:
         ep = s.get(ServingEndpoint, ep_id)
         assert ep is not None
-        four = serving.newest(s, ep, 35)  # the newest 4 windows: 99, 98, 97 and 96
+        four = endpoints.newest(s, ep, 35)  # the newest 4 windows: 99, 98, 97 and 96
         assert four.drafts == 40 and four.accepted == 4 * 10 + 0 + 2 + 1 + 0
-        assert serving.newest(s, ep, 10**9).drafts == 1000  # all, across the growing pages
-        assert serving.newest(s, ep, 10**9, limit=50).drafts == 500
+        assert endpoints.newest(s, ep, 10**9).drafts == 1000  # all, across the growing pages
+        assert endpoints.newest(s, ep, 10**9, limit=50).drafts == 500

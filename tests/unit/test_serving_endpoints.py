@@ -14,11 +14,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session, col, select
 
-from app import serving
-from app.db import get_engine
-from app.models import Alert, ServingEndpoint, ServingWindow
-from app.scraper import scrape_due, scrape_one
+from app.serving import endpoints
+from app.serving.scraper import scrape_due, scrape_one
 from app.settings import get_settings
+from app.store.db import get_engine
+from app.store.models import Alert, ServingEndpoint, ServingWindow
 from tests.run_helpers import make_eval, make_run
 from tests.serving_helpers import SglangStandIn, VllmStandIn
 from tests.serving_helpers import serving as serve
@@ -26,7 +26,7 @@ from tests.serving_helpers import serving as serve
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c
@@ -64,7 +64,7 @@ def test_an_endpoint_registered_on_the_page_is_scraped_on_its_interval(client: T
     with Session(get_engine()) as s:
         ep = s.get(ServingEndpoint, endpoint_id)
         assert ep is not None
-        w = serving.newest(s, ep, 10**9)  # every window there is
+        w = endpoints.newest(s, ep, 10**9)  # every window there is
     # the stand-in's steps accept 3, 1 and 2 of 3 in equal numbers, up to where the last scrape cut
     assert w.tau_incl_bonus is not None and 2.8 <= w.tau_incl_bonus <= 3.2
     assert w.drafts * 3 == w.draft_tokens and w.per_position_counts[0] == w.drafts
@@ -80,7 +80,7 @@ def test_a_failing_endpoint_shows_its_error_and_alerts_after_n_failures_then_cle
     vllm = VllmStandIn(k=2, engines=("0",))
     body = {"text": "<html>502 Bad Gateway</html>"}
     with serve(lambda: body["text"]) as server, Session(get_engine(), expire_on_commit=False) as s:
-        ep = serving.create_endpoint(s, name="flaky", kind="vllm", metrics_url=server.url)
+        ep = endpoints.create_endpoint(s, name="flaky", kind="vllm", metrics_url=server.url)
         n = get_settings().serving_alert_failures
         for i in range(n + 1):
             scrape_one(s, ep)
@@ -88,7 +88,7 @@ def test_a_failing_endpoint_shows_its_error_and_alerts_after_n_failures_then_cle
                 select(Alert).where(Alert.endpoint_id == ep.id, col(Alert.acknowledged).is_(False))
             ).all()
             assert len(open_alerts) == (1 if i + 1 >= n else 0)  # once, at the Nth failure in a row
-        assert serving.health(ep).state == "failing" and "not a Prometheus text exposition" in (
+        assert endpoints.health(ep).state == "failing" and "not a Prometheus text exposition" in (
             ep.last_error or ""
         )
         assert (
@@ -97,12 +97,14 @@ def test_a_failing_endpoint_shows_its_error_and_alerts_after_n_failures_then_cle
         )
         body["text"] = vllm.text()
         scrape_one(s, ep)
-        assert serving.health(ep).state == "ok" and ep.failures == 0
+        assert endpoints.health(ep).state == "ok" and ep.failures == 0
         assert (
             s.exec(select(Alert).where(Alert.endpoint_id == ep.id, col(Alert.acknowledged).is_(False))).all()
             == []
         )
-        gone = serving.create_endpoint(s, name="gone", kind="vllm", metrics_url="http://127.0.0.1:9/metrics")
+        gone = endpoints.create_endpoint(
+            s, name="gone", kind="vllm", metrics_url="http://127.0.0.1:9/metrics"
+        )
         scrape_one(s, gone)
         assert "cannot reach it" in (gone.last_error or "")
 
@@ -113,7 +115,7 @@ def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(client: TestClient
     with serve(vllm.text) as server, Session(get_engine(), expire_on_commit=False) as s:
         run = make_run(s, settings.jobs_dir, steps=120, status="succeeded")
         make_eval(s, settings.jobs_dir, run, 100, real_tau=3.0, data_tau=3.0)
-        ep = serving.create_endpoint(s, name="prod", kind="vllm", metrics_url=server.url, run_job_id=run)
+        ep = endpoints.create_endpoint(s, name="prod", kind="vllm", metrics_url=server.url, run_job_id=run)
         ep.enabled = False  # scraped by this test alone, not by the app's scraper thread as well
         s.add(ep)
         s.commit()
@@ -138,7 +140,7 @@ def test_served_tau_below_the_runs_eval_tau_alerts_and_clears(client: TestClient
         assert "num_speculative_tokens = B - 1" in alert.message
         (cleared,) = scrape_after([3] * settings.serving_min_drafts)  # tau 4.0 now
         assert cleared.acknowledged
-        view = serving.endpoint_view(s, ep, settings)
+        view = endpoints.endpoint_view(s, ep, settings)
         assert view["eval_tau"] == 3.0 and view["window"]["tau_incl_bonus"] == 4.0
     # the run page shows the served figure beside the eval's; the runs table has a column for it
     page = client.get(f"/runs/{run}").text
@@ -155,11 +157,11 @@ def test_sglang_gauges_are_kept_as_reported_and_registration_refuses_bad_fields(
     sglang.length.labels("m").set(2.75)
     sglang.rate.labels("m").set(0.6)
     with serve(sglang.text) as server, Session(get_engine(), expire_on_commit=False) as s:
-        ep = serving.create_endpoint(s, name="sg", kind="sglang", metrics_url=server.url)
+        ep = endpoints.create_endpoint(s, name="sg", kind="sglang", metrics_url=server.url)
         s.commit()
         assert scrape_due(s) == [ep.id]  # due at once, then not before its interval
         assert scrape_due(s) == []
-        view = serving.endpoint_view(s, ep)
+        view = endpoints.endpoint_view(s, ep)
         assert view["gauges"] == {"accept_length": 2.75, "accept_rate": 0.6}
         for bad, message in (
             ({"kind": "tgi"}, "kind: expected one of vllm, sglang"),
@@ -170,5 +172,5 @@ def test_sglang_gauges_are_kept_as_reported_and_registration_refuses_bad_fields(
             ({"run_job_id": 999}, "job 999 is not a train run"),
         ):
             fields = {"name": "x", "kind": "vllm", "metrics_url": server.url} | bad
-            with pytest.raises(serving.EndpointError, match=re.escape(message)):
-                serving.create_endpoint(s, **fields)  # type: ignore[arg-type]
+            with pytest.raises(endpoints.EndpointError, match=re.escape(message)):
+                endpoints.create_endpoint(s, **fields)  # type: ignore[arg-type]

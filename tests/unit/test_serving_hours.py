@@ -13,11 +13,11 @@ from alembic.migration import MigrationContext
 from sqlalchemy import text
 from sqlmodel import Session, SQLModel, col, select
 
-from app import serving
-from app.db import alembic_config, get_engine
-from app.models import ServingEndpoint, ServingHour, ServingWindow
-from app.serving import HOUR_MS
-from app.serving_series import positions, tau_series
+from app.serving import endpoints
+from app.serving.endpoints import HOUR_MS
+from app.serving.series import positions, tau_series
+from app.store.db import alembic_config, get_engine
+from app.store.models import ServingEndpoint, ServingHour, ServingWindow
 
 H0 = 500_000 * HOUR_MS  # an hour's start, in 2027
 
@@ -44,12 +44,14 @@ def _by_hour(rows: list[ServingWindow]) -> dict[int, list[ServingWindow]]:
 
 def test_a_long_range_is_read_from_hourly_sums_with_the_windows_figures(migrated: Path) -> None:
     with Session(get_engine(), expire_on_commit=False) as s:
-        vllm = serving.create_endpoint(s, name="v", kind="vllm", metrics_url="http://127.0.0.1:9/metrics")
-        sglang = serving.create_endpoint(s, name="g", kind="sglang", metrics_url="http://127.0.0.1:9/metrics")
+        vllm = endpoints.create_endpoint(s, name="v", kind="vllm", metrics_url="http://127.0.0.1:9/metrics")
+        sglang = endpoints.create_endpoint(
+            s, name="g", kind="sglang", metrics_url="http://127.0.0.1:9/metrics"
+        )
         rows = _windows(vllm, 2400, 15_000)  # 10 hours of 15 s scrapes
         gauge_rows = _windows(sglang, 600, 60_000)
-        serving.add_windows(s, vllm, rows)
-        serving.add_windows(s, sglang, gauge_rows)
+        endpoints.add_windows(s, vllm, rows)
+        endpoints.add_windows(s, sglang, gauge_rows)
         s.commit()
         hi = H0 + 10 * HOUR_MS - 1
         hourly = tau_series(s, vllm, H0, hi, budget=10)  # 2,400 windows > 4 a bucket: the hours
@@ -69,7 +71,7 @@ def test_a_long_range_is_read_from_hourly_sums_with_the_windows_figures(migrated
         by_hour = list(_by_hour(gauge_rows).values())
         assert gauges.level == 1 and gauges.y == [h[-1].gauges["accept_length"] for h in by_hour]  # type: ignore[index]
         assert gauges.lo == [min(w.gauges["accept_length"] for w in h) for h in by_hour]  # type: ignore[index]
-        serving.delete_endpoint(s, vllm)
+        endpoints.delete_endpoint(s, vllm)
         assert s.exec(select(ServingHour).where(ServingHour.endpoint_id == vllm.id)).all() == []
 
 
@@ -77,11 +79,11 @@ def test_migration_0009_fills_the_hours_of_the_windows_stored_before_it(migrated
     engine = get_engine()
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
-    assert [d for d in diff if "serving" in repr(d)] == [], "migration 0009 and app/models.py disagree"
+    assert [d for d in diff if "serving" in repr(d)] == [], "migration 0009 and app/store/models.py disagree"
     with Session(engine, expire_on_commit=False) as s:
-        ep = serving.create_endpoint(s, name="v", kind="vllm", metrics_url="http://127.0.0.1:9/metrics")
+        ep = endpoints.create_endpoint(s, name="v", kind="vllm", metrics_url="http://127.0.0.1:9/metrics")
         rows = _windows(ep, 300, 30_000, seed=3)  # 2.5 hours
-        serving.add_windows(s, ep, rows)
+        endpoints.add_windows(s, ep, rows)
         s.commit()
         kept = [h.model_dump() for h in s.exec(select(ServingHour).order_by(col(ServingHour.hour)))]
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))

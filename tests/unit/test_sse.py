@@ -1,5 +1,5 @@
-"""The event streams of the live pages (app/sse.py) on a real SQLite home: what they send, that they end at
-a terminal status, and that a reconnect with Last-Event-ID resumes without duplicates."""
+"""The event streams of the live pages (app/web/sse.py) on a real SQLite home: what they send, that they
+end at a terminal status, and that a reconnect with Last-Event-ID resumes without duplicates."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlmodel import Session
 
-from app import records as jobs
-from app import sse, state
-from app.db import get_engine
-from app.models import JobStatus
+from app.store import records as jobs
+from app.store import state
+from app.store.db import get_engine
+from app.store.models import JobStatus
+from app.web import sse
 
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as c:
         yield c

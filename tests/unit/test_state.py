@@ -1,4 +1,4 @@
-"""app/state.py: one class per rule, one transition per test; what an accepted change writes with it."""
+"""app/store/state.py: one class per rule, one transition per test; what an accepted change writes with it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import update
 from sqlmodel import Session, select
 
-from app import records, state
-from app.models import (
+from app.store import records, state
+from app.store.models import (
     Alert,
     ChunkStatus,
     Dataset,
@@ -27,7 +27,7 @@ from draftdeck.quality import Output, Policy, Report
 
 @pytest.fixture
 def session(migrated: Path) -> Session:
-    from app.db import session_scope
+    from app.store.db import session_scope
 
     with session_scope() as s:
         yield s
@@ -162,8 +162,8 @@ class TestCancelRequests:
     """submit.request_cancel: what the Cancel button does."""
 
     def test_a_running_job_with_no_live_worker_is_cancelled_at_once(self, session: Session) -> None:
+        from app.run.submit import request_cancel
         from app.settings import get_settings
-        from app.submit import request_cancel
 
         stale = utcnow() - timedelta(seconds=get_settings().lost_after_seconds + 30)
         job_id = _job(session, JobStatus.RUNNING, heartbeat_at=stale)
@@ -172,8 +172,8 @@ class TestCancelRequests:
         assert "no live worker" in h.reason
 
     def test_a_running_job_with_a_live_worker_is_asked_to_stop(self, session: Session) -> None:
+        from app.run.submit import request_cancel
         from app.settings import get_settings
-        from app.submit import request_cancel
 
         job_id = _job(session, JobStatus.RUNNING, heartbeat_at=utcnow())
         job = request_cancel(session, job_id, get_settings())
@@ -182,8 +182,8 @@ class TestCancelRequests:
 
 class TestRetry:
     def test_one_retry_per_failed_attempt(self, session: Session, migrated: Path) -> None:
+        from app.run.submit import retry
         from app.settings import get_settings
-        from app.submit import retry
 
         (migrated / "data" / "a.jsonl").write_text("{}\n")
         job = records.create_job(session, "scan", {"inputs": [str(migrated / "data" / "a.jsonl")]}, "cpu")
@@ -271,7 +271,7 @@ def test_a_move_judged_on_an_earlier_read_is_refused_once_the_chunk_was_claimed_
 
     from sqlmodel import col
 
-    from app.models import utcnow
+    from app.store.models import utcnow
 
     job_id, index = _chunk(session, ChunkStatus.RUNNING)
     old_start = utcnow() - timedelta(minutes=5)
@@ -297,8 +297,8 @@ class TestSqlRunContext:
     def test_progress_events_metrics_alerts_and_the_cancel_flag(
         self, session: Session, tmp_path: Path
     ) -> None:
-        from app.context import SqlRunContext
-        from app.models import MetricValue
+        from app.run.context import SqlRunContext
+        from app.store.models import MetricValue
         from draftdeck.errors import Cancelled
 
         job_id = _job(session, JobStatus.RUNNING)

@@ -1,5 +1,5 @@
 # ruff: noqa: F811 - pytest fixtures imported from tokenize_helpers
-"""The sweeper (app/sweeper.py) against real SQLite and the real file broker (no consumer: chunk
+"""The sweeper (app/run/sweeper.py) against real SQLite and the real file broker (no consumer: chunk
 tasks are called inline): lost chunks run again once, then fail their job naming them; a job waits
 for its queued chunks only while a live worker serves its queue; lost messages are sent again; a
 lost job leaves no partial files, and its Retry works with `out` set."""
@@ -12,11 +12,12 @@ from pathlib import Path
 from sqlalchemy import update
 from sqlmodel import Session, select
 
-from app import liveness, records
-from app.db import session_scope
-from app.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
+from app.run import liveness
+from app.run.sweeper import mark_lost_chunks, mark_lost_jobs, resend_lost_messages, sweep
 from app.settings import get_settings
-from app.sweeper import mark_lost_chunks, mark_lost_jobs, resend_lost_messages, sweep
+from app.store import records
+from app.store.db import session_scope
+from app.store.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
 from tests.chunk_helpers import write_chat_input
 from tests.unit.tokenize_helpers import small_dir  # noqa: F401
 
@@ -25,7 +26,7 @@ OLD = timedelta(hours=1)
 
 
 def _tokenize_job(home: Path, small_dir: Path, n: int = 20, **params: object) -> int:
-    from app.submit import submit
+    from app.run.submit import submit
 
     src = write_chat_input(home / "data" / "chat.jsonl", n)
     tok = home / "data" / "tok"
@@ -48,7 +49,7 @@ def _chunk(job_id: int, index: int) -> JobChunk:
 
 def _die_in_chunk(job_id: int, index: int) -> None:
     """A worker claims chunk `index` and dies in it: the row stays `running`, its beats stop."""
-    from app import state
+    from app.store import state
 
     with session_scope() as session:
         now = utcnow()
@@ -83,8 +84,8 @@ def _job(job_id: int) -> Job:
 
 
 def test_a_lost_chunk_runs_again_once_on_a_live_worker(migrated: Path, small_dir: Path) -> None:
-    from app.chunks import run_chunk
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
 
     job_id = _tokenize_job(migrated, small_dir)
     assert run_job(job_id) == "handed-off"
@@ -113,8 +114,8 @@ def records_of(job_id: int) -> list[JobChunk]:
 def test_a_chunk_lost_twice_fails_the_job_naming_it_and_leaves_no_files(
     migrated: Path, small_dir: Path
 ) -> None:
-    from app.chunks import run_chunk
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
 
     out = migrated / "data" / "out"
     job_id = _tokenize_job(migrated, small_dir, 30, out=str(out))
@@ -141,7 +142,7 @@ def test_a_chunk_lost_twice_fails_the_job_naming_it_and_leaves_no_files(
 
 
 def test_a_lost_chunk_with_no_live_worker_fails_the_job(migrated: Path, small_dir: Path) -> None:
-    from app.runner import run_job
+    from app.run.job import run_job
 
     job_id = _tokenize_job(migrated, small_dir)
     assert run_job(job_id) == "handed-off"
@@ -157,7 +158,7 @@ def test_a_lost_chunk_with_no_live_worker_fails_the_job(migrated: Path, small_di
 def test_queued_chunks_keep_their_job_alive_only_while_a_live_worker_serves_the_queue(
     migrated: Path, small_dir: Path
 ) -> None:
-    from app.runner import run_job
+    from app.run.job import run_job
 
     job_id = _tokenize_job(migrated, small_dir)
     assert run_job(job_id) == "handed-off"
@@ -175,8 +176,8 @@ def test_queued_chunks_keep_their_job_alive_only_while_a_live_worker_serves_the_
 
 
 def test_a_lost_job_message_is_sent_again_and_a_double_delivery_runs_once(migrated: Path) -> None:
-    from app.runner import run_job
-    from app.submit import submit
+    from app.run.job import run_job
+    from app.run.submit import submit
 
     row = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
     (migrated / "data" / "a.jsonl").write_text(row)  # a row convert keeps: the scan passes
@@ -199,7 +200,7 @@ def test_a_lost_job_message_is_sent_again_and_a_double_delivery_runs_once(migrat
 
 
 def test_lost_chunk_messages_are_sent_again(migrated: Path, small_dir: Path) -> None:
-    from app.runner import run_job
+    from app.run.job import run_job
 
     job_id = _tokenize_job(migrated, small_dir)
     for m in _messages():
@@ -217,9 +218,9 @@ def test_lost_chunk_messages_are_sent_again(migrated: Path, small_dir: Path) -> 
 
 
 def test_retry_of_a_lost_job_with_out_set_runs(migrated: Path, small_dir: Path) -> None:
-    from app.chunks import run_chunk
-    from app.runner import run_job
-    from app.submit import retry
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.run.submit import retry
 
     out = migrated / "data" / "out"
     job_id = _tokenize_job(migrated, small_dir, out=str(out))
@@ -251,8 +252,8 @@ def test_workers_silent_for_a_day_are_forgotten(migrated: Path) -> None:
 def test_the_job_page_says_when_no_live_worker_serves_its_queue(migrated: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
-    from app.submit import submit
+    from app.run.submit import submit
+    from app.web.main import create_app
 
     (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
     with session_scope() as session:
@@ -271,13 +272,13 @@ def test_migration_0006_matches_the_models_and_downgrades(migrated: Path) -> Non
     from alembic.migration import MigrationContext
     from sqlalchemy import inspect
 
-    from app.db import alembic_config, get_engine
-    from app.models import SQLModel
+    from app.store.db import alembic_config, get_engine
+    from app.store.models import SQLModel
 
     engine = get_engine()
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
-    assert diff == [], f"the migrations and app/models.py disagree: {diff}"
+    assert diff == [], f"the migrations and app/store/models.py disagree: {diff}"
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     command.downgrade(cfg, "0005")
     assert "workers" not in inspect(engine).get_table_names()
@@ -286,7 +287,7 @@ def test_migration_0006_matches_the_models_and_downgrades(migrated: Path) -> Non
     assert "workers" in inspect(engine).get_table_names()
 
 
-# -- one liveness rule: Cancel, the job page and the sweeper (app/liveness.py's of_job) --------------
+# -- one liveness rule: Cancel, the job page and the sweeper (app/run/liveness.py's of_job) --------------
 def _running(session: Session, *, beat_age: timedelta | None, chunks_waiting: bool = False) -> int:
     job = records.create_job(session, "tokenize", {"inputs": ["x.jsonl"], "tokenizer": "t"}, "cpu")
     assert job.id is not None
@@ -299,7 +300,7 @@ def _running(session: Session, *, beat_age: timedelta | None, chunks_waiting: bo
 
 
 def _cancel(job_id: int) -> Job:
-    from app.submit import request_cancel
+    from app.run.submit import request_cancel
 
     with session_scope() as session:
         return request_cancel(session, job_id, get_settings())
@@ -308,7 +309,7 @@ def _cancel(job_id: int) -> Job:
 def _page_says_no_worker(job_id: int) -> bool:
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.web.main import create_app
 
     with TestClient(create_app()) as client:
         return 'id="job-no-worker"' in client.get(f"/jobs/{job_id}").text
@@ -373,7 +374,7 @@ def test_waiting_chunks_a_live_worker_serves_are_not_lost_but_cancel_ends_them_a
 def test_a_redelivered_message_of_a_job_whose_chunks_wait_does_not_fail_it(migrated: Path) -> None:
     """The job's own message comes again (its planning worker's ack was lost) while its chunks wait
     on a served queue: the same rule says waiting, not lost; it is neither run again nor failed."""
-    from app.runner import run_job
+    from app.run.job import run_job
 
     _live_worker("cpu")
     with session_scope() as session:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import select
 
-from app.submit import request_cancel
-from app.sweeper import mark_lost_jobs
+from app.run.submit import request_cancel
+from app.run.sweeper import mark_lost_jobs
 from draftdeck.errors import JobFailed
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.chunks import tokenize_files_chunked
@@ -66,10 +66,10 @@ def test_chunked_run_fails_like_the_in_process_run_and_leaves_no_shard(
 
 # -- the job: chunk tasks with SQL bookkeeping (tasks called inline, no broker consumer) -------------
 def _submit(migrated: Path, small_dir: Path, n: int, **params: object) -> tuple[int, Path, Path]:
-    from app import records as jobs
-    from app.db import session_scope
     from app.settings import get_settings
-    from draftdeck.jobs.registry import get_kind
+    from app.store import records as jobs
+    from app.store.db import session_scope
+    from draftdeck.kinds import get_kind
 
     data = migrated / "data"
     src = write_chat_input(data / "chat.jsonl", n)
@@ -87,8 +87,8 @@ def _submit(migrated: Path, small_dir: Path, n: int, **params: object) -> tuple[
 
 
 def _chunks(job_id: int) -> list:  # type: ignore[type-arg]
-    from app.db import session_scope
-    from app.models import JobChunk
+    from app.store.db import session_scope
+    from app.store.models import JobChunk
 
     with session_scope() as session:
         return list(
@@ -99,12 +99,12 @@ def _chunks(job_id: int) -> list:  # type: ignore[type-arg]
 def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
     migrated: Path, small_dir: Path, tmp_path: Path
 ) -> None:
-    from app import records as jobs
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.models import JobOutput
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
     from app.settings import get_settings
+    from app.store import records as jobs
+    from app.store.db import session_scope
+    from app.store.models import JobOutput
 
     job_id, src, tok = _submit(migrated, small_dir, 40, chunk_rows=8, shard_rows=20)
     assert run_job(job_id) == "handed-off"  # the job's task plans, enqueues and returns
@@ -140,11 +140,11 @@ def test_job_runs_as_chunk_tasks_and_gives_the_cli_dataset(
 
 
 def test_cancel_stops_the_chunks_and_removes_their_shards(migrated: Path, small_dir: Path) -> None:
-    from app import records as jobs
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
     from app.settings import get_settings
+    from app.store import records as jobs
+    from app.store.db import session_scope
 
     job_id, _, _ = _submit(migrated, small_dir, 30, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
@@ -163,11 +163,11 @@ def test_cancel_stops_the_chunks_and_removes_their_shards(migrated: Path, small_
 
 
 def test_a_failing_policy_fails_the_job_in_the_final_step(migrated: Path, small_dir: Path) -> None:
-    from app import records as jobs
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
     from app.settings import get_settings
+    from app.store import records as jobs
+    from app.store.db import session_scope
 
     job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10, strict=True, seq_length=40)
     assert run_job(job_id) == "handed-off"
@@ -188,13 +188,13 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
 
     from sqlalchemy import update
 
-    from app import liveness
-    from app import records as jobs
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.models import Job, JobChunk, utcnow
-    from app.runner import run_job
-    from app.sweeper import sweep
+    from app.run import liveness
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.run.sweeper import sweep
+    from app.store import records as jobs
+    from app.store.db import session_scope
+    from app.store.models import Job, JobChunk, utcnow
 
     job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
@@ -263,11 +263,11 @@ def test_an_encoder_mismatch_reruns_the_fast_chunks_on_hf_like_the_in_process_ru
 def test_job_reruns_fast_chunks_after_an_encoder_mismatch(
     migrated: Path, small_dir: Path, tmp_path: Path
 ) -> None:
-    from app import records as jobs
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
     from app.settings import get_settings
+    from app.store import records as jobs
+    from app.store.db import session_scope
 
     bad = _unreachable_token_tokenizer(small_dir, tmp_path / "badtok")
     job_id, _, _ = _submit(migrated, bad, 0, chunk_rows=20)
@@ -304,9 +304,9 @@ def test_chunks_recorded_but_never_enqueued_do_not_keep_the_job_alive(
 
     from sqlalchemy import update
 
-    from app.db import session_scope
-    from app.models import Job, JobChunk, utcnow
-    from app.runner import run_job
+    from app.run.job import run_job
+    from app.store.db import session_scope
+    from app.store.models import Job, JobChunk, utcnow
 
     job_id, _, _ = _submit(migrated, small_dir, 10, chunk_rows=10)
     assert run_job(job_id) == "handed-off"

@@ -255,12 +255,12 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
                                                    small_dir: Path) -> None:  # fmt: skip
     from sqlmodel import select
 
-    from app import records as jobs
-    from app.db import session_scope
-    from app.models import JobOutput
-    from app.runner import run_job
+    from app.run.job import run_job
     from app.settings import get_settings
-    from draftdeck.jobs.registry import get_kind
+    from app.store import records as jobs
+    from app.store.db import session_scope
+    from app.store.models import JobOutput
+    from draftdeck.kinds import get_kind
 
     data = migrated / "data"
     (data / "chat.jsonl").write_bytes(CHAT.read_bytes())
@@ -274,8 +274,8 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     params = kind.params.model_validate(raw).confined(get_settings().roots)
     with session_scope() as session:
         job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)
-    assert run_job(job.id or 0) == "handed-off"  # chunk tasks (app/chunks.py), run inline here
-    from app.chunks import run_chunk
+    assert run_job(job.id or 0) == "handed-off"  # chunk tasks (app/run/chunks.py), run inline here
+    from app.run.chunks import run_chunk
 
     assert [run_chunk(job.id or 0, i) for i in range(2)] == [
         "done",
@@ -292,8 +292,8 @@ def test_tokenize_job_kind_runs_through_the_worker(migrated: Path, monkeypatch: 
     # registered as a dataset by the success transition; the job page links to it (no GET wrote it)
     from fastapi.testclient import TestClient
 
-    from app.main import app
-    from app.models import Dataset
+    from app.store.models import Dataset
+    from app.web.main import app
 
     with session_scope() as session:
         [dataset] = session.exec(select(Dataset).where(Dataset.job_id == job.id)).all()
@@ -434,13 +434,13 @@ def _tokenize_job_alerts(data: Path, tok: Path, long_rows: int, rows: int) -> li
     """Run a tokenize job (seq_length 64) over `rows` rows, `long_rows` of them cut; its alerts."""
     from sqlmodel import select
 
-    from app import records as jobs
-    from app.chunks import run_chunk
-    from app.db import session_scope
-    from app.models import Alert
-    from app.runner import run_job
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
     from app.settings import get_settings
-    from draftdeck.jobs.registry import get_kind
+    from app.store import records as jobs
+    from app.store.db import session_scope
+    from app.store.models import Alert
+    from draftdeck.kinds import get_kind
 
     src = data / f"c{long_rows}-{rows}.jsonl"
     answers = [" ".join(["word"] * (300 if i < long_rows else 3)) for i in range(rows)]

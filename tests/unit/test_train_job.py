@@ -9,11 +9,12 @@ import pytest
 from sqlalchemy import update
 from sqlmodel import Session
 
-from app import records, submit
-from app.models import Job, JobStatus
+from app.run import submit
 from app.settings import get_settings
+from app.store import records
+from app.store.models import Job, JobStatus
 from draftdeck.errors import PathNotAllowedError, UsageError
-from draftdeck.jobs.registry import KINDS
+from draftdeck.kinds import KINDS
 
 
 def test_train_and_eval_go_to_the_gpu_queue_and_regenerate_where_it_generates() -> None:
@@ -41,7 +42,7 @@ def test_a_train_job_over_http_takes_paths_inside_the_roots_only(migrated: Path)
 
 
 def test_retry_of_a_train_job_resumes_in_the_failed_attempts_folder(migrated: Path) -> None:
-    from app.db import session_scope
+    from app.store.db import session_scope
 
     settings = get_settings()
     (settings.home / "ds").mkdir()

@@ -43,10 +43,10 @@ def test_durations_and_rates() -> None:
 def test_pages_use_them_and_link_a_favicon(migrated: Path) -> None:
     from fastapi.testclient import TestClient
 
-    from app import records
-    from app.db import session_scope
-    from app.main import create_app
-    from app.models import JobStatus
+    from app.store import records
+    from app.store.db import session_scope
+    from app.store.models import JobStatus
+    from app.web.main import create_app
 
     with session_scope() as s:
         job = records.create_job(s, "scan", {"inputs": ["x"], "max_row_bytes": 64 << 20}, "cpu")

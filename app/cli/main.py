@@ -1,0 +1,175 @@
+"""The console entry point (`draftdeck`): the core's in-process commands (draftdeck/cli/) joined with
+the service commands: `up`, `web`, `worker`, `db` run the service here; `jobs` talks to a server's
+JSON API (`--server URL` or DRAFTDECK_SERVER; the token from DRAFTDECK_TOKEN), so it works from
+any machine that reaches the server.
+
+Exit codes: 0 success, 1 the job ran but failed (or failed its policy), 2 usage errors (bad
+arguments, refused by the server, server unreachable).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from app.cli import serving as cli_serving
+from app.cli.jobs import jobs_app
+from draftdeck import cli as core
+from draftdeck.cli.common import out, usage_exit
+from draftdeck.cli.options import plain_help
+
+service_app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
+db_app = typer.Typer(no_args_is_help=True, help="Database migrations.", rich_markup_mode=None)
+
+
+def _serve(host: str, port: int) -> None:
+    import uvicorn
+
+    from app.cli import address as server_record
+    from app.settings import get_settings
+
+    settings = get_settings()
+    settings.check_listen(host)
+    server_record.record(settings.home_dir, host, port)  # `draftdeck jobs` finds this server
+    try:
+        # An open SSE stream (the jobs list) must not hold Ctrl-C: give connections 3 s to close.
+        uvicorn.run(
+            "app.web.main:app",
+            host=host,
+            port=port,
+            log_level="info",
+            proxy_headers=False,
+            timeout_graceful_shutdown=3,
+        )
+    finally:
+        server_record.forget(settings.home_dir)
+
+
+def _prepare(host: str | None = None, port: int | None = None) -> None:
+    """Export the listen address so settings (token checks) see it, then migrate."""
+    if host is not None:
+        os.environ["DRAFTDECK_HOST"] = host
+    if port is not None:
+        os.environ["DRAFTDECK_PORT"] = str(port)
+    from app.settings import get_settings
+    from app.store.db import upgrade
+
+    get_settings.cache_clear()
+    settings = get_settings()
+    settings.ensure_dirs()
+    if host is not None:
+        settings.check_listen(host)
+    upgrade()
+
+
+def _die_with_parent() -> None:
+    """In the worker child: ask Linux to SIGTERM it when `draftdeck up` dies, even by SIGKILL."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:  # not Linux: `up` still stops the worker on every normal exit
+        pass
+
+
+@service_app.command()
+def up(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+) -> None:
+    """Run DraftDeck on embedded defaults: web app + one worker, SQLite and a file broker under ./var."""
+    _prepare(host, port)
+    from app.settings import get_settings
+
+    settings = get_settings()
+    from app.queue import worker_argv
+
+    worker = subprocess.Popen(worker_argv("cpu,gpu", 1), start_new_session=True, preexec_fn=_die_with_parent)
+    mode = "embedded (SQLite + filesystem broker)" if settings.embedded else "Redis"
+    out.print(
+        f"DraftDeck on [bold]http://{host}:{port}[/]  ·  {mode}  ·  data roots: "
+        f"{', '.join(map(str, settings.roots))}",
+        highlight=False,
+    )
+    try:
+        _serve(host, port)
+    finally:
+        try:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(worker.pid, signal.SIGKILL)
+
+
+@service_app.command()
+def web(
+    host: Annotated[str, typer.Option()] = "127.0.0.1", port: Annotated[int, typer.Option()] = 8000
+) -> None:
+    """Run only the web app (pair it with `draftdeck worker` processes on any machines)."""
+    _prepare(host, port)
+    _serve(host, port)
+
+
+@service_app.command()
+def worker(
+    queues: Annotated[str, typer.Option(help="comma-separated queues: cpu, gpu")] = "cpu,gpu",
+    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+) -> None:
+    """Run a Celery worker for the given queues."""
+    _prepare()
+    from app.queue import QUEUES, worker_argv
+
+    unknown = set(queues.split(",")) - set(QUEUES)
+    if unknown:
+        raise usage_exit(f"unknown queues: {', '.join(sorted(unknown))}; known: {', '.join(QUEUES)}")
+    os.execv(sys.executable, worker_argv(queues, concurrency))
+
+
+DEMO_DIR = Path("var/demo")
+
+
+@service_app.command("demo")
+def demo_command(
+    workdir: Annotated[Path, typer.Option(help="folder for the tiny world, data and the run")] = DEMO_DIR,
+    quick: Annotated[bool, typer.Option(help="a smaller world and run (about a minute)")] = False,
+    seed: Annotated[int, typer.Option(min=0, help="seed of the world, the data and the run")] = 0,
+) -> None:
+    """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
+    as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
+    from app.cli.demo import demo
+
+    _prepare()
+    demo(workdir, quick=quick, seed=seed)
+
+
+@db_app.command("upgrade")
+def db_upgrade() -> None:
+    """Apply every migration to the configured database."""
+    _prepare()
+    out.print("database is up to date")
+
+
+def make_app() -> typer.Typer:
+    app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
+    core.register(app, serving_commands=cli_serving.register)
+    app.registered_commands.extend(service_app.registered_commands)
+    app.add_typer(db_app, name="db")
+    app.add_typer(jobs_app, name="jobs")
+    return plain_help(app)
+
+
+app = make_app()
+
+
+def main() -> None:
+    core.run(app)
+
+
+if __name__ == "__main__":
+    main()

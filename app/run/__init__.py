@@ -1,0 +1,1 @@
+"""Running jobs: claim, run, record the outcome; chunks, resume, leftovers, the sweeper and liveness."""

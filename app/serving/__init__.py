@@ -1,0 +1,1 @@
+"""Served drafters: endpoints, their scrapes and windows, the served series the charts read."""

@@ -1,0 +1,412 @@
+"""The `eval` job: real speculative decoding of a drafter checkpoint against its target on held-out
+prompts, beside target-only decoding, the untrained drafter and prompt lookup, and the walked tau of
+the same checkpoint on the target's own outputs for the same prompts.
+
+Every tau here counts the bonus token ("incl. bonus", as vLLM): tau = (accepted + steps) / steps.
+Counts go to `<out>/eval.json` and to metric points (`eval/...`, draftdeck.jobs.context); ratios are
+computed only to be shown. When the prompts come from two or more sources (a mix's source names, else
+the original files), the drafter's counts are also kept per source: eval.json's `by_source` and the
+metrics `eval/source/<name>/accepted` and `eval/source/<name>/steps`, which the run page shows beside
+the held-out tau of the same source.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftdeck.drafter.eval.baselines import PromptLookup, untrained_drafter
+from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.eval.spec_decode import (
+    DecodeStats,
+    DFlashSource,
+    DraftSource,
+    Generation,
+    Sampling,
+    TargetRunner,
+    generate_plain,
+    generate_speculative,
+)
+from draftdeck.drafter.eval.versus import Real, decoder_mismatch, run_figures, versus_training
+from draftdeck.drafter.export.format import load_drafter
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train.walked import heldout_counts
+from draftdeck.errors import UsageError
+from draftdeck.fileio import sha256_file
+from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of
+from draftdeck.jobs.context import RunContext
+from draftdeck.quality import Output, Report
+
+METHODS = ("drafter", "untrained", "prompt_lookup")
+METRIC_EVERY = 10  # prompts between metric points
+
+
+@dataclass
+class Prompt:
+    ids: list[int]
+    file: str
+    line: int | None
+    source: str = ""  # what per-source figures group it by: its mix source's name, else its original file
+
+
+def _prompt_messages(messages: Any) -> list[dict[str, Any]] | None:
+    """The conversation up to and including its last user turn (None: no user turn)."""
+    if not isinstance(messages, list):
+        return None
+    last_user = max(
+        (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"), default=-1
+    )
+    return messages[: last_user + 1] if last_user >= 0 else None
+
+
+def read_prompts(
+    inputs: Path, tokenizer: Any, limit: int, report: Report, heldout_fraction: float = 0.02
+) -> list[Prompt]:
+    """Prompt token ids from a messages JSONL file or a dataset folder's held-out split; every row
+    read is counted in `report` as evaluated or rejected with its reason."""
+    if inputs.is_dir():
+        return _dataset_prompts(inputs, limit, report, heldout_fraction)
+    if not inputs.is_file():
+        raise UsageError(f"{inputs}: no such prompt file or dataset folder")
+    out: list[Prompt] = []
+    with inputs.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            report.rows_in += 1
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                report.reject("json_error", str(inputs), line_no, str(e))
+                continue
+            if not isinstance(row, dict):
+                report.reject("not_an_object", str(inputs), line_no, f"a {type(row).__name__}, not an object")
+                continue
+            if "messages" not in row:
+                report.reject(
+                    "unknown_format", str(inputs), line_no, f"no `messages` key (keys: {sorted(row)})"
+                )
+                continue
+            messages = _prompt_messages(row["messages"])
+            if messages is None:
+                report.reject("no_user_turn", str(inputs), line_no, "no user message to answer")
+                continue
+            try:
+                ids = tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            except Exception as e:  # a template raising is a row problem, named, not a crash
+                report.reject("template_error", str(inputs), line_no, f"{type(e).__name__}: {e}")
+                continue
+            kept = row.get(PROVENANCE_KEY)  # a converted row's origin: its mix source, else its file
+            found = origin_of(kept, str(inputs), line_no)
+            source = mix_source_of(kept) or (found[0] if found else str(inputs))
+            out.append(Prompt([int(t) for t in ids], str(inputs), line_no, source))
+    return out
+
+
+def _dataset_prompts(folder: Path, limit: int, report: Report, heldout_fraction: float) -> list[Prompt]:
+    """Prompts of a tokenized dataset's held-out split (the trainer's split by conversation): the
+    tokens before each row's first trained token."""
+    from draftdeck.drafter.train.data import is_heldout
+    from draftdeck.shards.store import ShardDataset, row_source_name
+
+    ds = ShardDataset(folder)
+    out: list[Prompt] = []
+    for n in range(len(ds)):
+        if len(out) >= limit:
+            break
+        row = ds.row(n)
+        if not is_heldout(str(row["source"]), int(row["source_row"]), heldout_fraction):
+            continue
+        report.rows_in += 1
+        mask = list(row["loss_mask"])
+        if 1 not in mask:
+            report.reject("no_trained_tokens", str(folder), n, "the row has no trained token")
+            continue
+        first = mask.index(1)
+        out.append(Prompt([int(t) for t in row["input_ids"][:first]], str(folder), n, row_source_name(row)))
+    return out
+
+
+def _check_pair(target: Target, drafter: DFlashDrafter, params: EvalParams) -> None:
+    cfg = drafter.config
+    problems = []
+    if cfg.hidden_size != int(target.config.hidden_size):
+        problems.append(f"hidden size {cfg.hidden_size} vs the target's {target.config.hidden_size}")
+    if cfg.vocab_size != int(target.config.vocab_size):
+        problems.append(f"vocabulary {cfg.vocab_size} vs the target's {target.config.vocab_size}")
+    bad = [i for i in cfg.target_layer_ids if i >= target.num_layers]
+    if bad:
+        problems.append(f"target layers {bad} do not exist (the target has {target.num_layers})")
+    if problems:
+        raise UsageError(f"{params.checkpoint} was not trained for {params.target}: " + "; ".join(problems))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a ratio with no denominator is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
+
+
+CONVENTIONS = (
+    "Two counts of one decode. tau incl. bonus counts a bonus token on every verify step, as vLLM's"
+    " spec-decode counters do (1 + accepted / drafts): compare it with vLLM's metrics. Tokens per"
+    " verify step counts what each step added to the output, as z-lab's dflash benchmark does: a step"
+    " ending at an accepted stop token or at max_new_tokens adds no bonus, so it is a little lower:"
+    " compare it with z-lab's published acceptance lengths."
+)
+
+
+def _metric_delta(
+    now: DecodeStats, before: dict[str, int], block: int, by_source: dict[str, DecodeStats] | None = None
+) -> dict[str, float]:
+    values = {"eval/accepted": now.accepted, "eval/steps": now.steps, "eval/proposed": now.proposed,
+              "eval/produced": now.produced}  # fmt: skip
+    values.update({f"eval/hist/{n}": now.hist[n] for n in range(1, block + 1)})
+    values.update({f"eval/pos/{i}/accepted": now.per_pos[i] for i in range(block - 1)})
+    for name, st in (by_source or {}).items():
+        values.update({f"eval/source/{name}/accepted": st.accepted, f"eval/source/{name}/steps": st.steps})
+    delta = {k: float(v - before.get(k, 0)) for k, v in values.items()}
+    before.update(values)
+    return delta
+
+
+def _walked(
+    drafter: DFlashDrafter, target: Target, prompts: list[Prompt], outputs: list[list[int]], block: int
+) -> tuple[int, int, list[int]]:
+    """(accepted, steps, hist) of the walked estimate over prompt + the target's output, the output
+    being the trained span."""
+    walker = copy.copy(drafter)  # shares the weights; only the block size may differ
+    walker.block_size = block
+    device = target.device
+    batches = []
+    for i in range(0, len(prompts), 16):
+        rows = [
+            (p.ids, o) for p, o in zip(prompts[i : i + 16], outputs[i : i + 16], strict=True) if len(o) > 1
+        ]
+        if not rows:
+            continue
+        width = max(len(p) + len(o) for p, o in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        attn = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, (p, o) in enumerate(rows):
+            ids[r, : len(p) + len(o)] = torch.tensor(p + o)
+            attn[r, : len(p) + len(o)] = 1
+            mask[r, len(p) : len(p) + len(o)] = 1
+        batches.append((ids.to(device), attn.to(device), mask.to(device)))
+    counts = heldout_counts(walker, target, batches, gamma=7.0)
+    return counts.walked_accepted, counts.walked_steps, counts.walked_hist
+
+
+def _served(
+    params: EvalParams, prompts: list[Prompt], real_tau: float, walked_tau: float, ctx: RunContext
+) -> dict[str, Any]:
+    """The same prompts through the served drafter (draftdeck/serving/served_eval.py), beside the
+    checkpoint's real and walked tau on them: the three numbers of one drafter on one prompt set."""
+    import os
+
+    from draftdeck.serving.served_eval import served_eval
+
+    assert params.served_url is not None
+    metrics = params.served_metrics_url or params.served_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    token = os.environ.get(params.served_token_env) if params.served_token_env else None
+    where = f"{params.served_url} ({params.served_kind})"
+    ctx.event("info", f"served eval: {len(prompts)} prompts to {where}")
+    counts = served_eval(
+        [p.ids for p in prompts], kind=params.served_kind, base_url=params.served_url,
+        metrics_url=metrics if params.served_kind == "vllm" else None, model=params.served_model,
+        max_new_tokens=params.max_new_tokens, token=token,
+    )  # fmt: skip
+    if counts.other_traffic:
+        ctx.event(
+            "warning",
+            "served eval: the server verified more tokens than it returned to this eval: other requests "
+            "were served meanwhile, so its counters are not these prompts' alone",
+        )
+    return {**counts.to_json(), "url": params.served_url, "offline_real_tau_incl_bonus": real_tau,
+            "walked_tau_incl_bonus": walked_tau}  # fmt: skip
+
+
+def run_eval(params: EvalParams, ctx: RunContext) -> Report:
+    """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
+    out_dir = Path(params.out) if params.out is not None else ctx.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = Target.load(params.target, device=params.device)
+    drafter = load_drafter(Path(params.checkpoint), device=params.device)
+    _check_pair(target, drafter, params)
+    block = params.block_size or drafter.block_size
+    report = Report()
+    read = read_prompts(
+        Path(params.inputs[0]), target.tokenizer, params.max_prompts, report, params.heldout_fraction
+    )
+    prompts = []
+    for p in read:
+        if len(p.ids) + params.max_new_tokens > target.max_positions > 0:
+            reason = (
+                f"{len(p.ids)} prompt tokens + {params.max_new_tokens} new exceed the target's "
+                f"{target.max_positions} positions"
+            )
+            report.reject("too_long", p.file, p.line, reason)
+        else:
+            prompts.append(p)
+    if not prompts:
+        raise UsageError(f"{params.inputs[0]}: no prompt to evaluate ({report.rows_rejected} rejected)")
+    ctx.event("info", f"evaluating {len(prompts)} prompts, block size {block}, mode {params.mode}")
+
+    runner = TargetRunner(target, target.eos_ids())
+    sampling = (
+        Sampling(params.temperature, params.top_p, params.seed)
+        if params.mode == "sampled"
+        else Sampling(seed=params.seed)
+    )
+    sources: dict[str, DraftSource] = {
+        "drafter": DFlashSource(drafter, target, block),
+        "untrained": DFlashSource(untrained_drafter(drafter, seed=params.seed), target, block),
+        "prompt_lookup": PromptLookup(),
+    }
+    plain_stats = DecodeStats(block)
+    stats = {name: DecodeStats(block) for name in METHODS}
+    # the run's figures are for the drafter's own block size, and its target answered some prompts
+    run = run_figures(Path(params.checkpoint)) if block == drafter.block_size else None
+    same = DecodeStats(block)  # the drafter on those prompts
+    # the drafter per source, when there are several to tell apart
+    names = sorted({p.source for p in prompts})
+    by_source = {name: DecodeStats(block) for name in names} if len(names) > 1 else {}
+    differs: dict[str, dict[str, Any] | None] = dict.fromkeys(METHODS)
+    outputs: list[list[int]] = []
+    sent: dict[str, int] = {}
+    for n, prompt in enumerate(prompts):
+        ctx.check_cancelled()
+        s = Sampling(sampling.temperature, sampling.top_p, sampling.seed + n)
+        plain = generate_plain(runner, prompt.ids, params.max_new_tokens, s)
+        plain_stats.add(plain)
+        outputs.append(plain.output_ids)
+        for name, source in sources.items():
+            gen: Generation = generate_speculative(
+                runner, source, prompt.ids, params.max_new_tokens, block, s
+            )
+            stats[name].add(gen)
+            if name == "drafter" and by_source:
+                by_source[prompt.source].add(gen)
+            if (
+                name == "drafter"
+                and run is not None
+                and (str(Path(prompt.file).resolve()), prompt.line) in run.answered
+            ):
+                same.add(gen)
+            if sampling.greedy and differs[name] is None and gen.output_ids != plain.output_ids:
+                at = next(
+                    (
+                        i
+                        for i, (a, b) in enumerate(zip(gen.output_ids, plain.output_ids, strict=False))
+                        if a != b
+                    ),
+                    min(len(gen.output_ids), len(plain.output_ids)),
+                )
+                differs[name] = {"prompt": n, "file": prompt.file, "line": prompt.line, "token_index": at}
+        report.rows_out += 1
+        ctx.progress(n + 1, len(prompts), "prompts")
+        if (n + 1) % METRIC_EVERY == 0 or n + 1 == len(prompts):
+            delta = _metric_delta(stats["drafter"], sent, block, by_source)
+            ctx.metrics(n + 1, delta, tokens=stats["drafter"].tokens)
+
+    w_acc, w_steps, w_hist = _walked(drafter, target, prompts, outputs, block)
+    # the walk covers each output after its first token (the prefill's): the tokens its steps produce
+    w_produced = sum(len(o) - 1 for o in outputs if len(o) > 1)
+    walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
+    real_tau = stats["drafter"].tau_pooled
+    gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
+    if sampling.greedy and message is not None:
+        ctx.alert("decoder_mismatch", message)
+    real = Real(real_tau, len(prompts), same.tau_pooled, same.responses)
+    training, alarm = versus_training(real, run, params.tau_tolerance, params.off_target_tolerance)
+    if sampling.greedy and alarm is not None:
+        ctx.alert(*alarm)
+    methods: dict[str, Any] = {}
+    result: dict[str, Any] = {
+        "tau_label": "tau incl. bonus = (accepted draft tokens + verify steps) / verify steps",
+        "tokens_per_step_label": "tokens per verify step = tokens the verify steps produced / verify steps",
+        "conventions": CONVENTIONS,
+        "mode": params.mode,
+        "block_size": block,
+        "prompts": len(prompts),
+        "max_new_tokens": params.max_new_tokens,
+        "checkpoint": str(params.checkpoint),
+        "target": str(params.target),
+        "target_only": {
+            "tokens": plain_stats.tokens,
+            "seconds": round(plain_stats.seconds, 4),
+            "tokens_per_s": plain_stats.tokens_per_s,
+            "cpu_seconds": round(plain_stats.cpu_seconds, 4),
+            "tokens_per_cpu_s": plain_stats.tokens_per_cpu_s,
+        },
+        "methods": methods,
+        "walked": {
+            "accepted": w_acc,
+            "steps": w_steps,
+            "hist_tau_incl_bonus": {str(n): w_hist[n] for n in range(1, block + 1)},
+            "tau_incl_bonus": walked_tau,
+            "convention": "tau incl. bonus (vLLM's counters); tokens_per_step is z-lab's",
+            "produced": w_produced,
+            "tokens_per_step": w_produced / w_steps if w_steps else float("nan"),
+            "over": "greedy target outputs"
+            if sampling.greedy
+            else "sampled target outputs (not comparable to sampled acceptance)",
+            "relative_gap_to_real": gap,
+            "checks": "the decoder: real decoding and this walk over its own outputs agree exactly",
+        },
+        # the run's held-out taus for this checkpoint against real decoding (versus_training)
+        "training": training if sampling.greedy else None,
+    }
+    for name in METHODS:
+        entry = stats[name].to_dict()
+        # wall-clock speedup, and the same per CPU second (steadier when other work shares the CPU)
+        entry["speedup_vs_target_only"] = _ratio(entry["tokens_per_s"], plain_stats.tokens_per_s)
+        entry["cpu_speedup_vs_target_only"] = _ratio(entry["tokens_per_cpu_s"], plain_stats.tokens_per_cpu_s)
+        if sampling.greedy:
+            entry["lossless"] = differs[name] is None
+            entry["first_difference"] = differs[name]
+        else:
+            entry["lossless"] = None
+            entry["first_difference"] = (
+                "not checked token by token in sampled mode (lossless in distribution)"
+            )
+        methods[name] = entry
+    result["lossless"] = methods["drafter"]["lossless"]
+    if by_source:  # the drafter's counts per source; tau incl. bonus = 1 + accepted / steps
+        result["by_source"] = {
+            name: {"prompts": st.responses, "accepted": st.accepted, "steps": st.steps,
+                   "produced": st.produced, "tau_incl_bonus": st.tau_pooled,
+                   "tokens_per_step": st.tokens_per_step}
+            for name, st in by_source.items()
+        }  # fmt: skip
+    if params.served_url:
+        result["served"] = _served(params, prompts, real_tau, walked_tau, ctx)
+    report.extra["eval"] = _finite(result)
+    report.check_accounting()
+    path = out_dir / "eval.json"
+    report.write_json(path)
+    # The job's output: the file holding every figure, one row per prompt evaluated.
+    report.outputs.append(Output(str(path), report.rows_out, path.stat().st_size, sha256_file(path)))
+    report.check_accounting()
+    return report

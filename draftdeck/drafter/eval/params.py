@@ -1,0 +1,107 @@
+"""The `eval` job's parameters, defined once (CLI options, the JSON API and the job form derive from it)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from draftdeck.drafter.train.params import OFF_TARGET_TOLERANCE
+from draftdeck.jobs.params import JobParams
+
+
+class EvalParams(JobParams):
+    """Real speculative decoding of a drafter checkpoint against its target, with baselines."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inputs: list[str] = Field(
+        min_length=1,
+        max_length=1,
+        description="Prompts: a tokenized dataset folder (its held-out split is used) or a JSONL file "
+        "of OpenAI `messages` rows (trailing assistant turns are dropped; the prompt ends at the last "
+        "user turn).",
+    )
+    target: str = Field(description="The target model: a local HF causal-LM folder with its tokenizer.")
+    checkpoint: str = Field(
+        description="The drafter checkpoint folder (z-lab's format: config.json + safetensors)."
+    )
+    out: str | None = Field(
+        default=None, description="Folder for eval.json; the job's own output folder when not given."
+    )
+    mode: Literal["greedy", "sampled"] = Field(
+        default="greedy",
+        description="greedy: argmax, output must equal plain greedy decoding; sampled: the target samples "
+        "and drafts are accepted by speculative sampling (lossless in distribution).",
+    )
+    temperature: float = Field(
+        default=1.0, gt=0.0, le=10.0, description="Sampling temperature (sampled mode)."
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass (sampled mode).")
+    max_new_tokens: int = Field(
+        default=128, ge=1, le=32768, description="Tokens generated per prompt at most."
+    )
+    max_prompts: int = Field(
+        default=100, ge=1, le=1_000_000, description="Prompts evaluated at most (in order)."
+    )
+    block_size: int | None = Field(
+        default=None,
+        ge=2,
+        le=128,
+        description="Verify block size B (anchor + B-1 drafts); the drafter's own block size when not given.",
+    )
+    seed: int = Field(default=0, ge=0, description="Seed of sampling and of the untrained baseline drafter.")
+    device: str = Field(
+        default="cpu",
+        pattern=r"^(cpu|cuda(:\d+)?|mps)$",
+        description="Where the target and the drafter run: cpu, cuda, cuda:N or mps.",
+    )
+    heldout_fraction: float = Field(
+        default=0.02,
+        gt=0.0,
+        lt=1.0,
+        description="For a dataset folder: the fraction of conversations the train job held out (its "
+        "heldout_fraction); the same conversations are evaluated.",
+    )
+    tau_tolerance: float = Field(
+        default=0.05,
+        gt=0.0,
+        le=1.0,
+        description="Relative difference between real greedy tau and the walks that should equal it (over "
+        "its own outputs: decoder_mismatch; the run's tau judged by the target: training_estimate_off), "
+        "both incl. bonus, above which an alert is raised.",
+    )
+    off_target_tolerance: float = Field(
+        default=OFF_TARGET_TOLERANCE,
+        gt=0.0,
+        le=10.0,
+        description="Alert data_not_target_output when the data-judged tau of the run's held-out split is "
+        "above real greedy tau by more than this share.",
+    )
+    served_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="Served eval: the base URL of a vLLM or SGLang server serving this drafter; the same "
+        "prompts are sent to it (greedy) and its tau on exactly them is reported beside the offline one.",
+    )
+    served_kind: Literal["vllm", "sglang"] = Field(default="vllm", description="The served server's kind.")
+    served_metrics_url: str | None = Field(
+        default=None, pattern=r"^https?://", description="Its /metrics (vLLM; default: the base URL's)."
+    )
+    served_model: str | None = Field(default=None, description="The model name it serves (vLLM).")
+    served_token_env: str | None = Field(
+        default=None, description="Environment variable holding its bearer token."
+    )
+
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")
+    output_paths: ClassVar[tuple[str, ...]] = ("out",)
+
+    @model_validator(mode="after")
+    def _sampling_only_when_sampled(self) -> EvalParams:
+        if self.mode == "greedy" and (self.temperature != 1.0 or self.top_p != 1.0):
+            raise ValueError(
+                "temperature and top_p apply to mode 'sampled' only; greedy mode takes the argmax"
+            )
+        if self.served_url and self.mode != "greedy":
+            raise ValueError("served_url: the served eval decodes greedily; use mode 'greedy'")
+        return self

@@ -1,0 +1,422 @@
+"""Real speculative decoding, one prompt at a time: a draft source proposes up to B-1 tokens, one
+target forward verifies the block, and the leading run the target agrees with is kept, plus the
+target's own next token (the bonus). tau per verify step counts that bonus ("incl. bonus", as vLLM).
+
+Greedy mode is exact: the output equals plain greedy decoding token for token. Sampled mode is
+exact in distribution: the target samples (temperature, top-p) and a deterministic draft token x is
+accepted with probability p(x); on rejection the token is drawn from p with x removed and
+renormalised, so every emitted token is distributed as p.
+
+The target keeps one HF KV cache per prompt, cropped back to the committed tokens after a
+rejection; a draft source sees the target's context features of newly committed positions only
+(`observe`), so a drafter keeps its own context incremental.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+from transformers import DynamicCache
+
+from draftdeck.drafter.model.target import Target, context_from_hidden_states
+
+
+class DraftSource(Protocol):
+    """What proposes draft tokens. `layer_ids`: the target layers whose outputs it needs as context
+    features (None: it needs none)."""
+
+    layer_ids: list[int] | None
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Forget the previous prompt."""
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        """Context features (n, F) of the n positions just committed, in order (None without layer_ids)."""
+
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        """Up to `k` draft tokens to follow `committed` (prompt + generated so far)."""
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Keep the first `length` positions of `cache` (transformers 5 crops by a negative count)."""
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Probabilities (.., V) after temperature and nucleus (top-p) filtering, renormalised."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep a token while the mass strictly before it is below top_p (the top token always stays)
+        keep = (sorted_p.cumsum(dim=-1) - sorted_p) < top_p
+        sorted_p = sorted_p * keep
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+    # the seeded generator lives on the CPU, so draws are the same on every device
+    return int(torch.multinomial(probs.detach().cpu(), 1, generator=gen).item())
+
+
+def accept_sampled(drafts: list[int], probs: torch.Tensor, gen: torch.Generator) -> tuple[int, int]:
+    """Speculative sampling for deterministic drafts. `probs` (len(drafts) + 1, V): the target's
+    distribution at each block position. Returns (accepted drafts, the next token)."""
+    for i, x in enumerate(drafts):
+        px = float(probs[i, x])
+        if float(torch.rand((), generator=gen)) < px:
+            continue
+        residual = probs[i].clone()
+        residual[x] = 0.0
+        mass = float(residual.sum())
+        return i, _draw(residual / mass if mass > 0 else probs[i], gen)
+    return len(drafts), _draw(probs[len(drafts)], gen)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """greedy when temperature == 0."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Generation:
+    """One response and its counts. `step_taus`: tau incl. bonus of each verify step (1..B).
+
+    Tokens out = 1 (from the prefill) + accepted + steps, less a last bonus token dropped by the
+    stop (eos among the accepted drafts, or max_new_tokens)."""
+
+    output_ids: list[int]
+    seconds: float
+    cpu_seconds: float = 0.0  # this process's CPU time: the robust speed figure on a shared machine
+    steps: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    step_taus: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """tau incl. bonus of this response: (accepted + steps) / steps."""
+        return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+
+class TargetRunner:
+    """The frozen target run block by block over its own KV cache."""
+
+    def __init__(self, target: Target, eos_ids: list[int]):
+        self.target = target
+        self.model = target.model
+        self.eos_ids = set(eos_ids)
+        self.device = target.device
+        # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns until 5.40)
+        params = inspect.signature(self.model.forward).parameters
+        self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    def forward(
+        self, ids: list[int], start: int, cache: DynamicCache, layer_ids: list[int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (len(ids), V) for `ids` at positions start.., and context features (len, F) if asked."""
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        positions = torch.arange(start, start + len(ids), device=self.device)[None]
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=layer_ids is not None,
+            **{self.cache_kwarg: cache},
+        )
+        feats = context_from_hidden_states(out.hidden_states, layer_ids)[0] if layer_ids is not None else None
+        return out.logits[0].float(), feats
+
+
+def _choose(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    return _draw(sampling_probs(logits, sampling.temperature, sampling.top_p), gen)
+
+
+def _generator(sampling: Sampling) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(sampling.seed)
+    return gen
+
+
+@torch.inference_mode()
+def generate_plain(
+    target: TargetRunner, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling = Sampling()
+) -> Generation:
+    """Target-only decoding, one token per forward, over the same KV cache: the speed baseline and the
+    reference for losslessness."""
+    gen = _generator(sampling)
+    begin, cpu = time.perf_counter(), time.process_time()
+    cache = target.new_cache()
+    logits, _ = target.forward(prompt_ids, 0, cache, None)
+    out: list[int] = []
+    while True:
+        token = _choose(logits[-1], sampling, gen)
+        out.append(token)
+        if token in target.eos_ids or len(out) >= max_new_tokens:
+            break
+        logits, _ = target.forward([token], len(prompt_ids) + len(out) - 1, cache, None)
+    return Generation(out, time.perf_counter() - begin, time.process_time() - cpu)
+
+
+@torch.inference_mode()
+def generate_speculative(
+    target: TargetRunner,
+    source: DraftSource,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    block_size: int,
+    sampling: Sampling = Sampling(),
+) -> Generation:
+    """Speculative decoding of one prompt with blocks of `block_size` (anchor + up to B-1 drafts)."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be at least 2 (an anchor and one draft), got {block_size}")
+    gen = _generator(sampling)
+    begin, cpu = time.perf_counter(), time.process_time()
+    cache = target.new_cache()
+    layer_ids = source.layer_ids
+    source.begin(prompt_ids)
+    logits, feats = target.forward(prompt_ids, 0, cache, layer_ids)
+    source.observe(feats)
+    committed = list(prompt_ids)
+    committed.append(_choose(logits[-1], sampling, gen))
+    result = Generation(output_ids=[], seconds=0.0)
+    n_out = 1
+    stopped = committed[-1] in target.eos_ids
+    while not stopped and n_out < max_new_tokens:
+        anchor_pos = len(committed) - 1
+        # drafts may run up to the last token allowed; a bonus past it is dropped
+        k = min(block_size - 1, max_new_tokens - n_out)
+        drafts = source.propose(committed, k)[:k]
+        block = [committed[-1], *drafts]
+        logits, feats = target.forward(block, anchor_pos, cache, layer_ids)
+        if sampling.greedy:
+            posterior = logits.argmax(dim=-1).tolist()
+            acc = 0
+            while acc < len(drafts) and drafts[acc] == posterior[acc]:
+                acc += 1
+            new = [*drafts[:acc], posterior[acc]]
+        else:
+            probs = sampling_probs(logits, sampling.temperature, sampling.top_p)
+            acc, nxt = accept_sampled(drafts, probs, gen)
+            new = [*drafts[:acc], nxt]
+        # a stop (eos, max_new_tokens) cuts the new tokens; the drafts accepted before the cut count
+        # as accepted, as vLLM counts them (and as the walked estimate, capped at the span end, does)
+        cut = max_new_tokens - n_out
+        for j, token in enumerate(new):
+            if token in target.eos_ids:
+                cut = min(cut, j + 1)
+                stopped = True
+                break
+        new = new[:cut]
+        accepted = min(acc, len(new))
+        produced = len(new)
+        committed.extend(new)
+        n_out += produced
+        result.steps += 1
+        result.accepted += accepted
+        result.proposed += len(drafts)
+        result.step_taus.append(accepted + 1)
+        # keep the KV (and features) of the anchor and the accepted drafts: the last new token is the
+        # next anchor, not yet seen by the target
+        crop_to(cache, anchor_pos + produced)
+        source.observe(feats[:produced] if feats is not None else None)
+    result.output_ids = committed[len(prompt_ids) :]
+    result.seconds = time.perf_counter() - begin
+    result.cpu_seconds = time.process_time() - cpu
+    return result
+
+
+class ReferenceDrafts:
+    """Proposes the tokens of a known continuation of the prompt (for tests: an exact drafter when
+    the continuation is the target's own greedy output)."""
+
+    layer_ids: list[int] | None = None
+
+    def __init__(self, continuation: list[int]):
+        self.continuation = continuation
+        self.prompt_len = 0
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.prompt_len = len(prompt_ids)
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        pass
+
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        at = len(committed) - self.prompt_len
+        return self.continuation[at : at + k]
+
+
+class DFlashSource:
+    """A DFlash drafter (z-lab's forward signature: `position_ids`, `noise_embedding`,
+    `target_hidden`, `past_key_values`, `use_cache`; attributes `target_layer_ids`, `mask_token_id`)
+    proposing argmax tokens through the target's embedding and LM head.
+
+    The drafter's KV cache holds the projected context of every committed position; each call adds
+    the newly observed positions, runs the block `[anchor, MASK x (B-1)]`, and crops the block back out.
+
+    The block is always full (B = `block_size`, the drafter's own by default) even when fewer drafts
+    are wanted near `max_new_tokens`: attention inside a block is bidirectional, so a shorter block
+    would give other proposals than the ones the drafter was trained (and walked) with."""
+
+    def __init__(self, drafter: Any, target: Target, block_size: int | None = None):
+        self.drafter = drafter.eval()
+        self.layer_ids: list[int] | None = list(drafter.target_layer_ids)
+        self.mask_token_id = int(drafter.mask_token_id)
+        self.target = target
+        self.block_size = int(block_size or drafter.block_size)
+        self.cache = DynamicCache()
+        self.cached = 0
+        self.pending: list[torch.Tensor] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = DynamicCache()
+        self.cached = 0
+        self.pending = []
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise ValueError("a DFlash drafter needs the target's context features")
+        self.pending.append(features)
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        want, k = k, max(k, self.block_size - 1)
+        anchor_pos = len(committed) - 1
+        ctx = torch.cat(self.pending, dim=0)[None]
+        if self.cached + ctx.shape[1] != anchor_pos:
+            covered = self.cached + ctx.shape[1]
+            raise RuntimeError(f"drafter context covers {covered} positions, the anchor is at {anchor_pos}")
+        device = ctx.device
+        block = torch.tensor([[committed[-1]] + [self.mask_token_id] * k], dtype=torch.long, device=device)
+        positions = torch.arange(self.cached, anchor_pos + k + 1, device=device)[None]
+        hidden = self.drafter(
+            position_ids=positions,
+            noise_embedding=self.target.embed(block),
+            target_hidden=ctx,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        crop_to(self.cache, anchor_pos)
+        self.cached = anchor_pos
+        self.pending = []
+        logits = self.drafter.compute_logits(hidden[0, 1 : want + 1], self.target.lm_head)
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
+
+
+@dataclass
+class DecodeStats:
+    """Counts over many responses of one draft source, as vLLM counts them: verify steps (drafts),
+    proposed and accepted draft tokens, `hist[n]` = steps whose tau incl. bonus was n (1..B; index 0
+    unused), `per_pos[i]` = steps that accepted more than i draft tokens (i = 0..B-2)."""
+
+    block_size: int
+    responses: int = 0
+    steps: int = 0
+    accepted: int = 0
+    proposed: int = 0
+    tokens: int = 0
+    produced: int = 0  # tokens the verify steps added (no bonus past a stop or max_new_tokens)
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    response_tau_sum: float = 0.0  # sum over responses with a verify step of their own tau
+    responses_with_steps: int = 0
+    hist: list[int] = field(default_factory=list)
+    per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hist = self.hist or [0] * (self.block_size + 1)
+        self.per_pos = self.per_pos or [0] * (self.block_size - 1)
+
+    def add(self, gen: Generation) -> None:
+        self.responses += 1
+        self.tokens += len(gen.output_ids)
+        # the tokens the verify steps produced: all but the prefill's first (z-lab's per-step count)
+        self.produced += max(len(gen.output_ids) - 1, 0)
+        self.seconds += gen.seconds
+        self.cpu_seconds += gen.cpu_seconds
+        self.steps += gen.steps
+        self.accepted += gen.accepted
+        self.proposed += gen.proposed
+        if gen.steps:
+            self.response_tau_sum += gen.tau
+            self.responses_with_steps += 1
+        for tau in gen.step_taus:
+            self.hist[tau] += 1
+            for i in range(tau - 1):
+                self.per_pos[i] += 1
+
+    # Ratios, only to be shown.
+    @property
+    def tau_pooled(self) -> float:
+        """tau incl. bonus, pooled: sum(accepted + steps) / sum(steps)."""
+        return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens produced per verify step, pooled: z-lab's benchmark's acceptance length. Below
+        tau_pooled by the bonus tokens a stop dropped (a step ending at an accepted stop token, or at
+        max_new_tokens, adds no bonus)."""
+        return self.produced / self.steps if self.steps else float("nan")
+
+    @property
+    def tau_per_response(self) -> float:
+        """tau incl. bonus of each response, then averaged over responses."""
+        return (
+            self.response_tau_sum / self.responses_with_steps if self.responses_with_steps else float("nan")
+        )
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def tokens_per_cpu_s(self) -> float:
+        return self.tokens / self.cpu_seconds if self.cpu_seconds > 0 else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counts": {
+                "responses": self.responses,
+                "verify_steps": self.steps,
+                "proposed": self.proposed,
+                "accepted": self.accepted,
+                "tokens": self.tokens,
+                "produced_by_steps": self.produced,
+                "seconds": round(self.seconds, 4),
+                "cpu_seconds": round(self.cpu_seconds, 4),
+                "hist_tau_incl_bonus": {str(n): self.hist[n] for n in range(1, self.block_size + 1)},
+                "per_pos_accepted_more_than": {str(i): self.per_pos[i] for i in range(self.block_size - 1)},
+            },
+            "tau_incl_bonus_pooled": self.tau_pooled,
+            "tokens_per_step": self.tokens_per_step,
+            "tau_incl_bonus_per_response_mean": self.tau_per_response,
+            "acceptance_rate": self.acceptance_rate,
+            "per_pos_acceptance": [p / self.steps if self.steps else float("nan") for p in self.per_pos],
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_cpu_s": self.tokens_per_cpu_s,
+        }

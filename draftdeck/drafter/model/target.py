@@ -1,0 +1,191 @@
+"""The frozen target model: a local HF causal-LM folder whose hidden states condition the drafter.
+
+Hidden-state indexing follows z-lab's `extract_context_feature`: HF returns
+``hidden_states[0]`` = the embeddings and ``hidden_states[i + 1]`` = the output of decoder layer i,
+so target layer id i reads ``hidden_states[i + 1]``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from draftdeck.errors import UsageError
+
+
+class TargetError(UsageError):
+    """The target folder cannot serve as a DFlash target (missing, not a causal LM, unreadable)."""
+
+
+def context_from_hidden_states(
+    hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor], layer_ids: list[int] | tuple[int, ...]
+) -> torch.Tensor:
+    """Concatenate the outputs of `layer_ids` along the feature axis: (bsz, T, len(ids) * hidden)."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def read_target_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise TargetError(f"{folder}: not a model folder (no config.json)")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise TargetError(f"{path}: cannot read the target config: {e}") from e
+    if not isinstance(cfg, dict):
+        raise TargetError(f"{path}: the config is not a JSON object")
+    return cfg
+
+
+@dataclass
+class TargetPass:
+    """What one teacher-forced target forward gives: `context` (bsz, T, n_ids * H), `last_hidden`
+    (bsz, T, H) after the final norm, `last_logits` (bsz, 1, V)."""
+
+    context: torch.Tensor
+    last_hidden: torch.Tensor
+    last_logits: torch.Tensor
+
+
+class Target:
+    """A frozen causal LM in eval mode, with its embedding and LM head exposed for the drafter.
+
+    `Target.load(folder)` loads offline with `AutoModelForCausalLM`; `Target(model)` wraps a model
+    already in memory (tests). No parameter requires grad.
+    """
+
+    def __init__(self, model: nn.Module, folder: Path | None = None, tokenizer: Any = None):
+        self.model: Any = model  # an HF PreTrainedModel: its attributes are not typed as nn.Module's
+        self.folder = folder
+        self.tokenizer = tokenizer
+        self.config: Any = self.model.config
+        model.eval()
+        model.requires_grad_(False)
+
+    @classmethod
+    def load(
+        cls,
+        folder: str | Path,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        with_tokenizer: bool = True,
+    ) -> Target:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise TargetError(f"{folder}: the target folder does not exist")
+        read_target_config(folder)
+        try:
+            config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        except (OSError, ValueError, KeyError) as e:
+            raise TargetError(f"{folder}: transformers cannot read its config: {e}") from e
+        try:
+            model: Any = AutoModelForCausalLM.from_pretrained(
+                folder, config=config, local_files_only=True, dtype=dtype
+            )
+        except ValueError as e:
+            raise TargetError(
+                f"{folder}: not a causal language model ({type(config).__name__} has no "
+                f"AutoModelForCausalLM class): {e}"
+            ) from e
+        except OSError as e:
+            raise TargetError(f"{folder}: cannot load the model weights: {e}") from e
+        tokenizer = None
+        if with_tokenizer:
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            except (OSError, ValueError) as e:
+                raise TargetError(f"{folder}: cannot load the target's tokenizer: {e}") from e
+        model.to(device)
+        return cls(model, folder, tokenizer)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embedding.weight.device
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 0)
+
+    @property
+    def embedding(self) -> nn.Embedding:
+        """The target's input embedding (frozen): the drafter embeds its block with it."""
+        emb = self.model.get_input_embeddings()
+        assert isinstance(emb, nn.Embedding)
+        return emb
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The target's output head (frozen): the drafter's logits go through it."""
+        head = getattr(self.model, "lm_head", None)
+        return head if head is not None else self.model.get_output_embeddings()
+
+    def eos_ids(self) -> list[int]:
+        """The ids that end an answer: the tokenizer's eos and the generation config's."""
+        ids = set()
+        for value in (
+            getattr(self.tokenizer, "eos_token_id", None),
+            self.model.generation_config.eos_token_id,
+        ):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(int(v) for v in value)
+        if not ids:
+            raise TargetError(
+                f"{self.folder}: the target's tokenizer and generation config name no eos token"
+            )
+        return sorted(ids)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(input_ids, self.embedding.weight)
+
+    def _forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int
+    ) -> Any:
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=logits_to_keep,
+        )
+
+    @torch.no_grad()
+    def teacher_forced(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        layer_ids: list[int] | tuple[int, ...],
+    ) -> TargetPass:
+        """One target forward over (bsz, T) ids for a held-out pass: the drafter's context features,
+        the final hidden states (the LM head's input, for `draftdeck.drafter.train.truth`) and the logits of
+        the last position (what the head is checked against)."""
+        out = self._forward(input_ids, attention_mask, 1)
+        hs = out.hidden_states
+        return TargetPass(context_from_hidden_states(hs, layer_ids), hs[-1], out.logits)
+
+    @torch.no_grad()
+    def context_features(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        layer_ids: list[int] | tuple[int, ...],
+        *,
+        with_logits: bool = False,
+    ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """One target forward over (bsz, T) ids: (logits (bsz, T, V) or None, the concatenated
+        hidden states of `layer_ids`, (bsz, T, len(layer_ids) * hidden))."""
+        out = self._forward(input_ids, attention_mask, 0 if with_logits else 1)
+        return (out.logits if with_logits else None), context_from_hidden_states(out.hidden_states, layer_ids)

@@ -1,0 +1,1 @@
+"""Training a drafter: data, objective, the trainer's loop, checkpoints, ranks, memory, truth."""

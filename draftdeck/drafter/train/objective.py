@@ -1,0 +1,329 @@
+"""The DFlash training objective over flattened blocks, and its counts.
+
+For anchor position p (``loss_mask[p]`` and ``loss_mask[p + 1]`` are 1), the block is
+``[ids[p], MASK x (B-1)]`` at positions p..p+B-1; slot k (1..B-1) predicts ``ids[p + k]``; slot 0
+is the anchor itself and is never a label. The block sees target context strictly before p
+(``key < p``: with ``<=`` the hidden state at p, which already encodes the target's next-token
+prediction, leaks into slot 1 and real decoding collapses to tau ~ 1, SpecForge #455) and every
+slot of its own block, nothing of other blocks. Labels at positions past the sequence or outside
+the loss mask are not counted. Loss = sum w * CE / sum w with w_k = exp(-(k - 1) / gamma).
+
+The A anchors of a batch go through one drafter forward: (bsz, A * B) queries against
+[T context keys ; A * B block keys], block-sparse (`draftdeck.drafter.model.attention.BlockLayout`: flex
+attention, the project's blocked kernel, or dense SDPA as the reference); the loss goes through the
+target's head in chunks of slots (`draftdeck.drafter.model.head`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import cast
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from draftdeck.drafter.model.attention import Backend, BlockLayout
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.head import head_ce
+from draftdeck.drafter.train.counts import Counts
+
+
+def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(bsz, T) bool: positions p with loss_mask[p] and loss_mask[p + 1] (never the last column)."""
+    m = loss_mask.bool()
+    out = torch.zeros_like(m)
+    out[:, :-1] = m[:, :-1] & m[:, 1:]
+    return out
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor, n: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to `n` distinct random eligible anchors per row, ascending: (positions, valid), both
+    (bsz, min(n, T)); padded entries have position 0 and valid False."""
+    ok = eligible_anchors(loss_mask)
+    n = min(n, ok.shape[1])
+    noise = torch.rand(ok.shape, generator=generator, device="cpu").to(ok.device)
+    score = torch.where(ok, noise, torch.full_like(noise, -1.0))
+    top, idx = score.topk(n, dim=1)
+    valid = top >= 0
+    pos = torch.where(valid, idx, torch.full_like(idx, ok.shape[1]))
+    pos, order = pos.sort(dim=1)
+    valid = valid.gather(1, order)
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid
+
+
+def all_anchors(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every eligible anchor, ascending: (positions, valid) padded to the row with the most."""
+    ok = eligible_anchors(loss_mask)
+    n = max(int(ok.sum(1).max()), 1)
+    key = torch.where(ok, torch.arange(ok.shape[1], device=ok.device), ok.shape[1])
+    pos = key.sort(dim=1).values[:, :n]
+    valid = pos < ok.shape[1]
+    return torch.where(valid, pos, torch.zeros_like(pos)), valid
+
+
+def slot_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(B,) w_k = exp(-(k - 1) / gamma) for k >= 1, and 0 for the anchor slot."""
+    k = torch.arange(block_size, dtype=torch.float32, device=device)
+    w = torch.exp(-(k - 1) / gamma)
+    w[0] = 0.0
+    return w
+
+
+def counted_slots(
+    loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int
+) -> torch.Tensor:
+    """(bsz, A, B) bool: slot k of the block at each anchor has a label (k >= 1, p + k inside the
+    sequence and the loss mask, the anchor not padding)."""
+    bsz, t = loss_mask.shape
+    slot_pos = anchors[:, :, None] + torch.arange(block_size, device=anchors.device)
+    safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
+    out = (slot_pos < t) & loss_mask.bool().gather(1, safe).view(slot_pos.shape) & valid[:, :, None]
+    out[:, :, 0] = False
+    return out
+
+
+def label_weight_sum(
+    loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int, gamma: float
+) -> float:
+    """Sum of w over the counted slots: the loss's denominator, known before any forward (so that
+    micro-batches and ranks can share one global normaliser)."""
+    sel = counted_slots(loss_mask, anchors, valid, block_size)
+    return float((slot_weights(block_size, gamma, loss_mask.device) * sel).sum())
+
+
+@dataclass
+class BlockBatch:
+    """The drafter's inputs and the labels for A blocks per row. Shapes: anchors/valid (bsz, A);
+    block_ids (bsz, A*B); position_ids (bsz, T + A*B); `layout`: who sees whom (its `dense_mask()`
+    is (bsz, 1, A*B, T + A*B)); labels/label_valid (bsz, A, B)."""
+
+    block_size: int
+    anchors: torch.Tensor
+    valid: torch.Tensor
+    block_ids: torch.Tensor
+    position_ids: torch.Tensor
+    layout: BlockLayout
+    labels: torch.Tensor
+    label_valid: torch.Tensor
+
+
+def build_blocks(
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    block_size: int,
+    mask_token_id: int,
+    backend: Backend = "blocked",
+) -> BlockBatch:
+    bsz, t = input_ids.shape
+    a, b = anchors.shape[1], block_size
+    dev = input_ids.device
+    slot_pos = anchors[:, :, None] + torch.arange(
+        b, device=dev
+    )  # (bsz, A, B): absolute position of each slot
+    block_ids = torch.full((bsz, a, b), mask_token_id, dtype=input_ids.dtype, device=dev)
+    block_ids[:, :, 0] = input_ids.gather(1, anchors)
+    safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
+    labels = input_ids.gather(1, safe).view(bsz, a, b)
+    label_valid = counted_slots(loss_mask, anchors, valid, block_size)
+    key_ok = None if attention_mask is None else attention_mask.bool()
+    layout = BlockLayout(anchors, key_ok, t, b, backend)  # context strictly before the anchor
+    keys = torch.arange(t, device=dev)
+    position_ids = torch.cat([keys.expand(bsz, t), slot_pos.view(bsz, -1)], dim=1)
+    return BlockBatch(b, anchors, valid, block_ids.view(bsz, -1), position_ids, layout, labels, label_valid)
+
+
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # DFlashDrafter.context_kv: per layer (k, v)
+
+
+def drafter_hidden(
+    drafter: nn.Module,
+    embedding: nn.Embedding,
+    context: torch.Tensor,
+    batch: BlockBatch,
+    context_kv: ContextKV | None = None,
+) -> torch.Tensor:
+    """The drafter's final hidden states for every slot: (bsz, A, B, H). With `context_kv` (the
+    context's keys and values, computed once for several groups of anchors) only the blocks run."""
+    noise = F.embedding(batch.block_ids, embedding.weight)
+    if context_kv is not None:
+        t = batch.layout.context_len
+        core = cast(DFlashDrafter, getattr(drafter, "module", drafter))
+        h = core.block_forward(noise, batch.position_ids[:, t:], batch.layout, context_kv)
+    else:
+        h = drafter(
+            position_ids=batch.position_ids,
+            attention_mask=batch.layout,
+            noise_embedding=noise,
+            target_hidden=context,
+        )
+    bsz, a = batch.anchors.shape
+    return h.view(bsz, a, batch.block_size, -1)
+
+
+@dataclass
+class BlockResult:
+    """`loss` (a scalar with grad, 0 when nothing is counted), `counts` (per-slot, anchor-mean),
+    `runs` (bsz, A) leading correct run per block (-1 for padded anchors), `predictions`
+    (bsz, A, B) argmax per slot (slot 0 = the anchor token)."""
+
+    loss: torch.Tensor
+    counts: Counts
+    runs: torch.Tensor
+    predictions: torch.Tensor
+
+
+def block_loss(
+    logits_fn: nn.Module,
+    hidden: torch.Tensor,
+    batch: BlockBatch,
+    gamma: float,
+    normalizer: float | None = None,
+    *,
+    chunked_head: bool = True,
+) -> BlockResult:
+    """Weighted CE over counted slots (logits only for those, in chunks), per-slot and anchor-mean
+    counts.
+
+    `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests; an
+    `nn.Linear` goes through `draftdeck.drafter.model.head`'s chunks unless `chunked_head` is False, the
+    reference). The loss is sum w * CE / `normalizer` (default: this batch's sum w; the trainer
+    passes the global sum over micro-batches and ranks, and sums the gradients over ranks)."""
+    b = batch.block_size
+    sel = batch.label_valid
+    labels = batch.labels[sel]
+    w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
+    wce, ce, pred_sel = head_ce(logits_fn, hidden[sel], labels, w, chunked=chunked_head)
+    wsum = w.sum()
+    denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)
+    loss = wce / denom if sel.any() else hidden.sum() * 0.0
+    predictions = batch.block_ids.view(sel.shape).clone()
+    predictions[sel] = pred_sel
+    correct = torch.zeros_like(sel)
+    correct[sel] = pred_sel == labels
+    runs = leading_runs(correct, batch.valid)
+    return BlockResult(loss, counts_of(batch, correct, ce, w), runs, predictions)
+
+
+def leading_runs(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(bsz, A): number of consecutive correct slots from slot 1 (an uncounted slot ends the run);
+    -1 for padded anchors."""
+    run = correct[:, :, 1:].long().cumprod(dim=2).sum(dim=2)
+    return torch.where(valid, run, torch.full_like(run, -1))
+
+
+def counts_of(batch: BlockBatch, correct: torch.Tensor, ce: torch.Tensor, w: torch.Tensor) -> Counts:
+    b = batch.block_size
+    sel = batch.label_valid
+    runs = leading_runs(correct, batch.valid)[batch.valid]
+    c = Counts(b)
+    c.correct = [int(x) for x in correct.sum(dim=(0, 1)).tolist()]
+    c.total = [int(x) for x in sel.sum(dim=(0, 1)).tolist()]
+    c.anchor_accepted = int(runs.sum())
+    c.anchor_blocks = int(runs.numel())
+    c.anchor_hist = [int(x) for x in torch.bincount(runs + 1, minlength=b + 1).tolist()]
+    c.loss_sum = float((w * ce).sum())
+    c.weight_sum = float(w.sum())
+    return c
+
+
+def dflash_loss(
+    drafter: nn.Module,
+    embedding: nn.Embedding,
+    lm_head: nn.Module,
+    context: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    normalizer: float | None = None,
+    *,
+    attention: Backend = "blocked",
+    chunked_head: bool = True,
+    context_kv: ContextKV | None = None,
+) -> BlockResult:
+    """The whole objective for one batch: `context` = the target's concatenated features
+    (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` (or a module
+    wrapping one as `module`, whose forward is the one called)."""
+    if not math.isfinite(gamma) or gamma <= 0:
+        raise ValueError(f"gamma {gamma} must be a positive number")
+    core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # a wrapper's `module`
+    batch = build_blocks(
+        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention
+    )
+    hidden = drafter_hidden(drafter, embedding, context, batch, context_kv)
+    return block_loss(lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head)
+
+
+def dflash_backward(
+    drafter: DFlashDrafter,
+    embedding: nn.Embedding,
+    lm_head: nn.Module,
+    context: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    anchors: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    normalizer: float,
+    *,
+    anchors_per_forward: int,
+    attention: Backend = "blocked",
+    chunked_head: bool = True,
+) -> Counts:
+    """Forward and backward of the objective over `anchors` in groups of `anchors_per_forward`
+    (gradients accumulate in the drafter; returns the counts).
+
+    The context's part of the drafter (fc, norm, every layer's context keys and values) does not
+    depend on the anchors: it runs once, each group's graph is freed by its own backward against
+    detached copies, and the context's gradient goes back through it once at the end. The sum of
+    the groups' losses is the one-forward loss (`normalizer` is global), so are the gradients."""
+    bsz, t = input_ids.shape
+    positions = torch.arange(t, device=input_ids.device).expand(bsz, t)
+    shared = drafter.context_kv(context, positions)
+    leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in shared]
+    counts = Counts(drafter.block_size)
+    per = max(1, anchors_per_forward)
+    for s in range(0, max(anchors.shape[1], 1), per):
+        res = dflash_loss(
+            drafter, embedding, lm_head, context, input_ids, loss_mask, attention_mask,
+            anchors[:, s : s + per], valid[:, s : s + per], gamma, normalizer,
+            attention=attention, chunked_head=chunked_head, context_kv=leaves,
+        )  # fmt: skip
+        res.loss.backward()
+        counts = counts + res.counts
+    outs, grads = [], []
+    for pair, leaf_pair in zip(shared, leaves, strict=True):
+        for out, leaf in zip(pair, leaf_pair, strict=True):
+            if leaf.grad is not None:
+                outs.append(out)
+                grads.append(leaf.grad)
+    if outs:
+        torch.autograd.backward(outs, grads)
+    return counts
+
+
+def sample_anchors_per_row(
+    loss_mask: torch.Tensor, lengths: list[int], n: int, generators: list[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sample_anchors` row by row on each unpadded row with its own generator, so that a row's
+    anchors depend only on the row and its generator (not on padding or batch-mates)."""
+    rows = [
+        sample_anchors(loss_mask[i : i + 1, :ln], n, g)
+        for i, (ln, g) in enumerate(zip(lengths, generators, strict=True))
+    ]
+    width = max(p.shape[1] for p, _ in rows)
+    pos = torch.zeros(len(rows), width, dtype=torch.long, device=loss_mask.device)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool, device=loss_mask.device)
+    for i, (p, v) in enumerate(rows):
+        pos[i, : p.shape[1]], valid[i, : v.shape[1]] = p[0], v[0]
+    return pos, valid

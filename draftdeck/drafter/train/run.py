@@ -1,0 +1,64 @@
+"""The `train` job's run function, and the entry point that trains in one process or N ranks.
+
+Apart from the trainer so that imports run one way: params <- trainer <- distributed <- run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from draftdeck.drafter.train.distributed import launch
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run_record import RunRecord
+from draftdeck.drafter.train.trainer import Trainer
+from draftdeck.fileio import sha256_file
+from draftdeck.jobs.context import RunContext
+from draftdeck.quality import Output, Report
+
+
+def train(params: TrainParams, ctx: RunContext) -> RunRecord:
+    """Train (or resume) a drafter as `params` says; N ranks when `params.devices` > 1."""
+    if params.devices > 1:
+        return launch(params, ctx)
+    return Trainer(params, ctx).run()
+
+
+def run_train(params: TrainParams, ctx: RunContext) -> Report:
+    """The `train` job's run function: train (or resume), then account for the rows.
+
+    rows_in = rows read; rows_out = rows used (training + held-out split, see `extra`); rows with
+    no DFlash anchor are counted under `rejected["no_dflash_anchor"]`. Outputs: the last
+    checkpoint's weights (holding rows_out, the rows it was trained and judged on), and run.json.
+    """
+    if params.out is None:  # a job without `out` trains into its own folder (Retry resumes there)
+        params = params.model_copy(update={"out": str(ctx.out_dir)})
+    record = train(params, ctx)
+    data = record.data
+    report = Report(rows_in=data["rows_in"], rows_out=data["train_rows"] + data["heldout_rows"])
+    if data["no_anchor_rows"]:
+        report.rejected["no_dflash_anchor"] = data["no_anchor_rows"]
+    if data.get("truncated_rows"):  # kept, cut at seq_length: the job page says how much was cut
+        report.warn(
+            "truncated", ", ".join(data["inputs"]), None,
+            f"{data['truncated_rows']} rows longer than seq_length {params.seq_length}: "
+            f"{data['truncated_tokens']} tokens past it are not trained",
+            n=data["truncated_rows"],
+        )  # fmt: skip
+    out = Path(str(params.out))
+    if record.checkpoints:
+        weights = Path(max(record.checkpoints)) / "model.safetensors"
+        report.outputs.append(
+            Output(str(weights), report.rows_out, weights.stat().st_size, sha256_file(weights))
+        )
+    run_json = out / "run.json"
+    report.outputs.append(Output(str(run_json), 0, run_json.stat().st_size, sha256_file(run_json)))
+    report.extra = {
+        "train_rows": data["train_rows"],
+        "heldout_rows": data["heldout_rows"],
+        "steps": record.steps_done,
+        "best_step": record.best_step,
+        "checkpoints": record.checkpoints,
+        "run": str(run_json),
+    }
+    report.check_accounting()
+    return report

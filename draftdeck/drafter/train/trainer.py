@@ -1,0 +1,481 @@
+"""The drafter trainer: `train(params, ctx)`, one process or one rank of N.
+
+Each optimizer step takes the next `batch_size * grad_accum * world` rows of the epoch's seeded
+permutation; rank r trains its contiguous share in `grad_accum` micro-batches. The loss's
+denominator (sum of slot weights) is summed over micro-batches and ranks BEFORE the forward, so the
+gradient is exactly that of the whole global batch whatever the world size. Counts are reduced as
+counts (all_reduce SUM) every step; rank 0 reports them, writes checkpoints and run.json.
+
+Failures: NaN/inf loss stops before the optimizer step with an alert naming the step (the last
+checkpoint is untouched); CUDA out of memory names the settings to lower; a failed checkpoint
+write leaves the previous checkpoint intact and stops the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftdeck.drafter.model.attention import resolve_backend
+from draftdeck.drafter.model.config import DrafterConfig
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train.checkpoint import (
+    CheckpointStore,
+    bytes_writer,
+    rng_state,
+    set_rng_state,
+    torch_writer,
+)
+from draftdeck.drafter.train.counts import Counts
+from draftdeck.drafter.train.data import DataPosition, TrainData, anchor_generator, collate
+from draftdeck.drafter.train.device import DeviceError, peak_bytes, reset_peak, resolve_device
+from draftdeck.drafter.train.memory import check_memory, params_bytes
+from draftdeck.drafter.train.objective import dflash_backward, label_weight_sum, sample_anchors_per_row
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
+from draftdeck.drafter.train.run_record import RunRecord
+from draftdeck.drafter.train.truth import OFF_TARGET, TruthUnavailable
+from draftdeck.drafter.train.walked import heldout_pass
+from draftdeck.errors import Cancelled, DraftDeckError, UsageError
+from draftdeck.fileio import atomic_output
+from draftdeck.jobs.context import RunContext
+
+
+class TrainingDiverged(DraftDeckError):
+    """The loss became NaN or inf."""
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup to 1 over `warmup` steps, then cosine down to `min_ratio` at `total`."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    def __init__(self, params: TrainParams, ctx: RunContext, rank: int = 0, world: int = 1):
+        self.p, self.ctx, self.rank, self.world = params, ctx, rank, world
+        self.out = Path(str(params.out))  # run_train fills a missing `out` with the job folder
+        self.device = resolve_device(params.device, rank, world)
+        cuda = self.device.type == "cuda"
+        self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
+        self.target = Target.load(params.target, device=self.device, dtype=torch.bfloat16 if cuda else None)
+        self.cfg = DrafterConfig.from_target(
+            self.target.config,
+            tokenizer=self.target.tokenizer,
+            layers=params.layers,
+            block_size=params.block_size,
+            target_layer_ids=params.target_layer_ids,
+            mask_token_id=params.mask_token_id,
+        )
+        self.data = TrainData(
+            params.inputs, heldout_fraction=params.heldout_fraction, seq_length=params.seq_length
+        )
+        self.data.check_tokenizer(self.target.folder)
+        self.data.check(self.target.max_positions or 10**9, self.cfg.block_size)
+        self.global_batch = params.batch_size * params.grad_accum * world
+        self.steps_per_epoch = len(self.data.train) // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise UsageError(
+                f"the global batch ({self.global_batch} rows = batch_size x grad_accum x devices) is larger "
+                f"than the training split ({len(self.data.train)} rows)"
+            )
+        self.total_steps = params.max_steps or max(1, math.ceil(params.epochs * self.steps_per_epoch))
+        self.warmup = int(params.warmup_ratio * self.total_steps)
+        torch.manual_seed(params.seed)
+        self.drafter = DFlashDrafter(self.cfg).to(self.device)
+        self.drafter.gradient_checkpointing = params.gradient_checkpointing
+        try:
+            self.attention = resolve_backend(params.attention, self.device)
+        except ValueError as e:
+            raise DeviceError(str(e)) from e
+        if world > 1:  # the same start on every rank (the seed makes it so; this makes sure)
+            import torch.distributed as dist
+
+            for p in self.drafter.parameters():
+                dist.broadcast(p.data, src=0)
+        self.opt = torch.optim.AdamW(
+            self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
+        )
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, self.total_steps, self.warmup, params.min_lr_ratio)
+        )
+        self.store = CheckpointStore(self.out, keep=params.keep_checkpoints)
+        self.step, self.pos, self.tokens = 0, DataPosition(), 0
+        pad = getattr(self.target.tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad) if pad is not None else 0
+        # the truth checks (draftdeck.drafter.train.preflight): set by the pre-flight
+        self.judge = True  # measure target agreement (False: the target's view cannot be computed)
+        self.answered_refs: list[Any] = []  # held-out rows whose prompts the target answered ...
+        self.answered: list[Any] = []  # ... and its answers, the rows of the target-judged walk
+        self.truth_alerted = False
+        self.record = self._record()
+
+    # --- bookkeeping ------------------------------------------------------------------------
+    def _record(self) -> RunRecord:
+        p = self.p
+        return RunRecord(
+            inputs=list(p.inputs),
+            manifest_sha256=self.data.manifest_sha256(),
+            target=str(p.target),
+            drafter=self.cfg.to_dict(),
+            loss="dflash: sum_k w_k CE_k / sum_k w_k, w_k = exp(-(k-1)/gamma), slot 0 excluded",
+            gamma=p.gamma,
+            anchors_per_seq=p.anchors_per_seq,
+            seq_length=p.seq_length,
+            lr_schedule={
+                "optimizer": "adamw",
+                "lr": p.lr,
+                "warmup_steps": self.warmup,
+                "schedule": "linear warmup + cosine",
+                "min_lr_ratio": p.min_lr_ratio,
+                "weight_decay": p.weight_decay,
+                "clip": p.clip,
+                "grad_accum": p.grad_accum,
+                "batch_size": p.batch_size,
+            },
+            seed=p.seed,
+            world_size=self.world,
+            global_batch=self.global_batch,
+            data=self.data.describe(),
+            total_steps=self.total_steps,
+        )
+
+    def _write_record(self) -> None:
+        if self.rank != 0:
+            return
+        idx = self.store.index()
+        self.record.steps_done = self.step
+        self.record.best_step = idx.best
+        self.record.checkpoints = [str(self.store.dir / c["path"]) for c in idx.checkpoints]
+        with atomic_output(self.out / "run.json", "w") as f:
+            json.dump(self.record.to_dict(), f, indent=2)
+
+    def _check_same_run(self) -> None:
+        path = self.out / "run.json"
+        if not path.is_file():
+            return
+        old = json.loads(path.read_text(encoding="utf-8"))
+        for key in (
+            "drafter",
+            "seed",
+            "gamma",
+            "anchors_per_seq",
+            "seq_length",
+            "global_batch",
+            "manifest_sha256",
+        ):
+            if old.get(key) != self.record.to_dict()[key]:
+                raise UsageError(
+                    f"{self.out} holds a run with another {key} ({old.get(key)!r}, now "
+                    f"{self.record.to_dict()[key]!r}): use a new out folder"
+                )
+
+    # --- reductions -------------------------------------------------------------------------
+    def _sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    def _sum_gradients(self) -> None:
+        """Sum the drafter's gradients over ranks, in one flat buffer (the loss's normaliser is the
+        global weight sum, so the sum is the global batch's gradient)."""
+        if self.world == 1:
+            return
+        params = list(self.drafter.parameters())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
+        self._sum(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = flat[offset : offset + n].view_as(p).clone()
+            offset += n
+
+    def _reduce_counts(self, c: Counts) -> Counts:
+        if self.world == 1:
+            return c
+        ints, floats = c.to_tensors(self.device)
+        return Counts.from_tensors(c.block_size, self._sum(ints).cpu(), self._sum(floats).cpu())
+
+    def _reduce_by_source(self, by: dict[str, Counts]) -> dict[str, Counts]:
+        """Per-source counts summed over ranks (each rank holds the sources of its rows only)."""
+        if self.world == 1:
+            return by
+        import torch.distributed as dist
+
+        mine = {k: [t.tolist() for t in c.to_tensors()] for k, c in by.items()}
+        every: list[Any] = [None] * self.world
+        dist.all_gather_object(every, mine)
+        out: dict[str, Counts] = {}
+        for part in every:
+            for k, (ints, floats) in part.items():
+                c = Counts.from_tensors(self.cfg.block_size, torch.tensor(ints), torch.tensor(floats))
+                out[k] = out[k] + c if k in out else c
+        return out
+
+    def _cancelled(self) -> bool:
+        try:
+            self.ctx.check_cancelled()
+            flag = 0.0
+        except Cancelled:
+            flag = 1.0
+        return bool(self._sum(torch.tensor([flag], device=self.device)).item() > 0)
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def resume(self) -> bool:
+        latest = self.store.latest()
+        if latest is None:
+            return False
+        from safetensors.torch import load_file
+
+        self.drafter.load_state_dict(load_file(str(latest / "model.safetensors"), device=str(self.device)))
+        training = torch.load(latest / "training.pt", map_location=self.device, weights_only=False)
+        self.opt.load_state_dict(training["optimizer"])
+        self.sched.load_state_dict(training["scheduler"])
+        set_rng_state(training["rng"])
+        state = json.loads((latest / "state.json").read_text(encoding="utf-8"))
+        self.step, self.tokens = int(state["step"]), int(state["tokens"])
+        self.pos = DataPosition.from_dict(state["position"])
+        return True
+
+    def save(self, heldout: dict[str, float] | None) -> None:
+        """Write a checkpoint; `heldout`: its held-out figures (`Counts.index_figures`) or None."""
+        if self.rank != 0:
+            return
+        from safetensors.torch import save
+
+        state = {k: v.detach().contiguous().cpu() for k, v in self.drafter.state_dict().items()}
+        training = {
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "rng": rng_state(),
+        }
+        meta = {
+            "step": self.step,
+            "tokens": self.tokens,
+            "position": self.pos.to_dict(),
+            "heldout": heldout,
+        }
+        files = {
+            "model.safetensors": bytes_writer(save(state, metadata={"format": "pt"})),
+            "config.json": bytes_writer(json.dumps(self.cfg.to_hf_dict(), indent=2).encode()),
+            "drafter.json": bytes_writer(json.dumps(self.cfg.to_dict(), indent=2).encode()),
+            "training.pt": torch_writer(training),
+            "state.json": bytes_writer(json.dumps(meta, indent=2).encode()),
+        }
+        self.store.save(self.step, files, heldout)
+        self._write_record()
+
+    # --- the loop ---------------------------------------------------------------------------
+    def _next_rows(self) -> list[tuple[int, int]]:
+        """(epoch, index) of this step's global batch; an epoch's tail shorter than a batch is skipped."""
+        if self.pos.index + self.global_batch > len(self.data.train):
+            self.pos = DataPosition(self.pos.epoch + 1, 0)
+        rows = [(self.pos.epoch, self.pos.index + i) for i in range(self.global_batch)]
+        self.pos = DataPosition(self.pos.epoch, self.pos.index + self.global_batch)
+        return rows
+
+    def _micro_batches(
+        self, rows: list[tuple[int, int]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        share = len(rows) // self.world
+        mine = rows[self.rank * share : (self.rank + 1) * share]
+        orders: dict[int, Any] = {}
+        out = []
+        for i in range(0, len(mine), self.p.batch_size):
+            chunk = mine[i : i + self.p.batch_size]
+            examples, gens = [], []
+            for epoch, index in chunk:
+                order = orders.setdefault(epoch, self.data.epoch_order(self.p.seed, epoch))
+                examples.append(self.data.example(self.data.train[int(order[index])]))
+                gens.append(anchor_generator(self.p.seed, epoch, index))
+            ids, att, lm = collate(examples, self.pad_id, self.device)
+            anchors, valid = sample_anchors_per_row(
+                lm, [len(e[0]) for e in examples], self.p.anchors_per_seq, gens
+            )
+            out.append((ids, att, lm, anchors, valid))
+        return out
+
+    def train_step(self) -> tuple[Counts, float]:
+        micro = self._micro_batches(self._next_rows())
+        wsum = sum(label_weight_sum(lm, a, v, self.cfg.block_size, self.p.gamma) for _, _, lm, a, v in micro)
+        total_w = float(self._sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
+        counts = Counts(self.cfg.block_size)
+        self.drafter.train()
+        for ids, att, lm, anchors, valid in micro:
+            with self.amp:
+                _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
+                counts = counts + dflash_backward(
+                    self.drafter, self.target.embedding, self.target.lm_head, context, ids, lm, att,
+                    anchors, valid, self.p.gamma, normalizer=max(total_w, 1e-12),
+                    anchors_per_forward=self.p.anchors_per_forward, attention=self.attention,
+                )  # fmt: skip
+            counts.tokens += int(att.sum())
+        self._sum_gradients()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
+        return self._reduce_counts(counts), grad_norm
+
+    def _pass(self, examples: list[Any], sources: list[str], judge: bool) -> tuple[Counts, dict[str, Counts]]:
+        bs = self.p.eval_batch_size
+        batches = [
+            collate(examples[i : i + bs], self.pad_id, self.device) for i in range(0, len(examples), bs)
+        ]
+        groups = [sources[i : i + bs] for i in range(0, len(sources), bs)]
+        with self.amp:
+            return heldout_pass(
+                self.drafter, self.target, batches, self.p.gamma,
+                sources=groups, judge=judge, attention=self.attention,
+            )  # fmt: skip
+
+    def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts], Counts]:
+        """The held-out pass: every count of the split judged by the data (with target agreement), the
+        target-judged walk over the target's own answers, both per source; and, once a run, the truth
+        alert when the first is above the second on the same prompts (draftdeck.drafter.train.preflight).
+        The third: the data-judged counts of just those rows."""
+        rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
+        k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
+        srcs = [self.data.source(r) for r in rows]
+        try:
+            first, by_first = self._pass([self.data.example(r) for r in rows[:k]], srcs[:k], self.judge)
+            rest, by_rest = self._pass([self.data.example(r) for r in rows[k:]], srcs[k:], self.judge)
+        except TruthUnavailable as exc:  # a resumed run did not check the head before step 1
+            self.judge = False
+            if self.rank == 0:
+                self.ctx.event(
+                    "warning", f"target agreement is not measured: {exc}", code="truth_unavailable"
+                )
+            return self.evaluate(step)
+        own, by_own = self._pass(self.answered, srcs[:k], judge=False)
+        total = first + rest
+        total.add_target_walk(own)
+        by: dict[str, Counts] = {}
+        for name in {*by_first, *by_rest}:
+            parts = [c for c in (by_first.get(name), by_rest.get(name)) if c is not None]
+            by[name] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
+            if name in by_own:
+                by[name].add_target_walk(by_own[name])
+        first, own = self._reduce_counts(first), self._reduce_counts(own)
+        message = None if self.truth_alerted else compare(first, own, self.p, step)
+        if message is not None:
+            self.truth_alerted = True
+            if self.rank == 0:
+                self.ctx.alert(OFF_TARGET, message)
+        return self._reduce_counts(total), self._reduce_by_source(by), first
+
+    def preflight(self, fresh: bool) -> None:
+        """Before step 1: provenance, target agreement and the target's own answers to held-out
+        prompts (draftdeck.drafter.train.preflight); a resumed run makes only the answers again."""
+        with self.amp:
+            on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id, self.rank, self.world,
+                        self._reduce_counts, self.cfg.block_size)  # fmt: skip
+            verdict = run_preflight(self.p, self.ctx, on, fresh=fresh)
+        self.judge = verdict.judge
+        self.answered_refs, self.answered = verdict.answered_refs, verdict.answered
+        if fresh:
+            self.record.truth = verdict.to_dict()
+        elif (self.out / "run.json").is_file():  # what the first start found stands
+            self.record.truth = (
+                json.loads((self.out / "run.json").read_text(encoding="utf-8")).get("truth") or {}
+            )
+        self.truth_alerted = verdict.alert is not None  # the pre-flight said it already
+
+    def run(self) -> RunRecord:
+        self._check_same_run()
+        resumed = self.resume()
+        if self.data.truncated_rows and self.rank == 0:
+            self.ctx.event(
+                "warning",
+                f"{self.data.truncated_rows} rows are longer than seq_length {self.p.seq_length}: "
+                f"{self.data.truncated_tokens} tokens past it are not trained",
+                code="truncated",
+                count=self.data.truncated_rows,
+            )
+        if resumed and self.rank == 0:
+            self.ctx.event(
+                "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
+            )
+        self.record.memory = check_memory(  # before step 1: refuses what cannot fit
+            self.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
+            self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
+            weights=params_bytes(self.target.model),
+            world=self.world, ctx=self.ctx if self.rank == 0 else None,
+            enforce=self.p.memory_check,
+        )  # fmt: skip
+        self.preflight(fresh=not resumed)
+        self._write_record()
+        reset_peak(self.device)
+        window, busy = Counts(self.cfg.block_size), 0.0
+        while self.step < self.total_steps:
+            if self._cancelled():
+                self._write_record()
+                raise Cancelled(f"cancelled at step {self.step}; the last checkpoint is kept")
+            t_step = time.perf_counter()
+            try:
+                counts, grad_norm = self.train_step()
+            except torch.cuda.OutOfMemoryError as e:
+                raise DeviceError(
+                    f"out of GPU memory at step {self.step + 1} (batch_size {self.p.batch_size}, "
+                    f"anchors_per_seq {self.p.anchors_per_seq}, seq_length {self.p.seq_length}): lower "
+                    "batch_size (raise grad_accum to keep the global batch), anchors_per_seq or seq_length"
+                ) from e
+            step = self.step + 1
+            if not math.isfinite(counts.loss) or not math.isfinite(grad_norm):
+                msg = (
+                    f"loss is {counts.loss} (grad norm {grad_norm}) at step {step}: the run stopped; "
+                    "the last checkpoint is kept"
+                )
+                if self.rank == 0:
+                    self.ctx.alert("training_diverged", msg)
+                self._write_record()
+                raise TrainingDiverged(msg)
+            lr = self.opt.param_groups[0]["lr"]
+            self.opt.step()
+            self.sched.step()
+            self.opt.zero_grad(set_to_none=True)
+            self.step = step
+            self.tokens += counts.tokens
+            window = window + counts
+            busy += time.perf_counter() - t_step  # tokens/s over training steps, not evals or saves
+            if self.rank == 0:
+                self.ctx.progress(step, self.total_steps, "steps")
+            if step % self.p.log_every == 0 or step == self.total_steps:
+                dt = max(busy, 1e-9)
+                values = {
+                    "train/loss": window.loss,
+                    "train/lr": lr,
+                    "train/grad_norm": grad_norm,
+                    "train/tokens_per_s": window.tokens / dt,
+                    "train/peak_memory_mib": peak_bytes(self.device) / 2**20,
+                    **window.position_metrics("train"),
+                }
+                if self.rank == 0:
+                    self.ctx.metrics(step, values, tokens=self.tokens)
+                window, busy = Counts(self.cfg.block_size), 0.0
+            at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
+            heldout = matched = None
+            if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):
+                heldout, by_source, matched = self.evaluate(step)
+                if self.rank == 0:
+                    values = {
+                        **heldout.heldout_metrics(),
+                        "heldout/peak_memory_mib": peak_bytes(self.device) / 2**20,
+                    }
+                    if len(by_source) > 1:  # one source: its figures are the split's
+                        for name, c in by_source.items():
+                            values.update(c.source_metrics(name))
+                    self.ctx.metrics(step, values, tokens=self.tokens)
+            if at_ckpt:
+                self.save(None if heldout is None else heldout.index_figures(matched))
+        self._write_record()
+        return self.record
