@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck services install bench clean
+.PHONY: up test lint typecheck services install bench clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,14 @@ typecheck: $(STAMP)
 	$(BIN)/mypy draftdeck app workers
 
 test: $(STAMP) services lint typecheck  ## everything CI runs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q  # the documentation site (docs/): broken links, pages or issue codes fail
 	@# Two processes: Playwright's sync API keeps an event loop running in the main thread for the
 	@# whole session, and code under test that calls asyncio.run (regeneration, SSE) cannot run then.
 	$(BIN)/pytest -q --cov --cov-report= -p no:cacheprovider -m "not browser"
 	$(BIN)/pytest -q --cov --cov-append --cov-report=term:skip-covered -p no:cacheprovider -m browser
+
+docs: $(STAMP)  ## serve the documentation site (docs/, mkdocs.yml) on http://127.0.0.1:8001 while you edit it
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8001
 
 # Every CPU benchmark; benchmarks/train_gpu.py and serve_gpu.py are the checks for a machine with a GPU.
 BENCHES := $(filter-out benchmarks/_% benchmarks/train_gpu.py benchmarks/serve_gpu.py,$(wildcard benchmarks/*.py))
@@ -42,4 +46,4 @@ bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .coverage
+	rm -rf $(VENV) var site .pytest_cache .mypy_cache .ruff_cache .coverage

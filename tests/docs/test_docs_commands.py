@@ -1,0 +1,127 @@
+"""The README and the documentation pages work as printed: every `draftdeck ...` line of their bash blocks
+names a command that exists, and every option it uses is one that command takes (its --help lists it).
+
+Running each one for real needs the user's files and models; what breaks a newcomer first is a
+command or an option that the docs name and the CLI no longer has, and that is what this checks. Beside
+it: the README stays a landing page (size, links that resolve), and the code paths the docs name exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+README = REPO_ROOT / "README.md"
+PAGES = sorted((REPO_ROOT / "docs").glob("*.md"))
+README_MAX_BYTES = 10_240
+
+
+def _bash_lines(path: Path) -> list[str]:
+    """The lines of a page's bash blocks, continuation lines (`\\`) joined."""
+    text, block = "", False
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        if raw.startswith("```"):
+            block = raw.strip() == "```bash"
+            continue
+        if not block:
+            continue
+        text += raw.rstrip()[:-1] + " " if raw.rstrip().endswith("\\") else raw + "\n"
+    return text.splitlines()
+
+
+def _commands(path: Path) -> list[list[str]]:
+    """The `draftdeck` invocations of a page's bash blocks, as argument lists."""
+    out = []
+    for line in _bash_lines(path):
+        line = line.split(" #", 1)[0]  # a comment may hold anything, quotes included
+        for part in line.split(";"):
+            words = shlex.split(part.replace("[", " ").replace("]", " ").replace("|", " "))
+            while words and "=" in words[0]:  # VAR=value before the command
+                words = words[1:]
+            if words and words[0] == "draftdeck":
+                out.append(words[1:])
+    return out
+
+
+def _path(words: list[str]) -> list[str]:
+    """The command and its sub-commands: the leading words before the first argument or option."""
+    groups = {"jobs": 1, "db": 1, "serving": 1}
+    n = 1 + groups.get(words[0], 0)
+    return words[:n]
+
+
+def test_every_page_is_read() -> None:
+    names = {p.name for p in PAGES}
+    assert {"index.md", "convert.md", "tokenize.md", "train.md", "eval.md", "jobs.md"} <= names, names
+
+
+def test_docs_commands_and_options_exist() -> None:
+    commands = {path: _commands(path) for path in [README, *PAGES]}
+    assert len(commands[README]) >= 5, commands[README]  # the README's path from files to a drafter
+    assert sum(map(len, commands.values())) >= 40, commands  # the pages really were read
+    helps: dict[tuple[str, ...], str] = {}
+    missing = []
+    for path, found in commands.items():
+        for words in found:
+            cmd = tuple(_path(words))
+            if cmd not in helps:
+                argv = [sys.executable, "-m", "app.cli.main", *cmd, "--help"]
+                env = {"COLUMNS": "200", "PATH": ""}
+                r = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+                assert r.returncode == 0, f"{path.name}: draftdeck {' '.join(cmd)}: {r.stderr[-400:]}"
+                helps[cmd] = r.stdout
+            flags = {re.split("=", w)[0] for w in words if w.startswith("--")}
+            missing += [f"{path.name}: draftdeck {' '.join(cmd)} {f}" for f in sorted(flags)
+                        if f not in helps[cmd]]  # fmt: skip
+    assert missing == []
+
+
+def test_the_data_the_readme_puts_in_the_checkout_stays_out_of_git() -> None:
+    """The README tells users to put their files in ./data/ and the server keeps its state in ./var/;
+    the docs build writes ./site/: none of them may end up in a commit."""
+    for path in ("data/train.jsonl", "data/sub/a.parquet", "var/draftdeck.db", "site/index.html"):
+        r = subprocess.run(["git", "check-ignore", "-q", path], cwd=REPO_ROOT, timeout=30)
+        assert r.returncode == 0, f"{path} is not ignored by .gitignore"
+
+
+def test_readme_is_a_landing_page() -> None:
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size:,} bytes; at most {README_MAX_BYTES:,}: move detail to docs/"
+    )
+
+
+def test_readme_links_resolve() -> None:
+    """Every relative link or image of the README points at a file of the checkout."""
+    text = README.read_text(encoding="utf-8")
+    targets = re.findall(r"!?\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert any(t.startswith("docs/") for t in targets), targets
+    broken = []
+    for target in targets:
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue  # http(s):, mailto:, an anchor of the README itself
+        if not (REPO_ROOT / target.split("#", 1)[0]).exists():
+            broken.append(target)
+    assert broken == [], f"README.md links to missing files: {broken}"
+
+
+_PREFIXES = ("draftdeck/", "app/", "workers/", "benchmarks/", "tests/", "scripts/", "migrations/")
+
+
+def test_code_paths_the_docs_name_exist() -> None:
+    """A path in backticks (`app/store/state.py`, `draftdeck/cli/options.py:job_command`) names a file or
+    folder of the checkout: a module that moves must take its documentation with it."""
+    missing = []
+    for path in [README, *PAGES]:
+        for quoted in re.findall(r"`([^`\s]+)`", path.read_text(encoding="utf-8")):
+            name = quoted.split(":", 1)[0]
+            if not name.startswith(_PREFIXES) or "<" in name or "*" in name:
+                continue
+            if any(part.startswith(".") for part in Path(name).parts):  # tests/.tokenizers/: built locally
+                continue
+            if not (REPO_ROOT / name).exists():
+                missing.append(f"{path.name}: {quoted}")
+    assert missing == []
