@@ -11,6 +11,10 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = (
+    REPO_ROOT / "tests" / "fixtures"
+)  # the project's own data files, by format, quality case and vendor
+SUPPORT = REPO_ROOT / "tests" / "support"  # helpers, and the probes some tests run as scripts
 SHARED = REPO_ROOT.parent / "shared"
 REAL_DATA = SHARED / "datasets" / "real"
 

@@ -20,7 +20,7 @@ from sqlmodel import Session
 from app.store.db import make_engine
 from tests.browser.harness import Server
 from tests.browser.photos import WIDTHS, main, photograph
-from tests.run_helpers import make_eval, make_run
+from tests.support.run import make_eval, make_run
 
 
 def _ready(name: str, page: Any) -> None:

@@ -3,7 +3,7 @@
     python -m tests.browser.serving_screens            # writes var/screens/serving-*.png (gitignored)
 
 It starts its own `draftdeck up` with a scratch home, a run with an eval, and three stand-in servers
-(tests/serving_helpers.py): a vLLM one serving the run below its eval tau, one that answers garbage,
+(tests/support/serving.py): a vLLM one serving the run below its eval tau, one that answers garbage,
 and an SGLang one; the server's own scraper reads them for a few seconds before the photographs.
 """
 
@@ -21,9 +21,9 @@ from app.serving import endpoints
 from app.store.db import make_engine
 from tests.browser.harness import Server
 from tests.browser.photos import main, photograph
-from tests.run_helpers import make_eval, make_run
-from tests.serving_helpers import SglangStandIn, VllmStandIn
-from tests.serving_helpers import serving as serve
+from tests.support.run import make_eval, make_run
+from tests.support.serving import SglangStandIn, VllmStandIn
+from tests.support.serving import serving as serve
 
 
 def _ready(name: str, page: Any) -> None:

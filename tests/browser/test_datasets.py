@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 
 from tests.browser.harness import CHROMIUM
-from tests.datasets_helpers import build_chat_dataset, load_tokenizer, web_server, write_dataset
+from tests.support.datasets import build_chat_dataset, load_tokenizer, web_server, write_dataset
 
 sync_api = pytest.importorskip("playwright.sync_api")
 

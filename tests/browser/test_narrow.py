@@ -18,7 +18,7 @@ import pytest
 
 from draftdeck.chat.testing import small_bpe_tokenizer
 from tests.browser.harness import Server
-from tests.datasets_helpers import sample_conversations
+from tests.support.datasets import sample_conversations
 
 pytestmark = pytest.mark.browser
 

@@ -23,9 +23,9 @@ from app.store.metrics import record_points
 from app.store.models import JobStatus
 from app.store.state import propose
 from tests.browser.harness import Server
-from tests.run_helpers import make_eval, make_run, step_points
-from tests.serving_helpers import VllmStandIn
-from tests.serving_helpers import serving as serving_server
+from tests.support.run import make_eval, make_run, step_points
+from tests.support.serving import VllmStandIn
+from tests.support.serving import serving as serving_server
 
 pytestmark = pytest.mark.browser
 

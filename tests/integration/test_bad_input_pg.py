@@ -1,4 +1,4 @@
-"""The bad-input cases of tests/unit/test_bad_input.py on PostgreSQL, where ids are 32-bit columns
+"""The bad-input cases of tests/app/web/test_bad_input.py on PostgreSQL, where ids are 32-bit columns
 and text refuses NUL: every one is a 4xx there too."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.unit.test_bad_input import check_ids, check_text, make_client
+from tests.app.web.test_bad_input import check_ids, check_text, make_client
 
 pytestmark = [pytest.mark.services]
 

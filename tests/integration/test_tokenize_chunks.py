@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from sqlmodel import select
 
 from draftdeck.chat import testing
-from tests.chunk_helpers import JOB_LIMITS, assert_same_dataset, write_chat_input
 from tests.integration.conftest import Stack, wait_for
+from tests.support.chunks import JOB_LIMITS, assert_same_dataset, write_chat_input
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 

@@ -15,7 +15,7 @@ from draftdeck.provenance import Answered, ModelIdentity, model_fingerprint
 from draftdeck.shards.manifest import read_manifest
 from draftdeck.shards.stats import Stats
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
-from tests.drafter_helpers import saved_target
+from tests.support.drafter import saved_target
 
 
 def test_a_fingerprint_is_the_weights_not_the_folder(tmp_path: Path) -> None:

@@ -1,0 +1,278 @@
+"""Run pages and their data routes through the real app on a migrated SQLite home."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlmodel import Session, func, select
+
+from app.store.metrics import record_metrics
+from app.store.models import MetricValue
+from tests.support.run import make_eval, make_run
+
+
+@pytest.fixture
+def client(migrated: Path) -> TestClient:
+    from app.web.main import create_app
+
+    return TestClient(create_app())
+
+
+def _session() -> Session:
+    from app.store.db import get_engine
+
+    return Session(get_engine(), expire_on_commit=False)
+
+
+def _jobs_dir() -> Path:
+    from app.settings import get_settings
+
+    return get_settings().jobs_dir
+
+
+def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClient) -> None:
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=320, status="succeeded", params={"note": "<b>x</b>"})
+        ev = make_eval(s, _jobs_dir(), run, 200, real_tau=1.50, data_tau=1.70, target_tau=1.52,
+                       tokens_per_step=1.45)  # fmt: skip
+    page = client.get(f"/runs/{run}", headers={"accept": "text/html"})
+    assert page.status_code == 200
+    html = page.text
+    for chart in ("loss", "tau", "agreement", "pos", "lr", "grad", "tps"):
+        assert f'id="plot-{chart}"' in html
+    assert "anchor mean (optimistic)" in html and "incl. bonus" in html
+    assert "judged by the target (its own answers)" in html and "judged by the data (held-out rows)" in html
+    alarm = (
+        "Real τ 1.500 vs the run's 1.520 judged by the target (+1.3 %) and 1.700 judged by the data (+13.3 %)"
+    )
+    assert alarm in html and f"eval {ev}" in html
+    assert '<tr class="best"><td class="num">300</td>' in html  # checkpoints 100, 200, 300; best: highest tau
+    assert "&lt;b&gt;x&lt;/b&gt;" in html and "<b>x</b>" not in html
+    cfg = json.loads(html.split("data-config='", 1)[1].split("'", 1)[0])
+    assert cfg["jobs"] == [run] and cfg["live"] is False
+    assert cfg["markers"] == [{"job": run, "eval": ev, "step": 200, "tau": 1.5}]
+    assert [n for n, _ in next(c for c in cfg["charts"] if c["id"] == "pos")["series"]] == [
+        "train/pos/1/acc",
+        "train/pos/2/acc",
+        "train/pos/3/acc",
+    ]
+    evals = html.split('class="small evals"', 1)[1].split("</table>", 1)[0]
+    assert (
+        "vLLM's counters" in evals and "z-lab's benchmark" in evals and '<td class="num">1.450</td>' in evals
+    )
+    table = client.get("/runs", headers={"accept": "text/html"}).text
+    assert f'data-run="{run}"' in table and alarm in table
+    assert f'<a href="/jobs/{ev}">1.500</a> / 1.450' in table  # the latest eval, both conventions
+    alerts = client.get("/alerts", headers={"accept": "text/html"}).text
+    assert '<span class="alert-kind">data not target output</span>' in alerts
+    assert (
+        "real tau 1.500 (all 100 prompts), the run&#39;s held-out tau at step 200 judged by the data 1.700"
+        in alerts
+    )
+
+
+def test_runs_table_filters_and_compare_highlights_differences(client: TestClient) -> None:
+    with _session() as s:
+        a = make_run(s, _jobs_dir(), steps=60, status="succeeded", params={"lr": 1e-3})
+        b = make_run(s, _jobs_dir(), steps=60, status="failed", params={"lr": 3e-3})
+    table = client.get("/runs?status=failed", headers={"accept": "text/html"}).text
+    assert f'data-run="{b}"' in table and f'data-run="{a}"' not in table
+    assert f'data-run="{a}"' in client.get("/runs?q=0.001", headers={"accept": "text/html"}).text
+    page = client.get(f"/runs/compare?ids={a}&ids={b}", headers={"accept": "text/html"}).text
+    assert 'class="diff" data-param="lr"' in page
+    assert 'data-param="block_size"' in page and 'class="diff" data-param="block_size"' not in page
+    assert client.get("/runs/compare", headers={"accept": "text/html"}).status_code == 400
+
+
+def test_data_route_validates_and_times_itself(client: TestClient) -> None:
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=200, status="succeeded")
+    r = client.get(f"/runs/data?jobs={run}&names=train/loss&names=heldout/tau_walked&budget=50")
+    assert r.status_code == 200 and r.headers["server-timing"].startswith("app;dur=")
+    body = r.json()
+    loss, tau = body["series"]
+    assert loss["x"][0] == 0 and loss["x"][-1] == 199 and len(loss["x"]) <= 52
+    assert tau["x"] == [0, 50, 100, 150]
+    with _session() as s:
+        newest = s.exec(select(func.max(MetricValue.id)).where(MetricValue.job_id == run)).one()
+    assert body["cursor"] == {f"m{run}": newest}
+    assert client.get(f"/runs/data?jobs={run}&names=train/loss&x=epoch").status_code == 400
+    assert client.get("/runs/data?jobs=999&names=train/loss").status_code == 404
+
+
+def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: TestClient) -> None:
+    from app.store.models import JobStatus
+    from app.store.state import propose
+
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=10, status="running")
+    cursor = client.get(f"/runs/data?jobs={run}&names=train/loss&names=heldout/tau_walked").json()["cursor"]
+    url = f"/runs/stream?jobs={run}&names=train/loss&names=heldout/tau_walked&m{run}={cursor[f'm{run}']}"
+
+    def write() -> None:
+        time.sleep(0.3)
+        with _session() as s:
+            record_metrics(s, run, 10, {"train/loss": 0.25}, 90_000)
+            record_metrics(
+                s, run, 50, {"heldout/walked/accepted": 300.0, "heldout/walked/steps": 200.0}, None
+            )
+            time.sleep(0.3)
+            propose(s, run, JobStatus.SUCCEEDED, "run ended")
+
+    t = threading.Thread(target=write)
+    t.start()
+    events = []
+    with client.stream("GET", url) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                events.append([line.split(":", 1)[1].strip()])
+            elif line.startswith("data:"):
+                events[-1].append(json.loads(line.split(":", 1)[1]))
+    t.join()
+    kinds = [e[0] for e in events]
+    assert kinds[-1] == "end"
+    statuses = [e[1][0]["status"] for e in events if e[0] == "runs"]
+    assert statuses == ["running", "succeeded"]
+    points = [p for e in events if e[0] == f"m{run}" for p in e[1]]
+    assert {(p["name"], p["step"], p["y"]) for p in points} == {
+        ("train/loss", 10, 0.25),
+        ("heldout/tau_walked", 50, 2.5),
+    }
+    assert next(p for p in points if p["name"] == "heldout/tau_walked")["tokens"] is None
+
+
+def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
+    client: TestClient, tmp_path: Path
+) -> None:
+    from urllib.parse import parse_qs, urlparse
+
+    from app.store.models import Alert
+    from draftdeck.shards.manifest import Manifest
+    from draftdeck.shards.store import write_metadata
+
+    dataset = tmp_path / "ds"
+    dataset.mkdir()
+    write_metadata(dataset, Manifest(shards=[], inputs=["/data/answers.jsonl"]))
+    message = (
+        "the data is not this target's output: 1,000 of 1,000 rows are recorded as another model's answers"
+    )
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=120, params={"inputs": [str(dataset)]})
+        s.add(Alert(job_id=run, kind="data_not_target_output", message=message))
+        s.commit()
+        for name, acc in (("/data/a.jsonl", 300.0), ("/data/b.jsonl", 100.0)):
+            src = f"heldout/source/{name}"
+            values = {f"{src}/walked/accepted": acc, f"{src}/walked/steps": 200.0,
+                      f"{src}/target_walked/accepted": acc / 2,
+                      f"{src}/target_walked/steps": 200.0}  # fmt: skip
+            record_metrics(s, run, 100, values, None)
+    run_json = _jobs_dir() / str(run) / "run.json"
+    record = json.loads(run_json.read_text())
+    record["truth"] = {
+        "provenance": "0 of 1,000 rows were answered by this target (1,000 by model 'other' (sha256:…))",
+        "preflight": {"tokens": 2000, "matches": 1700, "prob_sum": 1600.0, "expected_sum": 1800.0},
+        "alert": message,
+        "target_answered_prompts": 64,
+    }
+    run_json.write_text(json.dumps(record))
+
+    html = client.get(f"/runs/{run}", headers={"accept": "text/html"}).text
+    truth = html.split('id="truth"', 1)[1].split("</section>", 1)[0]
+    assert "truth-off" in html.split('id="truth"', 1)[0][-80:]
+    assert "0 of 1,000 rows were answered by this target" in truth and message.replace("'", "&#39;") in truth
+    assert "85.0 % of the time (its own T = 1 samples: 90.0 %), mean p(data token) 0.800" in truth
+    assert "judged by the target (64 of its own answers)" in truth
+    sources = truth.split('id="truth-sources"', 1)[1]
+    assert "/data/a.jsonl" in sources and "2.500" in sources and "1.750" in sources
+    # and over the run, a line per source on a chart of its own, from the same counts
+    charts = json.loads(html.split("data-config='", 1)[1].split("'", 1)[0].replace("&#34;", '"'))["charts"]
+    by_source = next(c for c in charts if c["id"] == "tau-sources")
+    assert by_source["series"] == [["heldout/source//data/a.jsonl/tau_walked", "a.jsonl"],
+                                   ["heldout/source//data/b.jsonl/tau_walked", "b.jsonl"]]  # fmt: skip
+    from app.store.metric_query import query
+
+    with _session() as s:
+        [a] = query(s, [run], ["heldout/source//data/a.jsonl/tau_walked"]).series
+    assert a.y == [2.5]
+    link = truth.split('<a class="button" href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
+    query = parse_qs(urlparse(link).query)
+    assert query == {
+        "kind": ["regenerate"], "inputs": ["/data/answers.jsonl"], "local": ["/models/qwen3-tiny"],
+        "temperature": ["0"], "out": ["/data/answers.by-qwen3-tiny.jsonl"],
+    }  # fmt: skip
+    runs = client.get("/runs", headers={"accept": "text/html"}).text
+    assert "data not target output:</strong> " + message.replace("'", "&#39;") + " (" in runs
+
+    job = client.get(f"/jobs/{run}", headers={"accept": "text/html"}).text
+    assert 'data-alerts="1"' in job and 'id="job-alerts"' in job
+    steps = job.split('id="next-steps"', 1)[1].split("</nav>", 1)[0]
+    assert "Regenerate with this target" in steps and "kind=regenerate" in steps
+
+
+def test_the_run_page_shows_the_memory_estimate_beside_the_measured_peak_and_the_rows_cut(
+    client: TestClient,
+) -> None:
+    memory = {
+        "total_bytes": 3 * 2**30,
+        "held_bytes": 2**30,
+        "phase": "training step",
+        "parts_bytes": {"drafter layers": 2**30, "LM head": 2**29, "attention": 2**29},
+        "capacity_bytes": 20 * 2**30,
+    }
+    data = {"truncated_rows": 3, "truncated_tokens": 1234}
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=20, params={"memory": memory, "data": data, "seq_length": 960})
+        record_metrics(s, run, 19, {"train/peak_memory_mib": 2000.0}, 1)
+        record_metrics(s, run, 20, {"heldout/peak_memory_mib": 2600.0}, 2)
+    html = client.get(f"/runs/{run}", headers={"accept": "text/html"}).text
+    panel = html.split('id="memory"', 1)[1].split("</section>", 1)[0]
+    assert "<strong>3.0 GiB</strong> before step 1 (training step; 20.0 GiB available)" in panel
+    assert "drafter layers 1.0 GiB · LM head 512.0 MiB · attention 512.0 MiB; loaded 1.0 GiB" in panel
+    assert "<strong>2.5 GiB</strong>" in panel  # the larger peak: after the held-out pass
+    assert "tokens/s" in panel
+    assert "3 rows longer than seq_length 960: 1,234 tokens not trained" in panel
+    assert 'id="plot-mem"' in html
+
+
+def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
+    """On a CPU with a tiny target, verifying a block costs about what decoding it does: the eval page
+    says so beside a speed-up below 1, and says nothing when drafting pays."""
+    from app.store.models import Job
+
+    def eval_job(speedup: float) -> int:
+        drafter = {"tau_incl_bonus_pooled": 2.4, "tau_incl_bonus_per_response_mean": 2.3,
+                   "acceptance_rate": 0.35, "tokens_per_s": 40.0, "speedup_vs_target_only": speedup,
+                   "lossless": True, "tokens_per_step": 2.25}  # fmt: skip
+        ev = {
+            "block_size": 4,
+            "mode": "greedy",
+            "methods": {"drafter": drafter},
+            "walked": {"tau_incl_bonus": None},
+            "conventions": "Two counts of one decode: vLLM's and z-lab's.",
+        }
+        result = {"rows_in": 8, "rows_out": 8, "rejected": {}, "warnings": {}, "eval": ev}
+        with _session() as s:
+            job = Job(kind="eval", params={}, status="succeeded", queue="gpu", result=result)
+            s.add(job)
+            s.commit()
+            assert job.id is not None
+            return job.id
+
+    slow = client.get(f"/jobs/{eval_job(0.68)}", headers={"accept": "text/html"}).text
+    assert 'id="eval-methods"' in slow and "0.68x" in slow
+    # both conventions, each named for what to compare it with
+    table = slow.split('id="eval-methods"', 1)[1].split("</table>", 1)[0]
+    assert "vLLM's counters" in table and "z-lab's benchmark" in table
+    assert '<td class="num">2.400</td>\n    <td class="num">2.250</td>' in table
+    assert 'id="tau-conventions"' in slow
+    note = slow.split('id="speedup-note">', 1)[1].split("</p>", 1)[0]
+    assert "Drafter drafts run at 0.68\u00d7 the target alone's speed." in note
+    assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
+    fast = client.get(f"/jobs/{eval_job(1.7)}", headers={"accept": "text/html"}).text
+    assert "1.70x" in fast and 'id="speedup-note"' not in fast

@@ -1,0 +1,207 @@
+"""Training at real lengths: the block-sparse attention, the chunked LM head, anchors in several
+forwards and activation checkpointing all give the dense reference's loss, counts and gradients.
+
+Tolerances: float32 1e-5 (relative to the largest value compared; only summation order differs),
+bfloat16 2e-2 (one bf16 rounding of values of order 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from draftdeck.drafter.model import attention as attn
+from draftdeck.drafter.model.attention import BlockLayout, resolve_backend
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.head import head_ce
+from draftdeck.drafter.train.data import collate
+from draftdeck.drafter.train.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
+from draftdeck.drafter.train.walked import heldout_counts
+from tests.support.drafter import tiny_drafter_config, tiny_target
+
+torch.set_num_threads(1)
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
+    a, b = a.detach().float(), b.detach().float()
+    scale = max(float(a.abs().max()), 1.0)
+    err = float((a - b).abs().max())
+    assert err <= tol * scale, f"max error {err:.3g} over scale {scale:.3g}"
+
+
+def _layout_case(b: int, *, left_pad: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    bsz, t, a = 2, 40, 6
+    g = torch.Generator().manual_seed(b)
+    anchors = torch.sort(torch.randint(1, t - 1, (bsz, a), generator=g), 1).values
+    anchors[0, 0], anchors[0, -1] = 0, t - 1  # anchors at both ends
+    anchors[1, -2:] = 0  # padding anchors: position 0, no context
+    key_ok = torch.ones(bsz, t, dtype=torch.bool)
+    if left_pad:
+        key_ok[1, :7] = False
+    else:
+        key_ok[1, 30:] = False
+    return anchors, key_ok, t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b", [2, 8, 16])
+def test_blocked_attention_equals_dense_values_and_gradients(
+    b: int, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    heads, kv_heads, d = 4, 2, 16  # grouped-query attention
+    anchors, key_ok, t = _layout_case(b, left_pad=b == 8)
+    # a small score budget: several chunks of anchors per call
+    monkeypatch.setattr(attn, "SCORE_CHUNK_BYTES", 2 * 2 * heads * b * t * 4)
+    g = torch.Generator().manual_seed(0)
+    q_len = anchors.shape[1] * b
+    q = torch.randn(2, heads, q_len, d, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(2, kv_heads, t + q_len, d, generator=g).to(dtype).requires_grad_()
+    v = torch.randn(2, kv_heads, t + q_len, d, generator=g).to(dtype).requires_grad_()
+    grad_out = torch.randn(2, heads, q_len, d, generator=g).to(dtype)
+    got = {}
+    for backend in ("dense", "blocked"):
+        layout = BlockLayout(anchors, key_ok, t, b, backend)
+        out = layout.attend(q, k[:, :, :t], k[:, :, t:], v[:, :, :t], v[:, :, t:], d**-0.5)
+        got[backend] = (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+    assert len(attn._chunks(BlockLayout(anchors, key_ok, t, b), heads)) > 1
+    for dense, blocked in zip(got["dense"], got["blocked"], strict=True):
+        _close(dense, blocked, TOL[dtype])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_mask_is_the_dense_mask() -> None:
+    """The flex block mask's rule, evaluated eagerly on the CPU (its forward runs there; its
+    backward needs CUDA), gives the dense path's output."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    b, heads, d = 4, 2, 8
+    anchors, key_ok, t = _layout_case(b, left_pad=True)
+    layout = BlockLayout(anchors, key_ok, t, b, "flex")
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, heads, layout.queries, d, generator=g)
+    k = torch.randn(2, heads, t + layout.queries, d, generator=g)
+    v = torch.randn(2, heads, t + layout.queries, d, generator=g)
+    rule = attn.flex_rule(layout)
+    mask = create_block_mask(rule, 2, None, layout.queries, t + layout.queries, device="cpu")
+    with torch.no_grad():
+        flex = flex_attention(q, k, v, block_mask=mask, scale=d**-0.5)
+        dense = BlockLayout(anchors, key_ok, t, b, "dense").attend(
+            q, k[:, :, :t], k[:, :, t:], v[:, :, :t], v[:, :, t:], d**-0.5
+        )
+    _close(dense, flex, 1e-5)
+
+
+def test_backend_choice_is_automatic_and_a_forced_flex_without_cuda_is_refused() -> None:
+    assert resolve_backend("auto", torch.device("cpu")) == "blocked"
+    assert resolve_backend("dense", torch.device("cpu")) == "dense"
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        resolve_backend("flex", torch.device("cpu"))
+
+
+def test_chunked_head_equals_the_unchunked_loss_gradients_and_argmax() -> None:
+    g = torch.Generator().manual_seed(2)
+    head = nn.Linear(16, 50, bias=True)  # a head with a bias, whose weight requires grad too
+    hidden = torch.randn(37, 16, generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (37,), generator=g)
+    w = torch.rand(37, generator=g)
+    got = []
+    for chunked in (False, True):
+        head.zero_grad()
+        hidden.grad = None
+        wce, ce, pred = head_ce(head, hidden, labels, w, chunked=chunked, chunk_bytes=4 * 50 * 5)
+        (wce * 0.5).backward()
+        grads = (hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone())
+        got.append((wce.detach(), ce, pred, *grads))
+    (ref, new) = got
+    for a, b in zip(ref, new, strict=True):
+        if a.dtype == torch.long:
+            assert torch.equal(a, b)
+        else:
+            _close(a, b, 1e-5)
+    with torch.no_grad():  # the held-out walk's path: no gradients kept
+        wce, ce, pred = head_ce(head, hidden, labels, w, chunk_bytes=4 * 50 * 5)
+    _close(ref[0], wce, 1e-5)
+    assert torch.equal(ref[2], pred)
+
+
+def _world(b: int, seed: int = 0) -> tuple[DFlashDrafter, object, tuple[torch.Tensor, ...]]:
+    target = tiny_target(seed)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(tiny_drafter_config(target, layers=2, block_size=b))
+    g = torch.Generator().manual_seed(seed)
+    lengths = (48, 21, 33)  # padded rows, one short
+    examples = []
+    for n in lengths:
+        ids = torch.randint(3, 290, (n,), generator=g)
+        lm = torch.zeros(n, dtype=torch.long)
+        lm[n // 3 :] = 1
+        examples.append((ids.numpy(), lm.numpy()))
+    ids, att, lm = collate(examples, 0)
+    anchors, valid = sample_anchors(lm, 12, g)
+    return drafter, target, (ids, att, lm, anchors, valid)
+
+
+def _loss_and_grads(drafter, target, batch, *, attention, chunked_head, split=None, recompute=False):  # type: ignore[no-untyped-def]
+    """One forward (dflash_loss) or, with `split`, the trainer's groups of anchors (dflash_backward)."""
+    ids, att, lm, anchors, valid = batch
+    drafter.zero_grad()
+    drafter.gradient_checkpointing = recompute
+    drafter.train()
+    norm = label_weight_sum(lm, anchors, valid, drafter.block_size, 7.0)
+    _, ctx = target.context_features(ids, att, drafter.target_layer_ids)
+    common = (drafter, target.embedding, target.lm_head, ctx, ids, lm, att, anchors, valid, 7.0, norm)
+    if split is None:
+        res = dflash_loss(*common, attention=attention, chunked_head=chunked_head)
+        res.loss.backward()
+        loss, counts = float(res.loss.detach()), res.counts
+    else:
+        counts = dflash_backward(
+            *common, anchors_per_forward=split, attention=attention, chunked_head=chunked_head
+        )
+        loss = counts.loss_sum / norm
+    grads = torch.cat([p.grad.flatten() for p in drafter.parameters()])
+    return loss, counts, grads
+
+
+@pytest.mark.parametrize("b", [2, 8, 16])
+def test_sparse_training_step_equals_the_dense_reference(b: int) -> None:
+    drafter, target, batch = _world(b)
+    ref = _loss_and_grads(drafter, target, batch, attention="dense", chunked_head=False)
+    new = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True)
+    assert abs(ref[0] - new[0]) <= 1e-5 * abs(ref[0])
+    assert ref[1].correct == new[1].correct and ref[1].total == new[1].total
+    assert ref[1].anchor_hist == new[1].anchor_hist and sum(ref[1].total) > 0
+    _close(ref[2], new[2], 1e-5)
+    assert float(ref[2].abs().sum()) > 0
+
+
+def test_anchors_in_several_forwards_and_recomputed_layers_give_the_same_step() -> None:
+    drafter, target, batch = _world(8, seed=3)
+    one = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True)
+    split = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True, split=5)
+    again = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True, recompute=True)
+    both = _loss_and_grads(
+        drafter, target, batch, attention="dense", chunked_head=False, split=5, recompute=True
+    )
+    for other in (split, again, both):
+        assert abs(one[0] - other[0]) <= 1e-5 * abs(one[0])
+        assert one[1].correct == other[1].correct and one[1].anchor_hist == other[1].anchor_hist
+        _close(one[2], other[2], 1e-5)
+
+
+def test_walked_tau_is_identical_either_way() -> None:
+    drafter, target, (ids, att, lm, _, _) = _world(4, seed=5)
+    got = {
+        backend: heldout_counts(drafter, target, [(ids, att, lm)], 7.0, judge=False, attention=backend)
+        for backend in ("dense", "blocked")
+    }
+    dense, blocked = got["dense"], got["blocked"]
+    assert dense.walked_steps > 0
+    assert (dense.walked_steps, dense.walked_accepted, dense.walked_hist) == (
+        blocked.walked_steps,
+        blocked.walked_accepted,
+        blocked.walked_hist,
+    )
+    assert dense.correct == blocked.correct and dense.total == blocked.total
