@@ -14,7 +14,7 @@ the run reads. Terms, in bytes (e: the activation dtype's size, 4 on the CPU, 2 
 - attention: the backend's working set (a chunk of scores for blocked; the dense mask for dense);
 - LM head: one chunk of float32 logits (all counted slots' logits for the unchunked reference).
 
-`tests/unit/test_drafter_memory.py` checks it against a measured peak (within 30 %).
+`tests/unit/drafter/train/test_memory.py` checks it against a measured peak (within 30 %).
 """
 
 from __future__ import annotations
