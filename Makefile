@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 up: $(STAMP)  ## install and start DraftDeck on embedded defaults (SQLite + file broker); `make up PORT=8001`
+	@# the guide (docs/ as a site in site/), which the dashboard serves under /guide
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build -q
 	$(BIN)/draftdeck up --host $(HOST) --port $(PORT)
 
 services:  ## start PostgreSQL and Redis if they are down; install chromium if missing

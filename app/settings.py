@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DRAFTDECK_", extra="ignore")
 
     home: Path = Field(default=Path("var"), description="where embedded state, jobs and outputs live")
+    # the built documentation site served under /guide; by default site/ beside the package (a checkout)
+    guide_dir: Path | None = None
     database_url: str | None = Field(
         default=None, validation_alias=AliasChoices("DATABASE_URL", "DRAFTDECK_DATABASE_URL")
     )

@@ -11,9 +11,7 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = (
-    REPO_ROOT / "tests" / "fixtures"
-)  # the project's own data files, by format, quality case and vendor
+FIXTURES = REPO_ROOT / "tests" / "fixtures"  # the project's own files: formats, quality cases, vendors
 SUPPORT = REPO_ROOT / "tests" / "support"  # helpers, and the probes some tests run as scripts
 SHARED = REPO_ROOT.parent / "shared"
 REAL_DATA = SHARED / "datasets" / "real"

@@ -14,7 +14,7 @@ from app.resources import resource_dir
 from app.run.sweeper import start_sweeper
 from app.serving.scraper import start_scraper
 from app.settings import get_settings
-from app.web import api, datasets, pages, picker, runs, sse
+from app.web import api, datasets, guide, pages, picker, runs, sse
 from app.web import serving as serving_routes
 from app.web.auth import CSRF_COOKIE, AccessGuard
 from app.web.limits import RequestLimits, cap_log_lines
@@ -32,6 +32,9 @@ DOCS_CSP = (
     "worker-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 )
 DOCS_PATHS = ("/docs", "/redoc")
+# The guide is our own documentation site, built by MkDocs: Material's pages run small inline scripts
+# (its palette and scope) and inline styles. It holds no user data.
+GUIDE_CSP = DOCS_CSP.replace("script-src 'self'", "script-src 'self' 'unsafe-inline'")
 
 
 @asynccontextmanager
@@ -46,6 +49,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 # The progress label is formatted once, for the template and the event stream alike.
 pages.templates.env.globals["progress_view"] = sse.progress_view
+# Every page's Guide link, and each issue code's, lead to the page of the guide that explains it.
+pages.templates.env.globals["guide_url"] = guide.guide_url
+pages.templates.env.globals["issue_url"] = guide.issue_url
 
 
 def _api_docs(request: Request, ui: str, app: FastAPI) -> HTMLResponse:
@@ -72,8 +78,10 @@ def create_app() -> FastAPI:
     @app.middleware("http")
     async def security_headers(request: Request, call_next):  # type: ignore[no-untyped-def]
         response: Response = await call_next(request)
-        docs = request.url.path in DOCS_PATHS
-        response.headers["Content-Security-Policy"] = DOCS_CSP if docs else CSP
+        path = request.url.path
+        docs = path in DOCS_PATHS
+        guided = path == "/guide" or path.startswith(guide.PREFIX)
+        response.headers["Content-Security-Policy"] = GUIDE_CSP if guided else DOCS_CSP if docs else CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"
         new = getattr(request.state, "new_csrf", None)
@@ -91,6 +99,7 @@ def create_app() -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(runs.router)
     app.include_router(serving_routes.router)
+    app.include_router(guide.router)
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
     def swagger_docs(request: Request) -> HTMLResponse:
