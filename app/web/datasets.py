@@ -10,26 +10,25 @@ from __future__ import annotations
 import random
 import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from sqlmodel import Session, col, or_, select
+from sqlmodel import Session, col, select
 
 from app.settings import Settings, get_settings
 from app.store import records as jobs
 from app.store.dataset_records import add_datasets, found_at
 from app.store.models import Alert, Dataset
 from app.web.auth import require_page_write
+from app.web.dataset_views import compared_row, concerns_dataset, dataset_alerts, deletable
 from app.web.deps import SessionDep, SettingsDep
-from app.web.pages import render
+from app.web.render import render
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.filters import Filters, Step, navigate, position_in
 from draftdeck.browse.info import (
-    DatasetInfo,
     cached_info,
     forget_dataset,
     load_info,
@@ -38,7 +37,7 @@ from draftdeck.browse.info import (
     stats_payload,
 )
 from draftdeck.browse.loading import open_store, token_table
-from draftdeck.browse.sample import RowKey, Sample, find_row, read_sample, row_diff, row_key
+from draftdeck.browse.sample import RowKey, Sample, read_sample, row_diff, row_key
 from draftdeck.browse.source import find_source_row
 from draftdeck.errors import InputError, PathNotAllowedError
 from draftdeck.paths import resolve_in_roots
@@ -84,7 +83,7 @@ def datasets_page(
     """The datasets table as it is: rows come from registration (POST) and from succeeded jobs."""
     rows = session.exec(select(Dataset).order_by(col(Dataset.id).desc())).all()
     open_alerts = session.exec(select(Alert).where(Alert.acknowledged == False)).all()  # noqa: E712
-    open_by_id = {ds.id: sum(1 for a in open_alerts if _concerns(a, ds)) for ds in rows}
+    open_by_id = {ds.id: sum(1 for a in open_alerts if concerns_dataset(a, ds)) for ds in rows}
     session.commit()
     items = [(ds, load_info(Path(ds.path))) for ds in rows]
     return render(request, "datasets.html", session, nav="datasets", items=items, open_by_id=open_by_id,
@@ -107,18 +106,6 @@ def register_dataset(
     [ds] = add_datasets(session, [found], job_id=None)
     session.commit()
     return RedirectResponse(f"/datasets/{ds.id}", status_code=303)
-
-
-def _concerns(alert: Alert, ds: Dataset) -> bool:
-    """An alert is a dataset's when it names the dataset, or when the job that made it raised it."""
-    return alert.dataset == ds.path or (ds.job_id is not None and alert.job_id == ds.job_id)
-
-
-def _dataset_alerts(session: Session, ds: Dataset) -> list[Alert]:
-    named = col(Alert.dataset) == ds.path
-    where = or_(named, col(Alert.job_id) == ds.job_id) if ds.job_id is not None else named
-    query = select(Alert).where(where).order_by(col(Alert.acknowledged), col(Alert.id).desc())
-    return list(session.exec(query).all())
 
 
 def _row_number(row: str | None) -> tuple[int | None, str | None]:
@@ -151,7 +138,7 @@ def compare_page(
             side["message"] = f"nothing to pair with: row {row_n} of the first dataset could not be read"
         elif row_n is not None and error is None:
             try:
-                side.update(_compared_row(info, row_n, key, first=not sides, roots=get_settings().roots))
+                side.update(compared_row(info, row_n, key, first=not sides, roots=get_settings().roots))
                 if not sides and side["sample"] is not None:
                     key = row_key(side["sample"])
             except InputError as exc:
@@ -164,37 +151,10 @@ def compare_page(
                   status_code=400 if error else 200)  # fmt: skip
 
 
-def _compared_row(
-    info: DatasetInfo, n: int, key: RowKey | None, *, first: bool, roots: Sequence[Path]
-) -> dict[str, Any]:
-    """The first side shows row n; the other the row made from the same conversation (source file,
-    row in it, turn), wherever the other dataset holds it, so filtered or reordered datasets line up.
-    Without a source on the first side, rows are paired by number, and the page says so."""
-    if first or key is None:
-        sample = read_sample(info, n, roots=roots)
-        how = "by row number: the first dataset does not record each row's source" if not first else None
-        return {"sample": sample, "matched": how}
-    store = open_store(info.path)
-    sources = store.column("source")
-    if sources is None or sources.null_count == len(sources):
-        return {
-            "sample": read_sample(info, n, roots=roots),
-            "matched": "by row number: this dataset does not record sources",
-        }
-    found = find_row(store, key)
-    source, source_row, turn = key
-    shown_turn = f", turn {turn}" if turn is not None and turn >= 0 else ""  # -1: every turn of the row
-    where = f"{Path(source).name} row {source_row}{shown_turn}"
-    if found is None:
-        return {"sample": None, "message": f"no row of this dataset comes from {where}"}
-    sample = read_sample(info, found, roots=roots)
-    return {"sample": sample, "matched": f"row {found} here comes from {where}"}
-
-
 @router.get("/datasets/{dataset_id}", response_class=HTMLResponse)
 def dataset_page(request: Request, dataset_id: int, session: SessionDep) -> HTMLResponse:
     ds = _get(session, dataset_id)
-    alerts = _dataset_alerts(session, ds)
+    alerts = dataset_alerts(session, ds)
     session.commit()
     info = load_info(Path(ds.path))
     return render(request, "datasets_detail.html", session, nav="datasets", ds=ds, info=info, alerts=alerts,
@@ -205,26 +165,10 @@ def dataset_page(request: Request, dataset_id: int, session: SessionDep) -> HTML
 def ack_dataset_alert(dataset_id: int, alert_id: int, session: SessionDep) -> RedirectResponse:
     ds = _get(session, dataset_id)
     alert = session.get(Alert, alert_id)
-    if alert is None or not _concerns(alert, ds):
+    if alert is None or not concerns_dataset(alert, ds):
         raise HTTPException(404, f"no alert {alert_id} on dataset {dataset_id}")
     jobs.acknowledge_alert(session, alert_id)
     return RedirectResponse(f"/datasets/{dataset_id}", status_code=303)
-
-
-def _deletable(ds: Dataset, settings: Settings) -> tuple[bool, str]:
-    """Whether the files may be deleted: only a directory strictly inside a data root."""
-    try:
-        resolved = resolve_in_roots(ds.path, settings.roots)
-    except PathNotAllowedError as exc:
-        return False, str(exc)
-    roots = [Path(r).resolve() for r in settings.roots]
-    if any(root == resolved or root.is_relative_to(resolved) for root in roots):
-        return False, f"{resolved} is (or holds) a data root; it is never deleted"
-    if not resolved.is_dir():
-        return False, f"{resolved} is no longer on disk"
-    if not ((resolved / "manifest.json").exists() or (resolved / "state.json").exists()):
-        return False, f"{resolved} no longer looks like a dataset folder (no manifest.json or state.json)"
-    return True, str(resolved)
 
 
 @router.get("/datasets/{dataset_id}/delete", response_class=HTMLResponse)
@@ -238,7 +182,7 @@ def _delete_page(
     request: Request, session: Session, settings: Settings, ds: Dataset, error: str | None = None
 ) -> HTMLResponse:
     """The confirmation page; with `error`, shown again as a 400 saying why nothing was deleted."""
-    can_delete_files, why = _deletable(ds, settings)
+    can_delete_files, why = deletable(ds, settings)
     return render(request, "datasets_delete.html", session, nav="datasets", ds=ds,
                   can_delete_files=can_delete_files, why=why, error=error,
                   status_code=400 if error else 200)  # fmt: skip
@@ -257,7 +201,7 @@ def delete_dataset(
     if confirm != ds.name:
         return _delete_page(request, session, settings, ds, f"type the dataset's name ({ds.name}) to confirm")
     if files:
-        ok, why = _deletable(ds, settings)
+        ok, why = deletable(ds, settings)
         if not ok:
             return _delete_page(request, session, settings, ds, f"the files were not deleted: {why}")
         forget_dataset(Path(why))

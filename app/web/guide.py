@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 
 from app.settings import Settings
 from app.web.deps import SettingsDep
-from app.web.pages import render
+from app.web.render import render
 from draftdeck.quality import CODES
 
 router = APIRouter()

@@ -14,7 +14,7 @@ from app.resources import resource_dir
 from app.run.sweeper import start_sweeper
 from app.serving.scraper import start_scraper
 from app.settings import get_settings
-from app.web import api, datasets, guide, pages, picker, runs, sse
+from app.web import api, datasets, guide, jobs, picker, render, runs, sse
 from app.web import serving as serving_routes
 from app.web.auth import CSRF_COOKIE, AccessGuard
 from app.web.limits import RequestLimits, cap_log_lines
@@ -48,14 +48,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 # The progress label is formatted once, for the template and the event stream alike.
-pages.templates.env.globals["progress_view"] = sse.progress_view
+render.templates.env.globals["progress_view"] = sse.progress_view
 # Every page's Guide link, and each issue code's, lead to the page of the guide that explains it.
-pages.templates.env.globals["guide_url"] = guide.guide_url
-pages.templates.env.globals["issue_url"] = guide.issue_url
+render.templates.env.globals["guide_url"] = guide.guide_url
+render.templates.env.globals["issue_url"] = guide.issue_url
 
 
 def _api_docs(request: Request, ui: str, app: FastAPI) -> HTMLResponse:
-    return pages.templates.TemplateResponse(
+    return render.templates.TemplateResponse(
         request, "api_docs.html", {"ui": ui, "title": app.title, "openapi_url": app.openapi_url}
     )
 
@@ -94,8 +94,8 @@ def create_app() -> FastAPI:
     app.include_router(serving_routes.api)
     app.include_router(sse.router)  # before the pages: /jobs/events is not /jobs/{job_id}
     app.include_router(picker.router)  # before the pages: /jobs/new/files is not /jobs/{job_id}/...
-    app.include_router(pages.router)
-    app.add_exception_handler(StarletteHTTPException, pages.http_error_page)  # HTML for pages, JSON for /api
+    app.include_router(jobs.router)
+    app.add_exception_handler(StarletteHTTPException, render.http_error_page)  # HTML for pages, JSON for /api
     app.include_router(datasets.router)
     app.include_router(runs.router)
     app.include_router(serving_routes.router)

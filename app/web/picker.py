@@ -16,7 +16,7 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
 from app.web.deps import SettingsDep
-from app.web.pages import render
+from app.web.render import render
 from draftdeck.browse.files import folder_kind, list_folder
 from draftdeck.errors import PathNotAllowedError
 from draftdeck.kinds import KINDS

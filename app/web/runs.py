@@ -6,7 +6,6 @@ alarms, drafter truth) is read by app/store/run_figures.py.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,53 +26,20 @@ from app.store.run_figures import (
     checkpoints,
     evals,
     finite,
-    read_json,
-    run_out,
-    truth,
 )
 from app.web import sse
 from app.web.deps import SessionDep
-from app.web.pages import regenerate_with_target, render
+from app.web.job_views import regenerate_with_target
+from app.web.render import render
+from app.web.run_views import (
+    latest,
+    run_charts,
+    run_view,
+)
 
 router = APIRouter(include_in_schema=False)
 
 MAX_COMPARE = 8
-MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
-
-# The charts of a run page: (id, title, [(series, label)], y unit). `pos` is filled per run.
-CHARTS: list[dict[str, Any]] = [
-    {"id": "loss", "title": "Loss", "series": [["train/loss", "train"], ["heldout/loss", "held-out"]]},
-    {
-        "id": "tau",
-        "title": "τ incl. bonus",
-        "series": [
-            ["heldout/tau_target", "judged by the target (its own answers)"],
-            ["heldout/tau_walked", "judged by the data (held-out rows)"],
-            ["heldout/tau_anchor", "anchor mean (optimistic)"],
-        ],
-    },
-    {
-        "id": "agreement",
-        "title": "Target agreement (held-out data)",
-        "series": [
-            ["heldout/agreement", "greedy token = data's"],
-            ["heldout/agreement_expected", "its own T = 1 samples would"],
-            ["heldout/target_prob", "mean p(data token)"],
-        ],
-    },
-    {"id": "pos", "title": "Per-position acceptance (train)", "series": []},
-    {"id": "lr", "title": "Learning rate", "series": [["train/lr", "lr"]]},
-    {"id": "grad", "title": "Gradient norm", "series": [["train/grad_norm", "grad norm"]]},
-    {"id": "tps", "title": "Tokens/s", "series": [["train/tokens_per_s", "tokens/s"]]},
-    {
-        "id": "mem",
-        "title": "Peak memory (MiB)",
-        "series": [
-            ["train/peak_memory_mib", "training steps"],
-            ["heldout/peak_memory_mib", "with held-out passes"],
-        ],
-    },
-]
 
 
 def _run(session: Session, job_id: int) -> Job:
@@ -84,99 +50,13 @@ def _run(session: Session, job_id: int) -> Job:
     return job
 
 
-def _pos_series(job: Job, names: dict[str, MetricSeries]) -> list[list[str]]:
-    ks = {int(m[1]) for n in names if (m := re.match(r"^train/pos/(\d+)/total$", n))}
-    block = job.params.get("block_size")
-    if isinstance(block, int) and 1 < block <= 64:
-        ks |= set(range(1, block))
-    return [[f"train/pos/{k}/acc", f"k = {k}"] for k in sorted(ks)]
-
-
-def _source_chart(names: dict[str, MetricSeries]) -> dict[str, Any] | None:
-    """τ per source (a mix's sources, or the input files) when the held-out rows come from several:
-    which part of the mix the drafter accepts worst, over the run."""
-    sources = sorted({m[1] for n in names if (m := re.match(r"^heldout/source/(.+)/walked/steps$", n))})
-    if len(sources) < 2:
-        return None
-    series = [[f"heldout/source/{s}/tau_walked", s.rsplit("/", 1)[-1]] for s in sources[:MAX_SOURCE_SERIES]]
-    return {"id": "tau-sources", "title": "τ incl. bonus per source (held-out, judged by the data)",
-            "series": series}  # fmt: skip
-
-
-def _charts(job: Job, names: dict[str, MetricSeries]) -> list[dict[str, Any]]:
-    charts = [dict(c) for c in CHARTS]
-    next(c for c in charts if c["id"] == "pos")["series"] = _pos_series(job, names)
-    by_source = _source_chart(names)
-    if by_source is not None:
-        charts.insert(next(i for i, c in enumerate(charts) if c["id"] == "tau") + 1, by_source)
-    return charts
-
-
-def latest(names: dict[str, MetricSeries], name: str) -> float | None:
-    """The latest value of a stored or derived series from the summaries (no point is read)."""
-    parts = derived_parts(name)
-    if parts is None:
-        s = names.get(name)
-        return None if s is None else value_of(s.last_value, s.last_flag)
-    num, den = names.get(parts[0]), names.get(parts[1])
-    if num is None or den is None or num.last_step != den.last_step:
-        return None
-    if num.last_value is None or not den.last_value:
-        return None
-    return parts[2] + num.last_value / den.last_value
-
-
-def histogram(names: dict[str, MetricSeries]) -> tuple[int | None, list[dict[str, Any]]]:
-    """The latest accepted-length histogram (heldout/hist/{n}): (step, [{n, count, share}])."""
-    bins = sorted(
-        ((int(m[1]), s) for n, s in names.items() if (m := re.match(r"^heldout/hist/(\d+)$", n))),
-        key=lambda b: b[0],
-    )
-    if not bins:
-        return None, []
-    step = max(s.last_step or 0 for _, s in bins)
-    counts = [(n, (s.last_value or 0.0) if s.last_step == step else 0.0) for n, s in bins]
-    total = sum(c for _, c in counts) or 1.0
-    return step, [{"n": n, "count": c, "share": c / total} for n, c in counts]
-
-
-def _params(session: Session, job: Job) -> tuple[dict[str, Any], str | None]:
-    """What defines the run: run.json when the trainer wrote it, else the job's parameters."""
-    data, error = read_json(run_out(job) / "run.json")
-    if isinstance(data, dict):
-        return data, error
-    return dict(job.params), error
-
-
-def _run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dict[str, Any]:
-    ckpts, ckpt_error = checkpoints(job)
-    ev_rows = evals(session, job, ckpts)
-    params, params_error = _params(session, job)
-    hist_step, hist = histogram(names)
-    return {
-        "job": job,
-        "terminal": job.status in TERMINAL,
-        "out": str(run_out(job)),
-        "checkpoints": ckpts,
-        "evals": ev_rows,
-        "alarms": alarms(session, job, ev_rows),
-        "params": params,
-        "errors": [e for e in (ckpt_error, params_error, *(r["error"] for r in ev_rows)) if e],
-        "hist_step": hist_step,
-        "hist": hist,
-        "names": names,
-        "truth": truth(params, names, ev_rows),
-        "served": served_views(session, [job.id or 0]).get(job.id or 0, []),
-    }
-
-
 def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
     sums = summaries(session, [r.id for r in runs if r.id is not None])
-    views = [_run_view(session, r, sums.get(r.id or 0, {})) for r in runs]
+    views = [run_view(session, r, sums.get(r.id or 0, {})) for r in runs]
     union: dict[str, MetricSeries] = {}
     for v in views:
         union.update(v["names"])
-    charts = _charts(runs[0], union)
+    charts = run_charts(runs[0], union)
     keys = sorted({k for v in views for k in v["params"] if k not in SHOWN_APART})
     differing = {k for k in keys if len({json.dumps(v["params"].get(k), sort_keys=True) for v in views}) > 1}
     markers = [  # the eval's own figure, over every prompt it decoded

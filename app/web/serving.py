@@ -18,7 +18,7 @@ from app.store.metric_query import QueryError
 from app.store.models import Alert, Job, ServingEndpoint, ServingWindow
 from app.web.auth import require_api_write, require_page_write
 from app.web.deps import SessionDep
-from app.web.pages import render
+from app.web.render import render
 
 router = APIRouter(include_in_schema=False)
 api = APIRouter(prefix="/api", tags=["api"])

@@ -68,13 +68,13 @@ def test_core_options_are_built_from_the_parameters() -> None:
 def test_form_fields_and_api_schema_are_the_model(migrated: Path) -> None:
     from fastapi.testclient import TestClient
 
+    from app.web.job_views import form_fields
     from app.web.main import app
-    from app.web.pages import _form_fields
 
     kinds = TestClient(app).get("/api/kinds").json()
     for name, kind in KINDS.items():
         assert set(kinds[name]["params"]["properties"]) == set(kind.params.model_fields)
-        assert [f["name"] for f in _form_fields(name)] == list(kind.params.model_fields)
+        assert [f["name"] for f in form_fields(name)] == list(kind.params.model_fields)
 
 
 def test_each_kinds_run_works_on_a_local_context(tmp_path: Path) -> None:
@@ -108,15 +108,15 @@ def test_template_kwargs_take_one_syntax_everywhere(migrated: Path) -> None:
     from fastapi.testclient import TestClient
     from pydantic import ValidationError
 
+    from app.web.job_views import form_params
     from app.web.main import create_app
-    from app.web.pages import _form_params
     from draftdeck.cli.options import params_from
 
     want = {"enable_thinking": False, "effort": "high", "budget": 3}
     base = {"inputs": ["a.jsonl"], "tokenizer": "tok"}
     cli = params_from(TokenizeParams, {**base, "template_kwargs": ["enable_thinking=false", "effort=high",
                                                                   "budget=3"]})  # fmt: skip
-    form_params, _ = _form_params(
+    form_params, _ = form_params(
         "tokenize",
         {
             "inputs": "a.jsonl",

@@ -151,7 +151,7 @@ def test_start_again_keeps_template_arguments_in_the_forms_syntax(client: TestCl
 
 
 def test_form_words_leave_unknown_flags_and_plain_text() -> None:
-    from app.web.pages import form_words
+    from app.web.job_views import form_words
 
     assert form_words("use --strict to fail", "tokenize") == "tick “strict” in the form to fail"
     assert form_words("5 tokens > --seq-length 4", "tokenize") == "5 tokens > “seq_length” (in the form) 4"

@@ -1,0 +1,76 @@
+"""What the dataset pages show beyond one shard read: a dataset's alerts, the row the other side of a
+comparison pairs with, whether a dataset's files may be deleted. Routes are in app/web/datasets.py;
+rows, tokens and statistics come from draftdeck/browse/."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlmodel import Session, col, or_, select
+
+from app.settings import Settings
+from app.store.models import Alert, Dataset
+from draftdeck.browse.info import (
+    DatasetInfo,
+)
+from draftdeck.browse.loading import open_store
+from draftdeck.browse.sample import RowKey, find_row, read_sample
+from draftdeck.errors import PathNotAllowedError
+from draftdeck.paths import resolve_in_roots
+
+
+def concerns_dataset(alert: Alert, ds: Dataset) -> bool:
+    """An alert is a dataset's when it names the dataset, or when the job that made it raised it."""
+    return alert.dataset == ds.path or (ds.job_id is not None and alert.job_id == ds.job_id)
+
+
+def dataset_alerts(session: Session, ds: Dataset) -> list[Alert]:
+    named = col(Alert.dataset) == ds.path
+    where = or_(named, col(Alert.job_id) == ds.job_id) if ds.job_id is not None else named
+    query = select(Alert).where(where).order_by(col(Alert.acknowledged), col(Alert.id).desc())
+    return list(session.exec(query).all())
+
+
+def compared_row(
+    info: DatasetInfo, n: int, key: RowKey | None, *, first: bool, roots: Sequence[Path]
+) -> dict[str, Any]:
+    """The first side shows row n; the other the row made from the same conversation (source file,
+    row in it, turn), wherever the other dataset holds it, so filtered or reordered datasets line up.
+    Without a source on the first side, rows are paired by number, and the page says so."""
+    if first or key is None:
+        sample = read_sample(info, n, roots=roots)
+        how = "by row number: the first dataset does not record each row's source" if not first else None
+        return {"sample": sample, "matched": how}
+    store = open_store(info.path)
+    sources = store.column("source")
+    if sources is None or sources.null_count == len(sources):
+        return {
+            "sample": read_sample(info, n, roots=roots),
+            "matched": "by row number: this dataset does not record sources",
+        }
+    found = find_row(store, key)
+    source, source_row, turn = key
+    shown_turn = f", turn {turn}" if turn is not None and turn >= 0 else ""  # -1: every turn of the row
+    where = f"{Path(source).name} row {source_row}{shown_turn}"
+    if found is None:
+        return {"sample": None, "message": f"no row of this dataset comes from {where}"}
+    sample = read_sample(info, found, roots=roots)
+    return {"sample": sample, "matched": f"row {found} here comes from {where}"}
+
+
+def deletable(ds: Dataset, settings: Settings) -> tuple[bool, str]:
+    """Whether the files may be deleted: only a directory strictly inside a data root."""
+    try:
+        resolved = resolve_in_roots(ds.path, settings.roots)
+    except PathNotAllowedError as exc:
+        return False, str(exc)
+    roots = [Path(r).resolve() for r in settings.roots]
+    if any(root == resolved or root.is_relative_to(resolved) for root in roots):
+        return False, f"{resolved} is (or holds) a data root; it is never deleted"
+    if not resolved.is_dir():
+        return False, f"{resolved} is no longer on disk"
+    if not ((resolved / "manifest.json").exists() or (resolved / "state.json").exists()):
+        return False, f"{resolved} no longer looks like a dataset folder (no manifest.json or state.json)"
+    return True, str(resolved)

@@ -1,0 +1,118 @@
+"""Rendering pages: the Jinja2 templates with DraftDeck's filters and globals, `render` (with the
+nav's open-alert count), and HTTP errors as a page for browsers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import HTMLResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlmodel import Session, func, select
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.resources import resource_dir
+from app.settings import get_settings
+from app.store.models import Alert
+from app.web.auth import csrf_token
+from app.web.job_views import form_words, job_duration, job_inputs, yaml_text
+from draftdeck.mix.composition import composition
+from draftdeck.quality import CHOSEN
+from draftdeck.units import binary_size, count, noun_for
+
+templates = Jinja2Templates(directory=resource_dir("templates"))
+
+
+def short_path(value: object) -> str:
+    """`value` relative to the data root that holds it (pages keep the full path in a title)."""
+    text = str(value)
+    path = Path(text)
+    if path.is_absolute():
+        for root in sorted(get_settings().roots, key=lambda r: len(r.parts), reverse=True):
+            if path.is_relative_to(root) and path != root:
+                return str(path.relative_to(root))
+    return text
+
+
+templates.env.filters["bytes"] = binary_size
+
+
+templates.env.filters["count"] = lambda n, noun: count(n, noun) if isinstance(n, int) else f"? {noun}"
+
+
+templates.env.filters["noun"] = lambda n, noun: noun_for(n if isinstance(n, int) else None, noun)
+
+
+templates.env.filters["thousands"] = lambda n: (
+    f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else n
+)
+
+
+templates.env.filters["short_path"] = short_path
+
+
+templates.env.globals["job_inputs"] = job_inputs
+
+
+templates.env.globals["duration"] = job_duration
+
+
+templates.env.globals["composition"] = composition
+
+
+templates.env.globals["yaml_text"] = yaml_text
+
+
+templates.env.globals["chosen_codes"] = sorted(CHOSEN)
+
+
+templates.env.filters["form_words"] = form_words
+
+
+def _open_alerts(session: Session) -> int:
+    return int(
+        session.exec(
+            select(func.count()).select_from(Alert).where(Alert.acknowledged == False)  # noqa: E712
+        ).one()
+    )
+
+
+def render(
+    request: Request, name: str, session: Session | None = None, status_code: int = 200, **context: Any
+) -> HTMLResponse:
+    """Render a page or partial. With a session, the nav's open-alert count comes along (partials
+    refresh it out of band, so a job that fails while you watch lights the badge without a reload)."""
+    if session is not None:
+        context["open_alerts"] = _open_alerts(session)
+    return templates.TemplateResponse(
+        request, name, {"csrf": csrf_token(request), **context}, status_code=status_code
+    )
+
+
+ERROR_TITLES = {
+    400: "Bad request",
+    401: "Sign in needed",
+    403: "Not allowed",
+    404: "Not found",
+    409: "Not possible now",
+    415: "Unsupported request",
+}
+
+
+async def http_error_page(request: Request, exc: Exception) -> Response:
+    """HTTP errors of the pages as a page; the API, htmx and non-HTML clients keep FastAPI's JSON."""
+    assert isinstance(exc, StarletteHTTPException)
+    wants_html = "text/html" in request.headers.get("accept", "")
+    if request.url.path.startswith("/api/") or request.headers.get("hx-request") or not wants_html:
+        return await http_exception_handler(request, exc)
+    title = ERROR_TITLES.get(exc.status_code, "Something went wrong")
+    return render(
+        request,
+        "error.html",
+        status_code=exc.status_code,
+        title=title,
+        status=exc.status_code,
+        message=str(exc.detail),
+    )
