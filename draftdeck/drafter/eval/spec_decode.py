@@ -7,9 +7,15 @@ exact in distribution: the target samples (temperature, top-p) and a determinist
 accepted with probability p(x); on rejection the token is drawn from p with x removed and
 renormalised, so every emitted token is distributed as p.
 
-The target keeps one HF KV cache per prompt, cropped back to the committed tokens after a
-rejection; a draft source sees the target's context features of newly committed positions only
-(`observe`), so a drafter keeps its own context incremental.
+The target keeps one HF cache per prompt, cut back to the committed tokens after a rejection. A
+full-attention layer is simply cropped; a sliding-window layer past its window, and the convolution
+state of a linear-attention layer (Gated DeltaNet in Qwen3.5/3.6 and Qwen3-Next), keep what the block
+added until the cut (transformers' past recording); a recurrent state cannot be cut at all, so it is
+saved before the verify step, restored after a rejection, and the accepted tokens are run again (as
+serving engines do for hybrid models; `Generation.replayed` counts them).
+
+A draft source sees the target's context features of newly committed positions only (`observe`), so a
+drafter keeps its own context incremental.
 """
 
 from __future__ import annotations
@@ -107,11 +113,16 @@ class Generation:
     accepted: int = 0
     proposed: int = 0
     step_taus: list[int] = field(default_factory=list)
+    # tokens the target ran twice to roll a recurrent state back to the accepted prefix (hybrid targets)
+    replayed: int = 0
 
     @property
     def tau(self) -> float:
         """tau incl. bonus of this response: (accepted + steps) / steps."""
         return (self.accepted + self.steps) / self.steps if self.steps else float("nan")
+
+
+SavedState = list[dict[int, torch.Tensor]]  # per recurrent layer, its states by index
 
 
 class TargetRunner:
@@ -127,7 +138,40 @@ class TargetRunner:
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     def new_cache(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)
+        # Sliding-window and linear-attention layers then keep what a block added until `keep` cuts it;
+        # full-attention layers have nothing to record.
+        cache.activate_past_recording()
+        return cache
+
+    @staticmethod
+    def _recurrent(cache: DynamicCache) -> list[Any]:
+        return [layer for layer in cache.layers if getattr(layer, "recurrent_states", None)]
+
+    def save_state(self, cache: DynamicCache) -> SavedState:
+        """The recurrent states that a crop cannot undo, copied before a verify step (none for a target
+        without linear-attention layers)."""
+        return [
+            {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None}
+            for layer in self._recurrent(cache)
+        ]
+
+    def keep(self, cache: DynamicCache, block: list[int], start: int, kept: int, saved: SavedState) -> int:
+        """Cut `cache` back to the first `kept` tokens of `block`, which was run at positions `start`..;
+        returns the tokens run again to get there (a recurrent state is restored to `saved` and
+        advanced over the kept tokens)."""
+        replayed = 0
+        if kept < len(block) and saved:
+            for layer, states in zip(self._recurrent(cache), saved, strict=True):
+                for i, state in states.items():
+                    layer.recurrent_states[i].copy_(state)
+            cache.crop(-len(block))
+            self.forward(block[:kept], start, cache, None)
+            replayed = kept
+        elif kept < len(block):
+            cache.crop(-(len(block) - kept))
+        cache.crop(0)  # what past recording kept beyond a window or a convolution's reach goes
+        return replayed
 
     def forward(
         self, ids: list[int], start: int, cache: DynamicCache, layer_ids: list[int] | None
@@ -196,6 +240,7 @@ def generate_speculative(
     layer_ids = source.layer_ids
     source.begin(prompt_ids)
     logits, feats = target.forward(prompt_ids, 0, cache, layer_ids)
+    cache.crop(0)
     source.observe(feats)
     committed = list(prompt_ids)
     committed.append(_choose(logits[-1], sampling, gen))
@@ -208,6 +253,7 @@ def generate_speculative(
         k = min(block_size - 1, max_new_tokens - n_out)
         drafts = source.propose(committed, k)[:k]
         block = [committed[-1], *drafts]
+        saved = target.save_state(cache)
         logits, feats = target.forward(block, anchor_pos, cache, layer_ids)
         if sampling.greedy:
             posterior = logits.argmax(dim=-1).tolist()
@@ -236,9 +282,9 @@ def generate_speculative(
         result.accepted += accepted
         result.proposed += len(drafts)
         result.step_taus.append(accepted + 1)
-        # keep the KV (and features) of the anchor and the accepted drafts: the last new token is the
+        # keep the cache (and features) of the anchor and the accepted drafts: the last new token is the
         # next anchor, not yet seen by the target
-        crop_to(cache, anchor_pos + produced)
+        result.replayed += target.keep(cache, block, anchor_pos, produced, saved)
         source.observe(feats[:produced] if feats is not None else None)
     result.output_ids = committed[len(prompt_ids) :]
     result.seconds = time.perf_counter() - begin

@@ -1,4 +1,5 @@
-"""The drafter trainer: `train(params, ctx)`, one process or one rank of N.
+"""The drafter trainer: the `Trainer` that `train/run.py` (`run_train`, `train`) drives, one process or
+one rank of N.
 
 Each optimizer step takes the next `batch_size * grad_accum * world` rows of the epoch's seeded
 permutation; rank r trains its contiguous share in `grad_accum` micro-batches. The loss's
