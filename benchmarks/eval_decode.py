@@ -5,6 +5,13 @@ one run (every method decodes the same prompts with the same target, interleaved
 
     python benchmarks/eval_decode.py [--target-steps 300] [--train-prompts 300] [--train-steps 150]
                                      [--eval-prompts 30] [--max-new 64] [--block 8] [--workdir DIR]
+    python benchmarks/eval_decode.py --rollback [--reps 3]
+
+--rollback measures what undoing rejected drafts costs where the cache cannot simply be cut: tiny
+random targets of one shape (Qwen3 for reference, hybrid Qwen3.5 and Qwen3-Next, Mistral and Gemma 3
+past their sliding window), each decoding the same prompt plainly and speculatively with drafts of
+its own greedy output in which every third token is wrong; the speed-up of each is divided by
+Qwen3's, whose cache is only cropped.
 
 Steps: build the tiny world (BPE 2,048, Qwen3 128 x 4 trained for --target-steps); the target
 answers --train-prompts demo prompts greedily (its own output, as regeneration would give); those
@@ -30,9 +37,15 @@ import torch
 from draftdeck.chat.render import tokenizer_fingerprint
 from draftdeck.drafter.eval.evaluate import read_prompts, run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.eval.spec_decode import (
+    ReferenceDrafts,
+    TargetRunner,
+    generate_plain,
+    generate_speculative,
+)
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.tiny import build_tiny_demo, write_prompts
+from draftdeck.drafter.tiny_targets import ARCHITECTURES, tiny_causal_lm
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import train
 from draftdeck.jobs.context import LocalContext
@@ -62,6 +75,44 @@ def answered_dataset(target_dir: Path, prompts: Path, out: Path, max_new: int) -
     return out, tokens
 
 
+def rollback_table(reps: int) -> None:
+    """Speculative vs plain decoding per architecture, the same drafts pattern for all (see --rollback)."""
+    prompt_len, new, block, window = 256, 96, 8, 64
+    print(
+        f"tiny random targets (hidden 256, 4 layers, vocabulary 4,096), prompt {prompt_len} + {new} new "
+        f"tokens, B = {block}, sliding window {window}, every third draft token wrong, greedy, 1 torch "
+        f"thread, "
+        f"best CPU time of {reps}"
+    )
+    print()
+    print("| target | cache | plain tokens/CPU-s | speculative tokens/CPU-s | speed-up | vs Qwen3's "
+          "| tau incl. bonus | replayed / output tokens | lossless |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    replay, sliding = "recurrent: restored + replay", "sliding: recorded, cut"
+    caches = {"qwen3": "cropped", "qwen3_5": replay, "qwen3_next": replay, "mistral": sliding,
+              "gemma3": "sliding + full: " + sliding.split(": ")[1]}  # fmt: skip
+    reference = None
+    for arch in ARCHITECTURES:
+        runner = TargetRunner(Target(tiny_causal_lm(arch, vocab_size=4096, hidden=256, window=window)), [])
+        prompt = torch.randint(3, 4096, (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+        plains = [generate_plain(runner, prompt, new) for _ in range(reps)]
+        want = plains[0].output_ids
+        specs = [
+            generate_speculative(runner, ReferenceDrafts(want, wrong_every=3), prompt, new, block)
+            for _ in range(reps)
+        ]
+        plain_tps = new / min(g.cpu_seconds for g in plains)
+        spec_tps = new / min(g.cpu_seconds for g in specs)
+        speedup = spec_tps / plain_tps
+        reference = reference or speedup
+        s = specs[0]
+        print(
+            f"| {arch} | {caches[arch]} | {plain_tps:.0f} | {spec_tps:.0f} | {speedup:.2f}x | "
+            f"{speedup / reference:.2f} | {s.tau:.2f} | {s.replayed / new:.2f} | "
+            f"{all(g.output_ids == want for g in specs)} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target-steps", type=int, default=300)
@@ -71,8 +122,15 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument(
+        "--rollback", action="store_true", help="only the table of rollback costs per architecture"
+    )
+    ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.rollback:
+        rollback_table(args.reps)
+        return
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dd-eval-bench-"))
     t0 = time.perf_counter()
     world = build_tiny_demo(

@@ -293,13 +293,16 @@ def generate_speculative(
 
 
 class ReferenceDrafts:
-    """Proposes the tokens of a known continuation of the prompt (for tests: an exact drafter when
-    the continuation is the target's own greedy output)."""
+    """Proposes the tokens of a known continuation of the prompt (for tests and benchmarks: an exact
+    drafter when the continuation is the target's own greedy output). With `wrong_every` n, the token
+    at every n-th position of the continuation is proposed as another one: a drafter that is rejected
+    there, at a known rate."""
 
     layer_ids: list[int] | None = None
 
-    def __init__(self, continuation: list[int]):
+    def __init__(self, continuation: list[int], wrong_every: int | None = None):
         self.continuation = continuation
+        self.wrong_every = wrong_every
         self.prompt_len = 0
 
     def begin(self, prompt_ids: list[int]) -> None:
@@ -310,7 +313,11 @@ class ReferenceDrafts:
 
     def propose(self, committed: list[int], k: int) -> list[int]:
         at = len(committed) - self.prompt_len
-        return self.continuation[at : at + k]
+        drafts = self.continuation[at : at + k]
+        if self.wrong_every:
+            n = self.wrong_every
+            drafts = [t + 1 if (at + i) % n == n - 1 else t for i, t in enumerate(drafts)]
+        return drafts
 
 
 class DFlashSource:
