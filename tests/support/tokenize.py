@@ -11,9 +11,9 @@ import pytest
 from draftdeck.chat import testing
 from draftdeck.chat.render import load_tokenizer
 from draftdeck.formats.model import Conversation, Message, SourceRef, ToolCall
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES as TEST_FIXTURES
 
-FIXTURES = FIXTURES / "tokenize"
+FIXTURES = TEST_FIXTURES / "tokenize"
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,9 @@ from draftdeck.convert import ConvertOptions, check_conversation, convert, read_
 from draftdeck.errors import InputError, JobFailed, UsageError
 from draftdeck.formats.model import Conversation, Message, ToolCall
 from draftdeck.quality import Policy, Report
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES as TEST_FIXTURES
 
-FIXTURES = FIXTURES / "formats"
+FIXTURES = TEST_FIXTURES / "formats"
 
 
 def _jsonl(path: Path, rows: list[Any]) -> Path:

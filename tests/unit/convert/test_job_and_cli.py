@@ -11,10 +11,10 @@ import pytest
 from typer.testing import CliRunner
 
 from draftdeck.cli import app
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES as TEST_FIXTURES
 
-FIXTURES = FIXTURES / "formats"
-QUALITY = FIXTURES / "quality"
+FIXTURES = TEST_FIXTURES / "formats"
+QUALITY = TEST_FIXTURES / "quality"
 
 
 @pytest.fixture

@@ -21,9 +21,10 @@ from draftdeck.convert import ConvertOptions, convert
 from draftdeck.errors import JobFailed
 from draftdeck.formats.readers import JsonlRange, RowReader, jsonl_chunks
 from draftdeck.quality import Action, Policy, Report, Rule
-from tests.conftest import FIXTURES, real_file
+from tests.conftest import FIXTURES as TEST_FIXTURES
+from tests.conftest import real_file
 
-FIXTURES = FIXTURES / "formats"
+FIXTURES = TEST_FIXTURES / "formats"
 REAL_JSONL = [
     "EAGLE__mt_bench__question.jsonl",
     "LLaMA-Factory__reason_tool_use_demo_50.jsonl",

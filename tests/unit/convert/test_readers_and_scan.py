@@ -14,7 +14,8 @@ from draftdeck.convert.scan import scan_file
 from draftdeck.errors import InputError, JobFailed, PathNotAllowedError
 from draftdeck.formats.readers import RowReader, iter_rows
 from draftdeck.paths import resolve_in_roots
-from tests.conftest import FIXTURES, real_file
+from tests.conftest import FIXTURES as TEST_FIXTURES
+from tests.conftest import real_file
 
 ROWS = [{"messages": [{"role": "user", "content": "héllo"}]}, {"conversations": [], "id": 2}]
 
@@ -186,7 +187,7 @@ def test_relative_paths_are_from_the_current_folder_else_the_first_root(
         resolve_in_roots("../../x.jsonl", roots, must_exist=False)
 
 
-FIXTURES = FIXTURES / "formats"
+FIXTURES = TEST_FIXTURES / "formats"
 
 
 def _qa(question: str, answer: str | None) -> dict:

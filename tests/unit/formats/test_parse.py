@@ -9,7 +9,7 @@ import pytest
 
 from draftdeck.formats.common import ParseContext, ParseOptions, RowRejected, split_think
 from draftdeck.formats.detect import parse
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES as TEST_FIXTURES
 
 
 def _parse(row: dict[str, Any], **opts: Any) -> tuple[str, list, dict[str, str]]:
@@ -376,7 +376,7 @@ def test_split_think(text: str, expected: tuple[str | None, str]) -> None:
     assert split_think(text) == expected
 
 
-FIXTURES = FIXTURES / "formats"
+FIXTURES = TEST_FIXTURES / "formats"
 
 
 def _fixture_rows(name: str) -> list[dict[str, Any]]:

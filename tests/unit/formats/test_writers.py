@@ -19,9 +19,9 @@ from draftdeck.formats.detect import parse
 from draftdeck.formats.model import Conversation, Message, ToolCall
 from draftdeck.formats.writers import Writer, to_openai, to_sharegpt
 from draftdeck.quality import Report
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES as TEST_FIXTURES
 
-FIXTURES = FIXTURES / "formats"
+FIXTURES = TEST_FIXTURES / "formats"
 
 
 def _reparse(row: dict[str, Any]) -> Conversation:

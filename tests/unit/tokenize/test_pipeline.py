@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_conversations, tokenize_files
-from tests.conftest import FIXTURES, real_file
+from tests.conftest import FIXTURES as TEST_FIXTURES
+from tests.conftest import real_file
 from tests.support.tokenize import (  # noqa: F401
     FIXTURES,
     a,
@@ -480,7 +481,7 @@ def test_from_forces_one_shape_in_both_readers(tmp_path: Path, small_dir: Path) 
     """`--from` reaches tokenize's reading (one process and chunk tasks): other shapes are rejected."""
     from draftdeck.tokenize.chunks import tokenize_files_chunked
 
-    shapes = FIXTURES / "formats"
+    shapes = TEST_FIXTURES / "formats"
     paths = [shapes / "dolly.jsonl", shapes / "swift_turn_pairs.jsonl"]
     opts = TokenizeOptions(small_dir, workers=1, from_format="instruction_response")
     one = tokenize_files(paths, tmp_path / "one", opts)
