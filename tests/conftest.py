@@ -12,7 +12,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"  # the project's own files: formats, quality cases, vendors
-SUPPORT = REPO_ROOT / "tests" / "support"  # helpers, and the probes some tests run as scripts
+# scripts some tests run in another interpreter (z-lab's dflash venv): a folder of their own, so that
+# running one puts no helper module (tests/support/tokenize.py, ...) ahead of the standard library
+PROBES = REPO_ROOT / "tests" / "probes"
 SHARED = REPO_ROOT.parent / "shared"
 REAL_DATA = SHARED / "datasets" / "real"
 

@@ -18,7 +18,7 @@ from draftdeck.drafter.eval.versus import Real, RunFigures, decoder_mismatch, ve
 from draftdeck.drafter.export.format import save_zlab
 from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
-from tests.conftest import SUPPORT
+from tests.conftest import PROBES
 from tests.support.eval import TinyWorld, build_world, quick_trained_drafter
 
 torch.set_num_threads(1)
@@ -242,7 +242,7 @@ def test_zlabs_own_decoder_gives_the_same_outputs_and_steps(
     stop = world.target.eos_ids()
     spec = {"prompts": world.prompt_ids, "max_new_tokens": MAX_NEW, "stop": stop}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    probe = SUPPORT / "dflash_decode_probe.py"
+    probe = PROBES / "dflash_decode_probe.py"
     args = [str(venv / "bin" / "python"), str(probe), str(checkpoint), str(world.target_dir)]
     res = subprocess.run([*args, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
                          capture_output=True, text=True, timeout=300)  # fmt: skip

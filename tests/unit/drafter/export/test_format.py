@@ -13,12 +13,12 @@ import torch
 
 from draftdeck.drafter.export.format import CheckpointError, export_drafter, load_zlab, save_zlab
 from draftdeck.drafter.model.dflash import DFlashDrafter
-from tests.conftest import SUPPORT
+from tests.conftest import PROBES
 from tests.support.drafter import tiny_drafter_config, tiny_target
 from tests.support.eval import dflash_venv
 
 torch.set_num_threads(1)
-PROBE = SUPPORT / "dflash_probe.py"
+PROBE = PROBES / "dflash_probe.py"
 
 
 def _drafter(layers: int = 2, block_size: int = 8) -> DFlashDrafter:
