@@ -31,12 +31,12 @@ db_app = typer.Typer(no_args_is_help=True, help="Database migrations.", rich_mar
 def _serve(host: str, port: int) -> None:
     import uvicorn
 
-    from app.cli import address as server_record
+    from app.cli import address
     from app.settings import get_settings
 
     settings = get_settings()
     settings.check_listen(host)
-    server_record.record(settings.home_dir, host, port)  # `draftdeck jobs` finds this server
+    address.record(settings.home_dir, host, port)  # `draftdeck jobs` finds this server
     try:
         # An open SSE stream (the jobs list) must not hold Ctrl-C: give connections 3 s to close.
         uvicorn.run(
@@ -48,7 +48,7 @@ def _serve(host: str, port: int) -> None:
             timeout_graceful_shutdown=3,
         )
     finally:
-        server_record.forget(settings.home_dir)
+        address.forget(settings.home_dir)
 
 
 def _prepare(host: str | None = None, port: int | None = None) -> None:
