@@ -9,6 +9,8 @@ from typing import Any
 # The architectures whose cache needs more than a crop to undo rejected drafts: a recurrent state
 # (hybrid Gated DeltaNet) or a sliding window; and plain Qwen3, the reference.
 ARCHITECTURES = ("qwen3", "qwen3_5", "qwen3_next", "mistral", "gemma3")
+# Qwen3.5/3.6 as published: `Qwen3_5ForConditionalGeneration`, the hybrid text model under a vision tower
+PUBLISHED = "qwen3_5_vision"
 
 
 def tiny_causal_lm(
@@ -34,6 +36,11 @@ def tiny_causal_lm(
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**small))
     elif arch == "qwen3_5":  # three Gated DeltaNet layers for each gated full-attention layer
         model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**small, **linear))
+    elif arch == PUBLISHED:
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=hidden,
+                      patch_size=8, spatial_merge_size=2, temporal_patch_size=2)  # fmt: skip
+        config = tf.Qwen3_5Config(text_config={**small, **linear}, vision_config=vision)
+        model = tf.Qwen3_5ForConditionalGeneration(config)
     elif arch == "qwen3_next":  # the same hybrid, with a mixture of experts
         moe: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=hidden // 2,
                    shared_expert_intermediate_size=hidden // 2)  # fmt: skip
@@ -44,5 +51,5 @@ def tiny_causal_lm(
         types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
         model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(**small, sliding_window=window, layer_types=types))
     else:
-        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join(ARCHITECTURES)}")
+        raise ValueError(f"unknown architecture {arch!r}; known: {', '.join((*ARCHITECTURES, PUBLISHED))}")
     return model.eval()

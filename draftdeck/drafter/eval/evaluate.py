@@ -271,6 +271,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             prompts.append(p)
     if not prompts:
         raise UsageError(f"{params.inputs[0]}: no prompt to evaluate ({report.rows_rejected} rejected)")
+    ctx.event("info", f"target: {target.loaded}")
     ctx.event("info", f"evaluating {len(prompts)} prompts, block size {block}, mode {params.mode}")
 
     runner = TargetRunner(target, target.eos_ids())

@@ -42,6 +42,19 @@ def read_target_config(folder: Path) -> dict[str, Any]:
     return cfg
 
 
+def _loaded(raw: dict[str, Any], model: Any) -> str:
+    """`model`'s class, and where the checkpoint is more than a language model (a vision tower beside
+    it: Qwen3.5/3.6 as published), that only its language model was loaded."""
+    name = type(model).__name__
+    published = ", ".join(raw.get("architectures") or []) or str(raw.get("model_type"))
+    if "vision_config" in raw or "text_config" in raw:
+        return (
+            f"{name}, the language model of a {published} checkpoint (its text_config; the vision "
+            f"tower's weights are not loaded)"
+        )
+    return name
+
+
 @dataclass
 class TargetPass:
     """What one teacher-forced target forward gives: `context` (bsz, T, n_ids * H), `last_hidden`
@@ -59,11 +72,15 @@ class Target:
     already in memory (tests). No parameter requires grad.
     """
 
-    def __init__(self, model: nn.Module, folder: Path | None = None, tokenizer: Any = None):
+    def __init__(
+        self, model: nn.Module, folder: Path | None = None, tokenizer: Any = None, loaded: str | None = None
+    ):
         self.model: Any = model  # an HF PreTrainedModel: its attributes are not typed as nn.Module's
         self.folder = folder
         self.tokenizer = tokenizer
-        self.config: Any = self.model.config
+        self.config: Any = self.model.config  # a checkpoint with a vision tower: its text config
+        # what of the folder is in memory, for the job's log
+        self.loaded = loaded or type(model).__name__
         model.eval()
         model.requires_grad_(False)
 
@@ -81,7 +98,7 @@ class Target:
         folder = Path(folder)
         if not folder.is_dir():
             raise TargetError(f"{folder}: the target folder does not exist")
-        read_target_config(folder)
+        raw = read_target_config(folder)
         try:
             config = AutoConfig.from_pretrained(folder, local_files_only=True)
         except (OSError, ValueError, KeyError) as e:
@@ -104,7 +121,7 @@ class Target:
             except (OSError, ValueError) as e:
                 raise TargetError(f"{folder}: cannot load the target's tokenizer: {e}") from e
         model.to(device)
-        return cls(model, folder, tokenizer)
+        return cls(model, folder, tokenizer, loaded=_loaded(raw, model))
 
     @property
     def device(self) -> torch.device:

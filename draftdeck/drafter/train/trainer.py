@@ -394,6 +394,8 @@ class Trainer:
     def run(self) -> RunRecord:
         self._check_same_run()
         resumed = self.resume()
+        if self.rank == 0:
+            self.ctx.event("info", f"target: {self.target.loaded}, {self.target.num_layers} layers")
         if self.data.truncated_rows and self.rank == 0:
             self.ctx.event(
                 "warning",
