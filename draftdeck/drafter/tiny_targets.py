@@ -1,9 +1,14 @@
 """Tiny random models of the architectures drafters are trained for, built offline from transformers'
 own classes: the shapes that matter to DraftDeck (hybrid linear attention, sliding windows, mixtures of
-experts) at a size a CPU runs in milliseconds. For tests and benchmarks; weights are random."""
+experts) at a size a CPU runs in milliseconds; and the whole path from such a target to an exported
+drafter (`end_to_end`). For tests and benchmarks; weights are random."""
 
 from __future__ import annotations
 
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # The architectures whose cache needs more than a crop to undo rejected drafts: a recurrent state
@@ -53,3 +58,94 @@ def tiny_causal_lm(
     else:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join((*ARCHITECTURES, PUBLISHED))}")
     return model.eval()
+
+
+@dataclass
+class EndToEnd:
+    """What one architecture did on the path from files to an exported drafter (`end_to_end`)."""
+
+    arch: str
+    loaded: str
+    vision_parameters: int  # of the target in memory: 0 where a vision tower was left out
+    train_s_per_step: float
+    plain_tokens_per_s: float
+    speculative_tokens_per_s: float
+    lossless: bool
+    walk_equals_real: bool
+    exported: bool
+    events: list[str]
+
+
+def end_to_end(
+    arch: str, work: Path, tokenizer_dir: Path, *, prompts: int = 8, prompt_len: int = 12, new: int = 20,
+    window: int = 16, steps: int = 4,
+) -> EndToEnd:  # fmt: skip
+    """A tiny `arch` target saved with the tokenizer in `tokenizer_dir`; its own greedy answers to
+    random prompts as a dataset (prompt + answer longer than `window`); `steps` training steps; a
+    greedy eval of the held-out rows; the export read back beside the checkpoint."""
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+
+    from draftdeck.chat.render import tokenizer_fingerprint
+    from draftdeck.drafter.eval.evaluate import run_eval
+    from draftdeck.drafter.eval.params import EvalParams
+    from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+    from draftdeck.drafter.export.format import export_drafter, load_zlab, resolve_checkpoint
+    from draftdeck.drafter.model.target import Target
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.run import train
+    from draftdeck.jobs.context import LocalContext
+    from draftdeck.shards.store import ShardRow, ShardWriter, write_pretokenized_metadata
+
+    folder = work / "target"
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tiny_causal_lm(arch, vocab_size=len(tok) + 8, window=window).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    target = Target.load(folder)
+    runner = TargetRunner(target, target.eos_ids())
+    g = torch.Generator().manual_seed(0)
+    writer = ShardWriter(work / "data", shard_rows=64)
+    for i in range(prompts):
+        ids = torch.randint(3, len(tok) - 8, (prompt_len,), generator=g).tolist()
+        out = generate_plain(runner, ids, new).output_ids
+        mask = [0] * prompt_len + [1] * len(out)
+        writer.add(ShardRow(np.asarray(ids + out, np.int32), np.asarray(mask, np.uint8), "gen", i, -1, False))
+    template = tok.chat_template or ""
+    fingerprint = tokenizer_fingerprint(folder, template, {})
+    data = work / "data"
+    write_pretokenized_metadata(
+        data, writer.close(), fingerprint=fingerprint, chat_template=template, tokenizer_path=folder
+    )
+    run, train_ctx = work / "run", LocalContext(work / "train-job")
+    began = time.perf_counter()
+    train(
+        TrainParams(
+            inputs=[str(data)], target=str(folder), out=str(run), block_size=4, lr=3e-3, max_steps=steps,
+            batch_size=4, anchors_per_seq=8, checkpoint_every=steps, eval_every=steps, heldout_fraction=0.3,
+            device="cpu",
+        ),
+        train_ctx,
+    )  # fmt: skip
+    train_s = (time.perf_counter() - began) / steps
+    eval_ctx = LocalContext(work / "eval-job")
+    params = EvalParams(inputs=data, target=folder, checkpoint=run, max_new_tokens=new, heldout_fraction=0.3)
+    run_eval(params, eval_ctx)
+    ev = json.loads((eval_ctx.out_dir / "eval.json").read_text())["eval"]
+    real = ev["methods"]["drafter"]
+    walked = (ev["walked"]["accepted"], ev["walked"]["steps"])
+    exported = load_zlab(export_drafter(run, work / "export")).state_dict()
+    saved = load_zlab(resolve_checkpoint(run)).state_dict()
+    same = exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
+    return EndToEnd(
+        arch=arch,
+        loaded=target.loaded,
+        vision_parameters=sum(p.numel() for n, p in target.model.named_parameters() if "visual" in n),
+        train_s_per_step=train_s,
+        plain_tokens_per_s=float(ev["target_only"]["tokens_per_s"]),
+        speculative_tokens_per_s=float(real["tokens_per_s"]),
+        lossless=bool(real["lossless"]),
+        walk_equals_real=walked == (real["counts"]["accepted"], real["counts"]["verify_steps"]),
+        exported=same,
+        events=[message for _, message, _, _ in train_ctx.events + eval_ctx.events],
+    )
