@@ -316,7 +316,8 @@ class ReferenceDrafts:
         drafts = self.continuation[at : at + k]
         if self.wrong_every:
             n = self.wrong_every
-            drafts = [t + 1 if (at + i) % n == n - 1 else t for i, t in enumerate(drafts)]
+            # another id inside the vocabulary: the one below (above for id 0)
+            drafts = [(t - 1 if t else 1) if (at + i) % n == n - 1 else t for i, t in enumerate(drafts)]
         return drafts
 
 

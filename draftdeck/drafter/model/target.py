@@ -46,13 +46,16 @@ def _loaded(raw: dict[str, Any], model: Any) -> str:
     """`model`'s class, and where the checkpoint is more than a language model (a vision tower beside
     it: Qwen3.5/3.6 as published), that only its language model was loaded."""
     name = type(model).__name__
+    if "vision_config" not in raw and "text_config" not in raw:
+        return name
     published = ", ".join(raw.get("architectures") or []) or str(raw.get("model_type"))
-    if "vision_config" in raw or "text_config" in raw:
-        return (
-            f"{name}, the language model of a {published} checkpoint (its text_config; the vision "
-            f"tower's weights are not loaded)"
-        )
-    return name
+    # said from what is in memory, not from what the config promises
+    if any("visual" in n or "vision" in n for n, _ in model.named_parameters()):
+        return f"{name}, a {published} checkpoint with its vision tower loaded"
+    return (
+        f"{name}, the language model of a {published} checkpoint (its text_config; the vision "
+        f"tower's weights are not loaded)"
+    )
 
 
 @dataclass
