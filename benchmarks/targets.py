@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch
 
 from draftdeck.chat.testing import qwen36_tokenizer, small_bpe_tokenizer
-from draftdeck.drafter.tiny_targets import ARCHITECTURES, PUBLISHED, end_to_end
+from draftdeck.drafter.tiny_targets import ARCHITECTURES, WITH_VISION, end_to_end
 
 
 def main() -> None:
@@ -47,7 +47,7 @@ def main() -> None:
     print("| architecture | train s/step | eval tokens/s target-only | speculative | lossless | walk = real "
           "| export = checkpoint | loaded |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
-    for arch in (*ARCHITECTURES, PUBLISHED):
+    for arch in (*ARCHITECTURES, *WITH_VISION):
         r = end_to_end(arch, work / arch, tokenizer, steps=args.steps, new=args.new)
         print(
             f"| {arch} | {r.train_s_per_step:.2f} | {r.plain_tokens_per_s:.0f} | "

@@ -22,7 +22,9 @@ _Request = tuple[list[dict[str, Any]], list[dict[str, Any]], "asyncio.Future[Ans
 class LocalBackend:
     def __init__(self, params: RegenerateParams):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from draftdeck.causal_lm import load_causal_lm
 
         folder = Path(params.local or "")
         if not (folder / "config.json").exists():
@@ -32,8 +34,9 @@ class LocalBackend:
         self.identity = ModelIdentity.of_folder(folder)  # recorded in every row it answers
         self.tok = AutoTokenizer.from_pretrained(str(folder))
         self.tok.padding_side = "left"
-        self.model: Any = AutoModelForCausalLM.from_pretrained(str(folder))
-        self.model = self.model.to(params.device).eval()  # type: ignore[arg-type]
+        self.model: Any
+        self.model, _ = load_causal_lm(folder)  # a checkpoint with a vision tower: its language model
+        self.model = self.model.to(params.device)
         self.torch = torch
         gen = self.model.generation_config
         eos = gen.eos_token_id if gen.eos_token_id is not None else self.tok.eos_token_id

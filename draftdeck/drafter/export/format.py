@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from draftdeck.drafter.model.config import DrafterConfig, rope_theta_of
+from draftdeck.drafter.model.config import DrafterConfig, drafter_rope, rope_theta_of
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.errors import UsageError
 
@@ -59,6 +59,7 @@ def config_from_hf(hf: Mapping[str, Any], *, mask_token_source: str = "draft_con
             block_size=int(dflash.get("block_size", hf.get("block_size", 16))),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta_of(hf),
+            rope_parameters=drafter_rope(hf),
             max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
             attention_bias=bool(hf.get("attention_bias", False)),
             hidden_act=str(hf.get("hidden_act", "silu")),

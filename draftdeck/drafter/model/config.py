@@ -66,19 +66,32 @@ def rope_theta_of(cfg: Any) -> float:
     return float(theta) if theta is not None else 10000.0
 
 
-def _check_rope(cfg: Any) -> None:
+# Rope kinds whose frequencies the config fixes: the drafter takes the target's as they are, and
+# transformers, vLLM and SGLang compute the same frequencies from the exported config.
+FIXED_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def drafter_rope(cfg: Any) -> dict[str, Any]:
+    """The drafter's own rope parameters, from its target's config (object or dict).
+
+    The target's kind and scaling where its frequencies are fixed (`FIXED_ROPE`: yarn for gpt-oss
+    and DeepSeek-V3, llama3 for Llama 3.1): the drafter reads contexts as long as its target's, so it
+    takes the same frequencies. Over the drafter's whole head: partial rotary (Qwen3.5/3.6 rotate a
+    quarter of theirs) belongs to the target's attention; the drafter's layers are Qwen3's, which
+    rotate every dimension, as servers' drafter models do (they ignore `partial_rotary_factor`:
+    speculators #613). A kind whose frequencies change with the sequence length at run time (dynamic,
+    longrope) gives the default rope at the target's base. Gemma 3 keeps a rope per layer type: the
+    drafter takes its full-attention layers' (it attends over the whole context)."""
     params = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
-    kind = (
-        params.get("rope_type", params.get("type", "default")) if isinstance(params, Mapping) else "default"
-    )
-    if kind not in (None, "default"):
-        raise DrafterConfigError(
-            f"the target uses rope_type {kind!r}; the DFlash drafter supports only the default rope"
-        )
-    if float(_get(cfg, "partial_rotary_factor", 1.0) or 1.0) != 1.0:
-        raise DrafterConfigError(
-            "the target uses partial_rotary_factor != 1; the drafter does not support it"
-        )
+    if isinstance(params, Mapping) and isinstance(params.get("full_attention"), Mapping):
+        params = params["full_attention"]
+    params = dict(params) if isinstance(params, Mapping) else {}
+    kind = params.get("rope_type", params.get("type")) or "default"
+    theta = float(params.get("rope_theta") or rope_theta_of(cfg))
+    if kind not in FIXED_ROPE:
+        return {"rope_type": "default", "rope_theta": theta}
+    kept = {k: v for k, v in params.items() if k not in ("type", "partial_rotary_factor", "rope_theta")}
+    return {**kept, "rope_type": kind, "rope_theta": theta}
 
 
 def resolve_mask_token_id(
@@ -158,9 +171,18 @@ class DrafterConfig:
     max_position_embeddings: int = 32768
     attention_bias: bool = False
     hidden_act: str = "silu"
+    # the drafter's rope (`drafter_rope`); empty: the default rope at `rope_theta` (checkpoints before
+    # scaled rope was carried over)
+    rope_parameters: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        rope = {"rope_type": "default", **self.rope_parameters, "rope_theta": self.rope_theta}
+        object.__setattr__(self, "rope_parameters", rope)
+        if rope["rope_type"] not in FIXED_ROPE:
+            raise DrafterConfigError(
+                f"rope_type {rope['rope_type']!r}: the drafter's rope is one of {', '.join(FIXED_ROPE)}"
+            )
         if self.block_size < 2:
             raise DrafterConfigError(
                 f"block_size {self.block_size}: a block needs the anchor and at least one slot"
@@ -215,7 +237,6 @@ class DrafterConfig:
         `overrides` may set num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
         rms_norm_eps or rope_theta when the drafter should differ from the target there.
         """
-        _check_rope(target_config)
         hidden = int(_get(target_config, "hidden_size"))
         heads = int(_get(target_config, "num_attention_heads"))
         n_target = int(_get(target_config, "num_hidden_layers"))
@@ -234,7 +255,7 @@ class DrafterConfig:
             "head_dim": int(_get(target_config, "head_dim") or hidden // heads),
             "intermediate_size": int(_get(target_config, "intermediate_size")),
             "rms_norm_eps": float(_get(target_config, "rms_norm_eps", 1e-6)),
-            "rope_theta": rope_theta_of(target_config),
+            "rope_theta": (rope := drafter_rope(target_config))["rope_theta"],
         }
         unknown = set(overrides) - set(values)
         if unknown:
@@ -252,8 +273,16 @@ class DrafterConfig:
             block_size=block_size,
             max_position_embeddings=int(_get(target_config, "max_position_embeddings", 32768)),
             hidden_act=str(_get(target_config, "hidden_act", "silu")),
+            rope_parameters=rope,
             **values,
         )
+
+    @property
+    def scaled_rope(self) -> dict[str, Any] | None:
+        """The rope's scaling without its base, None for the default rope."""
+        if self.rope_parameters["rope_type"] == "default":
+            return None
+        return {k: v for k, v in self.rope_parameters.items() if k != "rope_theta"}
 
     @property
     def context_size(self) -> int:
@@ -297,7 +326,9 @@ class DrafterConfig:
             "hidden_act": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "rope_parameters": dict(self.rope_parameters),
+            # transformers 4 (z-lab's pinned loader) reads a scaled rope here
+            "rope_scaling": None if self.scaled_rope is None else dict(self.scaled_rope),
             "max_position_embeddings": self.max_position_embeddings,
             "attention_bias": self.attention_bias,
             "attention_dropout": 0.0,

@@ -54,13 +54,25 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Default (unscaled) rotary embedding: (cos, sin) of shape (bsz, len, head_dim)."""
+    """Rotary embedding over the whole head: (cos, sin) of shape (bsz, len, head_dim). The default
+    rope computed here; a scaled one (`config.rope_parameters`: linear, llama3, yarn) by transformers'
+    own functions, as the exported config makes every server compute it, yarn's attention factor
+    included."""
 
     inv_freq: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, config: DrafterConfig):
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        head_dim, kind = config.head_dim, config.rope_parameters["rope_type"]
+        self.attention_scaling = 1.0
+        if kind == "default":
+            steps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+            inv = 1.0 / (config.rope_theta**steps)
+        else:
+            from transformers import Qwen3Config
+            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+            inv, self.attention_scaling = ROPE_INIT_FUNCTIONS[kind](Qwen3Config(**config.to_hf_dict()), None)
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +80,10 @@ class RotaryEmbedding(nn.Module):
         with torch.autocast(device_type=device_type, enabled=False):
             freqs = position_ids[..., None].float() * self.inv_freq.float().to(x.device)
             emb = torch.cat((freqs, freqs), dim=-1)
-            return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            if self.attention_scaling == 1.0:
+                return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+            scale = self.attention_scaling
+            return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -228,7 +243,7 @@ class DFlashDrafter(nn.Module):
         self.gradient_checkpointing = False
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.rotary_emb = RotaryEmbedding(config)
         self.fc = nn.Linear(config.context_size, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         for m in self.modules():  # HF's Qwen3 init: normal(0, 0.02) weights, zero biases, unit norms

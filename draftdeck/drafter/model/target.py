@@ -7,7 +7,6 @@ so target layer id i reads ``hidden_states[i + 1]``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,11 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftdeck.errors import UsageError
-
-
-class TargetError(UsageError):
-    """The target folder cannot serve as a DFlash target (missing, not a causal LM, unreadable)."""
+from draftdeck.causal_lm import ModelFolderError, load_causal_lm
 
 
 def context_from_hidden_states(
@@ -27,35 +22,6 @@ def context_from_hidden_states(
 ) -> torch.Tensor:
     """Concatenate the outputs of `layer_ids` along the feature axis: (bsz, T, len(ids) * hidden)."""
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
-
-
-def read_target_config(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise TargetError(f"{folder}: not a model folder (no config.json)")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise TargetError(f"{path}: cannot read the target config: {e}") from e
-    if not isinstance(cfg, dict):
-        raise TargetError(f"{path}: the config is not a JSON object")
-    return cfg
-
-
-def _loaded(raw: dict[str, Any], model: Any) -> str:
-    """`model`'s class, and where the checkpoint is more than a language model (a vision tower beside
-    it: Qwen3.5/3.6 as published), that only its language model was loaded."""
-    name = type(model).__name__
-    if "vision_config" not in raw and "text_config" not in raw:
-        return name
-    published = ", ".join(raw.get("architectures") or []) or str(raw.get("model_type"))
-    # said from what is in memory, not from what the config promises
-    if any("visual" in n or "vision" in n for n, _ in model.named_parameters()):
-        return f"{name}, a {published} checkpoint with its vision tower loaded"
-    return (
-        f"{name}, the language model of a {published} checkpoint (its text_config; the vision "
-        f"tower's weights are not loaded)"
-    )
 
 
 @dataclass
@@ -71,7 +37,7 @@ class TargetPass:
 class Target:
     """A frozen causal LM in eval mode, with its embedding and LM head exposed for the drafter.
 
-    `Target.load(folder)` loads offline with `AutoModelForCausalLM`; `Target(model)` wraps a model
+    `Target.load(folder)` loads offline (`draftdeck.causal_lm.load_causal_lm`); `Target(model)` wraps a model
     already in memory (tests). No parameter requires grad.
     """
 
@@ -96,35 +62,18 @@ class Target:
         dtype: torch.dtype | None = None,
         with_tokenizer: bool = True,
     ) -> Target:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         folder = Path(folder)
-        if not folder.is_dir():
-            raise TargetError(f"{folder}: the target folder does not exist")
-        raw = read_target_config(folder)
-        try:
-            config = AutoConfig.from_pretrained(folder, local_files_only=True)
-        except (OSError, ValueError, KeyError) as e:
-            raise TargetError(f"{folder}: transformers cannot read its config: {e}") from e
-        try:
-            model: Any = AutoModelForCausalLM.from_pretrained(
-                folder, config=config, local_files_only=True, dtype=dtype
-            )
-        except ValueError as e:
-            raise TargetError(
-                f"{folder}: not a causal language model ({type(config).__name__} has no "
-                f"AutoModelForCausalLM class): {e}"
-            ) from e
-        except OSError as e:
-            raise TargetError(f"{folder}: cannot load the model weights: {e}") from e
+        model, loaded = load_causal_lm(folder, dtype=dtype)
         tokenizer = None
         if with_tokenizer:
             try:
                 tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             except (OSError, ValueError) as e:
-                raise TargetError(f"{folder}: cannot load the target's tokenizer: {e}") from e
+                raise ModelFolderError(f"{folder}: cannot load the target's tokenizer: {e}") from e
         model.to(device)
-        return cls(model, folder, tokenizer, loaded=_loaded(raw, model))
+        return cls(model, folder, tokenizer, loaded=loaded)
 
     @property
     def device(self) -> torch.device:
@@ -163,7 +112,7 @@ class Target:
             elif isinstance(value, list):
                 ids.update(int(v) for v in value)
         if not ids:
-            raise TargetError(
+            raise ModelFolderError(
                 f"{self.folder}: the target's tokenizer and generation config name no eos token"
             )
         return sorted(ids)

@@ -11,12 +11,12 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from draftdeck.causal_lm import read_model_config
 from draftdeck.drafter.export.format import load_zlab, save_zlab
 from draftdeck.drafter.export.params import ExportParams, run_export
 from draftdeck.drafter.export.servers import read_export
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.model.target import read_target_config
 from draftdeck.jobs.context import LocalContext
 from tests.support.drafter import saved_target
 
@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 def _export(tmp_path: Path, mask_token_id: int | None = None) -> tuple[Path, Path]:
     target = saved_target(tmp_path / "target")
     cfg = DrafterConfig.from_target(
-        read_target_config(target), tokenizer=AutoTokenizer.from_pretrained(target),
+        read_model_config(target), tokenizer=AutoTokenizer.from_pretrained(target),
         layers=1, block_size=8, mask_token_id=mask_token_id,
     )  # fmt: skip
     return save_zlab(DFlashDrafter(cfg), tmp_path / "export"), target

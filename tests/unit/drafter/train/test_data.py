@@ -11,8 +11,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from draftdeck.causal_lm import ModelFolderError
 from draftdeck.drafter.model.config import DrafterConfigError
-from draftdeck.drafter.model.target import TargetError
 from draftdeck.drafter.train.data import (
     EmptySplitError,
     NoAnchorError,
@@ -104,7 +104,7 @@ def test_settings_the_target_cannot_serve_are_refused(target: Path, tmp_path: Pa
     ds = write_dataset(tmp_path / "ds", _rows(20), target)
     with pytest.raises(DrafterConfigError, match=r"target_layer_ids \[9\] do not exist"):
         _train(target, ds, tmp_path / "1", target_layer_ids=[1, 9])
-    with pytest.raises(TargetError, match="does not exist"):
+    with pytest.raises(ModelFolderError, match="does not exist"):
         _train(tmp_path / "nope", ds, tmp_path / "2")
     if not torch.cuda.is_available():
         with pytest.raises(DeviceError, match="asks for a GPU"):
