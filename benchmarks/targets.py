@@ -5,12 +5,14 @@
     python benchmarks/targets.py [--vocab real|small] [--steps 4] [--new 20] [--workdir DIR]
 
 Per architecture (tiny random models from transformers' classes, hidden 64, 4 layers, sliding window
-16): its own greedy answers to 8 random prompts, prompt + answer past the window; `steps` training
-steps; a greedy eval of the held-out rows with real speculative decoding; the export read back
-(draftdeck/drafter/tiny_targets.py's end_to_end, which tests/unit/drafter/test_targets.py runs with a
-small vocabulary). One table: train s/step, target-only and speculative tokens/s (their ratio is that
-of an untrained 4-step drafter: the point is that it runs and is lossless, not its speed), lossless,
-walk = real decoding step for step, export equal to the checkpoint, what was loaded.
+16): its own greedy answers to 16 prompts (regenerate --local; an answer the model ends at once is
+rejected as empty, and counted), tokenized with its chat template, prompt + answer past the window;
+`steps` training steps; a greedy and a sampled (temperature 1) eval of 2 held-out rows with real
+speculative decoding; the export read back (draftdeck/drafter/tiny_targets.py's end_to_end, which
+tests/unit/drafter/test_targets.py runs with a small vocabulary). One table: dataset rows, train
+s/step, greedy target-only and speculative tokens/s (their ratio is that of an untrained 4-step
+drafter: the point is that it runs and is lossless, not its speed), lossless, walk = real decoding
+step for step, the sampled eval's verify steps, export equal to the checkpoint, what was loaded.
 """
 
 from __future__ import annotations
@@ -44,15 +46,16 @@ def main() -> None:
         "1 torch thread"
     )
     print()
-    print("| architecture | train s/step | eval tokens/s target-only | speculative | lossless | walk = real "
-          "| export = checkpoint | loaded |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+    print("| architecture | rows | train s/step | eval tokens/s target-only | speculative | lossless "
+          "| walk = real | sampled verify steps | export = checkpoint | loaded |")  # fmt: skip
+    print("|---|--:|--:|--:|--:|---|---|--:|---|---|")
     for arch in (*ARCHITECTURES, *WITH_VISION):
         r = end_to_end(arch, work / arch, tokenizer, steps=args.steps, new=args.new)
         print(
-            f"| {arch} | {r.train_s_per_step:.2f} | {r.plain_tokens_per_s:.0f} | "
-            f"{r.speculative_tokens_per_s:.0f} | {r.lossless} | {r.walk_equals_real} | {r.exported} | "
-            f"{r.loaded} |"
+            f"| {arch} | {r.rows} | {r.train_s_per_step:.2f} | {r.plain_tokens_per_s:.0f} | "
+            f"{r.speculative_tokens_per_s:.0f} | {r.lossless} | {r.walk_equals_real} | "
+            f"{r.sampled_verify_steps} | {r.exported} | {r.loaded} |",
+            flush=True,
         )
 
 

@@ -83,7 +83,7 @@ def _page_url(path: str) -> str:
     return f"http://{settings.host}:{settings.port}{path} (start `draftdeck up` on this home to open it)"
 
 
-def demo(workdir: Path, *, quick: bool = False, seed: int = 0) -> None:
+def demo(workdir: Path, *, quick: bool = False, seed: int = 0, target_arch: str = "qwen3") -> None:
     """Run the whole path on the CPU (tiny target, regenerate, tokenize, train, eval) as jobs."""
     from draftdeck.drafter.eval.params import EvalParams
     from draftdeck.drafter.tiny import build_tiny_demo
@@ -101,10 +101,12 @@ def demo(workdir: Path, *, quick: bool = False, seed: int = 0) -> None:
         typer.echo(f"[{time.monotonic() - started:6.1f} s] {line}", err=True)
 
     _quiet_libraries()
-    say(f"building the tiny world in {workdir} (tokenizer, target trained {size['target_steps']} steps)")
+    steps = size["target_steps"]
+    say(f"building the tiny world in {workdir} (tokenizer, {target_arch} target trained {steps} steps)")
     world = build_tiny_demo(
-        workdir / "world", target_steps=size["target_steps"], n_prompts=size["prompts"], seed=seed, log=say
-    )
+        workdir / "world", target_steps=size["target_steps"], n_prompts=size["prompts"], seed=seed,
+        arch=target_arch, log=say,
+    )  # fmt: skip
     say(f"world ready: tokenizer, target, {size['prompts']:,} distinct prompts")
     target = str(world.target_dir)
     _run("regenerate", RegenerateParams(

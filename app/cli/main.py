@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -134,18 +135,26 @@ def worker(
 DEMO_DIR = Path("var/demo")
 
 
+class DemoArch(StrEnum):
+    qwen3 = "qwen3"
+    qwen3_5 = "qwen3_5"
+
+
 @service_app.command("demo")
 def demo_command(
     workdir: Annotated[Path, typer.Option(help="folder for the tiny world, data and the run")] = DEMO_DIR,
     quick: Annotated[bool, typer.Option(help="a smaller world and run (about a minute)")] = False,
     seed: Annotated[int, typer.Option(min=0, help="seed of the world, the data and the run")] = 0,
+    target_arch: Annotated[
+        DemoArch, typer.Option(help="the tiny target: Qwen3, or the Qwen3.5/3.6 hybrid (Gated DeltaNet)")
+    ] = DemoArch.qwen3,
 ) -> None:
     """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
     as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
     from app.cli.demo import demo
 
     _prepare()
-    demo(workdir, quick=quick, seed=seed)
+    demo(workdir, quick=quick, seed=seed, target_arch=target_arch.value)
 
 
 @db_app.command("upgrade")

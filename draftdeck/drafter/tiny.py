@@ -238,6 +238,9 @@ def build_tokenizer(out_dir: Path, *, vocab_size: int = 2048, seed: int = 0, n_t
 class TargetShape:
     """The tiny Qwen3 target's size (issue 9: hidden 128, 4 layers, 4 heads, 2 kv heads)."""
 
+    # "qwen3_5": the Qwen3.5/3.6 hybrid, three Gated DeltaNet layers before each gated attention layer
+    arch: str = "qwen3"
+
     hidden_size: int = 128
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
@@ -273,16 +276,17 @@ def build_target(
     lr: float = 3e-3,
     log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Build a tiny Qwen3 causal LM and train it on demo conversations for `steps` steps; save it as
-    a local HF model folder with its tokenizer beside the weights. The learning-rate schedule spans
-    `steps`; `max_seconds` is only a cap on a slow machine (a run cut short by it never reaches the
-    end of the schedule, so choose `steps` that fit: ~300 steps/min on one free core)."""
+    """Build a tiny Qwen3 (or Qwen3.5 hybrid: `shape.arch`) causal LM and train it on demo
+    conversations for `steps` steps; save it as a local HF model folder with its tokenizer beside
+    the weights. The learning-rate schedule spans `steps`; `max_seconds` is only a cap on a slow
+    machine (a run cut short by it never reaches the end of the schedule, so choose `steps` that
+    fit: ~300 steps/min on one free core)."""
     import torch
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    import transformers as tf
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = tf.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     torch.manual_seed(seed)
-    config = Qwen3Config(
+    sizes = dict(
         vocab_size=len(tokenizer),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -296,7 +300,17 @@ def build_target(
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
-    model = Qwen3ForCausalLM(config)
+    model: Any
+    if shape.arch == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(**sizes))
+    elif shape.arch == "qwen3_5":
+        heads = dict(
+            linear_num_value_heads=shape.num_attention_heads, linear_num_key_heads=shape.num_key_value_heads,
+            linear_key_head_dim=sizes["head_dim"], linear_value_head_dim=sizes["head_dim"],
+        )  # fmt: skip
+        model = tf.Qwen3_5ForCausalLM(tf.Qwen3_5TextConfig(**sizes, **heads))
+    else:
+        raise ValueError(f"target arch {shape.arch!r}: the demo builds qwen3 or qwen3_5")
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 20)
@@ -346,6 +360,7 @@ def build_tiny_demo(
     target_seconds: float | None = None,
     n_prompts: int = 1000,
     seed: int = 0,
+    arch: str = "qwen3",
     log: Callable[[str], None] | None = None,
 ) -> TinyDemo:
     """Tokenizer, target and prompts under `workdir` (tokenizer/, target/, prompts.jsonl).
@@ -353,8 +368,9 @@ def build_tiny_demo(
     `target_seconds` cuts the training short."""
     tokenizer_dir = build_tokenizer(workdir / "tokenizer", seed=seed)
     target_dir = build_target(
-        workdir / "target", tokenizer_dir, steps=target_steps, max_seconds=target_seconds, seed=seed, log=log
-    )
+        workdir / "target", tokenizer_dir, steps=target_steps, max_seconds=target_seconds, seed=seed,
+        shape=TargetShape(arch=arch), log=log,
+    )  # fmt: skip
     # Prompts come from another seed than the training text, so they are held out.
     prompts = write_prompts(workdir / "prompts.jsonl", n_prompts, seed=seed + 1)
     return TinyDemo(tokenizer_dir, target_dir, prompts)

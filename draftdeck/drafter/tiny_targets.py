@@ -138,7 +138,12 @@ def _answered_and_tokenized(folder: Path, work: Path, prompts: int, new: int) ->
         lines.append(json.dumps({"messages": [{"role": "user", "content": f"{i}: {text}?"}]}))
     asked.write_text("\n".join(lines) + "\n", encoding="utf-8")
     regenerate = RegenerateParams(
-        inputs=[str(asked)], out=str(answered), local=str(folder), max_tokens=new, keep_cut_off=True
+        inputs=[str(asked)],
+        out=str(answered),
+        local=str(folder),
+        max_tokens=new,
+        keep_cut_off=True,
+        reasoning=False,  # a thinking template (Qwen3.6) would spend every token inside <think>
     )
     report = run_regenerate(regenerate, LocalContext(work / "regenerate-job"))
     tokenized = tokenize_files(TokenizeParams(inputs=[str(answered)], tokenizer=str(folder)), data)
