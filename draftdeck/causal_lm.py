@@ -43,6 +43,19 @@ def read_model_config(folder: Path) -> dict[str, Any]:
     return cfg
 
 
+def max_positions(folder: str | Path) -> int | None:
+    """The positions the model in `folder` reads at most (`max_position_embeddings`, of its text
+    config where it has one), from config.json alone; None when the folder holds no model config
+    (a tokenizer on its own)."""
+    try:
+        raw = read_model_config(Path(folder))
+    except ModelFolderError:
+        return None
+    text = raw.get("text_config")
+    value = (text if isinstance(text, dict) else raw).get("max_position_embeddings")
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def causal_lm_config(folder: str | Path) -> Any:
     """The transformers config a causal LM of `folder` is built from, read without any weight: the
     text config of a checkpoint whose causal-LM class would bring its vision tower along (Gemma 3 as

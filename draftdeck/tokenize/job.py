@@ -46,6 +46,11 @@ class TokenizeParams(JobParams):
         json_schema_extra={"cli_short": "-k"},
     )
     seq_length: int | None = Field(default=None, ge=2, le=1 << 24, description="maximum tokens per row")
+    max_positions: int | None = Field(
+        default=None, ge=2, le=1 << 24,
+        description="most tokens the target reads: longer rows are rejected (default: the "
+        "max_position_embeddings of the tokenizer folder's config.json, when it is the model's)",
+    )  # fmt: skip
     truncation: Literal["right", "drop"] = Field(
         default="right", description="rows over seq_length: cut on the right, or drop"
     )
@@ -64,6 +69,10 @@ class TokenizeParams(JobParams):
     from_format: FormatName | None = from_format_field()
     tool_tags: Literal["parse", "keep"] = tool_tags_field()
     preference: Literal["chosen", "reject"] = preference_field()
+    template_may_drop: list[Literal["content", "tool_calls", "reasoning", "tools", "system"]] = Field(
+        default_factory=list,
+        description="parts the chat template may drop on purpose: warned, not rejected (e.g. reasoning)",
+    )
     encoder: Literal["auto", "hf", "tiktoken"] = Field(default="auto", description="token encoder")
     chunk_rows: int | None = Field(
         default=None, ge=1, le=10_000_000, description="conversations per chunk task (default: shard_rows)"

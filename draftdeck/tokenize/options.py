@@ -7,8 +7,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from draftdeck.chat.coverage import DROPPED
 from draftdeck.errors import UsageError
-from draftdeck.quality import LOSSES, Policy
+from draftdeck.quality import LOSSES, Action, Policy, Rule
 
 
 @dataclass
@@ -17,6 +18,7 @@ class TokenizeOptions:
     chat_template: Path | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     seq_length: int | None = None
+    max_positions: int | None = None  # most tokens the target reads (None: its config's, if beside)
     truncation: Literal["right", "drop"] = "right"
     on_missing: Literal["error", "drop"] = "error"
     shard_rows: int = 10_000
@@ -31,6 +33,8 @@ class TokenizeOptions:
     from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
     tool_tags: Literal["parse", "keep"] = "parse"  # Hermes tags in text (draftdeck.formats.hermes)
     preference: Literal["chosen", "reject"] = "chosen"  # preference rows (draftdeck.formats.preference)
+    # parts the template may drop on purpose (draftdeck.chat.coverage): warned, the row kept
+    template_may_drop: list[str] = field(default_factory=list)
     workers: int = 0  # 0: one per CPU core
     chunk_size: int = 256
 
@@ -48,13 +52,21 @@ class TokenizeOptions:
             raise UsageError(f"--on-missing must be error or drop, not {self.on_missing!r}")
         if self.shard_rows < 1:
             raise UsageError("--shard-rows must be at least 1")
+        unknown = set(self.template_may_drop) - set(DROPPED)
+        if unknown:
+            raise UsageError(
+                f"template_may_drop: {', '.join(sorted(unknown))} is not a part; parts: {', '.join(DROPPED)}"
+            )
         if self.encoder not in ("auto", "hf", "tiktoken"):
             raise UsageError(f"encoder must be auto, hf or tiktoken, not {self.encoder!r}")
 
     def policy(self) -> Policy:
         """The job's verdict on the finished report: strict, the rejected share, the alert shares."""
         alerts = {k: getattr(self, k) for k in LOSSES}
-        return Policy.build(None, self.strict, self.max_rejected, **alerts)
+        policy = Policy.build(None, self.strict, self.max_rejected, **alerts)
+        for part in self.template_may_drop:
+            policy.rules[DROPPED[part]] = Rule(Action.WARN)
+        return policy
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

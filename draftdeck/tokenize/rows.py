@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from draftdeck.causal_lm import max_positions
+from draftdeck.chat.coverage import DROPPED, dropped
 from draftdeck.chat.render import ChatRenderer, TemplateError, conversation_dicts
 from draftdeck.chat.spans import RenderedRow, render_rows
 from draftdeck.formats.model import Conversation
@@ -43,6 +46,19 @@ class State:
     renderer: ChatRenderer
     hf: HFEncoder
     fast: TiktokenEncoder | None
+
+    @cached_property
+    def max_positions(self) -> tuple[int, str] | None:
+        """(the most tokens the target reads, where that figure comes from), None: not known."""
+        if self.opts.max_positions:
+            return self.opts.max_positions, "--max-positions"
+        found = max_positions(self.opts.tokenizer)
+        return None if found is None else (found, f"max_position_embeddings in {self.opts.tokenizer}")
+
+    @property
+    def may_drop(self) -> frozenset[str]:
+        """The codes of the parts the template may drop on purpose (`template_may_drop`)."""
+        return frozenset(DROPPED[part] for part in self.opts.template_may_drop)
 
 
 _STATE: State | None = None
@@ -222,6 +238,14 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             n = len(item.untrained)
             report.reject("no_trained_tokens", file, line, f"all {n} answers are untrained by their flag")
             continue
+        lost = dropped(item.messages, item.tools, rows, item.untrained)
+        rejecting = [(c, why) for c, why in lost if c not in st.may_drop]
+        if rejecting:
+            report.reject(rejecting[0][0], file, line, rejecting[0][1])
+            continue
+        for c, why in lost:  # parts the template drops on purpose: kept, warned, badged
+            report.warn(c, file, line, why)
+            item.warnings = (*item.warnings, c)
         report.rows_expanded += len(rows) - 1
         answers = sum(1 for m in item.messages if m.get("role") == "assistant")
         report.counts["answers_trained"] += answers - len(item.untrained)
@@ -258,6 +282,11 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
                 continue
             ids, mask = ids[: opts.seq_length], mask[: opts.seq_length]
             truncated = True
+        if st.max_positions is not None and len(ids) > st.max_positions[0]:
+            most, said = st.max_positions
+            cut = "" if opts.seq_length else f"; --seq-length {most} cuts such rows to fit"
+            report.reject("longer_than_target", file, line, f"{len(ids):,} tokens > {most:,} ({said}){cut}")
+            continue
         if not mask.any():
             why = (
                 "after truncation at --seq-length" if truncated else "the assistant turns render to no token"

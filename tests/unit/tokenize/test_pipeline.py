@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +116,21 @@ def test_truncation_right_and_drop(tmp_path: Path, small_dir: Path) -> None:
     )
     assert d.rejected == {"too_long": 2} and d.rows_out == 1
     d.check_accounting()
+
+
+def test_rows_longer_than_the_target_reads_are_counted_at_tokenize(tmp_path: Path, small_dir: Path) -> None:
+    model = tmp_path / "model"  # a model folder: the tokenizer beside a config of 64 positions
+    shutil.copytree(small_dir, model)
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen3", "max_position_embeddings": 64}))
+    rows = [conv(u("write"), a(" ".join(["word"] * 300)), line=1), conv(u("hi"), a("hello"), line=2)]
+    r = tokenize_conversations(rows, tmp_path / "a", TokenizeOptions(model))
+    assert (r.rows_out, dict(r.rejected)) == (1, {"longer_than_target": 1})
+    reason = r.examples["longer_than_target"][0].reason
+    assert f"> 64 (max_position_embeddings in {model}); --seq-length 64 cuts such rows to fit" in reason
+    fits = tokenize_conversations(rows, tmp_path / "b", TokenizeOptions(model, seq_length=64))
+    assert fits.rows_out == 2 and fits.warnings["truncated"] == 1
+    told = tokenize_conversations(rows, tmp_path / "c", TokenizeOptions(small_dir, max_positions=64))
+    assert told.rejected == {"longer_than_target": 1}  # a tokenizer alone: --max-positions says it
 
 
 def test_prompt_only_rows_fail_by_default_pointing_to_regeneration(tmp_path: Path, qwen_dir: Path) -> None:
