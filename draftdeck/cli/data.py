@@ -112,6 +112,8 @@ def print_scan(result: Report) -> None:
     for ks in extra["keysets"]:
         keys.add_row(escape(", ".join(ks["keys"])) or "(none)", f"{ks['rows']:,}")
     out.print(keys)
+    for skip in extra.get("skipped", []):
+        out.print(f"skipped {skip['file']}: {skip['why']}", highlight=False, markup=False)
     files = extra.get("files", [extra])
     for f in files:
         out.print(

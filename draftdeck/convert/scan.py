@@ -31,7 +31,7 @@ from draftdeck.convert.placeholders import placeholder_key
 from draftdeck.convert.reading import read_conversations
 from draftdeck.errors import JobFailed
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
-from draftdeck.formats.tables import open_reader
+from draftdeck.formats.tables import open_reader, skipped_in
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Report
 
@@ -164,6 +164,10 @@ def scan_paths(
             "placeholder": _placeholder_figures(report, candidates, options),
             "would_keep": report.rows_out,
             "would_reject": _would_reject(report),
+            # what a folder given as input holds that is not read, and why: a skip is said, never silent
+            "skipped": [
+                {"file": names.get(f, str(f)), "why": why} for p in paths for f, why in skipped_in(Path(p))
+            ],
         }
     )
     if from_format is not None:

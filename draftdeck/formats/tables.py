@@ -64,17 +64,34 @@ def container_of(head: bytes) -> str | None:
     return None
 
 
+# Delimited text, known by its suffix (it has no magic bytes): a header row names the columns.
+DELIMITERS = {".csv": ("csv", ","), ".tsv": ("tsv", "\t")}
+
+
+def delimited_kind(path: Path) -> str | None:
+    """ "csv" or "tsv" for a file named so (also under a compression suffix), else None."""
+    name = path.name.lower()
+    for suffix in COMPRESSION:
+        name = name.removesuffix(suffix)
+    return next((kind for suffix, (kind, _) in DELIMITERS.items() if name.endswith(suffix)), None)
+
+
 def sniff_table(path: Path) -> str | None:
-    """:func:`container_of` the file at `path` (None when it cannot be read)."""
+    """:func:`container_of` the file at `path`, or "csv"/"tsv" by its name (None: a JSON text file,
+    or it cannot be read)."""
     try:
         with open(path, "rb") as f:
-            return container_of(f.read(8))
+            found = container_of(f.read(8))
     except OSError:
         return None
+    return found or delimited_kind(path)
 
 
 class TableRowReader:
-    """Iterates the rows of one Parquet or Arrow file batch by batch; same interface as RowReader."""
+    """Iterates the rows of one Parquet, Arrow, CSV or TSV file batch by batch; same interface as
+    RowReader. A CSV or TSV row is a mapping from the header's column names to text (never numbers:
+    an answer "42" stays text), so the shapes are detected by column name as for JSON rows
+    (other names: the row is unknown_format, counted and named)."""
 
     def __init__(self, path: Path, container: str, *, display_name: str | None = None):
         self.path = path
@@ -92,11 +109,13 @@ class TableRowReader:
             if container == "parquet":
                 self._source = pq.ParquetFile(path)
                 self._rows_total = self._source.metadata.num_rows
+            elif container in ("csv", "tsv"):
+                self._source = _open_delimited(path, container)
             else:
                 mm = pa.memory_map(str(path), "r")
                 self._source = pa.ipc.open_file(mm) if container == "arrow-file" else pa.ipc.open_stream(mm)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{path}: cannot read as {container} ({exc})") from None
+        except (pa.ArrowInvalid, OSError, UnicodeDecodeError, StopIteration) as exc:
+            raise InputError(f"{path}: cannot read as {container} ({exc or 'no header row'})") from None
 
     @property
     def bytes_read(self) -> int:
@@ -106,6 +125,8 @@ class TableRowReader:
         return min(self.size, self.size * self._rows_done // self._rows_total)
 
     def _is_own(self) -> bool:
+        if self.container in ("csv", "tsv"):
+            return False
         schema = self._source.schema_arrow if self.container == "parquet" else self._source.schema
         return (schema.metadata or {}).get(b"draftdeck") == b"conversations/1"
 
@@ -130,13 +151,15 @@ class TableRowReader:
                         yield RawRow(self.name, index, None, _own_row(value) if own else value, 0)
                         index += 1
                         self._rows_done += 1
+            if self._rows_total is None:  # read to its end (CSV): every byte was read
+                self._rows_total = self._rows_done
         except (pa.ArrowInvalid, OSError) as exc:
             yield RawRow(
                 self.name, index, None, None, 0, "json_error", f"unreadable {self.container} data: {exc}"
             )
 
     def close(self) -> None:
-        if self.container == "parquet" and self._source is not None:
+        if self.container in ("parquet", "csv", "tsv") and self._source is not None:
             self._source.close()
 
     def __enter__(self) -> TableRowReader:
@@ -144,6 +167,27 @@ class TableRowReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_delimited(path: Path, kind: str) -> Any:
+    """A streaming reader of a CSV or TSV file (gzip or zstd by its suffix) with every column text."""
+    import csv
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+
+    delimiter = "," if kind == "csv" else "\t"
+    with pa.input_stream(str(path)) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
+        header = next(csv.reader(text, delimiter=delimiter))
+    if len(set(header)) != len(header) or not all(header):
+        raise InputError(f"{path}: the header row {header!r} must name every column once")
+    return pcsv.open_csv(
+        pa.input_stream(str(path)),
+        parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
+        convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()),
+                                            strings_can_be_null=False),
+    )  # fmt: skip
 
 
 def _own_row(value: dict[str, Any]) -> dict[str, Any]:
@@ -166,9 +210,10 @@ def _own_row(value: dict[str, Any]) -> dict[str, Any]:
 # it reads them under: what a plain folder given as input is read for. Other files in it (notes,
 # licences, hidden files) are not data.
 DATA_SUFFIXES = {".jsonl": "JSONL", ".ndjson": "JSONL", ".json": "JSON", ".parquet": "Parquet",
-                 ".arrow": "Arrow IPC", ".feather": "Arrow IPC"}  # fmt: skip
+                 ".arrow": "Arrow IPC", ".feather": "Arrow IPC", ".csv": "CSV", ".tsv": "TSV"}  # fmt: skip
 COMPRESSION = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-CONTAINER_NAMES = {"parquet": "Parquet", "arrow-file": "Arrow IPC", "arrow-stream": "Arrow IPC"}
+CONTAINER_NAMES = {"parquet": "Parquet", "arrow-file": "Arrow IPC", "arrow-stream": "Arrow IPC", "csv": "CSV",
+                   "tsv": "TSV"}  # fmt: skip
 
 
 def is_data_file(path: Path) -> bool:
@@ -176,6 +221,21 @@ def is_data_file(path: Path) -> bool:
     for suffix in COMPRESSION:
         name = name.removesuffix(suffix)
     return not path.name.startswith(".") and name.endswith(tuple(DATA_SUFFIXES))
+
+
+def skipped_in(path: Path) -> list[tuple[Path, str]]:
+    """What `expand_inputs` does not read in the folder `path`, each with why (nothing for a file)."""
+    if not path.is_dir() or _is_saved_dataset(path):
+        return []
+    out: list[tuple[Path, str]] = []
+    for child in sorted(path.iterdir()):
+        if child.name.startswith("."):
+            out.append((child, "hidden"))
+        elif child.is_dir() and not _is_saved_dataset(child):
+            out.append((child, "a folder: folders are read only when given on their own"))
+        elif child.is_file() and not is_data_file(child):
+            out.append((child, f"not a data file (read: {', '.join(DATA_SUFFIXES)})"))
+    return out
 
 
 def _is_saved_dataset(folder: Path) -> bool:
@@ -208,7 +268,8 @@ def expand_inputs(path: Path) -> list[Path]:
 def open_reader(
     path: Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, display_name: str | None = None
 ) -> RowReader | TableRowReader:
-    """The right reader for one file: Parquet / Arrow by magic bytes, else the JSON readers."""
+    """The right reader for one file: Parquet / Arrow by magic bytes, CSV / TSV by name, else the
+    JSON readers."""
     container = sniff_table(path) if path.is_file() else None
     if container is not None:
         return TableRowReader(path, container, display_name=display_name)

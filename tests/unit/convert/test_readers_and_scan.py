@@ -291,3 +291,18 @@ class TestScanPreflight:
         assert [f["file"] for f in report.extra["files"]] == [str(a), str(b)]
         assert report.extra["bytes"] == a.stat().st_size + b.stat().st_size
         assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 3}]
+
+
+def test_a_folder_scan_reads_csv_and_says_what_it_skipped(tmp_path: Path) -> None:
+    from draftdeck.convert.scan import scan_paths
+
+    (tmp_path / "qa.csv").write_text("instruction,output\nWhat is 2+2?,4\n", encoding="utf-8")
+    (tmp_path / "qa.txt").write_text("notes\n", encoding="utf-8")
+    (tmp_path / "older").mkdir()
+    report = scan_paths([tmp_path])
+    assert report.formats == {"alpaca": 1} and report.extra["container"] == "csv"
+    assert report.extra["skipped"] == [
+        {"file": str(tmp_path / "older"), "why": "a folder: folders are read only when given on their own"},
+        {"file": str(tmp_path / "qa.txt"), "why": report.extra["skipped"][1]["why"]},
+    ]
+    assert report.extra["skipped"][1]["why"].startswith("not a data file (read: .jsonl")

@@ -270,3 +270,28 @@ def _read(path: Path) -> tuple[list[Conversation], Report]:
     report.rows_out = len(convs)
     report.check_accounting()
     return convs, report
+
+
+# -- CSV, TSV ----------------------------------------------------------------------------------------
+def test_csv_and_tsv_rows_are_read_by_their_header_as_text(tmp_path: Path) -> None:
+    qa = tmp_path / "qa.csv"  # a quoted answer over two lines; a number that must stay text
+    qa.write_text('instruction,output\n"What is 2+2?",4\n"Say ""hi""\nplease",hello\n', encoding="utf-8")
+    convs, report = _read(qa)
+    assert [[m.content for m in c.messages] for c in convs] == [
+        ["What is 2+2?", "4"],
+        ['Say "hi"\nplease', "hello"],
+    ]
+    assert report.formats == {"alpaca": 2}
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("query\tresponse\nHi there\tHello!\n", encoding="utf-8")
+    assert [m.content for m in _read(tsv)[0][0].messages] == ["Hi there", "Hello!"]
+    folder = tmp_path / "folder"  # a folder given as input reads them too
+    folder.mkdir()
+    qa.rename(folder / "qa.csv")
+    assert len(_read(folder)[0]) == 2
+    twice = tmp_path / "twice.csv"
+    twice.write_text("output,output\na,b\n", encoding="utf-8")
+    with pytest.raises(
+        InputError, match=r"twice\.csv: the header row \['output', 'output'\] must name every"
+    ):
+        _read(twice)
