@@ -332,7 +332,9 @@ def build_target(
         opt.step()
         sched.step()
         if log is not None and (step % 50 == 0 or step == steps - 1):
-            log(f"target step {step + 1}/{steps} loss {loss.item():.3f}")
+            rate = (step + 1) / max(time.monotonic() - start, 1e-9)
+            left = f", about {(steps - step - 1) / rate:.0f} s left" if step < steps - 1 else ""
+            log(f"target step {step + 1}/{steps} loss {loss.item():.3f}, {rate:.2g} steps/s{left}")
         if max_seconds is not None and time.monotonic() - start > max_seconds:
             if log is not None:
                 log(f"target stopped at step {step + 1} after {max_seconds:.0f} s")

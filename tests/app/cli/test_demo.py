@@ -29,8 +29,9 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(summary) == {"train_tau", "heldout_tau", "heldout_tau_target", "eval_tau",
-                            "eval_tokens_per_step", "untrained_tau", "prompt_lookup_tau", "lossless",
-                            "checkpoint"}  # fmt: skip
+                            "eval_tokens_per_step", "untrained_tau", "prompt_lookup_tau", "eval_speedup",
+                            "lossless", "checkpoint"}  # fmt: skip
+    assert summary["eval_speedup"] > 0
     assert summary["heldout_tau_target"] is not None
     assert summary["lossless"] is True
     assert summary["untrained_tau"] == pytest.approx(1.0, abs=0.05)  # a fresh drafter accepts ~nothing
@@ -115,3 +116,16 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert cli.returncode == 0, cli.stderr[-2000:]
     config = json.loads((exported / "config.json").read_text())
     assert config["dflash_config"]["block_size"] == 8 and (exported / "model.safetensors").is_file()
+
+
+def test_a_world_built_earlier_is_reused(dd_home: Path) -> None:
+    from app.cli.demo import QUICK, demo_world
+    from app.settings import get_settings
+
+    folder = get_settings().home_dir / "demo-worlds" / "qwen3_5-target200-prompts160-seed3"
+    (folder / "target").mkdir(parents=True)
+    (folder / "ready").write_text("built\n")
+    said: list[str] = []
+    world = demo_world(QUICK, 3, "qwen3_5", False, said.append)
+    assert world.target_dir == folder / "target" and world.prompts == folder / "prompts.jsonl"
+    assert said == [f"reusing the tiny world built earlier in {folder} (--rebuild-world builds it again)"]
