@@ -104,9 +104,12 @@ def holds_message(queue: str, task_id: str) -> bool | None:
         return None
 
 
-def worker_argv(queues: str, concurrency: int, name: str | None = None) -> list[str]:
-    """The command line of a Celery worker for `queues` (also what the integration tests start)."""
+def worker_argv(queues: str, concurrency: int, name: str | None = None, *, quiet: bool = False) -> list[str]:
+    """The command line of a Celery worker for `queues` (also what the integration tests start).
+    `quiet`: no banner, warnings and errors only (the worker `draftdeck up` runs beside the web app,
+    whose own lines are what a user reads; job events are on the dashboard)."""
     node = name or f"draftdeck-{queues.replace(',', '-')}"
-    return [sys.executable, "-m", "celery", "-A", WORKER_APP, "worker", "-Q", queues,
-            "-c", str(concurrency), "--loglevel", "INFO", "-n", f"{node}@%h",
+    level = "WARNING" if quiet else "INFO"
+    return [sys.executable, "-m", "celery", "-A", WORKER_APP, *(["--quiet"] if quiet else []), "worker",
+            "-Q", queues, "-c", str(concurrency), "--loglevel", level, "-n", f"{node}@%h",
             "--without-mingle", "--without-gossip"]  # fmt: skip

@@ -82,7 +82,8 @@ class Settings(BaseSettings):
 
     @property
     def broker_url(self) -> str:
-        return self.redis_url or "filesystem://"
+        # kombu's filesystem transport reads no host; naming one stops it warning on every connection
+        return self.redis_url or "filesystem://localhost/"
 
     @property
     def broker_dir(self) -> Path:

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.cli.common import err, out, usage_exit
+from draftdeck.kinds import KINDS
 from draftdeck.units import binary_size, count
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -124,7 +125,7 @@ def _job_table(rows: list[dict[str, Any]]) -> Table:
 
 @jobs_app.command("submit")
 def jobs_submit(
-    kind: str,
+    kind: Annotated[str, typer.Argument(help=f"the job kind: {', '.join(KINDS)}", show_default=False)],
     param: Annotated[
         list[str] | None, typer.Option("--param", "-p", help="KEY=VALUE (repeat a key for a list)")
     ] = None,
@@ -183,7 +184,15 @@ def jobs_show(
     if as_json:
         print(json.dumps(job, indent=2))
         return
-    out.print(_job_table([job]))
+    total = job.get("progress_total")
+    progress = f", {job['progress_done']:,}/{total:,} {job['progress_unit']}" if total else ""
+    created = datetime.fromisoformat(job["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    out.print(
+        f"job {job['id']} {escape(job['kind'])}: {job['status']}{progress} (created {created})",
+        highlight=False,
+    )
+    if job.get("error"):
+        out.print(f"error: {escape(job['error'])}", highlight=False)
     out.print(f"params: {escape(json.dumps(job['params']))}", highlight=False)
     for e in job["events"]:
         at = datetime.fromisoformat(e["at"]).strftime("%H:%M:%S")

@@ -9,13 +9,14 @@ arguments, refused by the server, server unreachable).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -38,17 +39,24 @@ def _serve(host: str, port: int) -> None:
     settings = get_settings()
     settings.check_listen(host)
     address.record(settings.home_dir, host, port)  # `draftdeck jobs` finds this server
+    # An open SSE stream (the jobs list) must not hold Ctrl-C: give connections 3 s to close.
+    config = uvicorn.Config(
+        "app.web.main:app", host=host, port=port, log_level="info", proxy_headers=False,
+        timeout_graceful_shutdown=3,
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+
+    def on_sigint(sig: int, frame: Any) -> None:
+        # uvicorn raises the Ctrl-C it handled once more after its shutdown, while the app's lifespan
+        # is still closing: a traceback for a normal stop. The server has stopped by then.
+        if not server.should_exit:
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        # An open SSE stream (the jobs list) must not hold Ctrl-C: give connections 3 s to close.
-        uvicorn.run(
-            "app.web.main:app",
-            host=host,
-            port=port,
-            log_level="info",
-            proxy_headers=False,
-            timeout_graceful_shutdown=3,
-        )
+        server.run()
     finally:
+        signal.signal(signal.SIGINT, previous)
         address.forget(settings.home_dir)
 
 
@@ -91,21 +99,29 @@ def up(
     settings = get_settings()
     from app.queue import worker_argv
 
-    worker = subprocess.Popen(worker_argv("cpu,gpu", 1), start_new_session=True, preexec_fn=_die_with_parent)
-    mode = "embedded (SQLite + filesystem broker)" if settings.embedded else "Redis"
+    # running as root is this machine's choice: Celery's warning about it would be every start's first lines
+    quiet = {**os.environ, "PYTHONWARNINGS": "ignore:You're running the worker with superuser privileges"}
+    worker = subprocess.Popen(
+        worker_argv("cpu,gpu", 1, quiet=True), start_new_session=True, preexec_fn=_die_with_parent, env=quiet
+    )
+    mode = "embedded: SQLite and a filesystem broker" if settings.embedded else "Redis"
+    roots = ", ".join(map(str, settings.roots))
     out.print(
-        f"DraftDeck on [bold]http://{host}:{port}[/]  ·  {mode}  ·  data roots: "
-        f"{', '.join(map(str, settings.roots))}",
+        f"DraftDeck on [bold]http://{host}:{port}[/] · {mode} · one worker · data roots: {roots}\n"
+        f"  open http://{host}:{port} in a browser; the guide is at /guide\n"
+        "  to see the whole path on this CPU, run `draftdeck demo --quick` in another terminal\n"
+        "  Ctrl-C stops the server and the worker",
         highlight=False,
     )
     try:
         _serve(host, port)
     finally:
-        try:
-            os.killpg(worker.pid, signal.SIGTERM)
+        try:  # the worker's own warm shutdown ends its pool processes; the group is killed only if it hangs
+            worker.terminate()
             worker.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(worker.pid, signal.SIGKILL)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.pid, signal.SIGKILL)
 
 
 @service_app.command()
@@ -148,13 +164,16 @@ def demo_command(
     target_arch: Annotated[
         DemoArch, typer.Option(help="the tiny target: Qwen3, or the Qwen3.5/3.6 hybrid (Gated DeltaNet)")
     ] = DemoArch.qwen3,
+    rebuild_world: Annotated[
+        bool, typer.Option(help="build the tiny world again (else one built earlier on this home is reused)")
+    ] = False,
 ) -> None:
     """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
     as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
     from app.cli.demo import demo
 
     _prepare()
-    demo(workdir, quick=quick, seed=seed, target_arch=target_arch.value)
+    demo(workdir, quick=quick, seed=seed, target_arch=target_arch.value, rebuild_world=rebuild_world)
 
 
 @db_app.command("upgrade")
@@ -164,8 +183,25 @@ def db_upgrade() -> None:
     out.print("database is up to date")
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"draftdeck {version('draftdeck')}")
+        raise typer.Exit()
+
+
 def make_app() -> typer.Typer:
     app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
+
+    @app.callback()
+    def root(
+        version: Annotated[
+            bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version")
+        ] = False,
+    ) -> None:
+        pass
+
     core.register(app, serving_commands=cli_serving.register)
     app.registered_commands.extend(service_app.registered_commands)
     app.add_typer(db_app, name="db")

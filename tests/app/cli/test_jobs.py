@@ -77,6 +77,7 @@ def test_jobs_commands_round_trip_over_http(server: str, migrated: Path) -> None
     shown = runner.invoke(app, ["jobs", "show", str(job_id)])
     said = " ".join(shown.output.split())
     assert "alert data_not_target_output: 0 of 2 rows were answered by this target" in said
+    assert said.startswith(f"job {job_id} scan: queued (created ") and "┃" not in said  # a line, no table
     cancelled = runner.invoke(app, ["jobs", "cancel", str(job_id)])
     assert cancelled.exit_code == 0 and "cancelled" in cancelled.output
     again = runner.invoke(app, ["jobs", "cancel", str(job_id)])
