@@ -19,6 +19,7 @@ from app.store.models import Alert
 from app.web.auth import csrf_token
 from app.web.job_views import form_words, job_duration, job_inputs, yaml_text
 from draftdeck.mix.composition import composition
+from draftdeck.paths import resolve_user_path
 from draftdeck.quality import CHOSEN
 from draftdeck.units import binary_size, count, noun_for
 
@@ -26,13 +27,19 @@ templates = Jinja2Templates(directory=resource_dir("templates"))
 
 
 def short_path(value: object) -> str:
-    """`value` relative to the data root that holds it (pages keep the full path in a title)."""
+    """`value` as a user can type it back into a form (pages keep the full path in a title): relative
+    to the server's working folder or to the first data root, where `resolve_user_path` takes it back
+    to the same place; else absolute."""
     text = str(value)
     path = Path(text)
-    if path.is_absolute():
-        for root in sorted(get_settings().roots, key=lambda r: len(r.parts), reverse=True):
-            if path.is_relative_to(root) and path != root:
-                return str(path.relative_to(root))
+    if not path.is_absolute():
+        return text
+    roots = get_settings().roots
+    for base in (Path.cwd(), *roots[:1]):
+        if path.is_relative_to(base) and path != base:
+            typed = str(path.relative_to(base))
+            if resolve_user_path(typed, roots) == path.resolve():
+                return typed
     return text
 
 

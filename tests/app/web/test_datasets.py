@@ -4,6 +4,7 @@ delete, and the datasets migration."""
 
 from __future__ import annotations
 
+import html
 import re
 import shutil
 from collections.abc import Iterator
@@ -129,8 +130,13 @@ def test_register_list_and_overview(client: Any, chat: dict[str, Path]) -> None:
         assert shard["filename"] in row_html and shard["sha256"][:12] in row_html  # the list unfolds them too
     assert f'id="fact-rows">{len(rows)}<' in detail.text
     assert f'id="fact-trained">{trained:,}<' in detail.text
-    # registering the same folder again leads to the same dataset
+    # registering the same folder again leads to the same dataset, by the path the list shows too
     assert register(client, chat["dataset"]).headers["location"] == f"/datasets/{ds_id}"
+    shown = re.search(r'<div class="path muted small" title="[^"]*">([^<]+)</div>', row_html)
+    assert shown and not Path(shown[1]).is_absolute()  # short, and typed back it is the same folder
+    assert register(client, html.unescape(shown[1])).headers["location"] == f"/datasets/{ds_id}"
+    placeholder = re.search(r'placeholder="([^"]+)"', page.text)  # an example that leads somewhere real
+    assert placeholder and "outside the data roots" not in register(client, placeholder[1]).text
 
 
 def test_register_refuses_outside_roots_and_non_datasets(client: Any, migrated: Path, tmp_path: Path) -> None:
