@@ -211,7 +211,9 @@ def _print_outputs(job: dict[str, Any], console: Console) -> None:
     """Where a job wrote: each output file and dataset, with its absolute path on the server."""
     for o in job.get("outputs", []):
         console.print(
-            f"  output {escape(o['path'])}  {count(o['rows'], 'rows')}, {binary_size(o['bytes'])}"
+            f"  output {escape(o['path'])}  "
+            + (f"{count(o['rows'], 'rows')}, " if o["rows"] else "")  # a weights file has no rows
+            + f"{binary_size(o['bytes'])}"
             f" sha256={o['sha256'][:12]}",
             highlight=False,
             soft_wrap=True,  # a path stays one line, to copy
