@@ -60,6 +60,21 @@ templates.env.filters["thousands"] = lambda n: (
 templates.env.filters["short_path"] = short_path
 
 
+def param_text(value: object) -> str:
+    """A parameter's value as a person reads it (the page escapes it): lists joined, mappings as
+    KEY=VALUE, never JSON's escapes (`\\u003c|mask|\\u003e`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ", ".join(param_text(v) for v in value)
+    if isinstance(value, dict):
+        return "; ".join(f"{k}={param_text(v)}" for k, v in value.items())
+    return str(value)
+
+
+templates.env.filters["param_text"] = param_text
+
+
 templates.env.globals["job_inputs"] = job_inputs
 
 
