@@ -276,3 +276,10 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
     fast = client.get(f"/jobs/{eval_job(1.7)}", headers={"accept": "text/html"}).text
     assert "1.70x" in fast and 'id="speedup-note"' not in fast
+
+
+def test_parameter_values_read_as_text_not_json() -> None:
+    from app.web.render import param_text
+
+    assert param_text({"mask_token": "<|mask|>", "ids": [1, 9, 17]}) == "mask_token=<|mask|>; ids=1, 9, 17"
+    assert param_text(True) == "true" and param_text(3e-4) == "0.0003"
