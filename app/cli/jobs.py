@@ -212,7 +212,7 @@ def _print_outputs(job: dict[str, Any], console: Console) -> None:
     for o in job.get("outputs", []):
         console.print(
             f"  output {escape(o['path'])}  "
-            + (f"{count(o['rows'], 'rows')}, " if o["rows"] else "")  # a weights file has no rows
+            + (f"{count(o['rows'], 'rows')}, " if o["rows"] else "")
             + f"{binary_size(o['bytes'])}"
             f" sha256={o['sha256'][:12]}",
             highlight=False,

@@ -47,8 +47,9 @@ def run_train(params: TrainParams, ctx: RunContext) -> Report:
     out = Path(str(params.out))
     if record.checkpoints:
         weights = Path(max(record.checkpoints)) / "model.safetensors"
-        # a weights file has no rows (rows_out, the rows trained on, is the report's own figure)
-        report.outputs.append(Output(str(weights), 0, weights.stat().st_size, sha256_file(weights)))
+        report.outputs.append(
+            Output(str(weights), report.rows_out, weights.stat().st_size, sha256_file(weights))
+        )
     run_json = out / "run.json"
     report.outputs.append(Output(str(run_json), 0, run_json.stat().st_size, sha256_file(run_json)))
     report.extra = {
