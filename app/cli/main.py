@@ -159,7 +159,9 @@ class DemoArch(StrEnum):
 @service_app.command("demo")
 def demo_command(
     workdir: Annotated[Path, typer.Option(help="folder for the tiny world, data and the run")] = DEMO_DIR,
-    quick: Annotated[bool, typer.Option(help="a smaller world and run (2 min on a quiet 2-core machine, 1 min once built)")] = False,
+    quick: Annotated[
+        bool, typer.Option(help="a smaller world and run (2 min on a quiet 2-core machine, 1 min once built)")
+    ] = False,
     seed: Annotated[int, typer.Option(min=0, help="seed of the world, the data and the run")] = 0,
     target_arch: Annotated[
         DemoArch, typer.Option(help="the tiny target: Qwen3, or the Qwen3.5/3.6 hybrid (Gated DeltaNet)")
