@@ -25,6 +25,7 @@ from app.store.models import Alert, Dataset
 from app.web.auth import require_page_write
 from app.web.dataset_views import compared_row, concerns_dataset, dataset_alerts, deletable
 from app.web.deps import SessionDep, SettingsDep
+from app.web.job_views import new_job_link
 from app.web.render import render
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.filters import Filters, Step, navigate, position_in
@@ -157,8 +158,12 @@ def dataset_page(request: Request, dataset_id: int, session: SessionDep) -> HTML
     alerts = dataset_alerts(session, ds)
     session.commit()
     info = load_info(Path(ds.path))
+    # the next step: a training run on it, against the model its tokenizer came from when that is one
+    tokenizer = info.tokenizer_dir(get_settings().roots) if info.readable else None
+    target = tokenizer if tokenizer and (Path(tokenizer) / "config.json").is_file() else None
+    train_link = new_job_link("train", {"inputs": [ds.path], "target": target})
     return render(request, "datasets_detail.html", session, nav="datasets", ds=ds, info=info, alerts=alerts,
-                  mix_sources=mix_sources_of(info))  # fmt: skip
+                  mix_sources=mix_sources_of(info), train_link=train_link)  # fmt: skip
 
 
 @router.post("/datasets/{dataset_id}/alerts/{alert_id}/ack", dependencies=[WriteDep])

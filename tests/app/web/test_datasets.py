@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import re
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -129,6 +130,10 @@ def test_register_list_and_overview(client: Any, chat: dict[str, Path]) -> None:
         assert shard["filename"] in detail.text and shard["sha256"] in detail.text
         assert shard["filename"] in row_html and shard["sha256"][:12] in row_html  # the list unfolds them too
     assert f'id="fact-rows">{len(rows)}<' in detail.text
+    train = re.search(r'href="([^"]+)">Train on this<', detail.text)  # the next step, prefilled
+    assert (
+        train and "kind=train" in train[1] and urllib.parse.quote(str(chat["dataset"]), safe="") in train[1]
+    )
     assert f'id="fact-trained">{trained:,}<' in detail.text
     # registering the same folder again leads to the same dataset, by the path the list shows too
     assert register(client, chat["dataset"]).headers["location"] == f"/datasets/{ds_id}"
