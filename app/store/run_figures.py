@@ -99,10 +99,23 @@ def finite(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def _real_tau(data: Any) -> float | None:
-    """The drafter's real tau incl. bonus, pooled over every verify step of the eval."""
-    drafter = (_eval_section(data).get("methods") or {}).get("drafter") or {}
-    return finite(drafter.get("tau_incl_bonus_pooled"))
+def _method(data: Any, name: str) -> dict[str, Any]:
+    method = (_eval_section(data).get("methods") or {}).get(name)
+    return method if isinstance(method, dict) else {}
+
+
+def _real_tau(data: Any, method: str = "drafter") -> float | None:
+    """A method's real tau incl. bonus, pooled over every verify step of the eval (the drafter's, or a
+    baseline's: the untrained drafter, prompt lookup)."""
+    return finite(_method(data, method).get("tau_incl_bonus_pooled"))
+
+
+def _speedup(data: Any) -> float | None:
+    """The drafter's wall-clock tokens/s over target-only decoding's, from the two rates the eval
+    measured on the same prompts."""
+    plain = finite((_eval_section(data).get("target_only") or {}).get("tokens_per_s"))
+    drafted = finite(_method(data, "drafter").get("tokens_per_s"))
+    return drafted / plain if drafted is not None and plain else None
 
 
 def drafter_counts(data: Any) -> dict[str, Any]:
@@ -183,6 +196,9 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
                 "real": real,
                 "real_all": real_all,
                 "tokens_per_step": _tokens_per_step(data),
+                "speedup": _speedup(data),
+                "untrained": _real_tau(data, "untrained"),
+                "prompt_lookup": _real_tau(data, "prompt_lookup"),
                 "served": _served_tau(data),
                 "real_over": training.get("real_over"),
                 "walked": walked,

@@ -152,7 +152,8 @@ def make_eval(
     it (judged by the data and, unless None, by the target) and the alert the eval raises on them;
     with `tokens_per_step`, the drafter's counts over 100 verify steps in both conventions; with
     `per_pos`, how many of those 100 steps accepted more than i draft tokens; with `served_tau`, a
-    served eval's figure on the same prompts."""
+    served eval's figure on the same prompts. The baselines: the untrained drafter at 1.0, prompt
+    lookup at 1.2; 30 tokens/s against target-only decoding's 20."""
     ckpt = jobs_dir / str(run_id) / "checkpoints" / f"step-{step:08d}"
     job = Job(
         kind="eval", params={"checkpoint": str(ckpt), "mode": "greedy"}, status="succeeded", queue="gpu"
@@ -173,7 +174,7 @@ def make_eval(
             "heldout_target_walked_steps": 1000,
         }
     training, alarm = versus_training(Real(real_tau, 100), RunFigures(entry), 0.05, 0.10)
-    drafter: dict[str, Any] = {"tau_incl_bonus_pooled": real_tau}
+    drafter: dict[str, Any] = {"tau_incl_bonus_pooled": real_tau, "tokens_per_s": 30.0}
     if tokens_per_step is not None:
         counts = {"verify_steps": 100, "accepted": round(100 * (real_tau - 1)),
                   "produced_by_steps": round(100 * tokens_per_step)}  # fmt: skip
@@ -186,7 +187,12 @@ def make_eval(
         json.dumps(  # the layout draftdeck/drafter/eval/evaluate.py writes
             {
                 "eval": {
-                    "methods": {"drafter": drafter},
+                    "methods": {  # the baselines decoded the same prompts
+                        "drafter": drafter,
+                        "untrained": {"tau_incl_bonus_pooled": 1.0},
+                        "prompt_lookup": {"tau_incl_bonus_pooled": 1.2},
+                    },
+                    "target_only": {"tokens_per_s": 20.0},
                     "walked": {"tau_incl_bonus": real_tau},  # the decoder check: equal
                     "training": training,
                     **({"served": {"tau_incl_bonus": served_tau}} if served_tau is not None else {}),
