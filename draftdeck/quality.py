@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -267,6 +268,15 @@ LOSSES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+def empty_output(report: Report, inputs: Sequence[object] = ()) -> str:
+    """What every job says when it wrote nothing: how many rows it read (from which inputs) and why the
+    most were rejected."""
+    top = ", ".join(f"{n:,} {c}" for c, n in report.rejected.most_common(3)) or "none rejected"
+    shown = [str(p) for p in inputs[:3]] + ([f"{len(inputs) - 3} more"] if len(inputs) > 3 else [])
+    where = f" from {', '.join(shown)}" if shown else ""
+    return f"empty output: no rows were written out of {report.rows_in:,} read{where} ({top})"
+
+
 @dataclass(frozen=True)
 class Rule:
     """A per-code override. `max_count`/`max_fraction` fail the job once a warned code passes them."""
@@ -402,7 +412,7 @@ class Policy:
         """Every reason the finished `report` fails the job (empty list: it passes)."""
         out: list[Failure] = []
         if report.rows_out == 0:
-            out.append(Failure("empty_output", f"no rows were written out of {report.rows_in} read"))
+            out.append(Failure("empty_output", empty_output(report)))
         counted = Counter(report.rejected) + Counter(report.warnings)
         for name, n in sorted(counted.items()):
             act = self.action(name)

@@ -12,7 +12,7 @@ from draftdeck.convert.reading import read_conversations
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.formats.writers import TARGETS, Writer
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Policy, Report
+from draftdeck.quality import Policy, Report, empty_output
 
 
 def check_out(inputs: Sequence[Path], out: Path, roots: Sequence[Path] = ()) -> None:
@@ -86,11 +86,7 @@ def convert(
 def _failure_message(report: Report, failures: list, inputs: Sequence[Path]) -> str:
     reasons = "; ".join(f.reason for f in failures[:5])
     if report.rows_out == 0:
-        top = ", ".join(f"{n:,} {c}" for c, n in report.rejected.most_common(3)) or "no rows"
-        where = ", ".join(str(p) for p in inputs[:3])
-        head = (
-            f"empty output: no conversation was written from {report.rows_in:,} input rows of {where} ({top})"
-        )
+        head = empty_output(report, inputs)
         if report.rejected.get("unknown_format"):
             ex = report.examples.get("unknown_format", [])
             if ex:

@@ -160,7 +160,7 @@ class TestPolicy:
         empty.write_bytes(b"")
         with pytest.raises(JobFailed) as exc:
             convert([empty], tmp_path / "o.jsonl", "openai")
-        assert "no conversation was written from 0 input rows" in str(exc.value)
+        assert "empty output: no rows were written out of 0 read from" in str(exc.value)
 
     def test_strict_fails_on_warning_and_writes_nothing(self, tmp_path: Path) -> None:
         src = _jsonl(tmp_path / "i.jsonl", [_chat("q", "a one"), _chat("q", "a one")])
