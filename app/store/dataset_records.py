@@ -16,7 +16,7 @@ from sqlmodel import Session, col, select
 
 from app.store.models import Alert, Dataset, Job
 from draftdeck.browse.info import alerts_for, load_info
-from draftdeck.quality import DatasetAlert
+from draftdeck.dataset_alerts import DatasetAlert
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ import numpy as np
 
 from draftdeck.browse.errors import BrowseError
 from draftdeck.browse.loading import MAX_OPEN_STORES, LoadOnce, forget_store, open_store, version_of
+from draftdeck.dataset_alerts import DatasetAlert, DatasetFacts, dataset_alerts
 from draftdeck.errors import InputError
-from draftdeck.quality import DatasetAlert, DatasetFacts, dataset_alerts
 from draftdeck.shards.manifest import MANIFEST, Manifest, read_manifest
 from draftdeck.shards.stats import STATS
 from draftdeck.shards.tokenizer_lookup import find_tokenizer
