@@ -41,12 +41,12 @@ from sqlmodel import Session, col, select
 from app import queue
 from app.run import leftovers, resume
 from app.run.context import Handoff, Heartbeat, SqlRunContext
-from app.run.outcomes import record_failure, record_success, worker_name
+from app.run.outcomes import crash_message, record_failure, record_success, worker_name
 from app.settings import get_settings
 from app.store import records, state
 from app.store.db import session_scope
 from app.store.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
-from draftdeck.errors import Cancelled, DraftDeckError, JobFailed
+from draftdeck.errors import Cancelled, JobFailed
 from draftdeck.fileio import sha256_file
 from draftdeck.kinds import get_kind
 from draftdeck.quality import Policy, Report
@@ -207,11 +207,7 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
             return JobStatus.CANCELLED
         except Exception as exc:
             log.exception("job %s chunk %s crashed", job_id, index)
-            message = (
-                str(exc)
-                if isinstance(exc, DraftDeckError)
-                else f"internal error: {type(exc).__name__}: {exc}"
-            )
+            message = crash_message(exc)
             with session_scope() as session:
                 state.propose_chunk(session, job_id, index, ChunkStatus.FAILED, message,
                                     error=message[:2000], finished_at=utcnow())  # fmt: skip
@@ -294,9 +290,7 @@ def _finalize(job_id: int, params: TokenizeParams, opts: TokenizeOptions, out: P
         return JobStatus.FAILED
     except Exception as exc:
         log.exception("job %s: final step crashed", job_id)
-        message = (
-            str(exc) if isinstance(exc, DraftDeckError) else f"internal error: {type(exc).__name__}: {exc}"
-        )
+        message = crash_message(exc)
         _end_failed(job_id, f"final step: {message}", None, policy, traceback.format_exc(limit=8))
         return JobStatus.FAILED
     shutil.rmtree(parts, ignore_errors=True)

@@ -10,7 +10,7 @@ from typing import Any
 
 from app.run import chunks, liveness, sweeper
 from app.run.context import Handoff, Heartbeat, SqlRunContext
-from app.run.outcomes import record_failure, record_success, worker_name
+from app.run.outcomes import crash_message, record_failure, record_success, worker_name
 from app.settings import get_settings
 from app.store import records, state
 from app.store.db import session_scope
@@ -78,7 +78,7 @@ def run_job(job_id: int, *, task_id: str | None = None, in_process: bool = False
             log.exception("job %s crashed", job_id)
             record_failure(
                 job_id,
-                f"internal error: {type(exc).__name__}: {exc}",
+                crash_message(exc),
                 None,
                 policy,
                 detail=traceback.format_exc(limit=8),

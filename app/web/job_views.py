@@ -234,9 +234,12 @@ def job_context(session: Session, job_id: int) -> dict[str, Any]:
     issues.sort(key=lambda e: ({"error": 0, "rejected": 1, "warning": 2}.get(e.level, 3), -e.count))
     datasets = records.datasets_of(session, job_id)
     alerts = session.exec(select(Alert).where(Alert.job_id == job_id).order_by(col(Alert.id))).all()
+    # an alert that says the job's error again (empty_output) is folded into the error's notice
+    repeats = {f"job {job_id}: {job.error}"} if job.error else set()
     return {
         "job": job,
         "alerts": alerts,
+        "shown_alerts": [a for a in alerts if a.message not in repeats],
         "next_steps": next_steps(job, outputs, datasets, alerts),
         "log": list(reversed(events)),
         "issues": issues,

@@ -14,6 +14,7 @@ from sqlmodel import Session, func, select
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.resources import resource_dir
+from app.run.outcomes import retry_may_help
 from app.settings import get_settings
 from app.store.models import Alert
 from app.web.auth import csrf_token
@@ -88,6 +89,14 @@ templates.env.globals["yaml_text"] = yaml_text
 
 
 templates.env.globals["chosen_codes"] = sorted(CHOSEN)
+
+
+def retry_helps(job: Any) -> bool:
+    """Whether a page offers Retry: a failure that the same inputs and parameters repeat does not."""
+    return retry_may_help(job.status, job.error)
+
+
+templates.env.globals["retry_helps"] = retry_helps
 
 
 templates.env.filters["form_words"] = form_words

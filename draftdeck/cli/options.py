@@ -64,6 +64,13 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def _flag_of(model: type[JobParams], name: str) -> str:
+    """The option a field is typed as (its declared ``cli_flag``: --from for from_format)."""
+    info = model.model_fields.get(name)
+    extra = info.json_schema_extra if info is not None and isinstance(info.json_schema_extra, dict) else {}
+    return str(extra.get("cli_flag") or _flag(name))
+
+
 def model_parameters(
     model: type[JobParams], *, required: Iterable[str] = (), exclude: Iterable[str] = ()
 ) -> list[inspect.Parameter]:
@@ -77,18 +84,22 @@ def model_parameters(
         is_path = name in model.path_fields()
         origin = typing.get_origin(base)
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-        flag = str(extra.get("cli_flag") or _flag(name))  # a list option reads better singular: --endpoint
+        flag = _flag_of(model, name)  # a list option reads better singular: --endpoint
         if base is bool and info.get_default(call_default_factory=True) is True:
             flag = f"{flag}/--no-{flag[2:]}"  # --reasoning/--no-reasoning: a flag that is on must turn off
         decls = [flag] + ([str(extra["cli_short"])] if "cli_short" in extra else [])
         help_ = info.description or ""
         kwargs: dict[str, Any] = {"help": help_}
         if origin is typing.Literal:
-            hint: Any = base
+            # Text that the model checks, so that a wrong choice reads as it does in the form and the
+            # API (the choices and the closest one), not as Typer's "Value error, ..."
+            hint: Any = str
             choices = [str(c) for c in typing.get_args(base)]
             if len("|".join(choices)) > LONGEST_CHOICES:  # would overflow 80 columns: name them in the help
                 kwargs["metavar"] = name.rsplit("_", 1)[-1].upper()  # from_format: FORMAT
                 kwargs["help"] = f"{help_} (one of: {', '.join(choices)})"
+            else:
+                kwargs["metavar"] = "[" + "|".join(choices) + "]"
         elif origin is dict:
             hint = list[str]
             kwargs["metavar"] = "KEY=VALUE"
@@ -138,7 +149,7 @@ def params_from(model: type[JobParams], values: dict[str, Any]) -> JobParams:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(describe_errors(model, exc, _flag)) from None
+        raise UsageError(describe_errors(model, exc, lambda name: _flag_of(model, name))) from None
 
 
 def job_command(

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -141,6 +142,19 @@ def closest_field(model: type[BaseModel], name: str) -> str | None:
     return None
 
 
+def _message(error: Any) -> str:
+    """One pydantic error in a user's words: a choice names the choices and the closest one, and a
+    validator's message loses pydantic's "Value error, " prefix."""
+    if error["type"] == "literal_error":
+        # pydantic words the choices as "'a', 'b' or 'c'"
+        choices = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
+        given = str(error.get("input"))
+        close = difflib.get_close_matches(given, choices, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return f"{given!r} is not one of {', '.join(choices)}{hint}"
+    return str(error["msg"]).removeprefix("Value error, ")
+
+
 def field_errors(
     model: type[BaseModel], exc: ValidationError, name: Callable[[str], str] = str
 ) -> dict[str, str]:
@@ -149,7 +163,7 @@ def field_errors(
     found: dict[str, str] = {}
     for e in exc.errors():
         field = str(e["loc"][0]) if e["loc"] else ""
-        text = str(e["msg"])
+        text = _message(e)
         if e["type"] == "extra_forbidden":
             close = closest_field(model, field)
             text += (

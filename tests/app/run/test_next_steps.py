@@ -134,6 +134,22 @@ def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrat
     again = _form_values(client.get(_next_step(page, "Change and start again")).text)
     assert again["inputs"] == str(prompts.resolve()) and again["tokenizer"] == str(tok.resolve())
     assert again["on_missing"] == "error"
+    # the data decided this failure: a retry would repeat it, so the page offers the form, not Retry
+    assert f'action="/jobs/{job}/retry"' not in page and 'id="job-no-retry"' in page
+
+
+def test_only_failures_a_retry_can_change_offer_retry() -> None:
+    from app.run.outcomes import crash_message, retry_may_help
+    from draftdeck.errors import InputError
+
+    assert retry_may_help("failed", crash_message(MemoryError("out of memory")))
+    assert retry_may_help("failed", "chunk 3: " + crash_message(OSError("disk full")))
+    assert retry_may_help("failed", "worker lost: no heartbeat for 120 s")
+    assert retry_may_help("failed", "could not enqueue: Connection refused")
+    assert retry_may_help("cancelled", "cancelled while running")
+    assert not retry_may_help("failed", crash_message(InputError("data.jsonl: not found")))
+    assert not retry_may_help("failed", "empty output: no rows were written out of 3 read")
+    assert not retry_may_help("failed", "final step: too many rows rejected (internal error: x)")
 
 
 def test_start_again_keeps_template_arguments_in_the_forms_syntax(client: TestClient, migrated: Path) -> None:

@@ -117,4 +117,9 @@ def test_from_forces_a_shape_and_an_unknown_one_is_a_usage_error(tmp_path: Path)
     assert f"format_mismatch │    1 │ {target}:1: not query_response (which needs" in r.stdout
     r = _scan_args(tmp_path, str(target), "--from", "llava")
     assert r.returncode == 2
-    assert "'llava' is not one of 'openai', 'sharegpt', 'anthropic'" in " ".join(r.stderr.split())
+    said = " ".join(r.stderr.split())
+    assert "--from: 'llava' is not one of openai, sharegpt, anthropic" in said
+    assert "Value error" not in said
+    r = _scan_args(tmp_path, str(target), "--from", "sharegtp")  # a typo: the closest choice is named
+    assert r.returncode == 2
+    assert "(did you mean sharegpt?)" in " ".join(r.stderr.split())
