@@ -117,15 +117,13 @@ def _apply(
                 yield from state.placeholder(item, item.pkey, item.dkey, item.prompt)
 
 
-_DUPLICATE = [("duplicate_conversation", "the same messages appeared earlier")]
-
-
 def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_before: int) -> None:
     """:func:`_apply` for a worker's packed chunk: usual rows are written in blocks of the blob."""
     report = state.report
     formats = report.formats
     seen = state.seen
     dups = state.options.check_duplicates
+    file_base = state.file_base(name)
     families, lines, sizes, dkeys = chunk.families, chunk.lines, chunk.sizes, chunk.dkeys
     others = chunk.others
     view = memoryview(chunk.blob)
@@ -152,12 +150,12 @@ def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_befo
                     out.block(view[run_start:pos], run_rows)
                     run_rows = 0
                 item = Prepared(name, lines_before + lines[k], None, None, [], None, dkey, None, None)
-                run_start = pos if state.verdict(item, _DUPLICATE) else end
+                run_start = pos if state.verdict(item, state.duplicate(dkey, name)) else end
                 if run_start == pos:
                     run_rows = 1
                 pos, k = end, k + 1
                 continue
-            seen.add(dkey)
+            seen[dkey] = file_base | (lines_before + lines[k] + 1)
         run_rows += 1
         pos, k = end, k + 1
     if run_rows:

@@ -171,6 +171,10 @@ class TestPolicy:
         report = convert([src], tmp_path / "o.jsonl", "openai")
         assert report.warnings == {"duplicate_conversation": 1}
         assert report.rows_out == 2
+        # the warning names the record it repeats
+        assert report.examples["duplicate_conversation"][0].reason == (
+            "the same messages appeared earlier, at line 1"
+        )
 
     def test_max_rejected(self, tmp_path: Path) -> None:
         src = _jsonl(tmp_path / "i.jsonl", [_chat("q", "fine answer"), {"foo": 1}, {"bar": 2}])

@@ -232,6 +232,19 @@ def test_several_inputs_share_duplicates_and_placeholders(tmp_path: Path) -> Non
     assert one.warnings["duplicate_conversation"] > 200
 
 
+def test_a_duplicate_names_the_record_it_repeats(tmp_path: Path) -> None:
+    rows = b"".join(
+        orjson.dumps(_chat(f"question {i}", f"a long enough answer {i}")) + b"\n" for i in range(300)
+    )
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_bytes(rows + rows[: rows.index(b"\n") + 1])  # line 301 repeats line 1
+    b.write_bytes(rows)  # every row repeats a's
+    one, _ = _both(tmp_path, [a, b], chunk_bytes=2000)
+    reasons = {(e.file, e.line): e.reason for e in one.examples["duplicate_conversation"]}
+    assert reasons[(str(a), 301)] == "the same messages appeared earlier, at line 1"
+    assert reasons[(str(b), 1)] == f"the same messages appeared earlier, at {a}:1"
+
+
 @pytest.mark.parametrize("code", ["invalid_tool_arguments", "duplicate_conversation", "json_error"])
 def test_policy_failure_at_the_same_row(tmp_path: Path, code: str) -> None:
     """A fail code stops both paths at the same row, with the same report (rows held for the
