@@ -145,11 +145,12 @@ def record_progress(session: Session, job_id: int, done: int, total: int | None,
 
 
 def record_outputs(session: Session, job_id: int, outputs: list[Output], *, commit: bool = True) -> None:
-    """Record each file output once (a second record of the same path for the same job is ignored);
-    dataset outputs become datasets through :func:`record_datasets`."""
+    """Record each file output (of rows, or a model's file with none) once (a second record of the
+    same path for the same job is ignored); dataset outputs become datasets through
+    :func:`record_datasets`."""
     known = set(session.exec(select(JobOutput.path).where(JobOutput.job_id == job_id)).all())
     for out in outputs:
-        if out.kind == "file" and out.path not in known:
+        if out.kind != "dataset" and out.path not in known:
             session.add(
                 JobOutput(job_id=job_id, path=out.path, rows=out.rows, bytes=out.bytes, sha256=out.sha256)
             )

@@ -47,8 +47,8 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
     folder = export_drafter(Path(params.inputs[0]), out)
     report = Report(rows_in=1, rows_out=1)
     weights, config = folder / "model.safetensors", folder / "config.json"
-    report.outputs.append(Output(str(weights), 1, weights.stat().st_size, sha256_file(weights)))
-    report.outputs.append(Output(str(config), 0, config.stat().st_size, sha256_file(config)))
+    for file in (weights, config):
+        report.outputs.append(Output(str(file), 0, file.stat().st_size, sha256_file(file), kind="model"))
     ctx.event("info", f"exported {params.inputs[0]} to {folder} (z-lab DFlash format)")
     served = read_export(folder, params.target)
     for reading in served:
