@@ -103,7 +103,9 @@
       chart.series.forEach(function (pair, si) {
         var s = store[job + "|" + pair[0]];
         if (!s || !s.x.length) return;
-        var color = colorOf(ri, si), dash = cfg.jobs.length > 1 ? DASHES[si % DASHES.length] : [];
+        // each series of a chart its own dash, so a line of nearly the same values as another
+        // (train and held-out accuracy) shows through its gaps instead of hiding under it
+        var color = colorOf(ri, si), dash = DASHES[si % DASHES.length];
         var label = (cfg.jobs.length > 1 ? "run " + job + " · " : "") + pair[1];
         var line = logSafe(ema(s.y, state.smooth));
         var cols = [s.x, line];

@@ -103,20 +103,25 @@
     var shown = xs.filter(function (i) { return i % each === 0; });
     var opts = {
       width: width, height: 240,
-      scales: { x: { time: false, range: [-0.6, Math.max(labels.length - 0.4, 0.6)] } },
+      // a bar's height is its count from zero: an axis from near the smallest bar made a 300-row
+      // source next to a 400-row one look empty
+      scales: { x: { time: false, range: [-0.6, Math.max(labels.length - 0.4, 0.6)] },
+                y: { range: function (u, lo, hi) { return [0, hi > 0 ? hi * 1.08 : 1]; } } },
       axes: [
         { label: xLabel, splits: function () { return shown; },
           values: function (u, splits) { return splits.map(function (i) { return labels[i] || ""; }); } },
         { label: yLabel },
       ],
       series: [
-        { label: xLabel, value: function (u, i) { return i == null ? "--" : (labels[i] || ""); } },
-        { label: yLabel, fill: "rgba(47,91,211,0.35)", stroke: "#2f5bd3", points: { show: false },
+        { label: xLabel, value: function (u, i) { return i == null ? "hover a bar" : (labels[i] || ""); } },
+        { label: yLabel, value: function (u, v) { return v == null ? "" : Number(v).toLocaleString("en"); }, fill: "rgba(47,91,211,0.35)", stroke: "#2f5bd3", points: { show: false },
           paths: uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.8, 80] }) : undefined },
       ],
     };
     el.replaceChildren();
     el.setAttribute("data-x-labels", String(shown.length));
+    // the y axis' lowest value once the scales are set: 0, what a reader (and a test) can check
+    opts.hooks = { setScale: [function (u, key) { if (key === "y") el.setAttribute("data-y-min", String(u.scales.y.min)); }] };
     new uPlot(opts, [xs, ys], el);
   }
 

@@ -46,6 +46,32 @@
     el.appendChild(p);
   }
 
+  // The legend away from the cursor shows each series' latest value (uPlot's own shows "--" until the
+  // chart is hovered, so a glance told nothing): the x series says "(latest)" then.
+  function lastIndex(u, si) {
+    var d = u.data[si] || [];
+    for (var i = d.length - 1; i >= 0; i--) if (d[i] !== null && d[i] !== undefined) return i;
+    return null;
+  }
+
+  function latestLegend(series, time) {
+    var stamp = time ? uPlot.fmtDate("{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}") : null;
+    var xText = function (v) { return v === null || v === undefined ? "–" : time ? stamp(new Date(v * 1000)) : fmtY(v); };
+    return series.map(function (s, si) {
+      var own = si === 0 ? function (u, v) { return xText(v); } : (s.value || function (u, v) { return fmtY(v); });
+      var value = function (u, v, sIdx, idx) {
+        if (idx !== null && idx !== undefined) return own(u, v, sIdx, idx);
+        if (sIdx === 0) {
+          var end = u.data[0] && u.data[0].length ? u.data[0][u.data[0].length - 1] : null;
+          return end === null ? "–" : xText(end) + " (latest)";
+        }
+        var j = lastIndex(u, sIdx);
+        return j === null ? "–" : own(u, u.data[sIdx][j], sIdx, j);
+      };
+      return Object.assign({}, s, { value: value });
+    });
+  }
+
   // One uPlot in `el` (emptied first): `spec` {data, series, bands}; `o` {time, range [lo, hi] in
   // the data's x units, logy, sync, onSelect}. The band's edges are drawn, not listed: their legend
   // rows would double the legend. Returns the plot.
@@ -56,7 +82,7 @@
     var opts = {
       width: width,
       height: width < 500 ? 200 : 240,
-      series: spec.series,
+      series: latestLegend(spec.series, !!o.time),
       bands: spec.bands || [],
       legend: { live: true },
       cursor: { drag: { x: !!o.onSelect, y: false, setScale: false } },

@@ -133,8 +133,19 @@ def _page_url(path: str) -> str:
     return f"http://{settings.host}:{settings.port}{path} (start `draftdeck up` on this home to open it)"
 
 
+def free_workdir(home: Path) -> Path:
+    """The home's demo/, or demo-2/, demo-3/, ... when an earlier demo holds it: running the demo again
+    just works (its world is reused), and the earlier run stays to compare."""
+    n = 1
+    while True:
+        folder = home / ("demo" if n == 1 else f"demo-{n}")
+        if not (folder / "run").exists() and not (folder / "answers.jsonl").exists():
+            return folder
+        n += 1
+
+
 def demo(
-    workdir: Path,
+    workdir: Path | None,
     *,
     quick: bool = False,
     seed: int = 0,
@@ -142,13 +153,14 @@ def demo(
     rebuild_world: bool = False,
 ) -> None:
     """Run the whole path on the CPU (tiny target, regenerate, tokenize, train, eval) as jobs."""
+    from app.settings import get_settings
     from draftdeck.drafter.eval.params import EvalParams
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.regenerate.params import RegenerateParams
     from draftdeck.tokenize.job import TokenizeParams
 
     size = QUICK if quick else FULL
-    workdir = workdir.resolve()
+    workdir = free_workdir(get_settings().home_dir) if workdir is None else workdir.resolve()
     if (workdir / "run").exists() or (workdir / "answers.jsonl").exists():
         raise typer.BadParameter(f"{workdir} holds an earlier demo: remove it or pass another --workdir")
     started = time.monotonic()

@@ -148,9 +148,6 @@ def worker(
     os.execv(sys.executable, worker_argv(queues, concurrency))
 
 
-DEMO_DIR = Path("var/demo")
-
-
 class DemoArch(StrEnum):
     qwen3 = "qwen3"
     qwen3_5 = "qwen3_5"
@@ -158,7 +155,12 @@ class DemoArch(StrEnum):
 
 @service_app.command("demo")
 def demo_command(
-    workdir: Annotated[Path, typer.Option(help="folder for the tiny world, data and the run")] = DEMO_DIR,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            help="folder for the data and the run (default: the home's demo/, or demo-2/, ... when taken)"
+        ),
+    ] = None,
     quick: Annotated[
         bool, typer.Option(help="a smaller world and run (2 min on a quiet 2-core machine, 1 min once built)")
     ] = False,

@@ -277,6 +277,10 @@ def test_statistics_match_the_shards(tab: tuple[Any, Seen], site: Site) -> None:
     expect(pg.locator("#chart-length")).to_have_attribute("data-drawn", re.compile(r"^\d+$"))
     expect(pg.locator("#chart-trained_fraction")).to_have_attribute("data-drawn", "10")
     assert pg.locator("#chart-length canvas").count() >= 1  # uPlot drew it
+    # bars stand on zero (an axis from near the smallest bar made a smaller source look empty)
+    for chart in ("#chart-length", "#chart-sources"):
+        expect(pg.locator(chart)).to_have_attribute("data-y-min", "0")
+    assert "hover a bar" in pg.locator("#chart-sources .u-legend").inner_text()
     assert pg.locator("#stat-rows").inner_text() == str(len(rows))
     assert pg.locator("#stat-tokens").inner_text() == f"{sum(len(r['input_ids']) for r in rows):,}"
     assert pg.locator("#stat-trained").inner_text() == f"{sum(r['n_trained'] for r in rows):,}"

@@ -131,6 +131,15 @@ def test_two_runs_overlay_in_distinct_colours_with_parameters_compared(
              (el) => getComputedStyle(el.querySelector('.u-marker')).borderColor)"""
     )
     assert len(colours) == 2 and colours[0] != colours[1], colours
+    # not hovered, the legend gives each series' latest value (it said "--" until hovered)
+    page.mouse.move(0, 0)
+    expect(legend.locator(".u-series").first).to_contain_text("(latest)")
+    latest = page.evaluate(
+        """() => Array.from(document.querySelectorAll('#plot-loss .u-legend .u-series')).filter(
+             (el) => /^run \\d+ · train$/.test(el.querySelector('.u-label').textContent.trim())).map(
+             (el) => el.querySelector('.u-value').textContent)"""
+    )
+    assert len(latest) == 2 and all(re.fullmatch(r"[-\d.e]+", v) for v in latest), latest
     assert page.evaluate(f"window.ddCharts.series('{a}|train/loss').x.slice(-1)[0]") == 119
     assert page.evaluate(f"window.ddCharts.series('{b}|train/loss').x.slice(-1)[0]") == 199
     expect(page.locator('#params tr.diff[data-param="lr"]')).to_be_visible()

@@ -129,3 +129,14 @@ def test_a_world_built_earlier_is_reused(dd_home: Path) -> None:
     world = demo_world(QUICK, 3, "qwen3_5", False, said.append)
     assert world.target_dir == folder / "target" and world.prompts == folder / "prompts.jsonl"
     assert said == [f"reusing the tiny world built earlier in {folder} (--rebuild-world builds it again)"]
+
+
+def test_a_second_demo_takes_the_next_free_folder_under_the_home(tmp_path: Path) -> None:
+    from app.cli.demo import free_workdir
+
+    assert free_workdir(tmp_path) == tmp_path / "demo"
+    (tmp_path / "demo" / "run").mkdir(parents=True)
+    assert free_workdir(tmp_path) == tmp_path / "demo-2"
+    (tmp_path / "demo-2").mkdir()
+    (tmp_path / "demo-2" / "answers.jsonl").write_text("")
+    assert free_workdir(tmp_path) == tmp_path / "demo-3"
