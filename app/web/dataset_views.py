@@ -33,6 +33,19 @@ def dataset_alerts(session: Session, ds: Dataset) -> list[Alert]:
     return list(session.exec(query).all())
 
 
+def source_place(source: Any, index: Any, roots: Sequence[Path] | None = None) -> str:
+    """Where a dataset row came from, in the notation of every message (``file:line`` for JSONL,
+    ``file[record]`` otherwise), read from the file's shape when it lies inside the data roots."""
+    from app.settings import get_settings
+    from draftdeck.browse.source import source_where
+
+    try:
+        path = resolve_in_roots(str(source), list(roots if roots is not None else get_settings().roots))
+    except PathNotAllowedError:
+        return f"{Path(str(source)).name}, row {index}"
+    return source_where(path, int(index))
+
+
 def compared_row(
     info: DatasetInfo, n: int, key: RowKey | None, *, first: bool, roots: Sequence[Path]
 ) -> dict[str, Any]:
@@ -52,8 +65,9 @@ def compared_row(
         }
     found = find_row(store, key)
     source, source_row, turn = key
-    shown_turn = f", turn {turn}" if turn is not None and turn >= 0 else ""  # -1: every turn of the row
-    where = f"{Path(source).name} row {source_row}{shown_turn}"
+    # -1: the row trains on every assistant turn
+    shown_turn = f", assistant turn {turn}" if turn is not None and turn >= 0 else ""
+    where = f"{source_place(source, source_row, roots)}{shown_turn}"
     if found is None:
         return {"sample": None, "message": f"no row of this dataset comes from {where}"}
     sample = read_sample(info, found, roots=roots)

@@ -39,7 +39,7 @@ from draftdeck.browse.info import (
 )
 from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.sample import RowKey, Sample, read_sample, row_diff, row_key
-from draftdeck.browse.source import find_source_row
+from draftdeck.browse.source import find_source_row, source_where
 from draftdeck.errors import InputError, PathNotAllowedError
 from draftdeck.paths import resolve_in_roots
 
@@ -339,8 +339,9 @@ def source_partial(
         return render(request, "partials/dataset_source.html",
                       message=f"the source file is not readable here: {exc}", **nothing)  # fmt: skip
     found = find_source_row(path, int(index))
+    where = source_where(path, int(index)) if found.where else None  # the facts' notation, by file name
     return render(request, "partials/dataset_source.html", message=found.message, messages=found.messages,
-                  raw=found.raw, where=found.where)  # fmt: skip
+                  raw=found.raw, where=where, source=str(path))  # fmt: skip
 
 
 # -- statistics ----------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from app.run.outcomes import retry_may_help
 from app.settings import get_settings
 from app.store.models import Alert
 from app.web.auth import csrf_token
+from app.web.dataset_views import source_place
 from app.web.job_views import form_words, job_duration, job_inputs, yaml_text
 from draftdeck.mix.composition import composition
 from draftdeck.paths import resolve_user_path
@@ -97,6 +98,9 @@ def retry_helps(job: Any) -> bool:
 
 
 templates.env.globals["retry_helps"] = retry_helps
+
+
+templates.env.globals["source_place"] = source_place
 
 
 templates.env.filters["form_words"] = form_words

@@ -21,14 +21,29 @@ class SourceRow:
     message: str | None = None  # why nothing (or not all) is shown
 
 
+def source_where(path: Path, index: int) -> str:
+    """Where a source row is, as every message says it: ``file:line`` for JSONL (lines count from 1,
+    as editors do), ``file[index]`` for records of a JSON array or a table (they count from 0); by
+    the file's own shape, or ``file, row N`` when it cannot be read."""
+    from draftdeck.formats.tables import open_reader
+
+    try:
+        with open_reader(path) as reader:
+            lines = reader.container == "jsonl"
+    except Exception:  # gone or unreadable: the number as recorded
+        return f"{path.name}, row {index}"
+    return f"{path.name}:{index}" if lines else f"{path.name}[{index}]"
+
+
 def find_source_row(path: Path, index: int, seconds: float = SOURCE_SCAN_SECONDS) -> SourceRow:
-    """The row the tokenizer recorded as `index`: the 1-based line for JSONL, else the 0-based record."""
-    from draftdeck.formats.readers import RowReader
+    """The row the tokenizer recorded as `index`: the 1-based line for JSONL, else the 0-based record
+    (of a JSON array, a Parquet, Arrow, CSV or TSV table)."""
+    from draftdeck.formats.tables import open_reader
 
     deadline = time.monotonic() + seconds
     found = None
     try:
-        with RowReader(path) as reader:
+        with open_reader(path) as reader:
             for raw in reader:
                 if (raw.line if raw.line is not None else raw.index) == index:
                     found = raw

@@ -494,9 +494,7 @@ def test_compare(client: Any, chat: dict[str, Path], migrated: Path, tokenizer_d
     assert r.status_code == 200 and 'id="side-1"' in r.text and 'id="side-2"' in r.text
     r = client.get("/datasets/compare", params={"a": a, "b": b, "row": 0})
     # b holds no row of a's conversation: nothing to pair it with, and the page says which row it sought
-    assert (
-        r.text.count('class="chips"') == 1 and "no row of this dataset comes from chats.jsonl row 1" in r.text
-    )
+    assert r.text.count('class="chips"') == 1 and "no row of this dataset comes from chats.jsonl:1" in r.text
     r = client.get("/datasets/compare", params={"a": b, "b": a, "row": 3})
     assert r.text.count('class="chips"') == 0 and "row 3 is out of range" in r.text
     r = client.get("/datasets/compare", params={"a": a, "b": b, "row": "x"})
@@ -530,7 +528,7 @@ def test_compare_pairs_rows_by_source_and_stops_at_the_first_other_id(
     r = client.get("/datasets/compare", params={"a": a, "b": b, "row": 0})
     assert r.status_code == 200, r.text
     assert (
-        f"row {last} here comes from chats.jsonl row {rows[0]['source_row']}, turn {rows[0]['turn']}"
+        f"row {last} here comes from chats.jsonl:{rows[0]['source_row']}, assistant turn {rows[0]['turn']}"
         in r.text
     )
     assert "Same token ids" in r.text and "Loss masks agree." in r.text
@@ -651,6 +649,10 @@ def test_a_real_tokenize_job_is_browsable(client: Any, migrated: Path) -> None:
         assert "<script>alert" not in page.text and "\ufffd" not in page.text
         source = client.get(f"/datasets/{ds_id}/rows/{n}/source").text
         assert 'id="source-conversation"' in source and f"chats.jsonl:{row['source_row']}" in source
+        # the row's facts use the panel's notation (JSONL lines count from 1), and say what turn -1 means
+        facts = page.text.split('id="fact-turn"', 1)[1]
+        assert f">chats.jsonl:{row['source_row']}</dd>" in facts
+        assert ">every assistant turn</dd>" in facts or f">assistant turn {row['turn']} only</dd>" in facts
     assert client.get(f"/datasets/{ds_id}").status_code == 200
     assert client.get(f"/datasets/{ds_id}/stats.json").json()["rows"] == len(rows)
 
@@ -680,8 +682,33 @@ def test_the_source_panel_opens_the_original_row_of_a_converted_file(client: Any
     for n, row in enumerate(rows):
         source = client.get(f"/datasets/{ds_id}/rows/{n}/source").text
         assert 'id="source-conversation"' in source and f"original.json[{row['source_row']}]" in source
+        facts = client.get(f"/datasets/{ds_id}/rows/{n}").text.split('id="fact-source"', 1)[1]
+        assert facts.split(">", 1)[1].startswith(f"original.json[{row['source_row']}]</dd>")
     per_source = client.get(f"/datasets/{ds_id}/stats.json").json()["per_source"]
     assert [s["source"] for s in per_source] == [str(original)]
+
+
+def test_the_source_panel_reads_a_parquet_source(client: Any, migrated: Path) -> None:
+    """A table's rows are records counted from 0, read with the table reader (the panel read every
+    source as JSON text, and said a Parquet file could not be read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+    from tests.support.datasets import sample_conversations
+
+    data = migrated / "data"
+    table = data / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist([{"messages": c} for c in sample_conversations()]), table)
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    out_dir = migrated / "datasets" / "from-parquet"
+    tokenize_files([table], out_dir, TokenizeOptions(tok, workers=1))
+    ds_id = registered(client, out_dir)
+    row = shard_rows(out_dir)[-1]
+    source = client.get(f"/datasets/{ds_id}/rows/{len(shard_rows(out_dir)) - 1}/source").text
+    assert 'id="source-conversation"' in source and f"chats.parquet[{row['source_row']}]" in source
 
 
 @pytest.mark.services
