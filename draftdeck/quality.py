@@ -154,14 +154,14 @@ class Example:
 @dataclass
 class Output:
     """A file of rows a job wrote; (kind "dataset") the dataset folder that holds its shards, which the
-    service registers as a dataset when the job succeeds; or (kind "model") a file that holds no rows
+    service registers as a dataset when the job succeeds; or (kind "artifact") a file that holds no rows
     (a drafter's weights, its config, a run record), shown without a row count."""
 
     path: str
     rows: int
     bytes: int
     sha256: str
-    kind: str = "file"  # file | dataset | model
+    kind: str = "file"  # file | dataset | artifact
 
     def to_dict(self) -> dict[str, Any]:
         d = {"path": self.path, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}

@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.cli.common import err, out, usage_exit
+from draftdeck.cli.data import print_scan_figures
 from draftdeck.kinds import KINDS
 from draftdeck.units import binary_size, count
 
@@ -154,6 +155,8 @@ def _wait(client: Client, job_id: int) -> None:
                 f"job {job_id} {job['status']}" + (f": {escape(job['error'])}" if job.get("error") else ""),
                 highlight=False,
             )
+            if job["kind"] == "scan" and (job.get("result") or {}).get("would_reject") is not None:
+                print_scan_figures(job["result"], err)  # the findings, as `draftdeck scan` prints them
             _print_outputs(job, err)
             _print_alerts(client, job_id, err)
             raise typer.Exit(0 if job["status"] == "succeeded" else 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -34,6 +35,22 @@ def job_inputs(job: Job) -> list[str]:
     its data so): a tokenizer, target model or policy file is a parameter, not one more input."""
     value = job.params.get("inputs")
     return [str(v) for v in (value if isinstance(value, list) else [value]) if v is not None]
+
+
+def inputs_changed_since(job: Job) -> bool:
+    """Whether a file the job read (an input, or a file inside an input folder) changed after the job
+    started: then the same parameters can end differently, and a retry makes sense."""
+    start = job.started_at or job.created_at
+    since = start.replace(tzinfo=start.tzinfo or UTC).timestamp()
+    for name in job_inputs(job):
+        path = Path(name)
+        try:
+            files = [path, *path.iterdir()] if path.is_dir() else [path]
+            if any(f.stat().st_mtime > since for f in files):
+                return True
+        except OSError:  # gone or unreadable: the retry would say so
+            continue
+    return False
 
 
 _FLAG = re.compile(r"(?:\b(?:pass|use|with|set)\s+)?--([a-z][a-z0-9-]*)(?:\s+([A-Za-z0-9_.]+))?")

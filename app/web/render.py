@@ -19,7 +19,7 @@ from app.settings import get_settings
 from app.store.models import Alert
 from app.web.auth import csrf_token
 from app.web.dataset_views import source_place
-from app.web.job_views import form_words, job_duration, job_inputs, yaml_text
+from app.web.job_views import form_words, inputs_changed_since, job_duration, job_inputs, yaml_text
 from draftdeck.mix.composition import composition
 from draftdeck.paths import resolve_user_path
 from draftdeck.quality import CHOSEN
@@ -93,8 +93,9 @@ templates.env.globals["chosen_codes"] = sorted(CHOSEN)
 
 
 def retry_helps(job: Any) -> bool:
-    """Whether a page offers Retry: a failure that the same inputs and parameters repeat does not."""
-    return retry_may_help(job.status, job.error)
+    """Whether a page offers Retry: not for a failure that the same inputs and parameters would
+    repeat, unless an input changed since (the user fixed the file)."""
+    return retry_may_help(job.status, job.error) or inputs_changed_since(job)
 
 
 templates.env.globals["retry_helps"] = retry_helps

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -57,44 +59,53 @@ def scan(params: ScanParams, *, report: Path | None) -> None:
 def _table(*columns: str) -> Table:
     table = Table(show_edge=False, header_style="bold")
     for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i == 0 or name == "example" else "right")
+        # a path is folded onto more lines, never cut with an ellipsis: a user copies it
+        table.add_column(name, justify="left" if i == 0 or name in ("example", "file") else "right",
+                         overflow="fold" if name == "file" else "ellipsis")  # fmt: skip
     return table
 
 
 def print_scan(result: Report) -> None:
-    """The pre-flight figures after the summary: shapes, what convert would keep and reject, prompt-only
-    rows, placeholder candidates, key sets and the file's container. User text is never read as markup."""
-    extra = result.extra
-    out.print("[bold]shapes[/]", highlight=False)
-    shapes = _table("shape", "rows")
-    for name, n in result.formats.most_common():
-        shapes.add_row(escape(name), f"{n:,}")
-    out.print(shapes)
-    out.print(
-        f"convert would keep {extra['would_keep']:,} of {result.rows_in:,} rows"
-        + (f" (+{result.rows_expanded:,} expanded)" if result.rows_expanded else ""),
+    print_scan_figures(result.to_dict(), out)
+
+
+def print_scan_figures(figures: dict[str, Any], console: Console) -> None:
+    """The pre-flight figures after the summary, from a scan report's dict (a job's result too): shapes
+    (per file when there are several), what convert would keep and reject, prompt-only rows,
+    placeholder candidates, key sets and each file's container. User text is never read as markup."""
+    files = figures.get("files", [figures])
+    console.print("[bold]shapes[/]", highlight=False)
+    several = len(files) > 1
+    shapes = _table("shape", "rows", *(["file"] if several else []))
+    for f in files if several else [{"formats": figures["formats"], "file": ""}]:
+        for name, n in sorted(f.get("formats", {}).items(), key=lambda kv: -kv[1]):
+            shapes.add_row(escape(name), f"{n:,}", *([escape(f["file"])] if several else []))
+    console.print(shapes)
+    console.print(
+        f"convert would keep {figures['would_keep']:,} of {figures['rows_in']:,} rows"
+        + (f" (+{figures['rows_expanded']:,} expanded)" if figures.get("rows_expanded") else ""),
         highlight=False,
     )
-    if extra["would_reject"]:
-        out.print("[bold]convert would reject[/]", highlight=False)
+    if figures["would_reject"]:
+        console.print("[bold]convert would reject[/]", highlight=False)
         rejects = _table("code", "rows", "example")
-        for item in extra["would_reject"]:
+        for item in figures["would_reject"]:
             ex = item["example"]
             where = "" if ex is None else f"{ex['file']}" + (f":{ex['row']}" if ex["row"] is not None else "")
             text = "" if ex is None else f"{where}: {ex['reason']}"
             rejects.add_row(escape(item["code"]), f"{item['rows']:,}", escape(text))
-        out.print(rejects)
-    prompt_only = extra["prompt_only"]
+        console.print(rejects)
+    prompt_only = figures["prompt_only"]
     if prompt_only:
-        out.print(
+        console.print(
             f"prompt-only rows: {prompt_only:,} (no answer yet: `regenerate` answers them, or convert"
             " --allow-prompt-only keeps them)",
             highlight=False,
             markup=False,
         )
-    ph = extra["placeholder"]
+    ph = figures["placeholder"]
     if ph["flagged"]["rows"] or ph["candidates"]:
-        out.print(
+        console.print(
             f"[bold]placeholder candidates[/] (answers of at most {ph['max_chars']} characters; on"
             f" {ph['min_rows']}+ rows they are rejected as placeholder_response)",
             highlight=False,
@@ -106,20 +117,19 @@ def print_scan(result: Report) -> None:
             cands.add_row("(all rejected answers)", f"{ph['flagged']['rows']:,}", "rejected")
         for c in ph["candidates"]:
             cands.add_row(escape(repr(c["answer"])), f"{c['rows']:,}", "kept")
-        out.print(cands)
-    out.print("[bold]key sets[/]", highlight=False)
+        console.print(cands)
+    console.print("[bold]key sets[/]", highlight=False)
     keys = _table("top-level keys", "rows")
-    for ks in extra["keysets"]:
+    for ks in figures["keysets"]:
         keys.add_row(escape(", ".join(ks["keys"])) or "(none)", f"{ks['rows']:,}")
-    out.print(keys)
-    for skip in extra.get("skipped", []):
-        out.print(f"skipped {skip['file']}: {skip['why']}", highlight=False, markup=False)
-    files = extra.get("files", [extra])
+    console.print(keys)
+    for skip in figures.get("skipped", []):
+        console.print(f"skipped {skip['file']}: {skip['why']}", highlight=False, markup=False)
     for f in files:
-        out.print(
+        console.print(
             f"{binary_size(f['bytes'])} · {f['container']}"
             + (f" · {f['compression']}" if f["compression"] else "")
-            + (f" · {f['file']}" if len(files) > 1 else ""),
+            + (f" · {f['file']}" if several else ""),
             highlight=False, markup=False,
         )  # fmt: skip
 

@@ -69,16 +69,25 @@ class _WatchedReader:
 class _Watch:
     """What the scan sees of the raw rows while read_conversations reads them."""
 
-    def __init__(self, names: dict[Path, str]):
+    def __init__(self, names: dict[Path, str], report: Report):
         self.names = names
+        self.report = report
         self.keysets: Counter[tuple[str, ...]] = Counter()
         self.objects = 0
         self.readers: list[Any] = []
+        self._marks: list[Counter[str]] = []  # the shapes counted when each file was opened
 
     def open(self, path: Path, **kwargs: Any) -> _WatchedReader:
         reader = open_reader(path, display_name=self.names.get(path), **kwargs)
         self.readers.append(reader)
+        self._marks.append(Counter(self.report.formats))
         return _WatchedReader(reader, self)
+
+    def shapes_per_file(self) -> list[dict[str, int]]:
+        """Each file's shapes (rows per detected shape): files are read one after another, so a file's
+        are the counts between its opening and the next one's."""
+        ends = [*self._marks[1:], Counter(self.report.formats)]
+        return [dict((end - start).most_common()) for start, end in zip(self._marks, ends, strict=True)]
 
 
 def _file_facts(reader: Any) -> dict[str, Any]:
@@ -140,7 +149,7 @@ def scan_paths(
         max_row_bytes=max_row_bytes, from_format=from_format, tool_tags=tool_tags, preference=preference
     )
     report = Report()
-    watch = _Watch(names)
+    watch = _Watch(names, report)
     candidates: Counter[tuple[str, ...]] = Counter()
     max_chars = options.placeholder_max_chars
     for conv in read_conversations(list(paths), report, options, progress, open_file=watch.open):
@@ -149,10 +158,14 @@ def scan_paths(
         if key is not None:
             candidates[key] += 1
     report.check_accounting()
-    files = [_file_facts(r) for r in watch.readers]
+    files = [
+        {**_file_facts(r), "formats": shapes}
+        for r, shapes in zip(watch.readers, watch.shapes_per_file(), strict=True)
+    ]
     shown = ", ".join(names.get(p, str(p)) for p in paths)
     keysets = watch.keysets.most_common(MAX_KEYSETS)
-    extra: dict[str, Any] = files[0] if len(files) == 1 else {"files": files}
+    # one file: its facts at the top (its shapes are the report's); several: each with its own shapes
+    extra = {k: v for k, v in files[0].items() if k != "formats"} if len(files) == 1 else {"files": files}
     report.extra.update(extra)
     report.extra.update(
         {

@@ -59,10 +59,11 @@ def scan_files(
     )
 
 
-def write_report(path: Path, data: dict[str, Any], *, rows: int) -> Output:
+def write_report(path: Path, data: dict[str, Any]) -> Output:
+    """The scan's findings as JSON: an artifact (it describes rows, it holds none)."""
     with atomic_output(path, "w") as f:
         json.dump(data, f, indent=2, ensure_ascii=False)
-    return Output(str(path), rows, path.stat().st_size, sha256_file(path))
+    return Output(str(path), 0, path.stat().st_size, sha256_file(path), kind="artifact")
 
 
 def run(params: ScanParams, ctx: RunContext) -> Report:
@@ -74,5 +75,5 @@ def run(params: ScanParams, ctx: RunContext) -> Report:
         tool_tags=params.tool_tags,
         preference=params.preference,
     )
-    report.outputs.append(write_report(ctx.out_dir / REPORT_NAME, report.to_dict(), rows=report.rows_out))
+    report.outputs.append(write_report(ctx.out_dir / REPORT_NAME, report.to_dict()))
     return report

@@ -95,7 +95,7 @@ def test_scan_from_form_shows_rows_keysets_issues_outputs(page: Any, server: Ser
     outputs = page.locator("#outputs tbody tr")
     expect(outputs).to_have_count(1)
     expect(outputs).to_contain_text(f"jobs/{job_id}/scan-report.json")
-    expect(outputs.locator("td.num").first).to_have_text("2")
+    expect(outputs.locator("td.num").first).to_have_text("\u2013")  # a report: it holds no rows
     # The page shows what the job recorded, and the report file on disk says the same.
     report = json.loads(Path(server.job(job_id)["outputs"][0]["path"]).read_text())
     assert (report["rows_in"], report["rows_out"]) == (4, 2)
@@ -171,7 +171,10 @@ def test_empty_file_fails_and_raises_an_alert_that_can_be_acknowledged(
     expect(page.locator("#job-status")).to_have_text("failed")
     expect(page.locator("#job-error")).to_contain_text(f"{path}: empty input (0 bytes, no rows)")
     expect(count(page, "in")).to_have_text("0")
-    expect(page.locator("#job-live form[action$='/retry'] button")).to_be_visible()
+    # the same empty file fails the same way: the page offers the form, not Retry
+    expect(page.locator("#job-no-retry")).to_be_visible()
+    expect(page.locator("#job-live form[action$='/retry'] button")).to_have_count(0)
+    expect(page.locator("#next-steps a", has_text="Change and start again")).to_be_visible()
     # The nav badge lit up without a reload (sent out of band with the last live update).
     badge = page.locator("#alert-count")
     expect(badge).to_be_visible()
@@ -382,7 +385,9 @@ def test_retry_from_a_failed_job_page_runs_a_new_attempt(page: Any, server: Serv
     start_from_form(page, path)
     first = job_id_of(page)
     expect(page.locator("#job-status")).to_have_text("failed")
-    path.write_text(GOOD_ROW + "\n")  # the user fixes the file, then retries
+    expect(page.locator("#job-live button:has-text('Retry')")).to_have_count(0)  # it would fail again
+    path.write_text(GOOD_ROW + "\n")  # the user fixes the file: the page offers Retry now
+    page.reload()
     page.click("#job-live button:has-text('Retry')")
     page.wait_for_url(re.compile(rf"/jobs/(?!{first}$)\d+$"))
     second = job_id_of(page)

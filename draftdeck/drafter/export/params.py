@@ -48,7 +48,7 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
     report = Report(rows_in=1, rows_out=1)
     weights, config = folder / "model.safetensors", folder / "config.json"
     for file in (weights, config):
-        report.outputs.append(Output(str(file), 0, file.stat().st_size, sha256_file(file), kind="model"))
+        report.outputs.append(Output(str(file), 0, file.stat().st_size, sha256_file(file), kind="artifact"))
     ctx.event("info", f"exported {params.inputs[0]} to {folder} (z-lab DFlash format)")
     served = read_export(folder, params.target)
     for reading in served:

@@ -28,7 +28,7 @@ def run_train(params: TrainParams, ctx: RunContext) -> Report:
 
     rows_in = rows read; rows_out = rows used (training + held-out split, see `extra`); rows with
     no DFlash anchor are counted under `rejected["no_dflash_anchor"]`. Outputs: the last
-    checkpoint's weights and run.json, both model files (no rows: rows_out is what was trained and judged on).
+    checkpoint's weights and run.json, both artifacts (no rows: rows_out is what was trained and judged on).
     """
     if params.out is None:  # a job without `out` trains into its own folder (Retry resumes there)
         params = params.model_copy(update={"out": str(ctx.out_dir)})
@@ -48,11 +48,11 @@ def run_train(params: TrainParams, ctx: RunContext) -> Report:
     if record.checkpoints:
         weights = Path(max(record.checkpoints)) / "model.safetensors"
         report.outputs.append(
-            Output(str(weights), 0, weights.stat().st_size, sha256_file(weights), kind="model")
+            Output(str(weights), 0, weights.stat().st_size, sha256_file(weights), kind="artifact")
         )
     run_json = out / "run.json"
     report.outputs.append(
-        Output(str(run_json), 0, run_json.stat().st_size, sha256_file(run_json), kind="model")
+        Output(str(run_json), 0, run_json.stat().st_size, sha256_file(run_json), kind="artifact")
     )
     report.extra = {
         "train_rows": data["train_rows"],

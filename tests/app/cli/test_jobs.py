@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -168,19 +169,18 @@ def test_up_refuses_a_public_address_without_a_token(tmp_path: Path) -> None:
     assert "without DRAFTDECK_TOKEN" in r.stderr + r.stdout
 
 
-def test_submit_wait_says_where_the_output_went(server: str, migrated: Path) -> None:
-    """`jobs submit --wait` names the resolved output (absolute, on the server), not only the status."""
+def _run_the_first_job() -> tuple[list[str], threading.Thread]:
+    """A thread standing in for `draftdeck worker`: it runs the one job once it is queued; the list
+    gets its outcome."""
     from sqlmodel import select
 
     from app.run.job import run_job
     from app.store.db import session_scope
     from app.store.models import Job
 
-    (migrated / "data" / "a.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"},'
-                                               ' {"role": "assistant", "content": "hello"}]}\n')  # fmt: skip
     ran: list[str] = []
 
-    def worker() -> None:  # stands in for `draftdeck worker`: runs the one job once it is queued
+    def worker() -> None:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with session_scope() as session:
@@ -192,6 +192,36 @@ def test_submit_wait_says_where_the_output_went(server: str, migrated: Path) -> 
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
+    return ran, thread
+
+
+def test_submit_wait_prints_a_scans_findings(server: str, migrated: Path) -> None:
+    """`jobs submit scan --wait` prints what `draftdeck scan` prints (it said only "succeeded" and
+    the report's path), shapes per file included."""
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+    (migrated / "data" / "a.jsonl").write_text(json.dumps(chat) + "\n")
+    alpaca = {"instruction": "hi", "output": "hello you"}
+    (migrated / "data" / "b.jsonl").write_text(json.dumps(alpaca) + "\n")
+    ran, thread = _run_the_first_job()
+    r = runner.invoke(
+        app, ["jobs", "submit", "scan", "-p", "inputs=data/a.jsonl", "-p", "inputs=data/b.jsonl", "--wait"]
+    )
+    thread.join(timeout=30)
+    assert ran == ["succeeded"] and r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "convert would keep 2 of 2 rows" in text
+    shapes = "".join(text.split("shapes", 1)[1].split("convert would keep", 1)[0].split())  # paths fold
+    assert re.search(r"openai│1│\S*/data/a\.jsonl", shapes) and re.search(
+        r"alpaca│1│\S*/data/b\.jsonl", shapes
+    )
+    assert "scan-report.json " in text and "row" not in text.split("scan-report.json", 1)[1][:20]
+
+
+def test_submit_wait_says_where_the_output_went(server: str, migrated: Path) -> None:
+    """`jobs submit --wait` names the resolved output (absolute, on the server), not only the status."""
+    (migrated / "data" / "a.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"},'
+                                               ' {"role": "assistant", "content": "hello"}]}\n')  # fmt: skip
+    ran, thread = _run_the_first_job()
     r = runner.invoke(
         app,
         ["jobs", "submit", "convert", "-p", "inputs=data/a.jsonl", "-p", "to=openai",

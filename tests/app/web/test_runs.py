@@ -70,8 +70,10 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
     table = client.get("/runs", headers={"accept": "text/html"}).text
     assert f'data-run="{run}"' in table and alarm in table
     assert f'<a href="/jobs/{ev}">1.500</a> / 1.450' in table  # the latest eval, both conventions
-    baselines = " ".join(table.split('class="muted small eval-baselines"', 1)[1].split("</div>", 1)[0].split())
-    assert "untrained 1.000 · lookup 1.200 · 1.50× tok/s" in baselines  # beside it, on /runs too
+    baselines = " ".join(
+        table.split('class="muted small eval-baselines"', 1)[1].split("</div>", 1)[0].split()
+    )
+    assert "untrained 1.000 · lookup 1.200 · 1.50x tok/s" in baselines  # beside it, on /runs too
     alerts = client.get("/alerts", headers={"accept": "text/html"}).text
     assert '<span class="alert-kind">data not target output</span>' in alerts
     assert (

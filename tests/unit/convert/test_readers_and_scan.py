@@ -284,13 +284,18 @@ class TestScanPreflight:
 
         a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
         a.write_bytes(_jsonl([_qa("q", "a long enough answer to not be a placeholder")]))
-        b.write_bytes(_jsonl([_qa("q", "a long enough answer to not be a placeholder"), _qa("x", None)]))
+        alpaca = {"instruction": "name a colour", "output": "blue, as the sky on a clear day"}
+        b.write_bytes(
+            _jsonl([_qa("q", "a long enough answer to not be a placeholder"), _qa("x", None), alpaca])
+        )
         report = scan_files([a, b], max_row_bytes=1 << 20)
-        assert (report.rows_in, report.rows_out) == (3, 2)  # duplicates across files warn, as in convert
+        assert (report.rows_in, report.rows_out) == (4, 3)  # duplicates across files warn, as in convert
         assert report.warnings == {"duplicate_conversation": 1}
         assert [f["file"] for f in report.extra["files"]] == [str(a), str(b)]
+        # each file's shapes: the report's, split where one file ends and the next begins
+        assert [f["formats"] for f in report.extra["files"]] == [{"openai": 1}, {"openai": 2, "alpaca": 1}]
         assert report.extra["bytes"] == a.stat().st_size + b.stat().st_size
-        assert report.extra["keysets"] == [{"keys": ["messages"], "rows": 3}]
+        assert report.extra["keysets"][0] == {"keys": ["messages"], "rows": 3}
 
 
 def test_a_folder_scan_reads_csv_and_says_what_it_skipped(tmp_path: Path) -> None:

@@ -84,7 +84,7 @@ def test_loss_falls_and_walked_tau_rises_above_two(prepared: tuple[Path, Path], 
     assert report.rows_in == 64 == report.rows_out and report.extra["heldout_rows"] > 0
     assert report.outputs[0].path.endswith("step-00000060/model.safetensors")
     # weights and run.json hold no rows: pages show them without a row count
-    assert [(o.kind, o.rows) for o in report.outputs] == [("model", 0), ("model", 0)]
+    assert [(o.kind, o.rows) for o in report.outputs] == [("artifact", 0), ("artifact", 0)]
     report.check_accounting()
     mask_id = run["drafter"]["mask_token_id"]
     assert json.loads((tmp_path / "run/checkpoints/step-00000060/config.json").read_text())[
