@@ -195,9 +195,17 @@ def form_fields(kind_name: str) -> list[dict[str, Any]]:
             widget = "select"
         elif ftype == "object":
             widget = "pairs"  # KEY=VALUE lines, parsed by the model as the CLI's -k KEY=VALUE
+        auto_title = name.replace("_", " ").title()  # pydantic's title when the field declares none
+        title = spec.get("title", auto_title)
+        label = title if title != auto_title else name.replace("_", " ").capitalize()
         fields.append(
             {
                 "name": name,
+                "label": label,
+                # required fields, the outputs and the kind's essentials first; the rest under Advanced
+                "advanced": name not in required
+                and name not in kind.params.output_paths
+                and name not in kind.params.essentials,
                 "widget": widget,
                 "type": ftype,
                 "options": base.get("enum", []),
@@ -211,6 +219,19 @@ def form_fields(kind_name: str) -> list[dict[str, Any]]:
             }
         )
     return fields
+
+
+def default_text(field: Mapping[str, Any]) -> str:
+    """A form field's default as the form posts it (a query prefills it so): true/false, one value a
+    line, "" for none."""
+    value = field["default"]
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "\n".join(str(v) for v in value)
+    return str(value)
 
 
 class FormError(UsageError):

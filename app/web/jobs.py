@@ -23,7 +23,7 @@ from app.web.auth import (
     token_required,
 )
 from app.web.deps import SessionDep, SettingsDep
-from app.web.job_views import FormError, form_fields, form_params, job_context, recent_jobs
+from app.web.job_views import FormError, default_text, form_fields, form_params, job_context, recent_jobs
 from app.web.render import render
 from draftdeck.errors import UsageError
 from draftdeck.kinds import KINDS
@@ -76,13 +76,22 @@ def _new_job_form(
 ) -> HTMLResponse:
     """The form, blank or (with `error`) as HTTP 400 with the message and what the user typed, each
     field the server refused marked with its reason (`invalid`)."""
+    fields = form_fields(kind)
+    given, refused = values or {}, invalid or {}
     return render(
         request,
         "job_new.html",
         session,
         kinds=KINDS,
         kind=kind,
-        fields=form_fields(kind),
+        fields=fields,
+        # Advanced opens when one of its fields was refused or holds a value other than its default
+        # (a job started again): nothing the user typed or must fix is hidden
+        open_advanced=any(
+            f["advanced"]
+            and (f["name"] in refused or given.get(f["name"], default_text(f)) != default_text(f))
+            for f in fields
+        ),
         roots=settings.roots,
         error=error,
         values=values or {},

@@ -36,7 +36,9 @@ class ConvertParams(JobParams):
         "data files (JSONL, JSON, gzip/zstd, Parquet, Arrow), datasets save_to_disk folders,"
         " or folders of such files"
     )
-    to: Literal["openai", "sharegpt", "parquet"] = Field(default="sharegpt", description="output format")
+    to: Literal["openai", "sharegpt", "parquet"] = Field(
+        default="sharegpt", title="Output format", description="output format"
+    )
     out: str | None = out_file_field()
     strict: bool = strict_field()
     max_rejected: float | None = max_rejected_field()
@@ -70,6 +72,7 @@ class ConvertParams(JobParams):
     max_row_bytes: int = max_row_bytes_field()
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "policy_file")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    essentials: ClassVar[tuple[str, ...]] = ("to", "allow_prompt_only", "placeholders")
 
     def build_policy(self) -> Policy:
         """The policy (raises PolicyError for a bad policy file)."""

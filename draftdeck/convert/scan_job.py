@@ -34,6 +34,7 @@ class ScanParams(JobParams):
     preference: Literal["chosen", "reject"] = preference_field()
     max_row_bytes: int = max_row_bytes_field()
     input_paths: ClassVar[tuple[str, ...]] = ("inputs",)
+    essentials: ClassVar[tuple[str, ...]] = ("from_format",)
 
 
 def scan_files(

@@ -82,7 +82,11 @@ def max_row_bytes_field() -> Any:
 
 
 def out_file_field() -> Any:
-    return Field(default=None, description="output file, written atomically (default: in the job's folder)")
+    return Field(
+        default=None,
+        title="Output file",
+        description="output file, written atomically (default: in the job's folder)",
+    )
 
 
 def strict_field() -> Any:
@@ -189,6 +193,9 @@ class JobParams(BaseModel):
     # A kind whose run picks up what an earlier attempt left in `out` (train resumes from the last
     # checkpoint): a retry of a job that had no `out` is pointed at the failed attempt's folder.
     resumes_in_out: ClassVar[bool] = False
+    # What the New-job form shows up front besides the required fields and the outputs; the rest
+    # (policies, limits, tuning) waits under "Advanced".
+    essentials: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def path_fields(cls) -> tuple[str, ...]:

@@ -67,6 +67,14 @@ class RegenerateParams(JobParams):
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "local")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    essentials: ClassVar[tuple[str, ...]] = (
+        "local",
+        "endpoints",
+        "model",
+        "max_tokens",
+        "temperature",
+        "reasoning",
+    )
 
     def policy(self) -> Policy:
         return Policy.build(None, False, self.max_rejected, **loss_thresholds(self))

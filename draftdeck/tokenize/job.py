@@ -79,6 +79,7 @@ class TokenizeParams(JobParams):
     )
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "tokenizer", "chat_template")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    essentials: ClassVar[tuple[str, ...]] = ("seq_length", "template_kwargs", "chat_template")
 
     def policy(self) -> Policy:
         return Policy.build(None, self.strict, self.max_rejected, **loss_thresholds(self))

@@ -74,6 +74,8 @@ def take(out: Path) -> list[Path]:
                     page.goto(url)
                     if fill:
                         for field, value in fill.items():
+                            if not page.locator(f"#new-job [name={field}]").is_visible():
+                                page.click("#advanced > summary")
                             page.fill(f"#new-job [name={field}]", value)
                         page.click("#new-job button[type=submit]")
                         page.wait_for_load_state()

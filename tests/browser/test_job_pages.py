@@ -29,7 +29,10 @@ def start_from_form(page: Any, path: str | Path, **fields: str) -> None:
     page.goto("/jobs/new")
     page.fill("#new-job textarea[name=inputs]", str(path))
     for name, value in fields.items():
-        page.fill(f"#new-job input[name={name}]", value)
+        field = page.locator(f"#new-job input[name={name}]")
+        if not field.is_visible():  # a policy or limit: under Advanced, as a user finds it
+            page.click("#advanced > summary")
+        field.fill(value)
     page.click("#new-job button[type=submit]")
 
 
@@ -352,6 +355,8 @@ def test_form_sends_lists_enums_and_checkboxes_as_typed_parameters(
     expect(page.locator("#new-job textarea[name=inputs]")).to_be_visible()
     page.fill("#new-job textarea[name=inputs]", f"{a}\n\n  {b}  \n")
     page.select_option("#new-job select[name=to]", "openai")
+    expect(page.locator("#new-job input[name=strict]")).to_be_hidden()  # a policy: under Advanced
+    page.click("#advanced > summary")
     page.check("#new-job input[name=strict]")
     page.click("#new-job button[type=submit]")
     job_id = job_id_of(page)

@@ -95,6 +95,7 @@ class EvalParams(JobParams):
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    essentials: ClassVar[tuple[str, ...]] = ("mode", "temperature", "max_prompts", "max_new_tokens")
 
     @model_validator(mode="after")
     def _sampling_only_when_sampled(self) -> EvalParams:

@@ -33,6 +33,7 @@ class ExportParams(JobParams):
     )
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    essentials: ClassVar[tuple[str, ...]] = ("target",)
 
 
 def run_export(params: ExportParams, ctx: RunContext) -> Report:

@@ -22,6 +22,7 @@ class TrainParams(JobParams):
     inputs: list[str] = inputs_field("Dataset folders (DraftDeck shards) to train on")
     target: str = Field(description="Local HF folder of the target model (a causal LM) and its tokenizer")
     out: str | None = Field(
+        title="Run folder",
         default=None,
         description="Run folder: checkpoints/, run.json; a run resumes when it holds checkpoints"
         " (default: the job's folder)",
@@ -60,7 +61,7 @@ class TrainParams(JobParams):
     )
     batch_size: int = Field(4, ge=1, le=4096, description="Sequences per micro-batch per device")
     grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step")
-    lr: float = Field(6e-4, gt=0, le=1.0, description="Peak learning rate (AdamW)")
+    lr: float = Field(6e-4, gt=0, le=1.0, title="Learning rate", description="Peak learning rate (AdamW)")
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of the cosine, as a ratio of lr"
     )
@@ -117,6 +118,16 @@ class TrainParams(JobParams):
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    essentials: ClassVar[tuple[str, ...]] = (
+        "block_size",
+        "layers",
+        "seq_length",
+        "batch_size",
+        "lr",
+        "max_steps",
+        "epochs",
+        "devices",
+    )
     resumes_in_out: ClassVar[bool] = True
 
     @model_validator(mode="after")

@@ -261,3 +261,23 @@ def test_a_scan_that_would_keep_nothing_is_a_failed_scan(client: TestClient, mig
     assert "convert would keep none of the 3 rows (3 no_assistant_turn)" in error
     assert "Convert this" not in page
     _next_step(page, "Change and start again")
+
+
+def test_the_form_shows_essentials_first_and_opens_advanced_only_for_a_given_value(
+    client: TestClient,
+) -> None:
+    from draftdeck.kinds import KINDS
+
+    for kind in KINDS.values():  # a kind's essentials name its own fields
+        assert set(kind.params.essentials) <= set(kind.params.model_fields), kind.name
+
+    def advanced(query: str) -> tuple[bool, str]:
+        page = client.get(f"/jobs/new?kind=convert{query}").text
+        tag, rest = page.split('<details class="advanced" id="advanced"', 1)[1].split(">", 1)
+        return "open" in tag, rest.split("</details>", 1)[0]
+
+    opened, inside = advanced("")
+    assert not opened and 'name="strict"' in inside and 'name="to"' not in inside
+    assert "Max rejected" in inside and '<code class="param-name"' in inside  # words, and the name
+    assert advanced("&max_rejected=0.5")[0] is False  # the default, as "Change and start again" sends it
+    assert advanced("&max_rejected=0.2")[0] is True  # a value the user chose is never hidden
