@@ -35,6 +35,38 @@ def dataset_folder(path: Path) -> Path | None:
     return None
 
 
+# How far and how much of the data roots the datasets page looks through for dataset folders nobody
+# registered (made by `draftdeck tokenize` in a terminal): a page load stays fast on a big tree.
+UNREGISTERED_DEPTH = 4
+UNREGISTERED_DIRS = 2000
+_NOT_DATA = frozenset({"broker", "demo-worlds", "node_modules", "__pycache__"})
+
+
+def unregistered_in(roots: Iterable[Path], known: Iterable[str | Path]) -> list[Path]:
+    """Dataset folders (a shard manifest inside) under the data roots that are not registered,
+    breadth first, at most UNREGISTERED_DEPTH folders down and UNREGISTERED_DIRS folders in all;
+    hidden folders and DraftDeck's own state (broker, demo worlds) are not looked into."""
+    seen = {Path(k).resolve() for k in known}
+    found: list[Path] = []
+    queue = [(Path(r), 0) for r in roots]
+    visited = 0
+    while queue and visited < UNREGISTERED_DIRS:
+        folder, depth = queue.pop(0)
+        visited += 1
+        try:
+            children = sorted(c for c in folder.iterdir() if c.is_dir() and not c.is_symlink())
+        except OSError:
+            continue
+        if (folder / "manifest.json").is_file() and folder.resolve() not in seen:
+            found.append(folder.resolve())
+            continue  # a dataset's own subfolders are its shards
+        if depth < UNREGISTERED_DEPTH:
+            queue.extend(
+                (c, depth + 1) for c in children if not c.name.startswith(".") and c.name not in _NOT_DATA
+            )
+    return found
+
+
 def found_at(folder: Path) -> FoundDataset:
     resolved = folder.resolve()
     return FoundDataset(resolved, tuple(alerts_for(load_info(resolved))))

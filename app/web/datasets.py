@@ -20,7 +20,7 @@ from sqlmodel import Session, col, select
 
 from app.settings import Settings, get_settings
 from app.store import records as jobs
-from app.store.dataset_records import add_datasets, found_at
+from app.store.dataset_records import add_datasets, found_at, unregistered_in
 from app.store.models import Alert, Dataset
 from app.web.auth import require_page_write
 from app.web.dataset_views import compared_row, concerns_dataset, dataset_alerts, deletable
@@ -87,8 +87,9 @@ def datasets_page(
     open_by_id = {ds.id: sum(1 for a in open_alerts if concerns_dataset(a, ds)) for ds in rows}
     session.commit()
     items = [(ds, load_info(Path(ds.path))) for ds in rows]
+    unregistered = unregistered_in(settings.roots, [ds.path for ds in rows])
     return render(request, "datasets.html", session, nav="datasets", items=items, open_by_id=open_by_id,
-                  roots=settings.roots, error=error, path_value=path_value,
+                  roots=settings.roots, error=error, path_value=path_value, unregistered=unregistered,
                   status_code=400 if error else 200)  # fmt: skip
 
 

@@ -69,6 +69,14 @@ def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> No
             highlight=False,
             soft_wrap=True,
         )
+    for o in result.outputs:
+        if o.kind == "dataset":  # how to browse it: the dashboard finds it, or is told where it is
+            console.print(
+                f"browse it: the dashboard's Datasets page offers {o.path} to register when it lies under"
+                " a data root (./data, the home); elsewhere, register it there by path",
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _open_dataset(dataset: Path) -> Any:

@@ -903,3 +903,17 @@ def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
     assert f'class="badge badge-alert">{own + 1}<' in row
     page = client.get(f"/datasets/{ds_id}").text
     assert 'data-kind="high_duplicated"' in page and "219 of 1,000 rows are duplicates" in page
+
+
+def test_a_dataset_tokenized_in_a_terminal_is_offered_for_registration(
+    client: Any, migrated: Path, tokenizer_dir: Path
+) -> None:
+    """A folder made by `draftdeck tokenize` under a data root shows on /datasets with a Register
+    button (it was invisible until registered by hand); once registered it leaves that list."""
+    folder = write_dataset(migrated / "data" / "nested" / "from-cli",
+                           [{"input_ids": [1, 70, 2], "loss_mask": [0, 1, 1]}], tokenizer_dir)  # fmt: skip
+    page = client.get("/datasets").text
+    offered = page.split('id="unregistered"', 1)[1].split("</section>", 1)[0]
+    assert f'name="path" value="{folder.resolve()}"' in offered
+    registered(client, folder)
+    assert 'id="unregistered"' not in client.get("/datasets").text
