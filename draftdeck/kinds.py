@@ -21,6 +21,7 @@ from draftdeck.convert.job import ConvertParams
 from draftdeck.convert.scan_job import ScanParams
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.export.params import ExportParams
+from draftdeck.drafter.tiny_job import TinyTargetParams
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams
@@ -76,6 +77,8 @@ KINDS: dict[str, JobKind] = {
                 "Real speculative decoding of a drafter checkpoint: tau incl. bonus, baselines, lossless"),
         JobKind("export-drafter", "cpu", ExportParams, "draftdeck.drafter.export.params:run_export",
                 "Export a drafter checkpoint (or a run's best) to z-lab's format for vLLM and SGLang"),
+        JobKind("tiny-target", "cpu", TinyTargetParams, "draftdeck.drafter.tiny_job:run_tiny_target",
+                "Build a tiny trained target (tokenizer, model, prompts) to try the whole path on a CPU"),
     )
 }  # fmt: skip
 

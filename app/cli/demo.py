@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -45,22 +44,20 @@ QUICK = {"target_steps": 200, "prompts": 160, "max_new": 96, "train_steps": 100,
 
 def demo_world(size: dict[str, int], seed: int, arch: str, rebuild: bool, say: Any) -> TinyDemo:
     """The tiny world (tokenizer, target, prompts) of this size, seed and target architecture: built
-    once under the home's demo-worlds/ (minutes on a CPU), reused by every later demo unless
-    `rebuild`."""
+    once under the home's demo-worlds/ by a `tiny-target` job (minutes on a CPU, its progress on the
+    dashboard), reused by every later demo unless `rebuild`."""
     from app.settings import get_settings
-    from draftdeck.drafter.tiny import build_tiny_demo
+    from draftdeck.drafter.tiny_job import TinyTargetParams, is_built
 
     steps, prompts = size["target_steps"], size["prompts"]
     folder = get_settings().home_dir / "demo-worlds" / f"{arch}-target{steps}-prompts{prompts}-seed{seed}"
-    ready = folder / "ready"
-    if ready.is_file() and not rebuild:
+    if is_built(folder) and not rebuild:
         say(f"reusing the tiny world built earlier in {folder} (--rebuild-world builds it again)")
-        return TinyDemo(folder / "tokenizer", folder / "target", folder / "prompts.jsonl")
-    shutil.rmtree(folder, ignore_errors=True)
-    say(f"building the tiny world in {folder} (tokenizer, {arch} target trained {steps} steps)")
-    world = build_tiny_demo(folder, target_steps=steps, n_prompts=prompts, seed=seed, arch=arch, log=say)
-    ready.write_text("built\n", encoding="utf-8")
-    return world
+    else:
+        say(f"building the tiny world in {folder} (tokenizer, {arch} target trained {steps} steps)")
+        params = TinyTargetParams(out=str(folder), arch=arch, target_steps=steps, prompts=prompts, seed=seed)  # type: ignore[arg-type]
+        _run("tiny-target", params, say)
+    return TinyDemo(folder / "tokenizer", folder / "target", folder / "prompts.jsonl")
 
 
 def _run(kind_name: str, params: JobParams, say: Any) -> tuple[int, dict[str, Any]]:

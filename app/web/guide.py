@@ -38,6 +38,7 @@ KIND_PAGES = {
     "train": "train",
     "eval": "eval",
     "export-drafter": "serving",
+    "tiny-target": "jobs",
 }
 
 

@@ -49,6 +49,7 @@ def scan(params: ScanParams, *, report: Path | None) -> None:
         lambda progress: scan_files(
             paths, progress=progress, max_row_bytes=params.max_row_bytes, display_names=params.inputs,
             from_format=params.from_format, tool_tags=params.tool_tags, preference=params.preference,
+            columns=params.columns, tags=params.tags,
         ),
         report,
         details=print_scan,  # a scan that would keep nothing fails: its shapes and rejections say why

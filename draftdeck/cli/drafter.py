@@ -27,6 +27,7 @@ from draftdeck.cli.data import REPORT
 from draftdeck.cli.options import job_command
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.export.params import ExportParams
+from draftdeck.drafter.tiny_job import TinyTargetParams
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
@@ -107,6 +108,18 @@ def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report
         highlight=False,
     )
     return report
+
+
+def tiny_target(params: TinyTargetParams) -> None:
+    from draftdeck.drafter.tiny_job import run_tiny_target
+
+    report = _run(run_tiny_target, params, f"tiny-target {params.arch}", None)
+    out.print(
+        f"target: {escape(report.extra['target'])} (its tokenizer beside it); prompts: "
+        f"{escape(str(Path(str(params.out)) / 'prompts.jsonl'))}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def train(params: TrainParams, *, report: Path | None) -> None:
@@ -208,6 +221,11 @@ def register(app: typer.Typer) -> None:
         job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],
                     doc="Real speculative decoding of a checkpoint with its target on held-out prompts:"
                     " tau incl. bonus, acceptance, speed, lossless check, and the baselines.")
+    )  # fmt: skip
+    app.command("tiny-target")(
+        job_command(TinyTargetParams, tiny_target, required=("out",),
+                    doc="Build a tiny trained target (a tokenizer, a Qwen3 or Qwen3.5 hybrid model, and"
+                    " prompts it never saw) to try the whole path on a CPU; every kind takes it as a target.")
     )  # fmt: skip
     app.command("export-drafter")(
         job_command(ExportParams, export_drafter, required=("out",),

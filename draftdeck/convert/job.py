@@ -15,6 +15,7 @@ from draftdeck.jobs.params import (
     alert_field,
     build_options,
     build_policy,
+    columns_field,
     from_format_field,
     inputs_field,
     max_rejected_field,
@@ -24,6 +25,7 @@ from draftdeck.jobs.params import (
     policy_or_default,
     preference_field,
     strict_field,
+    tags_field,
     tool_tags_field,
     tree_paths_field,
 )
@@ -47,6 +49,8 @@ class ConvertParams(JobParams):
     policy_file: str | None = policy_file_field()
     tree_paths: Literal["all", "best"] = tree_paths_field()
     from_format: FormatName | None = from_format_field()
+    columns: dict[str, str] = columns_field()
+    tags: dict[str, str] = tags_field()
     tool_tags: Literal["parse", "keep"] = tool_tags_field()
     preference: Literal["chosen", "reject"] = preference_field()
     allow_prompt_only: bool = Field(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from draftdeck.convert.placeholders import MODES, PlaceholderRule
 from draftdeck.errors import UsageError
+from draftdeck.formats.columns import check_mapping
 from draftdeck.formats.common import ParseOptions
 from draftdeck.formats.detect import check_format_name
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
@@ -26,6 +27,9 @@ class ConvertOptions:
     from_format: str | None = None  # one shape every row must have (draftdeck.formats.detect); None: detect
     tool_tags: str = "parse"  # Hermes <tool_call>/<tool_response> text: parse into structure, or keep as text
     preference: str = "chosen"  # a preference row: its chosen conversation, or reject the row
+    # a declared column mapping (draftdeck.formats.columns): it reads every row instead of detection
+    columns: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
     max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
     placeholders: str = "reject"  # what a placeholder row becomes: reject | strip | keep
     placeholder_min_rows: int = 32
@@ -48,6 +52,7 @@ class ConvertOptions:
             raise UsageError(f"tree paths must be 'all' or 'best', not {self.tree_paths!r}")
         try:
             check_format_name(self.from_format)
+            check_mapping(self.columns, self.tags)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if self.placeholder_min_rows < 2:
@@ -70,6 +75,8 @@ class ConvertOptions:
             from_format=self.from_format,
             tool_tags=self.tool_tags,
             preference=self.preference,
+            columns=tuple(self.columns.items()),
+            tags=tuple(self.tags.items()),
         )
 
     @property

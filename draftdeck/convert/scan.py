@@ -30,6 +30,7 @@ from draftdeck.convert.options import ConvertOptions
 from draftdeck.convert.placeholders import placeholder_key
 from draftdeck.convert.reading import read_conversations
 from draftdeck.errors import JobFailed
+from draftdeck.formats.columns import mapping_text
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
 from draftdeck.formats.tables import open_reader, skipped_in
 from draftdeck.progress import Progress, no_progress
@@ -140,14 +141,17 @@ def scan_paths(
     from_format: str | None = None,
     tool_tags: str = "parse",
     preference: str = "chosen",
+    columns: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None,
 ) -> Report:
     """Scan `paths` (files or ``save_to_disk`` folders, read in order as one convert would) and return
     the report. Raises :class:`JobFailed` (carrying the report) when no row parsed, InputError for a
     missing or unreadable input."""
     names = dict(zip(paths, display_names, strict=True)) if display_names else {}
     options = ConvertOptions(
-        max_row_bytes=max_row_bytes, from_format=from_format, tool_tags=tool_tags, preference=preference
-    )
+        max_row_bytes=max_row_bytes, from_format=from_format, tool_tags=tool_tags, preference=preference,
+        columns=dict(columns or {}), tags=dict(tags or {}),
+    )  # fmt: skip
     report = Report()
     watch = _Watch(names, report)
     candidates: Counter[tuple[str, ...]] = Counter()
@@ -185,6 +189,8 @@ def scan_paths(
     )
     if from_format is not None:
         report.extra["from_format"] = from_format
+    if columns:
+        report.extra["columns"] = mapping_text(columns, tags or {})
     if report.rows_in == 0:
         raise JobFailed(f"{shown}: empty input ({report.extra['bytes']} bytes, no rows)", report)
     top = ", ".join(f"{n:,} {c}" for c, n in report.rejected.most_common(3))

@@ -12,10 +12,12 @@ from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import (
     JobParams,
+    columns_field,
     from_format_field,
     inputs_field,
     max_row_bytes_field,
     preference_field,
+    tags_field,
     tool_tags_field,
 )
 from draftdeck.progress import Progress, no_progress
@@ -30,6 +32,8 @@ class ScanParams(JobParams):
         " folders, or folders of such files"
     )
     from_format: FormatName | None = from_format_field()
+    columns: dict[str, str] = columns_field()
+    tags: dict[str, str] = tags_field()
     tool_tags: Literal["parse", "keep"] = tool_tags_field()
     preference: Literal["chosen", "reject"] = preference_field()
     max_row_bytes: int = max_row_bytes_field()
@@ -46,6 +50,8 @@ def scan_files(
     from_format: str | None = None,
     tool_tags: str = "parse",
     preference: str = "chosen",
+    columns: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None,
 ) -> Report:
     """Scan the files as one convert would read them (see :func:`draftdeck.convert.scan.scan_paths`); with
     several, `files` in the report lists each file's own container figures."""
@@ -57,6 +63,8 @@ def scan_files(
         from_format=from_format,
         tool_tags=tool_tags,
         preference=preference,
+        columns=columns,
+        tags=tags,
     )
 
 
@@ -73,6 +81,8 @@ def run(params: ScanParams, ctx: RunContext) -> Report:
         progress=ctx.progress,
         max_row_bytes=params.max_row_bytes,
         from_format=params.from_format,
+        columns=params.columns,
+        tags=params.tags,
         tool_tags=params.tool_tags,
         preference=params.preference,
     )

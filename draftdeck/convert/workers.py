@@ -82,10 +82,10 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
         if row.error:
             yield ("x", line, index, row.error, row.reason or "")
             continue
-        # a forced shape is checked by the general path (a plain row may not be of that shape)
+        # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
         fast = (
             plain_row(row.value, to, max_chars, dups, (name, line if line is not None else index))
-            if parse_options.from_format is None
+            if parse_options.from_format is None and not parse_options.columns
             else None
         )
         if fast is not None:

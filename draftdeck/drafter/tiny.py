@@ -275,6 +275,7 @@ def build_target(
     seq_len: int = 128,
     lr: float = 3e-3,
     log: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Build a tiny Qwen3 (or Qwen3.5 hybrid: `shape.arch`) causal LM and train it on demo
     conversations for `steps` steps; save it as a local HF model folder with its tokenizer beside
@@ -331,6 +332,8 @@ def build_target(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        if progress is not None:
+            progress(step + 1, steps)
         if log is not None and (step % 50 == 0 or step == steps - 1):
             rate = (step + 1) / max(time.monotonic() - start, 1e-9)
             left = f", about {(steps - step - 1) / rate:.0f} s left" if step < steps - 1 else ""
@@ -364,6 +367,7 @@ def build_tiny_demo(
     seed: int = 0,
     arch: str = "qwen3",
     log: Callable[[str], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> TinyDemo:
     """Tokenizer, target and prompts under `workdir` (tokenizer/, target/, prompts.jsonl).
     600 target steps take ~120 s on one free core; deterministic given `seed` unless
@@ -371,7 +375,7 @@ def build_tiny_demo(
     tokenizer_dir = build_tokenizer(workdir / "tokenizer", seed=seed)
     target_dir = build_target(
         workdir / "target", tokenizer_dir, steps=target_steps, max_seconds=target_seconds, seed=seed,
-        shape=TargetShape(arch=arch), log=log,
+        shape=TargetShape(arch=arch), log=log, progress=progress,
     )  # fmt: skip
     # Prompts come from another seed than the training text, so they are held out.
     prompts = write_prompts(workdir / "prompts.jsonl", n_prompts, seed=seed + 1)

@@ -30,12 +30,15 @@ class ParseOptions:
     `from_format`: a shape name of draftdeck.formats.detect that every row must have (None: detect);
     `tool_tags`: "parse" (Hermes ``<tool_call>`` / ``<tool_response>`` text becomes structured calls
     and tool messages) or "keep" (it stays text); `preference`: "chosen" (a preference row becomes its
-    chosen conversation) or "reject"."""
+    chosen conversation) or "reject"; `columns` / `tags`: a declared mapping that reads every row."""
 
     tree_paths: str = "all"
     from_format: str | None = None
     tool_tags: str = "parse"
     preference: str = "chosen"
+    # a declared mapping (draftdeck.formats.columns), as (key, field) pairs: it reads every row
+    columns: tuple[tuple[str, str], ...] = ()
+    tags: tuple[tuple[str, str], ...] = ()
 
 
 class ParseContext:

@@ -41,6 +41,7 @@ from typing import Any, Literal, get_args
 from draftdeck.formats import (
     alpaca,
     anthropic,
+    columns,
     gemini,
     glaive,
     hermes,
@@ -340,6 +341,8 @@ def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:
         raise RowRejected(
             "multimodal_content", f"the row holds {media}; a text drafter cannot learn from them"
         )
+    if ctx.options.columns:  # declared by the user: it reads the row, detection does not
+        return columns.FAMILY, columns.parse_mapped(value, ctx)
     forced = ctx.options.from_format
     if forced is not None:
         shape = SHAPES_BY_NAME[forced]

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from draftdeck.errors import PathNotAllowedError, PolicyError
+from draftdeck.formats.columns import check_columns, check_tags
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.paths import check_path_text, resolve_in_roots, resolve_user_path
 from draftdeck.quality import LOSSES, Policy
@@ -69,6 +70,22 @@ def preference_field() -> Any:
         default="chosen",
         description="preference rows (chosen/rejected): read the chosen conversation, or reject them"
         " as preference_row",
+    )
+
+
+def columns_field() -> Any:
+    return Field(
+        default_factory=dict,
+        description="declare how a row's fields make a conversation, for shapes no reader guesses"
+        " (KEY=FIELD; keys: prompt, query, response, reasoning, system, history, tools, messages)",
+    )
+
+
+def tags_field() -> Any:
+    return Field(
+        default_factory=dict,
+        description="the keys of a `messages` column's turns (KEY=VALUE; keys: role_tag, content_tag,"
+        " user_tag, assistant_tag, system_tag, observation_tag, function_tag)",
     )
 
 
@@ -230,6 +247,18 @@ class JobParams(BaseModel):
                 if field is not None and _is_list(field.annotation) and isinstance(value, str):
                     data = {**data, name: [value]}
         return data
+
+    @field_validator("columns", "tags", check_fields=False)
+    @classmethod
+    def _mapping_can_read(cls, value: Any, info: ValidationInfo) -> Any:
+        """A declared column mapping (draftdeck.formats.columns) is checked where it is given, each
+        error on its own field, so the form, the API and the CLI refuse one that cannot read any row
+        before a job starts (columns come before tags in every kind)."""
+        if info.field_name == "columns":
+            check_columns(value)
+        else:
+            check_tags(value, info.data.get("columns") or {})
+        return value
 
     @model_validator(mode="after")
     def _paths_are_text(self) -> Self:

@@ -11,10 +11,12 @@ from draftdeck.formats.detect import FormatName
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
+    columns_field,
     from_format_field,
     inputs_field,
     loss_thresholds,
     max_rejected_field,
+    tags_field,
 )
 from draftdeck.quality import Policy
 
@@ -64,6 +66,8 @@ class RegenerateParams(JobParams):
     alert_duplicated: float | None = alert_field("a duplicate prompt")
     alert_truncated: float | None = alert_field("an answer kept cut at max_tokens (keep_cut_off)")
     from_format: FormatName | None = from_format_field()
+    columns: dict[str, str] = columns_field()
+    tags: dict[str, str] = tags_field()
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "local")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)

@@ -186,14 +186,16 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
         "keep_cut_off": params.keep_cut_off,
         # only when set: a journal written before the option existed still resumes
         **({"from_format": params.from_format} if params.from_format else {}),
+        **({"columns": params.columns, "tags": params.tags} if params.columns else {}),
     }
     journal = Journal(journal_path(out), header)
     job = _Job(params, ctx, report, pol)
     # Prompt-only rows are what regeneration is for; the source's answers are dropped, so a dummy
     # answer on every row (placeholder_response) is no reason to reject a prompt here.
     options = ConvertOptions(
-        policy=pol, allow_prompt_only=True, placeholder_max_chars=-1, from_format=params.from_format
-    )
+        policy=pol, allow_prompt_only=True, placeholder_max_chars=-1, from_format=params.from_format,
+        columns=params.columns, tags=params.tags,
+    )  # fmt: skip
     if journal.resumed:
         ctx.event("info", f"resuming: {journal.resumed} rows already done in {journal.path}")
     health: list[dict[str, Any]] = []

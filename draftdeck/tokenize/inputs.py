@@ -23,6 +23,8 @@ def read_inputs(
     from_format: str | None = None,
     tool_tags: str = "parse",
     preference: str = "chosen",
+    columns: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None,
 ) -> Iterator[Conversation]:
     """Conversations of `paths`; prompt-only rows are rejected as ``no_assistant_turn``; with
     `from_format` every row must have that shape (else ``format_mismatch``)."""
@@ -30,6 +32,7 @@ def read_inputs(
     from draftdeck.quality import Policy
 
     options = ConvertOptions(
-        policy=Policy(strict=strict), from_format=from_format, tool_tags=tool_tags, preference=preference
-    )
+        policy=Policy(strict=strict), from_format=from_format, tool_tags=tool_tags, preference=preference,
+        columns=dict(columns or {}), tags=dict(tags or {}),
+    )  # fmt: skip
     return read_conversations(list(paths), report, options, progress)

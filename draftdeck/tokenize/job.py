@@ -17,11 +17,13 @@ from draftdeck.jobs.params import (
     JobParams,
     alert_field,
     build_options,
+    columns_field,
     from_format_field,
     inputs_field,
     loss_thresholds,
     max_rejected_field,
     preference_field,
+    tags_field,
     tool_tags_field,
 )
 from draftdeck.quality import Output, Policy, Report
@@ -67,6 +69,8 @@ class TokenizeParams(JobParams):
     alert_duplicated: float | None = alert_field("a duplicate")
     alert_truncated: float | None = alert_field("cut at seq_length")
     from_format: FormatName | None = from_format_field()
+    columns: dict[str, str] = columns_field()
+    tags: dict[str, str] = tags_field()
     tool_tags: Literal["parse", "keep"] = tool_tags_field()
     preference: Literal["chosen", "reject"] = preference_field()
     template_may_drop: list[Literal["content", "tool_calls", "reasoning", "tools", "system"]] = Field(

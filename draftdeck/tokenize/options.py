@@ -31,6 +31,8 @@ class TokenizeOptions:
     alert_truncated: float | None = None
     encoder: Literal["auto", "hf", "tiktoken"] = "auto"
     from_format: str | None = None  # one input shape every row must have (draftdeck.formats.detect)
+    columns: dict[str, str] = field(default_factory=dict)  # a declared mapping (draftdeck.formats.columns)
+    tags: dict[str, str] = field(default_factory=dict)
     tool_tags: Literal["parse", "keep"] = "parse"  # Hermes tags in text (draftdeck.formats.hermes)
     preference: Literal["chosen", "reject"] = "chosen"  # preference rows (draftdeck.formats.preference)
     # parts the template may drop on purpose (draftdeck.chat.coverage): warned, the row kept
@@ -41,7 +43,7 @@ class TokenizeOptions:
     def reading(self) -> dict[str, Any]:
         """What reading the inputs is told (:func:`draftdeck.tokenize.inputs.read_inputs`)."""
         return {"strict": self.strict, "from_format": self.from_format, "tool_tags": self.tool_tags,
-                "preference": self.preference}  # fmt: skip
+                "preference": self.preference, "columns": self.columns, "tags": self.tags}  # fmt: skip
 
     def check(self) -> None:
         if self.seq_length is not None and self.seq_length < 2:
