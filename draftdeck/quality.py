@@ -78,6 +78,7 @@ CODES: dict[str, IssueCode] = _codes(
     ("placeholder_stripped", Action.WARN, "placeholder answers removed: the row is a prompt to regenerate"),
     ("duplicate_conversation", Action.WARN, "the conversation appeared earlier in the input"),
     ("unrepresentable_field", Action.WARN, "the target format cannot hold a field; it was left out"),
+    ("unused_text_field", Action.WARN, "a field of long text no reader used (kept, not trained on)"),
     # nothing of the conversation is lost: what a reader cannot keep rejects the row (a policy may downgrade)
     ("lost_part", Action.REJECT, "a content part of a type no reader keeps (it would be lost)"),
     ("lost_system", Action.REJECT, "a system prompt that cannot be kept as text"),

@@ -8,13 +8,38 @@ from xxhash import xxh3_64_intdigest
 
 from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, repeat_of
 
+# A field of the row that no reader took and that holds at least this much text is said, never dropped
+# quietly: a chain of thought or a second answer beside the pair that was read.
+UNUSED_TEXT_CHARS = 200
+
+
+def unused_text(conv: Conversation) -> list[tuple[str, str]]:
+    """``unused_text_field`` for the row's fields the reader left in its meta that hold long text
+    the conversation does not already say: neither found in a message (ultrachat's `prompt` repeats the
+    first user turn) nor a rendering of the whole conversation (Alpaca's `text`: every message in it)."""
+    long = [k for k, v in conv.meta.items() if isinstance(v, str) and len(v) >= UNUSED_TEXT_CHARS]
+    if not long:
+        return []
+    said = [t for m in conv.messages for t in (m.content.strip(), (m.reasoning or "").strip()) if t]
+    lines = [line.strip() for s in said for line in s.splitlines() if line.strip()]
+
+    def repeats(text: str) -> bool:
+        text = text.strip()  # line by line: a rendering joins the turns with its own headers between
+        return any(text in s for s in said) or all(line in text for line in lines)
+
+    unread = [k for k in long if not repeats(conv.meta[k])]
+    if not unread:
+        return []
+    sizes = ", ".join(f"{k!r} ({len(conv.meta[k]):,} characters)" for k in unread)
+    return [("unused_text_field", f"no reader used {sizes}; declare it with --columns to train on it")]
+
 
 def check_conversation(conv: Conversation, allow_prompt_only: bool) -> list[tuple[str, str]]:
     """The issues of one conversation, as (code, reason), rejection-worthy codes first."""
     messages = conv.messages
     if not messages:
         return [("empty_conversation", "the conversation has no messages")]
-    issues: list[tuple[str, str]] = []
+    issues: list[tuple[str, str]] = unused_text(conv) if conv.meta else []
     has_user = has_assistant = False
     empty_at: list[int] = []
     flagged: list[int] = []  # messages with a per-turn training flag

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from xxhash import xxh3_64_intdigest
 
+from draftdeck.convert.checks import UNUSED_TEXT_CHARS
 from draftdeck.convert.placeholders import normalise
 from draftdeck.formats import sharegpt
 from draftdeck.formats.detect import media_of
@@ -100,6 +101,8 @@ def plain_row(
     meta = [k for k in value if k not in known]
     if meta and not RESERVED.isdisjoint(meta):
         return None
+    if any(type(value[k]) is str and len(value[k]) >= UNUSED_TEXT_CHARS for k in meta):
+        return None  # a long field the reader leaves: the general path says whether it was unused
     if to == "sharegpt":
         out: dict[str, Any] = {
             "conversations": [

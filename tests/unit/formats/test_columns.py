@@ -126,3 +126,23 @@ def test_a_csv_converts_and_tokenizes_by_its_mapping_with_exact_masks(
     # the reasoning and the answer are trained, the question is not
     assert MEDICAL["Complex_CoT"] in run and run.endswith(MEDICAL["Response"] + "<|im_end|>")
     assert MEDICAL["Question"] not in run
+
+
+def test_a_long_field_no_reader_used_is_said_and_the_mapping_reads_it(tmp_path: Path) -> None:
+    """Read by its question/answer pair, the row's long chain of thought and second answer would be
+    kept out of training silently: unused_text_field names them; declared, they are read."""
+    cot = "Step by step: " + "the pain pattern, the age and the risk factors point to the heart. " * 4
+    row = {**MEDICAL, "Complex_CoT": cot}
+    turns = [{"role": "user", "content": "x" * 250}, {"role": "assistant", "content": "a long enough answer"}]
+    ultrachat = {"prompt": "x" * 250, "messages": turns}
+    src = tmp_path / "rows.jsonl"
+    src.write_text(json.dumps(row) + "\n" + json.dumps(ultrachat) + "\n")
+    for workers in (1, 2):  # the fast path hands such rows to the general one
+        report = convert([src], tmp_path / f"o{workers}.jsonl", "openai",
+                         options=ConvertOptions(workers=workers, chunk_bytes=64))  # fmt: skip
+        assert report.warnings == {"unused_text_field": 1}  # ultrachat's prompt repeats its first turn
+        [example] = report.examples["unused_text_field"]
+        assert example.line == 1 and "'Complex_CoT' (" in example.reason and "--columns" in example.reason
+    mapped = convert([src], tmp_path / "m.jsonl", "openai",
+                     options=ConvertOptions(columns=MEDICAL_COLUMNS))  # fmt: skip
+    assert "unused_text_field" not in mapped.warnings and mapped.rejected == {"format_mismatch": 1}
