@@ -65,7 +65,7 @@ def test_scan_job_succeeds_through_a_real_worker(stack: Stack, client: TestClien
     assert result["examples"]["json_error"][0]["line"] == 4
     assert job["worker"] and job["started_at"] and job["finished_at"]
     [output] = job["outputs"]
-    assert output["rows"] == 1 and Path(output["path"]).is_file()
+    assert output["rows"] == 0 and Path(output["path"]).is_file()  # a report: it holds no rows
     issues = [e for e in job["events"] if e["code"] == "json_error"]
     assert issues and issues[0]["count"] == 1 and issues[0]["level"] == "rejected"
 
@@ -172,7 +172,7 @@ def test_killed_worker_is_detected_and_retry_succeeds(stack: Stack, client: Test
     retried = wait_for(_ended(client, retry_id), 60, "the retry to end", stack)
     assert retried["status"] == "succeeded", retried
     assert retried["attempt"] == 2 and retried["retry_of"] == job_id
-    assert len(retried["outputs"]) == 1 and retried["outputs"][0]["rows"] == 10
+    assert len(retried["outputs"]) == 1 and retried["result"]["rows_out"] == 10
     assert _job(client, job_id)["outputs"] == [], "the lost attempt gained no output later"
 
 

@@ -39,7 +39,8 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     # the quick world shows the drafter's point: clearly above copying from the prompt
     assert summary["eval_tau"] > 1.5 * summary["prompt_lookup_tau"], summary
     said = done.stderr
-    assert "target step 1/" in said and "world ready" in said and "job 3 train: running" in said
+    # the tiny target is built by a job (its progress and log on the dashboard), then the path runs
+    assert "job 1 tiny-target: running" in said and "world ready" in said and "job 4 train: running" in said
     assert "run page: http://" in said and "%|" not in said  # a full address; no library progress bars
     assert Path(summary["checkpoint"], "model.safetensors").is_file()
     eval_json = json.loads((work / "eval" / "eval.json").read_text())["eval"]
@@ -49,14 +50,17 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert 1 <= summary["eval_tokens_per_step"] <= summary["eval_tau"]
 
     from app.store.db import get_engine
-    from app.store.models import Alert, Job, JobStateHistory, MetricSeries
+    from app.store.models import Alert, Job, JobEvent, JobStateHistory, MetricSeries
     from app.store.run_figures import ALARM_KINDS
 
     with Session(get_engine()) as session:
         jobs = session.exec(select(Job).order_by(Job.id)).all()  # type: ignore[arg-type]
         assert [(j.kind, j.status) for j in jobs] == [
-            (kind, "succeeded") for kind in ("regenerate", "tokenize", "train", "eval")
+            (kind, "succeeded") for kind in ("tiny-target", "regenerate", "tokenize", "train", "eval")
         ]
+        built = session.exec(select(JobEvent.message).where(JobEvent.job_id == jobs[0].id)).all()
+        assert any(m.startswith("target step 1/") for m in built), built
+        jobs = jobs[1:]  # the path itself
         train = jobs[2]
         history = session.exec(select(JobStateHistory).where(JobStateHistory.job_id == train.id)).all()
         assert [(h.from_status, h.to_status) for h in history] == [
