@@ -1,9 +1,9 @@
 """Training rows from DraftDeck shards: a held-out split by conversation, a seeded epoch order with
 a resumable position, collation, and the checks that must pass BEFORE any step.
 
-- Split: a conversation (``source`` + ``source_row``) goes to held-out iff a hash of it falls under
-  `heldout_fraction`; rows split from one conversation (one per assistant turn) stay together, and
-  the split does not depend on the order, the seed or the number of ranks.
+- Split: a conversation (its source file's name + ``source_row``) goes to held-out iff a hash of it
+  falls under `heldout_fraction`; rows split from one conversation (one per assistant turn) stay
+  together, and the split does not depend on the order, the seed, the number of ranks or the folder.
 - Order: epoch e visits the training rows in a permutation seeded by (seed, e). A `DataPosition`
   (epoch, index into that permutation) is what a checkpoint stores: resuming from it continues the
   same permutation, so no example is seen twice in an epoch.
@@ -67,7 +67,10 @@ class DataPosition:
 
 
 def conversation_key(source: str, source_row: int) -> str:
-    return f"{source}\0{source_row}"
+    """A conversation by its source file's name and row: not its folder, so the split is the same
+    wherever the data lives (another home, a file moved and tokenized again); with the whole path, a
+    held-out row of one tokenization could be a training row of the next."""
+    return f"{Path(source).name}\0{source_row}"
 
 
 def is_heldout(source: str, source_row: int, fraction: float) -> bool:
