@@ -125,3 +125,11 @@ def test_an_anchor_pair_never_straddles_two_rows() -> None:
     masks = np.array([0, 1, 1, 0, 1, 1, 1, 0, 1], dtype=np.uint8)  # rows: [0 1] [1 0 1] [1 1] [0 1]
     offsets = np.array([0, 2, 5, 7, 9])
     assert _has_anchor(offsets, masks).tolist() == [False, False, True, False]
+
+
+def test_the_split_does_not_depend_on_the_folder_the_data_lives_in() -> None:
+    """Keyed on the absolute path, the same data split differently in another home or after a move
+    (a held-out row of one tokenization a training row of the next)."""
+    here = [is_heldout("/home/a/data/chat.jsonl", row, 0.3) for row in range(200)]
+    assert here == [is_heldout("/tmp/elsewhere/chat.jsonl", row, 0.3) for row in range(200)]
+    assert 30 < sum(here) < 90
