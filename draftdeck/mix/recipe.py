@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from draftdeck.errors import UsageError
+from draftdeck.formats.columns import check_mapping
 from draftdeck.formats.detect import FormatName
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
@@ -50,6 +51,10 @@ class MixSource(BaseModel):
     weight: float | None = Field(default=None, gt=0, le=1, description="this share of the mix's rows")
     all: bool | None = Field(default=None, description="every row the source holds")
     from_format: FormatName | None = Field(default=None, alias="from", description="one shape for every row")
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="how the source's fields make a conversation (as --columns)"
+    )
+    tags: dict[str, str] = Field(default_factory=dict, description="a messages column's keys (as --tags)")
     min_turns: int | None = Field(default=None, ge=1, description="messages other than system, at least")
     max_turns: int | None = Field(default=None, ge=1)
     min_chars: int | None = Field(
@@ -69,6 +74,10 @@ class MixSource(BaseModel):
             raise ValueError(
                 f"name {self.name!r}: letters, digits and _ . + - only, starting with a letter or digit"
             )
+        try:  # a declared mapping that cannot read any row is refused with the recipe, naming the source
+            check_mapping(self.columns, self.tags)
+        except ValueError as exc:
+            raise ValueError(f"source {self.name!r}: {exc}") from None
         given = [k for k in ("rows", "weight", "all") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(

@@ -129,6 +129,7 @@ def _convert(
     spec: MixSource, path: Path, to: str, pol: Policy, base: ConvertOptions, progress: Progress
 ) -> _Source:
     opts = ConvertOptions(**{**base.__dict__, "policy": pol, "from_format": spec.from_format,
+                             "columns": spec.columns, "tags": spec.tags,
                              "check_duplicates": False})  # fmt: skip
     try:
         rep = convert([Path(p) for p in spec.inputs], path, to, options=opts, progress=progress)

@@ -53,6 +53,12 @@ def _lines(path: Path) -> list[dict]:
             "sources:\n  - name: a\n    inputs: [chat.jsonl]\n    all: true\n",
             "recipe.yaml line 1: seed is required",
         ),
+        (
+            "seed: 1\nsources:\n  - name: a\n    inputs: [chat.jsonl]\n    all: true\n"
+            "    columns: {answer: tgt}\n",
+            "recipe.yaml line 3: source 'a': --columns: unknown key answer (known: prompt, query, response,"
+            " reasoning, system, history, tools, messages)",
+        ),
     ],
 )
 def test_a_bad_recipe_names_its_line(tmp_path: Path, text: str, said: str) -> None:
@@ -264,3 +270,19 @@ def test_declared_repeats_are_not_duplicates_to_convert_but_copies_still_are(
     assert rep.warnings["duplicate_conversation"] == 1 and rep.rows_out == 81
     kept = [json.loads(x)["draftdeck_source"] for x in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert sum(1 for p in kept if p.get("repeat") == 1) == 40 and {p["source"] for p in kept} == {"a"}
+
+
+def test_a_source_declares_its_columns(tmp_path: Path) -> None:
+    """A source of a shape no reader guesses ({src, tgt}) reads by its own mapping beside a detected one."""
+    write_sources(tmp_path)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"src": f"say {i}", "tgt": f"the answer number {i}"}) + "\n"
+                             for i in range(5)))  # fmt: skip
+    text = ("seed: 1\nsources:\n  - name: chat\n    inputs: [chat.jsonl]\n    all: true\n"
+            "  - name: pairs\n    inputs: [pairs.jsonl]\n    all: true\n"
+            "    columns: {prompt: src, response: tgt}\n")  # fmt: skip
+    out = tmp_path / "m.jsonl"
+    report = mix(_recipe(tmp_path, text), out)
+    rows = [r for r in _lines(out) if r["draftdeck_source"]["source"] == "pairs"]
+    assert len(rows) == 5 and report.formats["columns"] == 5
+    assert rows[0]["messages"][0]["content"].startswith("say ")
