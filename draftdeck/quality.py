@@ -46,10 +46,16 @@ class IssueCode:
 
 
 def _codes(*items: tuple[str, Action, str]) -> dict[str, IssueCode]:
-    return {name: IssueCode(name, action, text, name not in CHOSEN) for name, action, text in items}
+    return {
+        name: IssueCode(name, action, text, name not in CHOSEN and name not in FOLDED)
+        for name, action, text in items
+    }
 
 
 CHOSEN = frozenset({"filtered_out", "not_sampled"})
+# Input rows that are part of another row's conversation, or say nothing a conversation holds: an agent
+# session's later lines and events, its summary and bookkeeping lines. Counted, not lost.
+FOLDED = frozenset({"merged_event", "session_metadata"})
 
 
 CODES: dict[str, IssueCode] = _codes(
@@ -65,6 +71,26 @@ CODES: dict[str, IssueCode] = _codes(
         "the row holds images, audio or video: a text drafter cannot learn them",
     ),
     ("empty_conversation", Action.REJECT, "the conversation has no messages"),
+    (
+        "merged_event",
+        Action.REJECT,
+        "a line or event of an agent session, merged into the session's conversation (its first counts)",
+    ),
+    (
+        "session_metadata",
+        Action.REJECT,
+        "an agent session's summary or bookkeeping line or event, not a turn",
+    ),
+    (
+        "abandoned_branch",
+        Action.REJECT,
+        "a line of an agent session on a branch it left (a turn edited or retried): not on the kept path",
+    ),
+    (
+        "contained_prefix",
+        Action.WARN,
+        "the row's episode list holds prefixes of a longer episode: left out, trained once in the longer",
+    ),
     ("empty_turn", Action.WARN, "a message has neither text, reasoning nor tool calls"),
     ("empty_assistant_turn", Action.REJECT, "an empty assistant turn (trains only end-of-turn tokens)"),
     ("no_user_turn", Action.REJECT, "the conversation has no user message"),

@@ -22,7 +22,7 @@ from app.web.dataset_views import source_place
 from app.web.job_views import form_words, inputs_changed_since, job_duration, job_inputs, yaml_text
 from draftdeck.mix.composition import composition
 from draftdeck.paths import resolve_user_path
-from draftdeck.quality import CHOSEN
+from draftdeck.quality import CHOSEN, FOLDED
 from draftdeck.units import binary_size, count, noun_for
 
 templates = Jinja2Templates(directory=resource_dir("templates"))
@@ -90,6 +90,7 @@ templates.env.globals["yaml_text"] = yaml_text
 
 
 templates.env.globals["chosen_codes"] = sorted(CHOSEN)
+templates.env.globals["folded_codes"] = sorted(FOLDED)
 
 
 def retry_helps(job: Any) -> bool:

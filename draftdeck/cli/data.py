@@ -119,6 +119,14 @@ def print_scan_figures(figures: dict[str, Any], console: Console) -> None:
         for c in ph["candidates"]:
             cands.add_row(escape(repr(c["answer"])), f"{c['rows']:,}", "kept")
         console.print(cands)
+    proposal = figures.get("suggested_mapping")
+    if proposal:
+        console.print(
+            f"rows of no known shape ({', '.join(proposal['keys'])}: {proposal['rows']:,} rows) would read"
+            f" with: {proposal['options']}  (a proposal: check each field before you pass it)",
+            highlight=False,
+            markup=False,
+        )
     console.print("[bold]key sets[/]", highlight=False)
     keys = _table("top-level keys", "rows")
     for ks in figures["keysets"]:

@@ -38,8 +38,8 @@ def plain_row(
     turns = value.get("messages")
     if type(turns) is list:
         family, role_key, text_key, role_map, known = "openai", "role", "content", _PLAIN_ROLES, _OPENAI_KEYS
-        if value.get("tools") is not None:
-            return None
+        if value.get("tools") is not None or value.get("functions") is not None:
+            return None  # tools to read (the legacy functions list becomes them)
         system = None
     else:
         turns = value.get("conversations")

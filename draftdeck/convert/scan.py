@@ -11,7 +11,9 @@ checks (and the same ``--from``), so the scan says what a convert would do, row 
   them as no_assistant_turn unless ``--allow-prompt-only``, for regeneration); ``placeholder`` (short
   answers, as convert's placeholder check normalises them, on two rows or more: candidates among
   the kept rows, and the answers over the threshold that convert rejects as placeholder_response);
-  ``would_keep`` and ``would_reject`` (per code: rows and one example with file, row and reason).
+  ``would_keep`` and ``would_reject`` (per code: rows and one example with file, row and reason);
+  ``suggested_mapping`` where rows of no known shape were seen: a ``--columns`` / ``--tags`` proposal
+  for the most common such key set (:mod:`draftdeck.formats.suggest`), or None when none reads it.
 
 Rows balance as in convert: ``rows_in + rows_expanded = rows_out + rejected``. An empty input, one
 where no row parses as a JSON object, and one of which convert would keep no row (all prompt-only,
@@ -31,7 +33,11 @@ from draftdeck.convert.placeholders import placeholder_key
 from draftdeck.convert.reading import read_conversations
 from draftdeck.errors import JobFailed
 from draftdeck.formats.columns import mapping_text
+from draftdeck.formats.common import RowRejected
+from draftdeck.formats.detect import detect
+from draftdeck.formats.grouping import kind_of
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
+from draftdeck.formats.suggest import option_text, suggest_mapping
 from draftdeck.formats.tables import open_reader, skipped_in
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Report
@@ -56,11 +62,15 @@ class _WatchedReader:
 
     def __iter__(self) -> Iterator[RawRow]:
         keysets = self.scan.keysets
+        samples = self.scan.samples
         for row in self.reader:
             value = row.value
             if row.error is None and isinstance(value, dict):
                 self.scan.objects += 1
-                keysets[tuple(sorted(value))] += 1
+                keys = tuple(sorted(value))
+                keysets[keys] += 1
+                if keys not in samples and len(samples) < MAX_KEYSETS:
+                    samples[keys] = value
             yield row
 
     def __getattr__(self, name: str) -> Any:
@@ -74,6 +84,7 @@ class _Watch:
         self.names = names
         self.report = report
         self.keysets: Counter[tuple[str, ...]] = Counter()
+        self.samples: dict[tuple[str, ...], dict[str, Any]] = {}  # the first row of each key set
         self.objects = 0
         self.readers: list[Any] = []
         self._marks: list[Counter[str]] = []  # the shapes counted when each file was opened
@@ -120,6 +131,26 @@ def _placeholder_figures(
             for key, n in repeated.most_common(MAX_PLACEHOLDER_CANDIDATES)
         ],
     }
+
+
+def _suggestion(watch: _Watch) -> dict[str, Any] | None:
+    """A proposed mapping for the most common key set no reader recognises (None: there is none, or
+    no proposal reads it)."""
+    for keys, rows in watch.keysets.most_common(MAX_KEYSETS):
+        sample = watch.samples.get(keys)
+        if sample is None or kind_of(sample) is not None:
+            continue
+        try:
+            detect(sample)
+            continue
+        except RowRejected:
+            pass
+        found = suggest_mapping(sample)
+        if found is not None:
+            columns, tags = found
+            return {"keys": list(keys), "rows": rows, "columns": columns, "tags": tags,
+                    "options": option_text(columns, tags)}  # fmt: skip
+    return None
 
 
 def _would_reject(report: Report) -> list[dict[str, Any]]:
@@ -191,6 +222,8 @@ def scan_paths(
         report.extra["from_format"] = from_format
     if columns:
         report.extra["columns"] = mapping_text(columns, tags or {})
+    elif report.rejected.get("unknown_format"):
+        report.extra["suggested_mapping"] = _suggestion(watch)
     if report.rows_in == 0:
         raise JobFailed(f"{shown}: empty input ({report.extra['bytes']} bytes, no rows)", report)
     top = ", ".join(f"{n:,} {c}" for c, n in report.rejected.most_common(3))
@@ -200,9 +233,15 @@ def scan_paths(
         code = report.rejected.most_common(1)[0][0]
         ex = report.examples[code][0]
         where = f"{ex.file}:{ex.line}" if ex.line is not None else ex.file
+        proposal = report.extra.get("suggested_mapping")
+        fix = (
+            f"declare their fields ({proposal['options']}, say)"
+            if proposal
+            else "read them as another shape with --from"
+        )
         raise JobFailed(
             f"{shown}: convert would keep none of the {report.rows_in:,} rows ({top}); e.g. {where}: "
-            f"{ex.reason}. Fix those rows, or read them as another shape with --from",
+            f"{ex.reason}. Fix those rows, or {fix}",
             report,
         )
     return report

@@ -14,6 +14,9 @@ overlap:
    ``<tool_response>`` tags -> hermes once the tags are lifted (``tool_tags="keep"``: left as text).
    A row that is a bare list of messages is that list under ``messages`` (or ``conversations``).
 1b. ``contents`` of role/parts -> gemini; a ``chat`` text with ``USER:`` / ``ASSISTANT:`` -> glaive
+1c. agent traces: a session log's lines (grouped into ``agent_session`` rows by
+   :mod:`draftdeck.formats.grouping`) -> agent_session; ``events``, a list of agent events (or a file
+   of them) -> event_stream; ToolBench's ``answer_generation.train_messages`` -> tool_search
 2. ``history``/``trajectory`` of message objects -> trajectory
 3. ``prompt`` node with ``replies`` (or a node) -> tree
 4. ``instruction`` + ``output`` -> alpaca; ``instruction`` + ``response`` (+ ``context``, Dolly) ->
@@ -39,9 +42,11 @@ from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 from draftdeck.formats import (
+    agent_session,
     alpaca,
     anthropic,
     columns,
+    event_stream,
     gemini,
     glaive,
     hermes,
@@ -50,6 +55,7 @@ from draftdeck.formats import (
     preference,
     prompt,
     sharegpt,
+    tool_search,
     trajectory,
     tree,
 )
@@ -68,6 +74,9 @@ FormatName = Literal[
     "hermes",
     "preference",
     "turn_pairs",
+    "agent_session",
+    "event_stream",
+    "tool_search",
     "trajectory",
     "tree",
     "alpaca",
@@ -225,6 +234,24 @@ SHAPES: tuple[Shape, ...] = (
         _list_parser(pairs.FAMILY),
     ),
     Shape(
+        agent_session.FAMILY,
+        "the lines of a coding-agent session log (type, uuid, parentUuid, sessionId, message)",
+        lambda v: isinstance(v.get(agent_session.KEY), list),
+        agent_session.parse_row,
+    ),
+    Shape(
+        event_stream.FAMILY,
+        "a list of agent events (source, action or observation, tool_call_metadata)",
+        lambda v: event_stream.is_event_list(v.get(event_stream.KEY)),
+        event_stream.parse_row,
+    ),
+    Shape(
+        tool_search.FAMILY,
+        "answer_generation.train_messages, a list of message lists (ToolBench)",
+        tool_search.looks_like,
+        tool_search.parse_row,
+    ),
+    Shape(
         trajectory.FAMILY,
         "a history or trajectory list of messages or steps",
         lambda v: ("history" in v or "trajectory" in v) and trajectory.trajectory_key(v) is not None,
@@ -325,7 +352,12 @@ def list_row(value: list[Any]) -> dict[str, Any]:
             return {"messages": value}
         if "from" in first:
             return {"conversations": value}
-    raise RowRejected("not_an_object", "a JSON list, not an object (nor a list of role or from messages)")
+        if event_stream.is_event(first):
+            return {event_stream.KEY: value}
+    raise RowRejected(
+        "not_an_object",
+        "a JSON list, not an object (nor a list of role or from messages, nor of agent events)",
+    )
 
 
 def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:

@@ -3,7 +3,8 @@
 Content may be a string or typed parts (``{type: text, text|value}``, reasoning parts, tool_call
 parts). Assistant reasoning comes from ``reasoning_content`` / ``reasoning`` / reasoning parts, or a
 leading ``<think>...</think>`` block in the text. Tool calls from ``tool_calls`` (or the legacy
-``function_call``); tool results have role ``tool`` (legacy ``function``) and ``tool_call_id``.
+``function_call``); tool results have role ``tool`` (legacy ``function``) and ``tool_call_id``. The
+legacy top-level ``functions`` list is the row's tools when it has no ``tools``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ MESSAGE_KEYS = frozenset(
         "tool_call_ids",
         "redacted_reasoning",
         "is_error",
+        "value",
         *TRAIN_FLAG_KEYS,
     }
 )
@@ -60,7 +62,10 @@ def parse_message(d: Any, where: str, ctx: ParseContext, role_map: dict[str, str
                 "unknown_format", f"{where} has no role (keys: {', '.join(sorted(d)) or 'none'})"
             )
         raise RowRejected("unknown_role", f"{where} has role {raw_role!r}")
-    parts = parse_content(d.get("content"), where, ctx)
+    content = d.get("content")
+    if content is None and "value" in d:  # mixed conventions: OpenAI's role with ShareGPT's value
+        content = d["value"]
+    parts = parse_content(content, where, ctx)
     msg = Message(role=role, content=parts.text)  # type: ignore[arg-type]
     reasoning = reasoning_of(d, where, ctx)
     msg.reasoning = reasoning if reasoning is not None else parts.reasoning
@@ -174,5 +179,17 @@ def parse_row(value: dict[str, Any], ctx: ParseContext, key: str = "messages") -
     if "system" in value:
         messages = with_system(system_text(value["system"], "system", ctx), messages, ctx)
     tools = parse_tools(value.get("tools"), "tools", ctx)
-    meta = meta_of(value, (key, "tools", "system"))
+    known: tuple[str, ...] = (key, "tools", "system")
+    if not tools and value.get("functions") is not None:
+        tools, known = legacy_functions(value["functions"], ctx), (*known, "functions")
+    meta = meta_of(value, known)
     return [Conversation(messages, tools=tools, source_format=FAMILY, meta=meta)]
+
+
+def legacy_functions(value: Any, ctx: ParseContext) -> list[dict[str, Any]]:
+    """OpenAI's legacy ``functions`` list (beside messages whose answers carry ``function_call``) as
+    the row's tools: the template renders the definitions the calls depend on."""
+    return [
+        f if "function" in f else {"type": "function", "function": f}
+        for f in parse_tools(value, "functions", ctx)
+    ]

@@ -10,6 +10,11 @@ Shapes:
 - TRL and UltraFeedback: ``prompt`` (text or messages) and ``chosen`` / ``rejected`` (text or
   messages); a ``chosen`` list that holds a user turn is the whole conversation (TRL's implicit
   prompt; UltraFeedback also repeats it as ``messages``).
+- RLHF prompt pairs (DeepSpeed-Chat and its descendants, Anthropic's HH-RLHF): the turns written in
+  the text with ``Human:`` / ``Assistant:`` markers (the text opens with one), ``{"prompt": "Human: ...
+  Assistant:", "chosen", "rejected"?, "response"?}`` (``response`` repeats the chosen answer), or a
+  ``chosen`` text holding the whole dialogue; the prompt's last, empty ``Assistant:`` is where the
+  chosen answer goes. A ``prompt`` with a ``chosen`` and no ``rejected`` is read the same.
 
 With ``preference="chosen"`` (the default) the conversation is the prompt's turns and then the chosen
 answer, warned as ``preference_chosen`` so the report says how many rows were preference data; with
@@ -19,6 +24,7 @@ neither as turns nor as a kept field.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from draftdeck.formats import openai, sharegpt
@@ -43,14 +49,37 @@ ROW_KEYS = (
     "system",
     "tools",
     "history",
+    "response",
 )
+# a turn marker of a dialogue written as text (one that opens with "Human:"), after any whitespace
+_MARKER = re.compile(r"(?:\A|(?<=\s))(Human|Assistant):[ \t]?")
+_MARKED_ROLES = {"Human": "user", "Assistant": "assistant"}
 
 
 def pair_of(value: dict[str, Any]) -> tuple[str, str] | None:
     for chosen, rejected in PAIRS:
         if chosen in value and rejected in value:
             return chosen, rejected
+    if "chosen" in value and "prompt" in value:  # a pair set that kept only the chosen side
+        return "chosen", "rejected"
     return None
+
+
+def dialogue_turns(text: str) -> list[Message] | None:
+    """The turns of a dialogue written as text with ``Human:`` / ``Assistant:`` markers, None unless
+    the text opens with ``Human:``. A last, empty ``Assistant:`` (the slot a prompt leaves for the
+    answer) is no turn."""
+    if not text.lstrip().startswith("Human:"):
+        return None
+    marks = list(_MARKER.finditer(text))
+    out: list[Message] = []
+    for k, m in enumerate(marks):
+        end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
+        said = text[m.end() : end].strip()
+        role = _MARKED_ROLES[m.group(1)]
+        if said or k + 1 < len(marks) or role != "assistant":
+            out.append(finish_assistant(Message(role, said)))  # type: ignore[arg-type]
+    return out
 
 
 def _turns(items: Any, where: str, ctx: ParseContext) -> list[Message]:
@@ -69,7 +98,8 @@ def _turns(items: Any, where: str, ctx: ParseContext) -> list[Message]:
 
 def _side(value: Any, where: str, ctx: ParseContext) -> list[Message]:
     if isinstance(value, str):
-        return [finish_assistant(Message("assistant", value))]
+        turns = dialogue_turns(value) if "Human:" in value else None
+        return turns if turns else [finish_assistant(Message("assistant", value))]
     return _turns(value, where, ctx)
 
 
@@ -84,7 +114,8 @@ def _prompt(value: dict[str, Any], ctx: ParseContext) -> tuple[list[Message], li
     prompt = value.get("prompt")
     if prompt is not None:
         if isinstance(prompt, str):
-            return [Message("user", prompt)], tools
+            turns = dialogue_turns(prompt) if "Human:" in prompt else None
+            return (turns or [Message("user", prompt)]), tools
         return _turns(prompt, "prompt", ctx), tools
     for key in ("conversations", "messages"):
         if value.get(key) is not None:
@@ -104,6 +135,9 @@ def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
     if ctx.options.preference == "reject":
         raise RowRejected("preference_row", f"a preference row ({chosen_key} / {rejected_key})")
     chosen = _side(value[chosen_key], chosen_key, ctx)
+    prompt_text = value.get("prompt")
+    if isinstance(prompt_text, str) and prompt_text.rstrip().endswith("Assistant:") and len(chosen) == 1:
+        chosen[0].content = chosen[0].content.lstrip()  # " answer" after the prompt's "Assistant:"
     if any(m.role == "user" for m in chosen):
         messages, tools = chosen, parse_tools(value.get("tools"), "tools", ctx)  # the whole conversation
     else:
@@ -112,6 +146,9 @@ def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
     if "system" in value:
         system = openai.system_text(value["system"], "system", ctx)
         messages = openai.with_system(system, messages, ctx)
-    ctx.warn("preference_chosen", f"a preference row: {chosen_key} kept, {rejected_key} left out")
+    if rejected_key in value:
+        ctx.warn("preference_chosen", f"a preference row: {chosen_key} kept, {rejected_key} left out")
+    else:
+        ctx.warn("preference_chosen", f"a preference row: {chosen_key} kept (it has no {rejected_key} side)")
     meta = openai.meta_of(value, ROW_KEYS)
     return [Conversation(messages, tools=tools, source_format=FAMILY, meta=meta)]

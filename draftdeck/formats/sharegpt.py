@@ -9,6 +9,8 @@
   ``<tool_call>`` XML inside text stays text: it is what the model generated.
 - Turns with ``role``/``content`` under ``conversations`` (SpecForge) are read as OpenAI messages.
 - The same from/value turns under ``messages`` (LLaMA-Factory's sharegpt columns renamed) read the same.
+- Turns that mix the conventions read as what they mean: ``from`` with ``content``, ``role`` with
+  ``value``.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ TURN_KEYS = frozenset(
     {
         "from",
         "value",
+        "content",
         "reasoning_content",
         "reasoning",
         "tool_calls",
@@ -72,6 +75,8 @@ def parse_turn(d: Any, where: str, ctx: ParseContext, messages: list[Message]) -
             )
         raise RowRejected("unknown_role", f"{where} has from {raw!r}")
     value = d.get("value")
+    if value is None and "value" not in d:  # mixed conventions: ShareGPT's from with OpenAI's content
+        value = d.get("content")
     if role == "function_call":
         calls = parse_tool_call_value(value, where, ctx)
         prev = messages[-1] if messages else None

@@ -1,0 +1,125 @@
+"""Files whose conversations span many rows: an agent session log (a line per event) and an agent event
+stream (a JSON list of events). :func:`group_rows` turns their rows into conversation rows and keeps
+every input row accounted for.
+
+Which kind a file is, is judged once, by its first readable row; a file of any other kind passes
+through untouched (no cost for the usual chat file). Rows of a grouped file are held until the file
+ends (a session's lines may interleave with a sidechain's), then yielded in file order:
+
+- the first row of each conversation carries the whole conversation (``{"agent_session": [...]}``,
+  ``{"events": [...]}``), which the per-row detection reads like any other row;
+- each later row of it is yielded as an accounted rejection, ``merged_event`` naming the row that
+  carries it (``abandoned_branch`` for a session line off the kept path);
+- metadata rows (a session's summary lines, an event stream's state changes) as ``session_metadata``;
+- rows of another kind in the same file (and unreadable ones) as they came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from draftdeck.formats import agent_session, event_stream
+from draftdeck.formats.readers import RawRow, RowReader
+
+
+def kind_of(value: Any) -> str | None:
+    """The grouped kind a file starting with this row is ("agent_session", "event_stream"), or None."""
+    if agent_session.is_line(value):
+        return agent_session.FAMILY
+    if event_stream.is_event(value):
+        return event_stream.FAMILY
+    return None
+
+
+def starts_grouped(path: Path) -> bool:
+    """Whether the JSON file `path` is a session log or an event stream (its first readable row says)."""
+    with RowReader(path) as reader:
+        for row in reader:
+            if row.error is None:
+                return kind_of(row.value) is not None
+    return False
+
+
+def group_rows(rows: Iterable[RawRow]) -> Iterator[RawRow]:
+    """`rows` of one file, with a session log's or event stream's rows grouped into conversations."""
+    it = iter(rows)
+    head: list[RawRow] = []
+    kind = None
+    for row in it:
+        head.append(row)
+        if row.error is None:
+            kind = kind_of(row.value)
+            break
+    if kind is None:
+        yield from head
+        yield from it
+        return
+    held = [*head, *it]
+    if kind == agent_session.FAMILY:
+        yield from _sessions(held)
+    else:
+        yield from _stream(held)
+
+
+def _folded(row: RawRow, code: str, reason: str) -> RawRow:
+    return RawRow(row.file, row.index, row.line, None, row.nbytes, code, reason)
+
+
+def _where(row: RawRow) -> str:
+    return f"line {row.line}" if row.line is not None else f"record {row.index}"
+
+
+def _sessions(held: list[RawRow]) -> Iterator[RawRow]:
+    turns = agent_session.turn_lines([(pos, row.value) for pos, row in enumerate(held) if row.error is None])
+    values = dict(turns)
+    verdicts: dict[int, RawRow] = {}
+    for group in agent_session.chains(turns):
+        path = agent_session.main_path(group, values)
+        first = held[path[0]]
+        verdicts[path[0]] = RawRow(
+            first.file,
+            first.index,
+            first.line,
+            {agent_session.KEY: [values[p] for p in path]},
+            sum(held[p].nbytes for p in group),
+        )
+        on_path = set(path)
+        for pos in group:
+            if pos == path[0]:
+                continue
+            if pos in on_path:
+                reason = f"merged into the session conversation at {_where(first)}"
+                verdicts[pos] = _folded(held[pos], "merged_event", reason)
+            else:
+                reason = f"on a branch the session at {_where(first)} left (an edited or retried turn)"
+                verdicts[pos] = _folded(held[pos], "abandoned_branch", reason)
+    for pos, row in enumerate(held):
+        if pos in verdicts:
+            yield verdicts[pos]
+        elif row.error is None and agent_session.is_metadata(row.value):
+            kind = row.value.get("type")
+            yield _folded(row, "session_metadata", f"a {kind!r} line of the session log, not a turn")
+        else:
+            yield row
+
+
+def _stream(held: list[RawRow]) -> Iterator[RawRow]:
+    events = [pos for pos, row in enumerate(held) if row.error is None and event_stream.is_event(row.value)]
+    turns = [pos for pos in events if event_stream.is_turn(held[pos].value)]
+    first = held[turns[0]] if turns else None
+    for pos, row in enumerate(held):
+        if first is not None and pos == turns[0]:
+            value = {event_stream.KEY: [held[p].value for p in turns]}
+            yield RawRow(row.file, row.index, row.line, value, sum(held[p].nbytes for p in events))
+        elif row.error is not None or not event_stream.is_event(row.value):
+            yield row
+        elif event_stream.is_turn(row.value):
+            assert first is not None
+            yield _folded(
+                row, "merged_event", f"merged into the event stream's conversation at {_where(first)}"
+            )
+        else:
+            what = row.value.get("action") or row.value.get("observation")
+            yield _folded(row, "session_metadata", f"a {what!r} event of the stream, not a turn")

@@ -1,0 +1,75 @@
+"""A proposed mapping for rows no reader recognises: it reads the row it was made from, and scan offers
+it (report, failure message, CLI figures) for the most common unreadable key set."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from draftdeck.cli.data import print_scan_figures
+from draftdeck.convert.scan import scan_paths
+from draftdeck.errors import JobFailed
+from draftdeck.formats.columns import parse_mapped
+from draftdeck.formats.common import ParseContext, ParseOptions
+from draftdeck.formats.suggest import option_text, suggest_mapping
+
+MEDICAL = {"Question": "A 40-year-old has chest pain. Next step?", "Complex_CoT": "Think of the ECG first.",
+           "Response": "Get an ECG."}  # fmt: skip
+
+
+def _read(row: dict[str, Any]) -> list[tuple[str, str, str | None]]:
+    found = suggest_mapping(row)
+    assert found is not None
+    columns, tags = found
+    ctx = ParseContext(ParseOptions(columns=tuple(columns.items()), tags=tuple(tags.items())))
+    [conv] = parse_mapped(row, ctx)
+    return [(m.role, m.content, m.reasoning) for m in conv.messages]
+
+
+def test_named_fields_become_user_reasoning_and_answer() -> None:
+    assert suggest_mapping(MEDICAL) == (
+        {"prompt": "Question", "reasoning": "Complex_CoT", "response": "Response"}, {})  # fmt: skip
+    assert _read(MEDICAL) == [("user", MEDICAL["Question"], None),
+                              ("assistant", "Get an ECG.", "Think of the ECG first.")]  # fmt: skip
+
+
+def test_two_text_fields_are_prompt_then_answer_and_turns_get_their_tags() -> None:
+    assert _read({"src": "Hallo Welt", "tgt": "Hello world"}) == [
+        ("user", "Hallo Welt", None), ("assistant", "Hello world", None)]  # fmt: skip
+    assert _read({"de": "Hallo Welt", "en": "Hello world"})[1] == ("assistant", "Hello world", None)
+    dialog = {"dialog": [{"speaker": "client", "text": "hi there"}, {"speaker": "bot", "text": "hello!"}]}
+    tags = {"role_tag": "speaker", "content_tag": "text", "user_tag": "client", "assistant_tag": "bot"}
+    assert suggest_mapping(dialog) == ({"messages": "dialog"}, tags)
+    assert _read(dialog) == [("user", "hi there", None), ("assistant", "hello!", None)]
+
+
+def test_no_proposal_without_a_user_turn() -> None:
+    assert suggest_mapping({"id": 3, "score": 0.5}) is None
+    assert suggest_mapping({"a": "x", "b": "y", "c": "z"}) is None  # three unnamed texts: no guess
+    assert option_text({"prompt": "My Field"}, {}) == "--columns 'prompt=My Field'"
+
+
+def test_scan_offers_the_mapping_for_the_unreadable_rows(tmp_path: Path) -> None:
+    path = tmp_path / "med.jsonl"
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello " * 9}]}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [MEDICAL, MEDICAL, chat]))
+    report = scan_paths([path])
+    proposal = report.extra["suggested_mapping"]
+    assert (proposal["keys"], proposal["rows"]) == (["Complex_CoT", "Question", "Response"], 2)
+    assert proposal["options"] == (
+        "--columns prompt=Question --columns reasoning=Complex_CoT --columns response=Response"
+    )
+    out = io.StringIO()
+    print_scan_figures(report.to_dict(), Console(file=out, width=200))
+    assert "would read with: --columns prompt=Question" in out.getvalue()
+    path.write_text(json.dumps(MEDICAL) + "\n")
+    with pytest.raises(JobFailed, match=r"declare their fields \(--columns prompt=Question"):
+        scan_paths([path])
+    readable = tmp_path / "chat.jsonl"
+    readable.write_text(json.dumps(chat) + "\n")
+    assert "suggested_mapping" not in scan_paths([readable]).extra
