@@ -233,6 +233,11 @@ class Report:
         return sum(self.rejected.values())
 
     @property
+    def rows_folded(self) -> int:
+        """Rows counted under the FOLDED codes: merged into another row's conversation, or metadata."""
+        return sum(n for name, n in self.rejected.items() if name in FOLDED)
+
+    @property
     def rows_lost(self) -> int:
         """Rejected rows that are data lost: not those a mix's recipe chose to leave (filters, draw)."""
         return sum(n for name, n in self.rejected.items() if code(name).loss)
@@ -430,11 +435,14 @@ class Policy:
         ]
 
     def severity(self, name: str) -> str:
-        """How the job page labels a code: error (fails the job), rejected, or warning."""
+        """How the job page labels a code: error (fails the job), rejected, merged (a row folded into
+        another row's conversation: not a loss), or warning."""
         act = self.action(name)
         if act is Action.FAIL or (self.strict and act is Action.WARN):
             return "error"
-        return "rejected" if act is Action.REJECT else "warning"
+        if act is Action.REJECT:
+            return "merged" if name in FOLDED else "rejected"
+        return "warning"
 
     def failures(self, report: Report) -> list[Failure]:
         """Every reason the finished `report` fails the job (empty list: it passes)."""

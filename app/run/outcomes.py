@@ -46,7 +46,8 @@ def record_success(job_id: int, report: Report, policy: Policy) -> str:
             job_id,
             JobStatus.SUCCEEDED,
             f"succeeded: {count(report.rows_in, 'rows')} in, {report.rows_out:,} out,"
-            f" {report.rows_rejected:,} rejected",
+            f" {report.rows_rejected - report.rows_folded:,} rejected"
+            + (f", {report.rows_folded:,} merged" if report.rows_folded else ""),
             report=report,
             policy=policy,
             result=report.to_dict(),

@@ -101,6 +101,8 @@ def new_job_link(kind: str, params: Mapping[str, Any]) -> str:
 
 
 OFF_TARGET = "data_not_target_output"
+# what a scan shares with the convert it checks for: how the rows are read
+SCAN_READING = ("from_format", "columns", "tags", "tool_tags", "preference")
 
 
 def regenerate_with_target(job: Job) -> str:
@@ -138,8 +140,9 @@ def next_steps(
     if job.kind == "train" and any(a.kind == OFF_TARGET for a in alerts):
         fixes = [("Regenerate with this target", regenerate_with_target(job))]
     if job.status == JobStatus.SUCCEEDED:
-        if job.kind == "scan" and inputs:
-            return [("Convert this", new_job_link("convert", {"inputs": inputs}))]
+        if job.kind == "scan" and inputs:  # read as the scan read it: its mapping and reading choices
+            read_as = {k: job.params.get(k) for k in SCAN_READING}
+            return [("Convert this", new_job_link("convert", {"inputs": inputs, **read_as}))]
         if job.kind == "convert" and files:
             return [("Tokenize this", new_job_link("tokenize", {"inputs": files}))]
         if job.kind == "mix" and files:  # re-weighting after the per-source figures is the next loop
@@ -149,6 +152,10 @@ def next_steps(
             return [(f"Open dataset {d.name}", f"/datasets/{d.id}") for d in datasets]
         return fixes
     if job.status == JobStatus.FAILED and job.kind in KINDS:
+        proposal = (job.result or {}).get("suggested_mapping") if job.kind == "scan" else None
+        if proposal:  # no row of the input was readable: try the proposed mapping first
+            mapped = {**job.params, "columns": proposal["columns"], "tags": proposal["tags"]}
+            fixes = [*fixes, ("Scan with the proposed mapping", new_job_link("scan", mapped))]
         return [*fixes, ("Change and start again", new_job_link(job.kind, job.params))]
     return fixes
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.errors import InputError, JobFailed, UsageError
-from draftdeck.quality import Report
+from draftdeck.quality import FOLDED, Report
 
 out = Console()
 err = Console(stderr=True)
@@ -36,12 +36,15 @@ def print_report(report: Report, title: str) -> None:
     if report.rows_expanded:
         table.add_row("expanded", f"{report.rows_expanded:,}")
     for name, n in sorted(report.rejected.items()):
-        table.add_row(f"rejected: {name}", f"{n:,}", style="yellow")
+        if name in FOLDED:  # part of another row's conversation: counted, not lost
+            table.add_row(f"merged: {name}", f"{n:,}")
+        else:
+            table.add_row(f"rejected: {name}", f"{n:,}", style="yellow")
     for name, n in sorted(report.warnings.items()):
         table.add_row(f"warning: {name}", f"{n:,}", style="yellow")
     out.print(table)
     for name, examples in sorted(report.examples.items()):
-        for ex in examples[:3]:
+        for ex in examples[: 1 if name in FOLDED else 3]:
             where = f"{ex.file}:{ex.line}" if ex.line is not None else ex.file
             out.print(f"  [yellow]{name}[/] {escape(str(where))}: {escape(ex.reason)}", highlight=False)
     for what, loss in (report.extra.get("losses") or {}).items():

@@ -25,7 +25,7 @@ from draftdeck.cli.options import job_command, option
 from draftdeck.convert.job import ConvertParams, convert_files
 from draftdeck.convert.scan_job import ScanParams, scan_files
 from draftdeck.errors import UsageError
-from draftdeck.quality import Report
+from draftdeck.quality import FOLDED, Report
 from draftdeck.units import binary_size, count
 
 REPORT = option("report", Path | None, None, help="write the JSON report here")
@@ -82,15 +82,18 @@ def print_scan_figures(figures: dict[str, Any], console: Console) -> None:
         for name, n in sorted(f.get("formats", {}).items(), key=lambda kv: -kv[1]):
             shapes.add_row(escape(name), f"{n:,}", *([escape(f["file"])] if several else []))
     console.print(shapes)
+    merged = sum(item["rows"] for item in figures["would_reject"] if item["code"] in FOLDED)
     console.print(
         f"convert would keep {figures['would_keep']:,} of {figures['rows_in']:,} rows"
-        + (f" (+{figures['rows_expanded']:,} expanded)" if figures.get("rows_expanded") else ""),
+        + (f" (+{figures['rows_expanded']:,} expanded)" if figures.get("rows_expanded") else "")
+        + (f"; {merged:,} lines or events merged into them or metadata, not lost" if merged else ""),
         highlight=False,
     )
-    if figures["would_reject"]:
+    rejected = [item for item in figures["would_reject"] if item["code"] not in FOLDED]
+    if rejected:
         console.print("[bold]convert would reject[/]", highlight=False)
         rejects = _table("code", "rows", "example")
-        for item in figures["would_reject"]:
+        for item in rejected:
             ex = item["example"]
             where = "" if ex is None else f"{ex['file']}" + (f":{ex['row']}" if ex["row"] is not None else "")
             text = "" if ex is None else f"{where}: {ex['reason']}"

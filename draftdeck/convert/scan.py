@@ -149,7 +149,7 @@ def _suggestion(watch: _Watch) -> dict[str, Any] | None:
         if found is not None:
             columns, tags = found
             return {"keys": list(keys), "rows": rows, "columns": columns, "tags": tags,
-                    "options": option_text(columns, tags)}  # fmt: skip
+                    "mapping": mapping_text(columns, tags), "options": option_text(columns, tags)}  # fmt: skip
     return None
 
 
@@ -235,7 +235,7 @@ def scan_paths(
         where = f"{ex.file}:{ex.line}" if ex.line is not None else ex.file
         proposal = report.extra.get("suggested_mapping")
         fix = (
-            f"declare their fields ({proposal['options']}, say)"
+            f"declare their fields with --columns: {proposal['mapping']}, say"
             if proposal
             else "read them as another shape with --from"
         )

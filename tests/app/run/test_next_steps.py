@@ -263,6 +263,34 @@ def test_a_scan_that_would_keep_nothing_is_a_failed_scan(client: TestClient, mig
     _next_step(page, "Change and start again")
 
 
+def test_an_unreadable_file_s_proposed_mapping_carries_to_the_convert(
+    client: TestClient, migrated: Path
+) -> None:
+    """A scan of rows no reader knows proposes a mapping and offers to scan with it; the scan that
+    reads offers Convert this with the same mapping (a convert without it would fail)."""
+    from app.run.job import run_job
+    from app.store.db import session_scope
+    from app.store.models import Job
+
+    rows = migrated / "data" / "medical.jsonl"
+    rows.write_text("".join(json.dumps({"Question": f"q{i}?", "Response": f"answer number {i}"}) + "\n"
+                            for i in range(3)))  # fmt: skip
+    csrf = client.cookies.get("dd_csrf") or ""
+    job = _start(client, f"/jobs/new?kind=scan&inputs={rows}", csrf=csrf)
+    assert run_job(job, in_process=True) == "failed"
+    page = client.get(f"/jobs/{job}").text
+    assert "--columns prompt=Question --columns response=Response" in html.unescape(page)
+    mapped = _start(client, _next_step(page, "Scan with the proposed mapping"), csrf=csrf)
+    assert run_job(mapped, in_process=True) == "succeeded"
+    link = _next_step(client.get(f"/jobs/{mapped}").text, "Convert this")
+    convert = _start(client, link, csrf=csrf)
+    assert run_job(convert, in_process=True) == "succeeded"
+    with session_scope() as s:
+        done = s.get(Job, convert)
+        assert done is not None and done.params["columns"] == {"prompt": "Question", "response": "Response"}
+        assert done.result["rows_out"] == 3  # type: ignore[index]
+
+
 def test_the_form_shows_essentials_first_and_opens_advanced_only_for_a_given_value(
     client: TestClient,
 ) -> None:

@@ -68,7 +68,7 @@ def test_scan_offers_the_mapping_for_the_unreadable_rows(tmp_path: Path) -> None
     print_scan_figures(report.to_dict(), Console(file=out, width=200))
     assert "would read with: --columns prompt=Question" in out.getvalue()
     path.write_text(json.dumps(MEDICAL) + "\n")
-    with pytest.raises(JobFailed, match=r"declare their fields \(--columns prompt=Question"):
+    with pytest.raises(JobFailed, match="declare their fields with --columns: prompt=Question reasoning="):
         scan_paths([path])
     readable = tmp_path / "chat.jsonl"
     readable.write_text(json.dumps(chat) + "\n")
