@@ -148,8 +148,9 @@ def _suggestion(watch: _Watch) -> dict[str, Any] | None:
         found = suggest_mapping(sample)
         if found is not None:
             columns, tags = found
+            mapping, options = mapping_text(columns, tags), option_text(columns, tags)
             return {"keys": list(keys), "rows": rows, "columns": columns, "tags": tags,
-                    "mapping": mapping_text(columns, tags), "options": option_text(columns, tags)}  # fmt: skip
+                    "mapping": mapping, "options": options}  # fmt: skip
     return None
 
 

@@ -74,11 +74,11 @@ def chains(lines: list[tuple[int, dict[str, Any]]]) -> list[list[int]]:
     """The conversations of a session's turn lines ((position, line) pairs, in file order): each a list
     of positions, grouped by parentUuid chain (a sidechain or a parentless line starts its own)."""
     group_of: dict[str, int] = {}  # uuid -> group
-    last_of: dict[tuple[Any, bool], int] = {}  # (session, sidechain) -> its latest group
+    last_of: dict[tuple[Any, bool, Any], int] = {}  # (session, sidechain, sub-agent) -> its latest group
     groups: list[list[int]] = []
     for pos, line in lines:
         parent = line.get("parentUuid")
-        lane = (line.get("sessionId"), line.get("isSidechain") is True)
+        lane = (line.get("sessionId"), line.get("isSidechain") is True, line.get("agentId"))
         if isinstance(parent, str) and parent in group_of:
             g = group_of[parent]
         elif (parent is None and "parentUuid" in line) or lane not in last_of:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftdeck.formats.common import ParseContext, RowRejected, finish_assistant, text_of
+from draftdeck.formats.dialogue import dialogue_turns
 from draftdeck.formats.model import Conversation, Message
 from draftdeck.formats.openai import meta_of
 
@@ -91,6 +92,15 @@ def parse_query_response(value: dict[str, Any], ctx: ParseContext) -> list[Conve
     pair = pair_of(value)
     assert pair is not None
     q, a = pair
-    messages = _build(value, text_of(value[q], q, ctx), value[a], a, ctx)
+    question = text_of(value[q], q, ctx)
+    turns = dialogue_turns(question) if "Human:" in question else None
+    if (
+        turns and turns[-1].role == "user"
+    ):  # an RLHF prompt: "Human: ... Assistant: ... Human: ... Assistant:"
+        messages = _build(value, turns[-1].content, value[a], a, ctx)
+        messages[-2:-1] = turns  # the earlier turns before the last question, after any system
+        messages[-1].content = messages[-1].content.lstrip()  # " answer" after the last "Assistant:"
+    else:
+        messages = _build(value, question, value[a], a, ctx)
     meta = meta_of(value, (q, a, "system", "history"))
     return [Conversation(messages, source_format=QUERY_RESPONSE, meta=meta)]

@@ -242,7 +242,7 @@ SHAPES: tuple[Shape, ...] = (
     Shape(
         event_stream.FAMILY,
         "a list of agent events (source, action or observation, tool_call_metadata)",
-        lambda v: event_stream.is_event_list(v.get(event_stream.KEY)),
+        lambda v: event_stream.events_key(v) is not None,
         event_stream.parse_row,
     ),
     Shape(
@@ -354,6 +354,8 @@ def list_row(value: list[Any]) -> dict[str, Any]:
             return {"conversations": value}
         if event_stream.is_event(first):
             return {event_stream.KEY: value}
+    if event_stream.is_event_list(value):  # [action, observation] pairs
+        return {event_stream.KEY: value}
     raise RowRejected(
         "not_an_object",
         "a JSON list, not an object (nor a list of role or from messages, nor of agent events)",

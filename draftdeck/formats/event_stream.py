@@ -5,14 +5,15 @@ An event is ``{"id", "source": "user" | "agent" | "environment", "action": "mess
 "cause"}``. Events of the model's own turns carry ``tool_call_metadata``: the ``model_response`` (an
 OpenAI chat.completion whose message holds the text and the ``tool_calls``) and the ``tool_call_id``
 an observation answers. A stream reaches :func:`parse_row` as ``{"events": [...]}`` (a file that is
-one list of events, grouped by :mod:`draftdeck.formats.grouping`, or a row holding the list):
+one list of events, grouped by :mod:`draftdeck.formats.grouping`, or a row holding the list; older
+histories hold ``[action, observation]`` pairs, and evaluation outputs hold them under ``history``):
 
 - ``system`` action -> the system prompt (``args.content``) and the tools (``args.tools``);
 - a ``message`` action -> a user or assistant turn (``args.content``);
 - an agent action with ``tool_call_metadata`` -> the assistant turn of its ``model_response``, once
   per response (several actions of one response share it: its tool calls, their ids, its text and
-  reasoning as the model wrote them); without one (older streams), a turn of its ``args.thought``
-  and one call of the action's name and ``args``;
+  reasoning as the model wrote them); where the response was trimmed to its id (or not recorded), a
+  turn of the ``args.thought`` and one call per action, of its function name and ``args``;
 - an observation answering a call -> a tool message with that ``tool_call_id`` (``error``
   observations flagged as errors); ``finish`` -> the assistant's final text.
 
@@ -23,8 +24,6 @@ Everything else (agent state changes, recalls, null events, observations that an
 from __future__ import annotations
 
 from typing import Any
-
-import orjson
 
 from draftdeck.formats import openai
 from draftdeck.formats.common import ParseContext, RowRejected, finish_assistant, parse_tools, text_of
@@ -47,13 +46,43 @@ def is_event(value: Any) -> bool:
 
 
 def is_event_list(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and is_event(value[0])
+    """A list of events, or of [action, observation] pairs (older OpenHands histories)."""
+    if not isinstance(value, list) or not value:
+        return False
+    first = value[0]
+    return is_event(first) or (isinstance(first, list) and bool(first) and is_event(first[0]))
+
+
+def flat(events: list[Any]) -> list[Any]:
+    """The events of a list of events or of [action, observation] pairs, in order."""
+    out: list[Any] = []
+    for item in events:
+        if isinstance(item, list):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
+
+
+def events_key(value: dict[str, Any]) -> str | None:
+    """The key of a row's list of events: ``events``, or ``history`` (OpenHands' evaluation outputs)."""
+    for key in (KEY, "history"):
+        if is_event_list(value.get(key)):
+            return key
+    return None
 
 
 def _call_id(event: dict[str, Any]) -> str | None:
     meta = event.get("tool_call_metadata")
     call_id = meta.get("tool_call_id") if isinstance(meta, dict) else None
     return call_id if isinstance(call_id, str) else None
+
+
+def _response_id(event: dict[str, Any]) -> str | None:
+    meta = event.get("tool_call_metadata")
+    response = meta.get("model_response") if isinstance(meta, dict) else None
+    rid = response.get("id") if isinstance(response, dict) else None
+    return str(rid) if rid is not None else None
 
 
 def _response(event: dict[str, Any]) -> dict[str, Any] | None:
@@ -104,14 +133,15 @@ def _fallback_turn(event: dict[str, Any], where: str, ctx: ParseContext) -> Mess
 
 
 def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
-    events = value.get(KEY)
-    if not isinstance(events, list) or not is_event_list(events):
+    key = events_key(value)
+    if key is None:
         raise RowRejected("unknown_format", f"{KEY} is not a list of agent events")
+    events = flat(value[key])
     messages: list[Message] = []
     tools: list[dict[str, Any]] = []
-    responses: set[str] = set()  # the model responses already turned into an assistant turn
+    turns: dict[str, Message] = {}  # each model response's assistant turn, made once
     for i, event in enumerate(events):
-        where = f"{KEY}[{i}]"
+        where = f"{key}[{i}]"
         if not isinstance(event, dict) or not is_turn(event):
             continue
         action = event.get("action")
@@ -127,18 +157,23 @@ def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
             messages.append(Message("system", _text(event, where, ctx)))
             tools = parse_tools(_args(event).get("tools"), f"{where}.args.tools", ctx)
         elif event.get("tool_call_metadata") is not None:
+            rid = _response_id(event)
+            made = turns.get(rid) if rid is not None else None
             response = _response(event)
-            meta = event["tool_call_metadata"]
-            rid = meta.get("model_response", {}).get("id") if isinstance(meta, dict) else None
-            key = str(rid) if rid is not None else orjson.dumps(response).decode()
+            if made is not None:
+                if response is None:  # a trimmed response: this action's call joins its turn
+                    made.tool_calls.extend(_fallback_turn(event, where, ctx).tool_calls)
+                continue
             if response is None:
-                messages.append(_fallback_turn(event, where, ctx))
-            elif key not in responses:
-                responses.add(key)
+                turn = _fallback_turn(event, where, ctx)
+            else:
                 reply = {k: v for k, v in response.items() if k in openai.MESSAGE_KEYS}
-                messages.append(openai.parse_message({**reply, "role": "assistant"}, where, ctx))
+                turn = openai.parse_message({**reply, "role": "assistant"}, where, ctx)
+            messages.append(turn)
+            if rid is not None:
+                turns[rid] = turn
         else:  # a message, or a finish without a recorded response
             role = "user" if event.get("source") == "user" else "assistant"
             messages.append(finish_assistant(Message(role, _text(event, where, ctx))))  # type: ignore[arg-type]
-    meta = openai.meta_of(value, (KEY,))
+    meta = openai.meta_of(value, (key,))
     return [Conversation(messages, tools=tools, source_format=FAMILY, meta=meta)]

@@ -28,7 +28,7 @@ def kind_of(value: Any) -> str | None:
     """The grouped kind a file starting with this row is ("agent_session", "event_stream"), or None."""
     if agent_session.is_line(value):
         return agent_session.FAMILY
-    if event_stream.is_event(value):
+    if event_stream.is_event(value) or (isinstance(value, list) and event_stream.is_event_list([value])):
         return event_stream.FAMILY
     return None
 
@@ -106,20 +106,28 @@ def _sessions(held: list[RawRow]) -> Iterator[RawRow]:
 
 
 def _stream(held: list[RawRow]) -> Iterator[RawRow]:
-    events = [pos for pos, row in enumerate(held) if row.error is None and event_stream.is_event(row.value)]
-    turns = [pos for pos in events if event_stream.is_turn(held[pos].value)]
+    """A file of events (or of [action, observation] pairs, a row each): one conversation."""
+
+    def events_of(row: RawRow) -> list[Any]:
+        if row.error is not None:
+            return []
+        found = event_stream.flat([row.value]) if isinstance(row.value, list) else [row.value]
+        return found if found and all(event_stream.is_event(e) for e in found) else []
+
+    events = {pos: events_of(row) for pos, row in enumerate(held)}
+    turns = [pos for pos, evs in events.items() if any(event_stream.is_turn(e) for e in evs)]
     first = held[turns[0]] if turns else None
     for pos, row in enumerate(held):
-        if first is not None and pos == turns[0]:
-            value = {event_stream.KEY: [held[p].value for p in turns]}
-            yield RawRow(row.file, row.index, row.line, value, sum(held[p].nbytes for p in events))
-        elif row.error is not None or not event_stream.is_event(row.value):
+        if not events[pos]:
             yield row
-        elif event_stream.is_turn(row.value):
+        elif first is not None and pos == turns[0]:
+            value = {event_stream.KEY: [e for p in turns for e in events[p] if event_stream.is_turn(e)]}
+            size = sum(held[p].nbytes for p, evs in events.items() if evs)
+            yield RawRow(row.file, row.index, row.line, value, size)
+        elif pos in turns:
             assert first is not None
-            yield _folded(
-                row, "merged_event", f"merged into the event stream's conversation at {_where(first)}"
-            )
+            reason = f"merged into the event stream's conversation at {_where(first)}"
+            yield _folded(row, "merged_event", reason)
         else:
-            what = row.value.get("action") or row.value.get("observation")
+            what = events[pos][0].get("action") or events[pos][0].get("observation")
             yield _folded(row, "session_metadata", f"a {what!r} event of the stream, not a turn")

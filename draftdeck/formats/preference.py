@@ -24,12 +24,12 @@ neither as turns nor as a kept field.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from draftdeck.formats import openai, sharegpt
 from draftdeck.formats.alpaca import history_messages
 from draftdeck.formats.common import ParseContext, RowRejected, finish_assistant, parse_tools, text_of
+from draftdeck.formats.dialogue import dialogue_turns
 from draftdeck.formats.model import Conversation, Message
 
 FAMILY = "preference"
@@ -51,9 +51,6 @@ ROW_KEYS = (
     "history",
     "response",
 )
-# a turn marker of a dialogue written as text (one that opens with "Human:"), after any whitespace
-_MARKER = re.compile(r"(?:\A|(?<=\s))(Human|Assistant):[ \t]?")
-_MARKED_ROLES = {"Human": "user", "Assistant": "assistant"}
 
 
 def pair_of(value: dict[str, Any]) -> tuple[str, str] | None:
@@ -63,23 +60,6 @@ def pair_of(value: dict[str, Any]) -> tuple[str, str] | None:
     if "chosen" in value and "prompt" in value:  # a pair set that kept only the chosen side
         return "chosen", "rejected"
     return None
-
-
-def dialogue_turns(text: str) -> list[Message] | None:
-    """The turns of a dialogue written as text with ``Human:`` / ``Assistant:`` markers, None unless
-    the text opens with ``Human:``. A last, empty ``Assistant:`` (the slot a prompt leaves for the
-    answer) is no turn."""
-    if not text.lstrip().startswith("Human:"):
-        return None
-    marks = list(_MARKER.finditer(text))
-    out: list[Message] = []
-    for k, m in enumerate(marks):
-        end = marks[k + 1].start() if k + 1 < len(marks) else len(text)
-        said = text[m.end() : end].strip()
-        role = _MARKED_ROLES[m.group(1)]
-        if said or k + 1 < len(marks) or role != "assistant":
-            out.append(finish_assistant(Message(role, said)))  # type: ignore[arg-type]
-    return out
 
 
 def _turns(items: Any, where: str, ctx: ParseContext) -> list[Message]:

@@ -50,7 +50,11 @@ def _contained(episodes: list[list[bytes]]) -> list[bool]:
 def parse_row(value: dict[str, Any], ctx: ParseContext) -> list[Conversation]:
     answer = value[KEY]
     lists = answer["train_messages"]
-    if not lists or not all(isinstance(ep, list) for ep in lists):
+    if not lists:
+        verdict = answer.get("valid_data")
+        why = " (valid_data is false: the search found no answer)" if verdict is False else ""
+        raise RowRejected("empty_conversation", f"{KEY}.train_messages is empty{why}")
+    if not all(isinstance(ep, list) for ep in lists):
         raise RowRejected("unknown_format", f"{KEY}.train_messages is not a list of message lists")
     encoded = [[orjson.dumps(m, option=orjson.OPT_SORT_KEYS) for m in ep] for ep in lists]
     contained = _contained(encoded)

@@ -104,6 +104,40 @@ def test_an_event_list_row_reads_the_same() -> None:
     assert family == "event_stream" and _shape(conv) == _shape(whole)
 
 
+def test_older_and_trimmed_streams_read_the_same_calls(tmp_path: Path) -> None:
+    """[action, observation] pairs (older histories, a file or a `history` row) read as the flat list;
+    a response trimmed to its id gives one turn per response, its calls rebuilt from each action."""
+    from draftdeck.formats.common import ParseContext
+    from draftdeck.formats.detect import parse
+
+    events = json.loads((AGENTS / "events.json").read_text())
+    [whole], _ = _read(AGENTS / "events.json")
+    pairs = [events[i : i + 2] for i in range(0, len(events), 2)]
+    (tmp_path / "pairs.json").write_text(json.dumps(pairs))
+    [conv], report = _read(tmp_path / "pairs.json")
+    assert _shape(conv) == _shape(whole) and report.rows_in == 6
+    assert dict(report.rejected) == {"merged_event": 4, "session_metadata": 1}  # events 2-3: metadata
+    family, [row] = parse({"instance_id": "x-1", "history": pairs}, ParseContext())
+    assert family == "event_stream" and _shape(row) == _shape(whole) and row.meta == {"instance_id": "x-1"}
+    for e in events:
+        meta = e.get("tool_call_metadata")
+        if meta:
+            meta["model_response"] = {"id": meta["model_response"]["id"]}
+    _, [trimmed] = parse(events, ParseContext())
+    calls = [
+        [(c.name, c.arguments, c.id) for c in m.tool_calls] for m in trimmed.messages if m.role == "assistant"
+    ]
+    assert calls == [
+        [
+            ("execute_bash", {"command": "ls"}, "call_1"),
+            ("str_replace_editor", {"path": "/ws/test_cart.py"}, "call_2"),
+        ],
+        [("execute_bash", {"command": "python -m pytest -q"}, "call_3")],
+        [("finish", {"final_thought": "Fixed the rounding.", "outputs": {}}, "call_4")],
+    ]
+    assert trimmed.messages[2].content == "I will list the files and read the test first."  # the thought
+
+
 def test_a_tool_search_file_trains_each_answer_once() -> None:
     [conv], report = _read(AGENTS / "toolbench_dfs.json")
     assert dict(report.formats) == {"tool_search": 1}
@@ -131,6 +165,11 @@ def test_distinct_branches_of_a_search_are_each_kept() -> None:
     assert [c.messages[-1].content for c in convs] == ["try A", "try B"]  # the repeat and the prefix left
     assert [c.source.path for c in convs] == ["episode=0", "episode=1"]
     assert ctx.warnings["contained_prefix"].startswith("2 of the 4 episodes")
+    from draftdeck.formats.common import RowRejected
+
+    with pytest.raises(RowRejected, match="is empty \\(valid_data is false") as failed:
+        parse_row({"answer_generation": {"valid_data": False, "train_messages": []}}, ParseContext())
+    assert failed.value.code == "empty_conversation"
 
 
 def test_rlhf_prompt_pairs_read_their_turns() -> None:
@@ -144,7 +183,10 @@ def test_rlhf_prompt_pairs_read_their_turns() -> None:
         [("user", "Write one word for happy."), ("assistant", "Joyful.")],
         [("user", "What is the capital of Peru?"), ("assistant", "Lima is the capital of Peru."),
          ("user", "Its population?"), ("assistant", "About ten million people live in Lima.")],
+        [("user", "Is 9 prime?"), ("assistant", "No."), ("user", "Why not?"),
+         ("assistant", "It is 3 times 3.")],
     ]  # fmt: skip
+    assert dict(report.formats) == {"preference": 4, "query_response": 1}
     assert dict(report.warnings) == {"preference_chosen": 4} and all(not c.meta for c in convs)
     assert "no rejected side" in [e.reason for e in report.examples["preference_chosen"]][2]
 
