@@ -37,7 +37,7 @@ from draftdeck.convert.reading import input_files
 from draftdeck.convert.verdicts import RowState
 from draftdeck.convert.workers import COMPLEX, Chunk, Prepared, Record, Workers, prepare_rows
 from draftdeck.errors import JobFailed
-from draftdeck.formats.grouping import group_rows, starts_grouped
+from draftdeck.formats.grouping import group_rows, groups, starts_grouped
 from draftdeck.formats.readers import RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
 from draftdeck.formats.writers import Writer, meta_collision
@@ -192,6 +192,7 @@ def write_converted(
     done_before = 0
     pool: Workers | None = None
     in_flight = 2 * options.workers
+    grouping = groups(options.parse_options())
     chunks = 0
     try:
         for f in files:
@@ -204,11 +205,11 @@ def write_converted(
                     and reader.compression is None
                     and reader.size is not None
                     and reader.size > options.chunk_bytes
-                    and not starts_grouped(f)  # an agent session's lines must meet in one place
+                    and not (grouping and starts_grouped(f))  # a session's lines must meet in one place
                 )
                 if whole:  # read in the parent, through the same records
                     records = _with_progress(
-                        prepare_rows(group_rows(reader), name, options, to),
+                        prepare_rows(group_rows(reader) if grouping else reader, name, options, to),
                         reader,
                         done_before,
                         total,

@@ -14,7 +14,7 @@ from draftdeck.convert.verdicts import RowState
 from draftdeck.errors import InputError, JobFailed
 from draftdeck.formats.common import ParseContext, RowRejected
 from draftdeck.formats.detect import parse
-from draftdeck.formats.grouping import group_rows
+from draftdeck.formats.grouping import group_rows, groups
 from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.tables import expand_inputs, open_reader
 from draftdeck.progress import Progress, no_progress
@@ -68,12 +68,13 @@ def read_conversations(
     max_chars = opts.placeholder_max_chars
     reject = report.reject
     formats = report.formats
+    grouping = groups(state.parse_options)
     try:
         for f in files:
             reader = open_file(f, max_row_bytes=opts.max_row_bytes)
             with reader:
                 name = reader.name
-                for i, row in enumerate(group_rows(reader)):
+                for i, row in enumerate(group_rows(reader) if grouping else reader):
                     if i % PROGRESS_EVERY_ROWS == 0:
                         progress(done_before + reader.bytes_read, total, "bytes")
                     report.rows_in += 1

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.formats import agent_session, event_stream
+from draftdeck.formats.common import ParseOptions
 from draftdeck.formats.readers import RawRow, RowReader
 
 
@@ -40,6 +41,15 @@ def starts_grouped(path: Path) -> bool:
             if row.error is None:
                 return kind_of(row.value) is not None
     return False
+
+
+GROUPED = frozenset({agent_session.FAMILY, event_stream.FAMILY})
+
+
+def groups(options: ParseOptions) -> bool:
+    """Whether rows are grouped under these options: not when a declared mapping or a forced shape
+    other than the grouped ones reads every row as it is."""
+    return not options.columns and (options.from_format is None or options.from_format in GROUPED)
 
 
 def group_rows(rows: Iterable[RawRow]) -> Iterator[RawRow]:

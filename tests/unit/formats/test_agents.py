@@ -94,6 +94,13 @@ def test_an_event_stream_is_one_conversation_with_the_model_s_own_calls() -> Non
     assert shape[-1][3] == [("finish", {"message": "Fixed the rounding."}, "call_4")]
 
 
+def test_a_declared_mapping_reads_each_line_as_it_is() -> None:
+    """A mapping overrides detection, the grouping of session lines included: each line is a row."""
+    convs, report = _read(AGENTS / "session.jsonl", columns={"prompt": "summary"})
+    assert report.rows_in == 18 and len(convs) == 1  # only the summary line has the field
+    assert dict(report.rejected) == {"format_mismatch": 17}
+
+
 def test_an_event_list_row_reads_the_same() -> None:
     events = json.loads((AGENTS / "events.json").read_text())
     from draftdeck.formats.common import ParseContext
