@@ -96,8 +96,8 @@ def test_an_event_stream_is_one_conversation_with_the_model_s_own_calls() -> Non
 
 def test_a_declared_mapping_reads_each_line_as_it_is() -> None:
     """A mapping overrides detection, the grouping of session lines included: each line is a row."""
-    convs, report = _read(AGENTS / "session.jsonl", columns={"prompt": "summary"})
-    assert report.rows_in == 18 and len(convs) == 1  # only the summary line has the field
+    convs, report = _read(AGENTS / "session.jsonl", columns={"prompt": "summary", "response": "leafUuid"})
+    assert report.rows_in == 18 and len(convs) == 1  # only the summary line has the fields
     assert dict(report.rejected) == {"format_mismatch": 17}
 
 
