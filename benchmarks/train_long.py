@@ -18,6 +18,12 @@ target layers. Each case runs in its own process so that its peak (RSS on the CP
 a GPU) is its own: `peak` is what the step adds to what was held before it. Time: the median over
 `--steps` steps after one warm-up. Goals (issue 18): at T = 4,096, A = 512 peak >= 5x lower and step
 >= 1.5x faster; no case slower than dense by more than 10 %.
+
+    python benchmarks/train_long.py --losses ce,kl,ce+kl
+
+measures the sparse path once per training loss instead (issue 34): the KL reads the target's final
+hidden states (a stand-in of the right shape) and its logits at every slot; its peak and time beside
+the CE's, per shape.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ import torch
 SHAPES = [(512, 64), (512, 512), (2048, 64), (2048, 512), (4096, 64), (4096, 512)]
 
 
-def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str) -> dict[str, float]:
+def run_case(
+    t: int, a: int, path: str, vocab: int, steps: int, device_name: str, loss: str = "ce"
+) -> dict[str, float]:
     from torch import nn
 
     from draftdeck.drafter.model.attention import resolve_backend
@@ -81,6 +89,8 @@ def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     per = TrainParams.model_fields["anchors_per_forward"].default
+    mix = TrainParams(inputs=["-"], target="-", loss=loss).mix  # type: ignore[arg-type]
+    teacher = torch.randn(1, t, h, device=device) if mix[1] else None  # the target's final states
 
     def step() -> None:
         with amp:
@@ -93,7 +103,7 @@ def run_case(t: int, a: int, path: str, vocab: int, steps: int, device_name: str
             else:  # as the trainer does: anchors_per_forward at a time, the context's part once
                 dflash_backward(
                     drafter, embedding, head, context, ids, lm, att, anchors, valid, 7.0, normalizer=norm,
-                    anchors_per_forward=per, attention=attention,
+                    anchors_per_forward=per, attention=attention, teacher=teacher, mix=mix,
                 )  # fmt: skip
         drafter.zero_grad(set_to_none=True)
         sync()
@@ -119,20 +129,44 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
+    ap.add_argument("--losses", default="", help="e.g. ce,kl,ce+kl: the sparse path once per training loss")
+    ap.add_argument("--loss", default="ce", help=argparse.SUPPRESS)
     ap.add_argument("--case", nargs=3, metavar=("T", "A", "PATH"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.case:
         t, n, path = int(a.case[0]), int(a.case[1]), a.case[2]
-        print(json.dumps(run_case(t, n, path, a.vocab, a.steps, a.device)))
+        print(json.dumps(run_case(t, n, path, a.vocab, a.steps, a.device, a.loss)))
         return
 
-    def measure(t: int, n: int, path: str) -> dict[str, float]:
+    def measure(t: int, n: int, path: str, loss: str = "ce") -> dict[str, float]:
         cmd = [sys.executable, __file__, "--case", str(t), str(n), path, "--vocab", str(a.vocab),
-               "--steps", str(a.steps), "--device", a.device, "--threads", str(a.threads)]  # fmt: skip
+               "--steps", str(a.steps), "--device", a.device, "--threads", str(a.threads),
+               "--loss", loss]  # fmt: skip
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         return dict(json.loads(out.strip().splitlines()[-1]))
+
+    if a.losses:
+        losses = a.losses.split(",")
+        print(
+            f"drafter step (forward + backward) per training loss, {a.device}, torch {torch.__version__}: the"
+            f" sparse path, hidden 1,024, 1 layer, B = 16, batch 1, vocab {a.vocab:,}; median of {a.steps}"
+            " steps; ratios against ce, measured in this run"
+        )
+        cols = [f"{x} s/step | {x} MiB" for x in losses] + [f"{x}/ce time | {x}/ce peak" for x in losses[1:]]
+        print("| T | A | " + " | ".join(cols) + " |")
+        print("|--:|--:|" + "--:|" * (2 * len(losses) + 2 * (len(losses) - 1)))
+        for t, n in SHAPES:
+            got = {x: measure(t, n, "sparse", x) for x in losses}
+            base = got[losses[0]]
+            cells = [f"{got[x]['seconds']:.3f} | {got[x]['peak'] / 2**20:,.0f}" for x in losses]
+            cells += [
+                f"{got[x]['seconds'] / base['seconds']:.2f}x | {got[x]['peak'] / max(base['peak'], 1):.2f}x"
+                for x in losses[1:]
+            ]
+            print(f"| {t:,} | {int(base['anchors'])} | " + " | ".join(cells) + " |", flush=True)
+        return
 
     sparse_name = "blocked" if a.device == "cpu" else "flex"
     print(

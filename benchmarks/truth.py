@@ -2,7 +2,7 @@
 """Drafter truth on the tiny demo world, on this CPU: does each training-time tau tell real decoding,
 when the data is the target's own greedy answers, its own sampled answers, or another model's?
 
-    python benchmarks/truth.py [--quick] [--workdir DIR]
+    python benchmarks/truth.py [--quick] [--workdir DIR] [--losses ce,kl,ce+kl]
 
 Steps, as a user runs them: build the demo world (target A, seed 0) and a second one (target B, seed
 1, as `build_tiny_demo(seed=1)`); answer A's demo prompts with `regenerate --local` three ways (A
@@ -11,6 +11,11 @@ as `draftdeck demo` trains; evaluate each checkpoint against A with real specula
 table: the pre-flight's figures, the held-out tau judged by the data (the walk over the held-out
 rows) and by the target (the walk over A's own answers to held-out prompts), real tau, each
 training figure's gap to real, and the alerts raised before step 1, while training and at the eval.
+
+With `--losses`, the loss is a dimension (issue 34): on A's greedy answers, its T 0.7 samples and B's
+answers, each loss trains the same steps; the table gives each run's held-out tau both ways, real
+greedy tau and real sampled tau (the target sampling at temperature 1, the drafter drafting its
+argmax), and the held-out expected acceptance of slot 1 at T = 1.
 """
 
 from __future__ import annotations
@@ -74,10 +79,9 @@ def _provenance(dataset: Path, target: Path) -> str:
     return f"{mine:,} / {answered.rows - mine - answered.no_record:,} / {answered.no_record:,}"
 
 
-def run_case(
-    root: Path, slug: str, name: str, answerer: Path, temperature: float, world_a: Path, size: dict
-) -> dict:
-    answers, dataset, run = root / f"{slug}.jsonl", root / f"ds-{slug}", root / f"run-{slug}"
+def prepare(root: Path, slug: str, answerer: Path, temperature: float, world_a: Path, size: dict) -> Path:
+    """The case's answers, tokenized with A's tokenizer: the dataset folder."""
+    answers, dataset = root / f"{slug}.jsonl", root / f"ds-{slug}"
     target = str(world_a / "target")
     if slug.endswith("-unrecorded"):
         _without_record(root / f"{slug.removesuffix('-unrecorded')}.jsonl", answers)
@@ -87,22 +91,43 @@ def run_case(
             max_tokens=size["max_new"], temperature=temperature, seed=1 if temperature else None,
             concurrency=16, reasoning=False, keep_cut_off=True,
         ), LocalContext(root / "ctx" / f"regen-{slug}"))  # fmt: skip
-    run_tokenize(TokenizeParams(inputs=[str(answers)], tokenizer=target, out=str(dataset)),
-                 LocalContext(root / "ctx" / f"tok-{slug}"))  # fmt: skip
-    train_ctx = LocalContext(root / "ctx" / f"train-{slug}")
+    if not dataset.exists():
+        run_tokenize(TokenizeParams(inputs=[str(answers)], tokenizer=target, out=str(dataset)),
+                     LocalContext(root / "ctx" / f"tok-{slug}"))  # fmt: skip
+    return dataset
+
+
+def train_case(root: Path, slug: str, dataset: Path, world_a: Path, size: dict, loss: str = "ce") -> tuple:
+    """Train on `dataset` exactly as `draftdeck demo` trains (with `loss`): (run folder, context)."""
+    run = root / f"run-{slug}-{loss}"
+    train_ctx = LocalContext(root / "ctx" / f"train-{slug}-{loss}")
     steps = size["train_steps"]
     run_train(TrainParams(
-        inputs=[str(dataset)], target=target, out=str(run), block_size=8, layers=1, anchors_per_seq=8,
-        batch_size=32, lr=3e-3, warmup_ratio=0.05, max_steps=steps, device="cpu", seed=0,
+        inputs=[str(dataset)], target=str(world_a / "target"), out=str(run), block_size=8, layers=1,
+        anchors_per_seq=8, batch_size=32, lr=3e-3, warmup_ratio=0.05, max_steps=steps, device="cpu", seed=0,
         heldout_fraction=0.1, checkpoint_every=max(10, steps // 4), eval_every=max(10, steps // 4),
-        log_every=5,
+        log_every=5, loss=loss,  # type: ignore[arg-type]
     ), train_ctx)  # fmt: skip
-    eval_ctx = LocalContext(root / "ctx" / f"eval-{slug}")
+    return run, train_ctx
+
+
+def eval_case(root: Path, slug: str, dataset: Path, run: Path, world_a: Path, size: dict, **mode) -> tuple:
+    """Real speculative decoding of the run's best checkpoint against A: (figures, context)."""
+    eval_ctx = LocalContext(root / "ctx" / f"eval-{run.name}-{mode.get('mode', 'greedy')}")
     report = run_eval(EvalParams(
-        inputs=[str(dataset)], target=target, checkpoint=str(run), out=str(root / f"eval-{slug}"),
-        max_new_tokens=size["max_new"], max_prompts=size["eval_prompts"], heldout_fraction=0.1,
+        inputs=[str(dataset)], target=str(world_a / "target"), checkpoint=str(run),
+        out=str(root / f"eval-{run.name}-{mode.get('mode', 'greedy')}"), max_new_tokens=size["max_new"],
+        max_prompts=size["eval_prompts"], heldout_fraction=0.1, **mode,
     ), eval_ctx)  # fmt: skip
-    ev = report.extra["eval"]
+    return report.extra["eval"], eval_ctx
+
+
+def run_case(
+    root: Path, slug: str, name: str, answerer: Path, temperature: float, world_a: Path, size: dict
+) -> dict:
+    dataset = prepare(root, slug, answerer, temperature, world_a, size)
+    run, train_ctx = train_case(root, slug, dataset, world_a, size)
+    ev, eval_ctx = eval_case(root, slug, dataset, run, world_a, size)
     truth = json.loads((run / "run.json").read_text())["truth"]
     pre = truth["preflight"]
     return {
@@ -128,10 +153,58 @@ def run_case(
     }
 
 
+LOSS_CASES = ["own", "own-t07", "other"]
+
+
+def loss_row(root: Path, slug: str, name: str, dataset: Path, world_a: Path, size: dict, loss: str) -> dict:
+    run, train_ctx = train_case(root, slug, dataset, world_a, size, loss)
+    greedy, _ = eval_case(root, slug, dataset, run, world_a, size)
+    sampled, _ = eval_case(root, slug, dataset, run, world_a, size, mode="sampled", temperature=1.0, seed=0)
+    last = dict(train_ctx.series("heldout/pos/1/accept_total"))
+    step = max(last)
+    return {
+        "case": name,
+        "loss": loss,
+        "data": greedy["training"]["data_judged_tau_incl_bonus"],
+        "target": greedy["training"]["target_judged_tau_incl_bonus"],
+        "real": greedy["methods"]["drafter"]["tau_incl_bonus_pooled"],
+        "sampled": sampled["methods"]["drafter"]["tau_incl_bonus_pooled"],
+        "draft_prob": dict(train_ctx.series("heldout/pos/1/draft_prob_sum"))[step] / last[step],
+        "expected": dict(train_ctx.series("heldout/pos/1/accept_sum"))[step] / last[step],
+    }
+
+
+def loss_table(root: Path, worlds: dict, size: dict, losses: list[str]) -> None:
+    started = time.monotonic()
+    rows = []
+    for slug, name, w, t in (c for c in CASES if c[0] in LOSS_CASES):
+        dataset = prepare(root, slug, worlds[w].target_dir, t, root / "A", size)
+        rows += [loss_row(root, slug, name, dataset, root / "A", size, loss) for loss in losses]
+    took = time.monotonic() - started
+    print(
+        f"\nThe loss as a dimension, tiny demo world, {size['train_steps']} steps each,"
+        f" {size['eval_prompts']} eval prompts, block 8, every tau incl. bonus ({took:.0f} s)\n"
+    )
+    head = ("data the drafter trained on", "loss", "data-judged", "target-judged", "real greedy",
+            "real sampled T=1", "slot 1: p(draft) T=1", "slot 1: Σmin(p,q)")  # fmt: skip
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for r in rows:
+        print(f"| {r['case']} | {r['loss']} | {r['data']:.3f} | {r['target']:.3f} | {r['real']:.3f}"
+              f" | {r['sampled']:.3f} | {r['draft_prob']:.3f} | {r['expected']:.3f} |")  # fmt: skip
+    print(
+        "\nreal greedy / real sampled: the eval's tau over every eval prompt (pooled), the target greedy or"
+        " sampling at T = 1 with the drafter drafting its argmax. slot 1: the held-out expected acceptance"
+        " of the first drafted token at the last held-out pass (p(draft): a greedy drafter's, what sampled"
+        " decoding accepts; Σmin(p,q): a sampling drafter's)."
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a smaller world and run (~4 minutes)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the worlds and runs here")
+    ap.add_argument("--losses", default="", help="e.g. ce,kl,ce+kl: the loss as a dimension (issue 34)")
     args = ap.parse_args()
     size = QUICK if args.quick else FULL
     torch.set_num_threads(2)
@@ -145,6 +218,9 @@ def main() -> None:
             )
             for w, seed in (("A", 0), ("B", 1))
         }
+        if args.losses:
+            loss_table(root, worlds, size, args.losses.split(","))
+            return
         rows = [
             run_case(root, slug, name, worlds[w].target_dir, t, root / "A", size)
             for slug, name, w, t in CASES

@@ -41,7 +41,11 @@ DERIVED: dict[str, tuple[str, str, float]] = {
     "eval/tau": ("eval/accepted", "eval/steps", 1.0),
     "eval/tokens_per_step": ("eval/produced", "eval/steps", 0.0),  # z-lab's convention
 }
-_POS = re.compile(r"^(train|heldout)/pos/(\d+)/acc$")
+# per-position acceptance: greedy (the argmax is the label), expected when sampling at T = 1 (a
+# sampling drafter: sum min(p, q)), or the target's probability of the drafter's argmax (a greedy one)
+_POS = re.compile(r"^(train|heldout)/pos/(\d+)/(acc|expected|draft_prob)$")
+_POS_PARTS = {"acc": ("correct", "total"), "expected": ("accept_sum", "accept_total"),
+              "draft_prob": ("draft_prob_sum", "accept_total")}  # fmt: skip
 # one source's held-out taus from the trainer's heldout/source/<name>/... counts
 _SOURCE_TAU = re.compile(r"^heldout/source/(.+)/tau_(walked|target)$")
 
@@ -56,7 +60,8 @@ def derived_parts(name: str) -> tuple[str, str, float] | None:
         return DERIVED[name]
     m = _POS.match(name)
     if m:
-        return f"{m[1]}/pos/{m[2]}/correct", f"{m[1]}/pos/{m[2]}/total", 0.0
+        num, den = _POS_PARTS[m[3]]
+        return f"{m[1]}/pos/{m[2]}/{num}", f"{m[1]}/pos/{m[2]}/{den}", 0.0
     m = _SOURCE_TAU.match(name)
     if m:
         walk = "walked" if m[2] == "walked" else "target_walked"

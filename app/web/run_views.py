@@ -47,6 +47,16 @@ CHARTS: list[dict[str, Any]] = [
         ],
     },
     {"id": "pos", "title": "Per-position acceptance (train)", "series": []},
+    {
+        "id": "pos-draft-prob",
+        "title": "Per-position acceptance, target sampling at T = 1 (held-out: p of the draft)",
+        "series": [],
+    },
+    {
+        "id": "pos-expected",
+        "title": "Per-position acceptance, both sampling at T = 1 (held-out: Σ min(p, q))",
+        "series": [],
+    },
     {"id": "lr", "title": "Learning rate", "series": [["train/lr", "lr"]]},
     {"id": "grad", "title": "Gradient norm", "series": [["train/grad_norm", "grad norm"]]},
     {"id": "tps", "title": "Tokens/s", "series": [["train/tokens_per_s", "tokens/s"]]},
@@ -80,9 +90,21 @@ def source_chart(names: dict[str, MetricSeries]) -> dict[str, Any] | None:
             "series": series}  # fmt: skip
 
 
+def expected_series(names: dict[str, MetricSeries], measure: str) -> list[list[str]]:
+    """A held-out expected acceptance per slot (`measure`: expected, draft_prob), where measured."""
+    ks = {int(m[1]) for n in names if (m := re.match(r"^heldout/pos/(\d+)/accept_total$", n))}
+    return [[f"heldout/pos/{k}/{measure}", f"k = {k}"] for k in sorted(ks)]
+
+
 def run_charts(job: Job, names: dict[str, MetricSeries]) -> list[dict[str, Any]]:
     charts = [dict(c) for c in CHARTS]
     next(c for c in charts if c["id"] == "pos")["series"] = pos_series(job, names)
+    for chart_id, measure in (("pos-draft-prob", "draft_prob"), ("pos-expected", "expected")):
+        series = expected_series(names, measure)
+        if series:
+            next(c for c in charts if c["id"] == chart_id)["series"] = series
+        else:  # a run from before the measure, or before its first held-out pass
+            charts = [c for c in charts if c["id"] != chart_id]
     by_source = source_chart(names)
     if by_source is not None:
         charts.insert(next(i for i, c in enumerate(charts) if c["id"] == "tau") + 1, by_source)

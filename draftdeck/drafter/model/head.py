@@ -1,15 +1,19 @@
-"""The weighted cross-entropy through the target's LM head, without the logits wall.
+"""The drafter's loss through the target's LM head (cross-entropy, forward KL from the target, or
+both), without the logits wall.
 
 The drafter's counted slots go through the target's frozen head: with Qwen3.6's 248K vocabulary
 and 512 anchors x 15 slots the float32 logits are ~7.6 GB per sequence, and autograd keeps them
 (and their gradient) for the backward. `head_ce` computes the loss, its gradient, the argmax and
 each slot's CE in chunks of slots (`LOGITS_CHUNK_BYTES` of float32 logits at a time) and keeps
 only the gradient with respect to the hidden states, (N, H): the same two matmuls per slot as the
-unchunked path (logits, then dlogits @ W), one chunk of logits alive at a time.
+unchunked path (logits, then dlogits @ W), one chunk of logits alive at a time. The KL needs the
+target's own logits at each slot (its final hidden state before the slot's token, through the same
+head): one more matmul per slot, two chunks of logits alive, so a chunk holds half the slots.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +27,73 @@ def rows_per_chunk(vocab: int, chunk_bytes: int = LOGITS_CHUNK_BYTES) -> int:
     return max(1, chunk_bytes // (4 * max(vocab, 1)))
 
 
+@dataclass
+class HeadOut:
+    """What the head gives for N slots: `total` (sum w * (ce_weight * CE + kl_weight * KL), with
+    grad), per slot `ce` (float32), `pred` (argmax); with a teacher, per slot `kl` (KL(p || q), the
+    target's distribution p against the drafter's q), `accept` (sum over the vocabulary of min(p, q):
+    the probability that speculative sampling at temperature 1 accepts the drafted token) and
+    `draft_prob` (p of the drafter's argmax: what a greedy drafter, DraftDeck's and vLLM's, gets
+    accepted by a target sampling at temperature 1) and `target_pred` (the target's argmax). All but
+    `total` are detached."""
+
+    total: torch.Tensor
+    ce: torch.Tensor
+    pred: torch.Tensor
+    kl: torch.Tensor | None = None
+    accept: torch.Tensor | None = None
+    target_pred: torch.Tensor | None = None
+    draft_prob: torch.Tensor | None = None
+
+
+def head_loss(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    teacher: torch.Tensor | None = None,
+    mix: tuple[float, float] = (1.0, 0.0),
+    chunked: bool = True,
+    chunk_bytes: int = LOGITS_CHUNK_BYTES,
+) -> HeadOut:
+    """The drafter's loss through the target's head for `hidden` (N, H): cross-entropy against
+    `labels`, and with `teacher` (N, H: the target's final hidden states before each slot's token)
+    the forward KL from the target's distribution, mixed by `mix` = (ce_weight, kl_weight).
+
+    `head` is an `nn.Linear` (the chunked path: a chunk of logits alive at a time, two with a teacher,
+    so the chunk holds half the slots) or any module mapping (N, H) -> (N, V), which goes the
+    unchunked way (as does `chunked=False`: the reference). Exact: no top-k, no temperature."""
+    ce_w, kl_w = mix
+    if kl_w and teacher is None:
+        raise ValueError("a KL loss needs the target's hidden states (teacher)")
+    if chunked and isinstance(head, nn.Linear) and hidden.shape[0]:
+        rows = rows_per_chunk(head.out_features, chunk_bytes // (2 if teacher is not None else 1))
+        if not torch.is_grad_enabled():  # the held-out walk: counts only
+            out, _ = _chunked(
+                hidden, head.weight, head.bias, labels, weights, rows, (False,) * 3, teacher, mix
+            )
+            return out
+        total, ce, pred, kl, accept, tpred, dprob = _ChunkedLinearLoss.apply(
+            hidden, head.weight, head.bias, labels, weights, rows, teacher, mix
+        )
+        return HeadOut(total, ce, pred, *((kl, accept, tpred, dprob) if teacher is not None else (None,) * 4))
+    logits = head(hidden).float()
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    if teacher is None:
+        return HeadOut((weights * ce_w * ce).sum(), ce.detach(), logits.argmax(-1))
+    with torch.no_grad():
+        t_logits = head(teacher).float()
+        logp = F.log_softmax(t_logits, dim=-1)
+    logq = F.log_softmax(logits, dim=-1)
+    kl = (logp.exp() * (logp - logq)).sum(-1)
+    accept = torch.minimum(logp.exp(), logq.exp()).sum(-1)
+    total = (weights * (ce_w * ce + kl_w * kl)).sum()
+    pred = logits.argmax(-1)
+    draft_prob = logp.exp().gather(1, pred[:, None])[:, 0]
+    return HeadOut(total, ce.detach(), pred, kl.detach(), accept.detach(), t_logits.argmax(-1), draft_prob)
+
+
 def head_ce(
     head: nn.Module,
     hidden: torch.Tensor,
@@ -32,28 +103,15 @@ def head_ce(
     chunked: bool = True,
     chunk_bytes: int = LOGITS_CHUNK_BYTES,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sum w * CE with grad, CE per row (float32, detached), argmax per row) for `hidden` (N, H).
-
-    `head` is an `nn.Linear` (the chunked path) or any module mapping (N, H) -> (N, V), which goes
-    the unchunked way (as does `chunked=False`: the reference)."""
-    if chunked and isinstance(head, nn.Linear) and hidden.shape[0]:
-        rows = rows_per_chunk(head.out_features, chunk_bytes)
-        if not torch.is_grad_enabled():  # the held-out walk: counts only
-            total, ce, pred, _ = _chunked(hidden, head.weight, head.bias, labels, weights, rows, (False,) * 3)
-            return total, ce, pred
-        out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = _ChunkedLinearCE.apply(
-            hidden, head.weight, head.bias, labels, weights, rows
-        )
-        return out
-    logits = head(hidden).float()
-    ce = F.cross_entropy(logits, labels, reduction="none")
-    return (weights * ce).sum(), ce.detach(), logits.argmax(-1)
+    """(sum w * CE with grad, CE per row, argmax per row): :func:`head_loss` without a teacher."""
+    out = head_loss(head, hidden, labels, weights, chunked=chunked, chunk_bytes=chunk_bytes)
+    return out.total, out.ce, out.pred
 
 
-class _ChunkedLinearCE(torch.autograd.Function):
-    """Forward computes, chunk by chunk, CE, argmax and the gradient of sum w * CE with respect to
-    the hidden states (and to the head's weight and bias when those require grad); the backward
-    only scales them by the incoming gradient."""
+class _ChunkedLinearLoss(torch.autograd.Function):
+    """Forward computes, chunk by chunk, the loss, its per-slot parts and its gradient with respect
+    to the hidden states (and to the head's weight and bias when those require grad); the backward
+    only scales them by the incoming gradient. The teacher is the frozen target's: no gradient."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -64,13 +122,22 @@ class _ChunkedLinearCE(torch.autograd.Function):
         labels: torch.Tensor,
         weights: torch.Tensor,
         rows: int,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        teacher: torch.Tensor | None,
+        mix: tuple[float, float],
+    ) -> tuple[torch.Tensor, ...]:
         grads = ctx.needs_input_grad
         need = (grads[0], grads[1], bias is not None and grads[2])
-        total, ce, pred, ctx.grads = _chunked(hidden, weight, bias, labels, weights, rows, need)
-        ctx.mark_non_differentiable(ce, pred)
+        out, ctx.grads = _chunked(hidden, weight, bias, labels, weights, rows, need, teacher, mix)
+        parts = [out.ce, out.pred]
+        if teacher is not None:
+            assert out.kl is not None and out.accept is not None and out.target_pred is not None
+            assert out.draft_prob is not None
+            parts += [out.kl, out.accept, out.target_pred, out.draft_prob]
+        else:  # autograd.Function outputs must be tensors: empty stand-ins
+            parts += [out.ce.new_empty(0)] * 4
+        ctx.mark_non_differentiable(*parts)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
-        return total, ce, pred
+        return (out.total, *parts)
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> Any:  # type: ignore[override]
@@ -80,6 +147,8 @@ class _ChunkedLinearCE(torch.autograd.Function):
             None if grad_h is None else grad_h * scale.to(grad_h.dtype),
             None if grad_w is None else (grad_w * scale).to(ctx.dtypes[0]),
             None if grad_b is None else (grad_b * scale).to(ctx.dtypes[1]),
+            None,
+            None,
             None,
             None,
             None,
@@ -94,12 +163,22 @@ def _chunked(
     weights: torch.Tensor,
     rows: int,
     need: tuple[bool, bool, bool],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[Any, Any, Any]]:
-    """sum w * CE, CE, argmax and the gradients `need` names (hidden, weight, bias), chunk by chunk."""
+    teacher: torch.Tensor | None = None,
+    mix: tuple[float, float] = (1.0, 0.0),
+) -> tuple[HeadOut, tuple[Any, Any, Any]]:
+    """The loss, its per-slot parts and the gradients `need` names (hidden, weight, bias), chunk by
+    chunk. The gradient of the loss with respect to the drafter's logits is, per slot,
+    w * (ce_weight * (q - onehot(label)) + kl_weight * (q - p))."""
     need_h, need_w, need_b = need
+    ce_w, kl_w = mix
     n = hidden.shape[0]
-    ce = torch.empty(n, dtype=torch.float32, device=hidden.device)
-    pred = torch.empty(n, dtype=torch.long, device=hidden.device)
+    dev = hidden.device
+    ce = torch.empty(n, dtype=torch.float32, device=dev)
+    pred = torch.empty(n, dtype=torch.long, device=dev)
+    kl = torch.empty(n, dtype=torch.float32, device=dev) if teacher is not None else None
+    accept = torch.empty(n, dtype=torch.float32, device=dev) if teacher is not None else None
+    tpred = torch.empty(n, dtype=torch.long, device=dev) if teacher is not None else None
+    dprob = torch.empty(n, dtype=torch.float32, device=dev) if teacher is not None else None
     grad_h = torch.empty_like(hidden) if need_h else None
     grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
     grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b and bias is not None else None
@@ -111,10 +190,33 @@ def _chunked(
             lse = torch.logsumexp(logits, dim=-1)
             ce[s : s + rows] = lse - logits.gather(1, lab[:, None])[:, 0]
             pred[s : s + rows] = logits.argmax(-1)
+            p = None
+            if teacher is not None:
+                assert kl is not None and accept is not None and tpred is not None
+                logp = F.linear(teacher[s : s + rows], weight, bias).float()
+                tpred[s : s + rows] = logp.argmax(-1)
+                logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))
+                p = logp.exp()
+                assert dprob is not None
+                dprob[s : s + rows] = p.gather(1, pred[s : s + rows, None])[:, 0]
+                # KL(p || q) = sum p log p - sum p logits + lse, as row dot products (no more chunks)
+                kl[s : s + rows] = (_rowdot(p, logp) - _rowdot(p, logits)) + lse
+                del logp
+            if p is None and not (need_h or need_w or need_b):
+                continue
+            q = logits.sub_(lse[:, None]).exp_()  # the softmax q, in place of the logits
+            if p is not None:
+                assert accept is not None
+                accept[s : s + rows] = torch.minimum(p, q).sum(-1)
             if not (need_h or need_w or need_b):
                 continue
-            g = logits.sub_(lse[:, None]).exp_()  # the softmax, in place of the logits
-            g[torch.arange(g.shape[0], device=g.device), lab] -= 1.0
+            g = q
+            if ce_w + kl_w != 1.0:
+                g.mul_(ce_w + kl_w)
+            if ce_w:
+                g[torch.arange(g.shape[0], device=g.device), lab] -= ce_w
+            if p is not None and kl_w:
+                g.sub_(p, alpha=kl_w)
             g.mul_(weights[s : s + rows, None].float())
             if grad_h is not None:
                 grad_h[s : s + rows] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
@@ -122,5 +224,11 @@ def _chunked(
                 grad_w += g.t() @ h.float()
             if grad_b is not None:
                 grad_b += g.sum(0)
-        total = (weights.float() * ce).sum()
-    return total, ce, pred, (grad_h, grad_w, grad_b)
+        per_slot = ce_w * ce if kl is None else ce_w * ce + kl_w * kl
+        total = (weights.float() * per_slot).sum()
+    return HeadOut(total, ce, pred, kl, accept, tpred, dprob), (grad_h, grad_w, grad_b)
+
+
+def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(N,) the dot product of each row of `a` and `b`, without an (N, V) product."""
+    return torch.bmm(a[:, None, :], b[:, :, None])[:, 0, 0]

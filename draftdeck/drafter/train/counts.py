@@ -38,7 +38,15 @@ class Counts:
     agree_matches: int = 0  # ... where its greedy next token is the data's
     agree_prob_sum: float = 0.0  # sum of its probability of the data's token
     agree_expected_sum: float = 0.0  # sum of its greedy token's probability
-    loss_sum: float = 0.0  # sum of w * CE over counted slots
+    # the expected acceptance under speculative sampling at T = 1, per slot k: the sum over counted
+    # slots of sum_v min(p_target, q_draft), where the target's distribution was known (a KL loss, a
+    # held-out pass), and the slots it was summed over
+    accept_sum: list[float] = field(default_factory=list)
+    # ... and of p_target(the drafter's argmax): the acceptance of a greedy drafter (DraftDeck's and
+    # vLLM's draft the argmax) against a target sampling at T = 1, over the same slots
+    draft_prob_sum: list[float] = field(default_factory=list)
+    accept_total: list[int] = field(default_factory=list)
+    loss_sum: float = 0.0  # sum of w * loss (CE, KL or their mix) over counted slots
     weight_sum: float = 0.0  # sum of w over counted slots
     tokens: int = 0  # tokens the target read (for tokens/s)
 
@@ -47,12 +55,17 @@ class Counts:
         for name, n in (
             ("correct", b),
             ("total", b),
+            ("accept_total", b),
             ("anchor_hist", b + 1),
             ("walked_hist", b + 1),
             ("target_walked_hist", b + 1),
         ):
             if not getattr(self, name):
                 setattr(self, name, [0] * n)
+        if not self.accept_sum:
+            self.accept_sum = [0.0] * b
+        if not self.draft_prob_sum:
+            self.draft_prob_sum = [0.0] * b
 
     def _ints(self) -> list[int]:
         head = [
@@ -67,12 +80,19 @@ class Counts:
             self.agree_matches,
         ]
         hists = self.anchor_hist + self.walked_hist + self.target_walked_hist
-        return head + self.correct + self.total + hists
+        return head + self.correct + self.total + self.accept_total + hists
 
     def to_tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
         ints = torch.tensor(self._ints(), dtype=torch.int64, device=device)
         floats = torch.tensor(
-            [self.loss_sum, self.weight_sum, self.agree_prob_sum, self.agree_expected_sum],
+            [
+                self.loss_sum,
+                self.weight_sum,
+                self.agree_prob_sum,
+                self.agree_expected_sum,
+                *self.accept_sum,
+                *self.draft_prob_sum,
+            ],
             dtype=torch.float64,
             device=device,
         )
@@ -86,11 +106,13 @@ class Counts:
         c.tokens = v[4]
         c.target_walked_accepted, c.target_walked_steps, c.agree_tokens, c.agree_matches = v[5:9]
         rest = v[9:]
-        c.correct, c.total = rest[:b], rest[b : 2 * b]
-        h = 2 * b
+        c.correct, c.total, c.accept_total = rest[:b], rest[b : 2 * b], rest[2 * b : 3 * b]
+        h = 3 * b
         c.anchor_hist, c.walked_hist = rest[h : h + b + 1], rest[h + b + 1 : h + 2 * b + 2]
         c.target_walked_hist = rest[h + 2 * b + 2 :]
-        c.loss_sum, c.weight_sum, c.agree_prob_sum, c.agree_expected_sum = (float(x) for x in floats.tolist())
+        f = [float(x) for x in floats.tolist()]
+        c.loss_sum, c.weight_sum, c.agree_prob_sum, c.agree_expected_sum = f[:4]
+        c.accept_sum, c.draft_prob_sum = f[4 : 4 + b], f[4 + b :]
         return c
 
     def __add__(self, other: Counts) -> Counts:
@@ -144,12 +166,20 @@ class Counts:
     def accuracy(self, k: int) -> float:
         return self.correct[k] / self.total[k] if self.total[k] else float("nan")
 
+    def expected_accept(self, k: int) -> float:
+        return self.accept_sum[k] / self.accept_total[k] if self.accept_total[k] else float("nan")
+
     def position_metrics(self, prefix: str) -> dict[str, float]:
-        """`{prefix}/pos/{k}/correct` and `/total` for k = 1..B-1."""
+        """`{prefix}/pos/{k}/correct` and `/total` for k = 1..B-1, and `/accept_sum` and
+        `/draft_prob_sum` and `/accept_total` where the target's distribution was known."""
         out: dict[str, float] = {}
         for k in range(1, self.block_size):
             out[f"{prefix}/pos/{k}/correct"] = self.correct[k]
             out[f"{prefix}/pos/{k}/total"] = self.total[k]
+            if self.accept_total[k]:
+                out[f"{prefix}/pos/{k}/accept_sum"] = self.accept_sum[k]
+                out[f"{prefix}/pos/{k}/draft_prob_sum"] = self.draft_prob_sum[k]
+                out[f"{prefix}/pos/{k}/accept_total"] = self.accept_total[k]
         return out
 
     def heldout_metrics(self) -> dict[str, float]:

@@ -12,7 +12,8 @@ the run reads. Terms, in bytes (e: the activation dtype's size, 4 on the CPU, 2 
 - drafter layers: what autograd keeps per layer for Q = batch x anchors per forward x B queries
   (with `gradient_checkpointing` only each layer's input, plus one layer);
 - attention: the backend's working set (a chunk of scores for blocked; the dense mask for dense);
-- LM head: one chunk of float32 logits (all counted slots' logits for the unchunked reference).
+- LM head: one chunk of float32 logits (all counted slots' logits for the unchunked reference); with
+  the target's distribution (a KL loss, every held-out pass), three half chunks and its hidden states.
 
 `tests/unit/drafter/train/test_memory.py` checks it against a measured peak (within 30 %).
 """
@@ -48,6 +49,7 @@ class Shapes:
     backend: Backend
     gradient_checkpointing: bool
     element_size: int  # activations: 4 (float32) or 2 (bf16)
+    kl: bool = False  # the training loss reads the target's distribution at every slot
 
 
 @dataclass
@@ -125,9 +127,13 @@ def estimate(
             work += 4 * bsz * (q * heads * cfg.head_dim + 2 * (t + q) * kv)
         return work
 
-    def head(slots: int, grad: bool) -> int:
-        logits = min(rows_per_chunk(vocab), slots) * vocab * 4  # one chunk; the softmax in place
-        return logits + slots * h * e * (2 if grad else 1)
+    def head(slots: int, grad: bool, teacher: bool) -> int:
+        if not teacher:
+            logits = min(rows_per_chunk(vocab), slots) * vocab * 4  # one chunk; the softmax in place
+            return logits + slots * h * e * (2 if grad else 1)
+        # half a chunk of slots: the drafter's logits, the target's log-probs, then its probabilities
+        logits = 3 * min(rows_per_chunk(vocab) // 2 or 1, slots) * vocab * 4
+        return logits + slots * h * e * (3 if grad else 2)  # + the target's hidden state per slot
 
     # a training micro-batch: the context's keys and values once, then groups of anchors
     bsz = shapes.batch_size
@@ -146,7 +152,7 @@ def estimate(
         "context keys and values": cfg.layers * bsz * t * kv * (8 * e + 4 * 4),
         "drafter layers": drafter_act + per_layer // 2,  # + the backward's transient gradients
         "attention": attention(bsz, q // bsz, True),
-        "LM head": head(q, True),
+        "LM head": head(q, True, shapes.kl),
     }
     # a held-out batch: no gradients, anchors in chunks, the context's keys and values per layer
     ebsz = shapes.eval_batch_size
@@ -154,7 +160,7 @@ def estimate(
     walk = {  # the drafter over a chunk of anchors
         "drafter layers": e * (4 * qe * h + 2 * qe * kv + 3 * qe * inter),
         "attention": attention(ebsz, qe // ebsz, False),
-        "LM head": head(qe, False),
+        "LM head": head(qe, False, True),  # the expected acceptance per slot reads the target's
     }
     # after the walk, the target's view of the data (draftdeck.drafter.train.truth): a chunk of its
     # logits, softmaxed; the larger of the two counts
@@ -202,6 +208,7 @@ def check_memory(
         backend=backend,
         gradient_checkpointing=params.gradient_checkpointing,
         element_size=element_size(device),
+        kl=params.mix[1] > 0,
     )
     capacity = capacity_bytes(device)
     if capacity is not None and device.type == "cpu" and world > 1:

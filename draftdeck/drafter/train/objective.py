@@ -6,7 +6,10 @@ is the anchor itself and is never a label. The block sees target context strictl
 (``key < p``: with ``<=`` the hidden state at p, which already encodes the target's next-token
 prediction, leaks into slot 1 and real decoding collapses to tau ~ 1, SpecForge #455) and every
 slot of its own block, nothing of other blocks. Labels at positions past the sequence or outside
-the loss mask are not counted. Loss = sum w * CE / sum w with w_k = exp(-(k - 1) / gamma).
+the loss mask are not counted. Loss = sum w * CE / sum w with w_k = exp(-(k - 1) / gamma); with a
+KL part (``mix`` = (ce_weight, kl_weight)), each slot's loss is ce_weight * CE + kl_weight *
+KL(p || q), p the target's next-token distribution at the slot's position p + k (teacher-forced on the
+row: its head on its final hidden state at p + k - 1), q the drafter's.
 
 The A anchors of a batch go through one drafter forward: (bsz, A * B) queries against
 [T context keys ; A * B block keys], block-sparse (`draftdeck.drafter.model.attention.BlockLayout`: flex
@@ -26,7 +29,7 @@ from torch.nn import functional as F
 
 from draftdeck.drafter.model.attention import Backend, BlockLayout
 from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.model.head import head_ce
+from draftdeck.drafter.model.head import head_loss
 from draftdeck.drafter.train.counts import Counts
 
 
@@ -179,6 +182,17 @@ class BlockResult:
     predictions: torch.Tensor
 
 
+Mix = tuple[float, float]  # (ce_weight, kl_weight) of each slot's loss
+CE_ONLY: Mix = (1.0, 0.0)
+
+
+def teacher_rows(teacher: torch.Tensor, batch: BlockBatch) -> torch.Tensor:
+    """(N, H): the target's final hidden state before each counted slot's token (position p + k - 1),
+    in the order of ``batch.labels[batch.label_valid]``."""
+    row, anchor, k = batch.label_valid.nonzero(as_tuple=True)
+    return teacher[row, batch.anchors[row, anchor] + k - 1]
+
+
 def block_loss(
     logits_fn: nn.Module,
     hidden: torch.Tensor,
@@ -187,9 +201,12 @@ def block_loss(
     normalizer: float | None = None,
     *,
     chunked_head: bool = True,
+    teacher: torch.Tensor | None = None,
+    mix: Mix = CE_ONLY,
 ) -> BlockResult:
-    """Weighted CE over counted slots (logits only for those, in chunks), per-slot and anchor-mean
-    counts.
+    """Weighted loss over counted slots (logits only for those, in chunks), per-slot and anchor-mean
+    counts. With `teacher` (the target's final hidden states, (bsz, T, H)) the KL part of `mix` is
+    computed, and the expected acceptance per slot counted.
 
     `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests; an
     `nn.Linear` goes through `draftdeck.drafter.model.head`'s chunks unless `chunked_head` is False, the
@@ -199,16 +216,26 @@ def block_loss(
     sel = batch.label_valid
     labels = batch.labels[sel]
     w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
-    wce, ce, pred_sel = head_ce(logits_fn, hidden[sel], labels, w, chunked=chunked_head)
+    rows = teacher_rows(teacher, batch) if teacher is not None else None
+    out = head_loss(logits_fn, hidden[sel], labels, w, teacher=rows, mix=mix, chunked=chunked_head)
+    pred_sel = out.pred
     wsum = w.sum()
     denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)
-    loss = wce / denom if sel.any() else hidden.sum() * 0.0
+    loss = out.total / denom if sel.any() else hidden.sum() * 0.0
     predictions = batch.block_ids.view(sel.shape).clone()
     predictions[sel] = pred_sel
     correct = torch.zeros_like(sel)
     correct[sel] = pred_sel == labels
     runs = leading_runs(correct, batch.valid)
-    return BlockResult(loss, counts_of(batch, correct, ce, w), runs, predictions)
+    per_slot = out.ce if out.kl is None else mix[0] * out.ce + mix[1] * out.kl
+    counts = counts_of(batch, correct, per_slot, w)
+    if out.accept is not None and out.draft_prob is not None:
+        per = torch.zeros((2, *sel.shape), dtype=torch.float32, device=sel.device)
+        per[0][sel], per[1][sel] = out.accept, out.draft_prob
+        sums = per.sum(dim=(1, 2)).tolist()
+        counts.accept_sum, counts.draft_prob_sum = sums[0], sums[1]
+        counts.accept_total = list(counts.total)
+    return BlockResult(loss, counts, runs, predictions)
 
 
 def leading_runs(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -218,7 +245,7 @@ def leading_runs(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return torch.where(valid, run, torch.full_like(run, -1))
 
 
-def counts_of(batch: BlockBatch, correct: torch.Tensor, ce: torch.Tensor, w: torch.Tensor) -> Counts:
+def counts_of(batch: BlockBatch, correct: torch.Tensor, loss: torch.Tensor, w: torch.Tensor) -> Counts:
     b = batch.block_size
     sel = batch.label_valid
     runs = leading_runs(correct, batch.valid)[batch.valid]
@@ -228,7 +255,7 @@ def counts_of(batch: BlockBatch, correct: torch.Tensor, ce: torch.Tensor, w: tor
     c.anchor_accepted = int(runs.sum())
     c.anchor_blocks = int(runs.numel())
     c.anchor_hist = [int(x) for x in torch.bincount(runs + 1, minlength=b + 1).tolist()]
-    c.loss_sum = float((w * ce).sum())
+    c.loss_sum = float((w * loss).sum())
     c.weight_sum = float(w.sum())
     return c
 
@@ -249,6 +276,8 @@ def dflash_loss(
     attention: Backend = "blocked",
     chunked_head: bool = True,
     context_kv: ContextKV | None = None,
+    teacher: torch.Tensor | None = None,
+    mix: Mix = CE_ONLY,
 ) -> BlockResult:
     """The whole objective for one batch: `context` = the target's concatenated features
     (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` (or a module
@@ -260,7 +289,9 @@ def dflash_loss(
         input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention
     )
     hidden = drafter_hidden(drafter, embedding, context, batch, context_kv)
-    return block_loss(lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head)
+    return block_loss(
+        lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head, teacher=teacher, mix=mix
+    )
 
 
 def dflash_backward(
@@ -279,6 +310,8 @@ def dflash_backward(
     anchors_per_forward: int,
     attention: Backend = "blocked",
     chunked_head: bool = True,
+    teacher: torch.Tensor | None = None,
+    mix: Mix = CE_ONLY,
 ) -> Counts:
     """Forward and backward of the objective over `anchors` in groups of `anchors_per_forward`
     (gradients accumulate in the drafter; returns the counts).
@@ -297,7 +330,7 @@ def dflash_backward(
         res = dflash_loss(
             drafter, embedding, lm_head, context, input_ids, loss_mask, attention_mask,
             anchors[:, s : s + per], valid[:, s : s + per], gamma, normalizer,
-            attention=attention, chunked_head=chunked_head, context_kv=leaves,
+            attention=attention, chunked_head=chunked_head, context_kv=leaves, teacher=teacher, mix=mix,
         )  # fmt: skip
         res.loss.backward()
         counts = counts + res.counts

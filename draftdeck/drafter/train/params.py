@@ -36,6 +36,14 @@ class TrainParams(JobParams):
         None, ge=0, description="Spare token id for masked slots (default: resolved)"
     )
     gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
+    loss: Literal["ce", "kl", "ce+kl"] = Field(
+        "ce",
+        description="What each drafted slot learns: ce = the data's next token (cross-entropy); kl = the"
+        " target's whole next-token distribution there (forward KL, exact, one more head matmul per"
+        " slot); ce+kl = both, weighted by ce_weight and kl_weight",
+    )
+    ce_weight: float = Field(1.0, gt=0, le=100, description="Weight of the cross-entropy part (ce, ce+kl)")
+    kl_weight: float = Field(1.0, gt=0, le=100, description="Weight of the KL part (kl, ce+kl)")
     anchors_per_seq: int = Field(512, ge=1, le=8192, description="Random anchors (blocks) per sequence")
     anchors_per_forward: int = Field(
         32,
@@ -129,6 +137,14 @@ class TrainParams(JobParams):
         "devices",
     )
     resumes_in_out: ClassVar[bool] = True
+
+    @property
+    def mix(self) -> tuple[float, float]:
+        """(ce_weight, kl_weight) of each slot's loss, as the objective takes it."""
+        return (
+            self.ce_weight if self.loss != "kl" else 0.0,
+            self.kl_weight if self.loss != "ce" else 0.0,
+        )
 
     @model_validator(mode="after")
     def _check(self) -> TrainParams:

@@ -316,11 +316,18 @@ class Trainer:
         self.drafter.train()
         for ids, att, lm, anchors, valid in micro:
             with self.amp:
-                _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
+                mix = self.p.mix
+                teacher = None
+                if mix[1]:  # the KL needs the target's final hidden states: the same one forward
+                    tf = self.target.teacher_forced(ids, att, self.cfg.target_layer_ids)
+                    context, teacher = tf.context, tf.last_hidden
+                else:
+                    _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
                 counts = counts + dflash_backward(
                     self.drafter, self.target.embedding, self.target.lm_head, context, ids, lm, att,
                     anchors, valid, self.p.gamma, normalizer=max(total_w, 1e-12),
                     anchors_per_forward=self.p.anchors_per_forward, attention=self.attention,
+                    teacher=teacher, mix=mix,
                 )  # fmt: skip
             counts.tokens += int(att.sum())
         self._sum_gradients()
@@ -336,7 +343,7 @@ class Trainer:
         with self.amp:
             return heldout_pass(
                 self.drafter, self.target, batches, self.p.gamma,
-                sources=groups, judge=judge, attention=self.attention,
+                sources=groups, judge=judge, attention=self.attention, mix=self.p.mix,
             )  # fmt: skip
 
     def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts], Counts]:

@@ -24,7 +24,14 @@ from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.memory import HELDOUT_ANCHORS_PER_CHUNK
-from draftdeck.drafter.train.objective import all_anchors, block_loss, build_blocks, drafter_hidden
+from draftdeck.drafter.train.objective import (
+    CE_ONLY,
+    Mix,
+    all_anchors,
+    block_loss,
+    build_blocks,
+    drafter_hidden,
+)
 from draftdeck.drafter.train.truth import Batch, agreement_of, target_view
 
 
@@ -77,11 +84,13 @@ def heldout_pass(
     judge: bool = True,
     anchors_per_chunk: int = HELDOUT_ANCHORS_PER_CHUNK,
     attention: Backend = "blocked",
+    mix: Mix = CE_ONLY,
 ) -> tuple[Counts, dict[str, Counts]]:
     """Loss, per-slot counts, anchor-mean over EVERY eligible anchor and the walked counts over
     `batches` (on the target's device) and, with `judge`, target agreement on them
     (draftdeck.drafter.train.truth). With `sources` (each batch's row sources), the walk and agreement per
-    source too (no loss or per-slot counts there)."""
+    source too (no loss or per-slot counts there). The loss is the training's (`mix`); the target's
+    distribution is known at every slot here, so the expected acceptance per slot is counted too."""
     was_training = drafter.training
     drafter.eval()
     total = Counts(drafter.block_size)
@@ -106,7 +115,7 @@ def heldout_pass(
                     attention,
                 )
                 hidden = drafter_hidden(drafter, target.embedding, context, batch)
-                res = block_loss(target.lm_head, hidden, batch, gamma)
+                res = block_loss(target.lm_head, hidden, batch, gamma, teacher=tf.last_hidden, mix=mix)
                 total = total + res.counts
                 rows = torch.arange(a.shape[0], device=a.device)[:, None].expand_as(a)
                 runs[rows[v], a[v]] = res.runs[v]

@@ -143,23 +143,28 @@ def _world(b: int, seed: int = 0) -> tuple[DFlashDrafter, object, tuple[torch.Te
     return drafter, target, (ids, att, lm, anchors, valid)
 
 
-def _loss_and_grads(drafter, target, batch, *, attention, chunked_head, split=None, recompute=False):  # type: ignore[no-untyped-def]
-    """One forward (dflash_loss) or, with `split`, the trainer's groups of anchors (dflash_backward)."""
+def _loss_and_grads(
+    drafter, target, batch, *, attention, chunked_head, split=None, recompute=False, mix=(1.0, 0.0)
+):  # type: ignore[no-untyped-def]
+    """One forward (dflash_loss) or, with `split`, the trainer's groups of anchors (dflash_backward);
+    a `mix` with a KL part reads the target's final hidden states, as the trainer does."""
     ids, att, lm, anchors, valid = batch
     drafter.zero_grad()
     drafter.gradient_checkpointing = recompute
     drafter.train()
     norm = label_weight_sum(lm, anchors, valid, drafter.block_size, 7.0)
-    _, ctx = target.context_features(ids, att, drafter.target_layer_ids)
+    tf = target.teacher_forced(ids, att, drafter.target_layer_ids)
+    ctx, teacher = tf.context, (tf.last_hidden if mix[1] else None)
     common = (drafter, target.embedding, target.lm_head, ctx, ids, lm, att, anchors, valid, 7.0, norm)
     if split is None:
-        res = dflash_loss(*common, attention=attention, chunked_head=chunked_head)
+        res = dflash_loss(*common, attention=attention, chunked_head=chunked_head, teacher=teacher, mix=mix)
         res.loss.backward()
         loss, counts = float(res.loss.detach()), res.counts
     else:
         counts = dflash_backward(
-            *common, anchors_per_forward=split, attention=attention, chunked_head=chunked_head
-        )
+            *common, anchors_per_forward=split, attention=attention, chunked_head=chunked_head,
+            teacher=teacher, mix=mix,
+        )  # fmt: skip
         loss = counts.loss_sum / norm
     grads = torch.cat([p.grad.flatten() for p in drafter.parameters()])
     return loss, counts, grads
@@ -189,6 +194,27 @@ def test_anchors_in_several_forwards_and_recomputed_layers_give_the_same_step() 
         assert abs(one[0] - other[0]) <= 1e-5 * abs(one[0])
         assert one[1].correct == other[1].correct and one[1].anchor_hist == other[1].anchor_hist
         _close(one[2], other[2], 1e-5)
+
+
+@pytest.mark.parametrize("mix", [(0.0, 1.0), (1.0, 0.5)])
+def test_a_kl_step_equals_the_dense_reference_and_counts_expected_acceptance(
+    mix: tuple[float, float],
+) -> None:
+    drafter, target, batch = _world(8, seed=2)
+    ref = _loss_and_grads(drafter, target, batch, attention="dense", chunked_head=False, mix=mix)
+    new = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True, mix=mix)
+    split = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True, split=5, mix=mix)
+    ce = _loss_and_grads(drafter, target, batch, attention="blocked", chunked_head=True)
+    for other in (new, split):  # the chunked KL sums dot products: float32 cancellation, absolute
+        assert abs(ref[0] - other[0]) <= 1e-5 * abs(ref[0]) + 1e-6
+        _close(ref[2], other[2], 1e-5)
+        assert other[1].accept_total == other[1].total and sum(other[1].total) > 0
+        both = [c.accept_sum + c.draft_prob_sum for c in (ref[1], other[1])]
+        for a, b in zip(*both, strict=True):
+            assert abs(a - b) <= 1e-4 * max(abs(a), 1.0)
+    # a probability per counted slot: between 0 and 1 on average; the CE-only step measures none
+    assert all(0 < s / t <= 1 for s, t in zip(ref[1].accept_sum[1:], ref[1].total[1:], strict=True) if t)
+    assert sum(ce[1].accept_total) == 0 and abs(ce[0] - ref[0]) > 1e-3  # another loss, measured apart
 
 
 def test_walked_tau_is_identical_either_way() -> None:

@@ -98,6 +98,27 @@ def test_loss_falls_and_walked_tau_rises_above_two(prepared: tuple[Path, Path], 
     }
 
 
+@pytest.mark.parametrize("loss", ["kl", "ce+kl"])
+def test_a_kl_run_learns_the_target_and_counts_expected_acceptance(
+    prepared: tuple[Path, Path], tmp_path: Path, loss: str
+) -> None:
+    """The data are the target's greedy answers: learning its distribution raises tau as the CE does,
+    and every held-out pass counts the expected acceptance per slot, a probability per slot."""
+    ctx = LocalContext(tmp_path / "ctx")
+    run_train(_params(prepared, tmp_path / "run", loss=loss, kl_weight=2.0), ctx)
+    values = [v for _, v in ctx.series("train/loss")]
+    assert values[-1] < values[0] / 3, values
+    tau = _tau(ctx)
+    assert tau[-1] > 2.0 and tau[-1] > tau[0], tau
+    for k in range(1, 4):
+        sums = [v for _, v in ctx.series(f"heldout/pos/{k}/accept_sum")]
+        totals = [v for _, v in ctx.series(f"heldout/pos/{k}/accept_total")]
+        assert len(sums) == 3 and all(0 < s <= t for s, t in zip(sums, totals, strict=True))
+    first, last = (ctx.series("heldout/pos/1/accept_sum")[i][1] for i in (0, -1))
+    assert last > first  # the drafter's distribution moved toward the target's
+    assert ctx.series("train/pos/1/accept_total")  # the KL run measures it while training too
+
+
 class CancelAt(LocalContext):
     def __init__(self, out_dir: Path, at: int):
         super().__init__(out_dir)
