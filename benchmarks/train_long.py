@@ -19,7 +19,7 @@ a GPU) is its own: `peak` is what the step adds to what was held before it. Time
 `--steps` steps after one warm-up. Goals (issue 18): at T = 4,096, A = 512 peak >= 5x lower and step
 >= 1.5x faster; no case slower than dense by more than 10 %.
 
-    python benchmarks/train_long.py --losses ce,kl,ce+kl
+    python benchmarks/train_long.py --losses ce,kl,ce+kl [--shapes 4096:512]
 
 measures the sparse path once per training loss instead (issue 34): the KL reads the target's final
 hidden states (a stand-in of the right shape) and its logits at every slot; its peak and time beside
@@ -130,9 +130,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: PyTorch's default)")
     ap.add_argument("--losses", default="", help="e.g. ce,kl,ce+kl: the sparse path once per training loss")
+    ap.add_argument("--shapes", default="", help="T:A,... instead of every shape (e.g. 4096:512)")
     ap.add_argument("--loss", default="ce", help=argparse.SUPPRESS)
     ap.add_argument("--case", nargs=3, metavar=("T", "A", "PATH"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    shapes = (
+        [(int(t), int(n)) for t, n in (x.split(":") for x in a.shapes.split(","))] if a.shapes else SHAPES
+    )
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.case:
@@ -157,7 +161,7 @@ def main() -> None:
         cols = [f"{x} s/step | {x} MiB" for x in losses] + [f"{x}/ce time | {x}/ce peak" for x in losses[1:]]
         print("| T | A | " + " | ".join(cols) + " |")
         print("|--:|--:|" + "--:|" * (2 * len(losses) + 2 * (len(losses) - 1)))
-        for t, n in SHAPES:
+        for t, n in shapes:
             got = {x: measure(t, n, "sparse", x) for x in losses}
             base = got[losses[0]]
             cells = [f"{got[x]['seconds']:.3f} | {got[x]['peak'] / 2**20:,.0f}" for x in losses]
@@ -176,7 +180,7 @@ def main() -> None:
     )
     print("| T | A | dense s/step | sparse s/step | speed-up | dense MiB | sparse MiB | memory ratio |")
     print("|--:|--:|-------------:|--------------:|---------:|----------:|-----------:|-------------:|")
-    for t, n in SHAPES:
+    for t, n in shapes:
         dense, sparse = measure(t, n, "dense"), measure(t, n, "sparse")
         print(
             f"| {t:,} | {int(sparse['anchors'])} | {dense['seconds']:.3f} | {sparse['seconds']:.3f} | "

@@ -61,14 +61,15 @@ def head_loss(
     `labels`, and with `teacher` (N, H: the target's final hidden states before each slot's token)
     the forward KL from the target's distribution, mixed by `mix` = (ce_weight, kl_weight).
 
-    `head` is an `nn.Linear` (the chunked path: a chunk of logits alive at a time, two with a teacher,
-    so the chunk holds half the slots) or any module mapping (N, H) -> (N, V), which goes the
+    `head` is an `nn.Linear` (the chunked path: a chunk of logits alive at a time; with a teacher,
+    three chunks of a third of the slots) or any module mapping (N, H) -> (N, V), which goes the
     unchunked way (as does `chunked=False`: the reference). Exact: no top-k, no temperature."""
     ce_w, kl_w = mix
     if kl_w and teacher is None:
         raise ValueError("a KL loss needs the target's hidden states (teacher)")
     if chunked and isinstance(head, nn.Linear) and hidden.shape[0]:
-        rows = rows_per_chunk(head.out_features, chunk_bytes // (2 if teacher is not None else 1))
+        # with a teacher three (rows, V) tensors are alive at once: a third of the rows keeps the peak
+        rows = rows_per_chunk(head.out_features, chunk_bytes // (3 if teacher is not None else 1))
         if not torch.is_grad_enabled():  # the held-out walk: counts only
             out, _ = _chunked(
                 hidden, head.weight, head.bias, labels, weights, rows, (False,) * 3, teacher, mix

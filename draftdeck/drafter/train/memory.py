@@ -13,7 +13,8 @@ the run reads. Terms, in bytes (e: the activation dtype's size, 4 on the CPU, 2 
   (with `gradient_checkpointing` only each layer's input, plus one layer);
 - attention: the backend's working set (a chunk of scores for blocked; the dense mask for dense);
 - LM head: one chunk of float32 logits (all counted slots' logits for the unchunked reference); with
-  the target's distribution (a KL loss, every held-out pass), three half chunks and its hidden states.
+  the target's distribution (a KL loss, every held-out pass), three thirds of a chunk and its hidden
+  states.
 
 `tests/unit/drafter/train/test_memory.py` checks it against a measured peak (within 30 %).
 """
@@ -131,8 +132,8 @@ def estimate(
         if not teacher:
             logits = min(rows_per_chunk(vocab), slots) * vocab * 4  # one chunk; the softmax in place
             return logits + slots * h * e * (2 if grad else 1)
-        # half a chunk of slots: the drafter's logits, the target's log-probs, then its probabilities
-        logits = 3 * min(rows_per_chunk(vocab) // 2 or 1, slots) * vocab * 4
+        # a third of a chunk of slots: the drafter's logits, the target's log-probs, its probabilities
+        logits = 3 * min(rows_per_chunk(vocab) // 3 or 1, slots) * vocab * 4
         return logits + slots * h * e * (3 if grad else 2)  # + the target's hidden state per slot
 
     # a training micro-batch: the context's keys and values once, then groups of anchors

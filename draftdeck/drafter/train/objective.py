@@ -186,6 +186,17 @@ Mix = tuple[float, float]  # (ce_weight, kl_weight) of each slot's loss
 CE_ONLY: Mix = (1.0, 0.0)
 
 
+def loss_formula(mix: Mix) -> str:
+    """The objective in words, as run.json records it."""
+    parts = [
+        ("" if w == 1 else f"{w:g} ") + term
+        for w, term in zip(mix, ("CE_k", "KL(p_target || q_draft)_k"), strict=True)
+        if w
+    ]
+    per_slot = " + ".join(parts)
+    return f"dflash: sum_k w_k ({per_slot}) / sum_k w_k, w_k = exp(-(k-1)/gamma), slot 0 excluded"
+
+
 def teacher_rows(teacher: torch.Tensor, batch: BlockBatch) -> torch.Tensor:
     """(N, H): the target's final hidden state before each counted slot's token (position p + k - 1),
     in the order of ``batch.labels[batch.label_valid]``."""

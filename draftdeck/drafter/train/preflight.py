@@ -10,8 +10,9 @@ Before step 1 (`run_preflight`):
    as metric points at step 0 (``preflight/agreement/...``). Data that differs from the target's
    greedy token more than `off_target_ratio` times as often as its own temperature-1 samples would
    raises `data_not_target_output` too. With `off_target` "fail" either stops the run.
-3. The target's own greedy answers to up to `truth_rows` held-out prompts (each as long as the
-   row's answer at most, and `truth_max_new_tokens`): the rows of the target-judged walk.
+3. The target's own greedy answers to up to `truth_rows` held-out rows, every assistant turn on
+   policy (each as long as the row's answer to that turn at most, and `truth_max_new_tokens`): the
+   rows of the target-judged walk.
 
 At every held-out pass (`compare`): the data-judged walk over the held-out rows whose prompts the
 target answered, against the walk over its answers; data-judged above by more than `off_target_tolerance`
@@ -40,7 +41,7 @@ from draftdeck.drafter.train.truth import (
     agreement_pass,
     describe,
     off_target,
-    target_answers,
+    target_turns,
 )
 from draftdeck.errors import JobFailed
 from draftdeck.jobs.context import RunContext
@@ -176,17 +177,11 @@ def _agreement(params: TrainParams, ctx: RunContext, on: OnRank) -> Agreement:
 
 
 def _answers(params: TrainParams, target: Target, data: TrainData, refs: list[RowRef]) -> list[Row]:
-    """The target's greedy answers to the prompts of `refs` (each row's tokens before its first
-    trained token), each at most as long as the row's first answer (so that both walks cover the
-    same positions) and `truth_max_new_tokens`."""
-    prompts, caps = [], []
-    for ref in refs:
-        ids, mask = data.example(ref)
-        start = int(np.argmax(mask))
-        span = int(np.argmin(np.append(mask[start:], 0)))  # the first trained run's length
-        prompts.append(ids[:start].tolist())
-        caps.append(max(1, min(span, params.truth_max_new_tokens)))
-    return target_answers(target, prompts, caps, batch_size=params.eval_batch_size)
+    """The target's greedy answers to every trained turn of `refs`, on policy (each turn after its
+    own earlier answers), each at most as long as the row's answer to that turn (so that both walks
+    cover the same turns) and `truth_max_new_tokens`."""
+    rows = [data.example(ref) for ref in refs]
+    return target_turns(target, rows, params.truth_max_new_tokens, batch_size=params.eval_batch_size)
 
 
 def compare(data_judged: Counts, target_judged: Counts, params: TrainParams, step: int) -> str | None:

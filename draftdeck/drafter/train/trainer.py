@@ -38,7 +38,12 @@ from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import DataPosition, TrainData, anchor_generator, collate
 from draftdeck.drafter.train.device import DeviceError, peak_bytes, reset_peak, resolve_device
 from draftdeck.drafter.train.memory import check_memory, params_bytes
-from draftdeck.drafter.train.objective import dflash_backward, label_weight_sum, sample_anchors_per_row
+from draftdeck.drafter.train.objective import (
+    dflash_backward,
+    label_weight_sum,
+    loss_formula,
+    sample_anchors_per_row,
+)
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
 from draftdeck.drafter.train.run_record import RunRecord
@@ -129,7 +134,7 @@ class Trainer:
             manifest_sha256=self.data.manifest_sha256(),
             target=str(p.target),
             drafter=self.cfg.to_dict(),
-            loss="dflash: sum_k w_k CE_k / sum_k w_k, w_k = exp(-(k-1)/gamma), slot 0 excluded",
+            loss=loss_formula(p.mix),
             gamma=p.gamma,
             anchors_per_seq=p.anchors_per_seq,
             seq_length=p.seq_length,

@@ -14,7 +14,8 @@ measurements tell the cases apart, both stored as counts:
   temperature-1 samples would; data that disagrees well beyond that (`disagreement_ratio`) is not
   its output.
 - **The target-judged walk**: the same walk over the target's own greedy answers to held-out prompts
-  (`target_answers`, generated once before step 1): what greedy decoding will accept. It stayed
+  (`target_turns`, generated once before step 1, every assistant turn on policy: each after the
+  target's own earlier answers): what greedy decoding will accept. It stayed
   within 3 % of real tau on the target's own answers, its sampled answers and another model's
   answers alike (docs/train.md), where judging the data's tokens by the target's greedy token in the
   data's context (a teacher-forced target-judged walk) stayed 16 % above it on another model's.
@@ -231,3 +232,49 @@ def target_answers(
             )
     rows = [out[i] for i in range(len(prompts))]
     return rows
+
+
+def trained_spans(mask: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of trained tokens of a row's loss mask: its answers, in order."""
+    m = np.concatenate([[0], np.asarray(mask, dtype=np.int64) != 0, [0]]).astype(np.int8)
+    d = np.diff(m)
+    return list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist(), strict=True))
+
+
+@torch.no_grad()
+def target_turns(
+    target: Target,
+    rows: Sequence[tuple[np.ndarray, np.ndarray]],
+    max_new_tokens: int,
+    *,
+    batch_size: int = 16,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The target's own greedy answers to every trained turn of `rows` ((ids, loss_mask) each), on
+    policy: turn k is generated after the target's own answers to turns 1..k-1, the data's tokens
+    between the answers (the end of a turn, the next user message, the next assistant header) kept
+    as they are. Each answer is at most as long as the data's answer to that turn (so that the walk
+    over the data and the walk over these answers cover the same turns) and `max_new_tokens`. Rows
+    whose turns the template renders apart (one trained turn a row) have one turn here too, after
+    the data's earlier turns. Returns (ids, loss_mask) rows, the target's answers trained."""
+    spans = [trained_spans(mask) for _, mask in rows]
+    built: list[list[int]] = [
+        ids[: sp[0][0]].tolist() if sp else ids.tolist() for (ids, _), sp in zip(rows, spans, strict=True)
+    ]
+    masks: list[list[int]] = [[0] * len(b) for b in built]
+    for turn in range(max((len(sp) for sp in spans), default=0)):
+        todo = [i for i, sp in enumerate(spans) if turn < len(sp)]
+        caps = [max(1, min(spans[i][turn][1] - spans[i][turn][0], max_new_tokens)) for i in todo]
+        answered = target_answers(target, [built[i] for i in todo], caps, batch_size=batch_size)
+        for i, (ids, _) in zip(todo, answered, strict=True):
+            answer = ids[len(built[i]) :].tolist()
+            built[i] += answer
+            masks[i] += [1] * len(answer)
+            sp = spans[i]
+            if turn + 1 < len(sp):  # the data's tokens up to its next answer
+                between = rows[i][0][sp[turn][1] : sp[turn + 1][0]].tolist()
+                built[i] += between
+                masks[i] += [0] * len(between)
+    return [
+        (np.asarray(b, dtype=np.int64), np.asarray(m, dtype=np.int64))
+        for b, m in zip(built, masks, strict=True)
+    ]

@@ -117,6 +117,8 @@ def test_a_kl_run_learns_the_target_and_counts_expected_acceptance(
     first, last = (ctx.series("heldout/pos/1/accept_sum")[i][1] for i in (0, -1))
     assert last > first  # the drafter's distribution moved toward the target's
     assert ctx.series("train/pos/1/accept_total")  # the KL run measures it while training too
+    said = json.loads((tmp_path / "run/run.json").read_text())["loss"]
+    assert ("2 KL(p_target || q_draft)_k" in said) and (("CE_k + " in said) == (loss == "ce+kl"))
 
 
 class CancelAt(LocalContext):

@@ -115,3 +115,22 @@ def test_the_targets_own_answers_are_its_plain_greedy_decoding(tmp_path: Path) -
         want = generate_plain(runner, prompt, cap).output_ids
         assert ids.tolist() == prompt + want  # left-padded batches, same tokens
         assert mask.tolist() == [0] * len(prompt) + [1] * len(want)
+
+
+def test_every_turn_is_answered_after_the_targets_own_earlier_answers(tmp_path: Path) -> None:
+    """A two-turn row: turn 2 is generated after the target's answer to turn 1 and the data's tokens
+    between the turns, each answer capped at the data's; a one-turn row as before."""
+    world = build_world(tmp_path / "world", n_prompts=2)
+    runner = TargetRunner(world.target, world.target.eos_ids())
+    p1, p2 = world.prompt_ids
+    data1, between, data2 = [7] * 6, [5, 6] + p2, [9] * 4  # the data's answers are not the target's
+    ids = torch.tensor(p1 + data1 + between + data2).numpy()
+    mask = torch.tensor([0] * len(p1) + [1] * 6 + [0] * len(between) + [1] * 4).numpy()
+    one_ids, one_mask = torch.tensor(p2 + data1).numpy(), torch.tensor([0] * len(p2) + [1] * 6).numpy()
+    two, one = truth.target_turns(world.target, [(ids, mask), (one_ids, one_mask)], 64, batch_size=2)
+    first = generate_plain(runner, p1, 6).output_ids
+    second = generate_plain(runner, p1 + first + between, 4).output_ids
+    assert two[0].tolist() == p1 + first + between + second  # on policy: after its own first answer
+    assert two[1].tolist() == [0] * len(p1) + [1] * len(first) + [0] * len(between) + [1] * len(second)
+    assert one[0].tolist() == p2 + generate_plain(runner, p2, 6).output_ids
+    assert truth.trained_spans(mask) == [(len(p1), len(p1) + 6), (len(p1) + 6 + len(between), len(ids))]
