@@ -64,6 +64,7 @@ def main() -> None:
         anchors_per_seq=args.anchors,
         batch_size=args.batch,
         lr=1e-3,
+        loss="ce",  # the baseline and the FLOPs counted are the cross-entropy step
         max_steps=10_000,
         heldout_fraction=0.0,
         device="cpu",

@@ -91,6 +91,7 @@ def main() -> None:
         anchors_per_seq=a.anchors,
         batch_size=a.batch,
         lr=6e-4,
+        loss="ce",  # the baseline and the FLOPs counted are the cross-entropy step
         max_steps=1_000_000,
         heldout_fraction=0.0,
         device=a.device,

@@ -97,8 +97,12 @@ def prepare(root: Path, slug: str, answerer: Path, temperature: float, world_a: 
     return dataset
 
 
-def train_case(root: Path, slug: str, dataset: Path, world_a: Path, size: dict, loss: str = "ce") -> tuple:
-    """Train on `dataset` exactly as `draftdeck demo` trains (with `loss`): (run folder, context)."""
+def train_case(
+    root: Path, slug: str, dataset: Path, world_a: Path, size: dict, loss: str | None = None
+) -> tuple:
+    """Train on `dataset` exactly as `draftdeck demo` trains (with `loss`, else the default): (run folder,
+    context)."""
+    loss = loss or TrainParams.model_fields["loss"].default
     run = root / f"run-{slug}-{loss}"
     train_ctx = LocalContext(root / "ctx" / f"train-{slug}-{loss}")
     steps = size["train_steps"]

@@ -36,8 +36,10 @@ class TrainParams(JobParams):
         None, ge=0, description="Spare token id for masked slots (default: resolved)"
     )
     gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
+    # ce+kl: measured best on the target's own sampled answers without losing on its greedy ones
+    # (benchmarks/truth.py --losses, README); kl alone loses greedy tau on the target's greedy answers
     loss: Literal["ce", "kl", "ce+kl"] = Field(
-        "ce",
+        "ce+kl",
         description="What each drafted slot learns: ce = the data's next token (cross-entropy); kl = the"
         " target's whole next-token distribution there (forward KL, exact, one more head matmul per"
         " slot); ce+kl = both, weighted by ce_weight and kl_weight",

@@ -123,7 +123,7 @@ def test_every_turn_is_answered_after_the_targets_own_earlier_answers(tmp_path: 
     world = build_world(tmp_path / "world", n_prompts=2)
     runner = TargetRunner(world.target, world.target.eos_ids())
     p1, p2 = world.prompt_ids
-    data1, between, data2 = [7] * 6, [5, 6] + p2, [9] * 4  # the data's answers are not the target's
+    data1, between, data2 = [7] * 6, [5, 6, *p2], [9] * 4  # the data's answers are not the target's
     ids = torch.tensor(p1 + data1 + between + data2).numpy()
     mask = torch.tensor([0] * len(p1) + [1] * 6 + [0] * len(between) + [1] * 4).numpy()
     one_ids, one_mask = torch.tensor(p2 + data1).numpy(), torch.tensor([0] * len(p2) + [1] * 6).numpy()
