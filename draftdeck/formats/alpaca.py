@@ -93,10 +93,9 @@ def parse_query_response(value: dict[str, Any], ctx: ParseContext) -> list[Conve
     assert pair is not None
     q, a = pair
     question = text_of(value[q], q, ctx)
-    turns = dialogue_turns(question) if "Human:" in question else None
-    if (
-        turns and turns[-1].role == "user"
-    ):  # an RLHF prompt: "Human: ... Assistant: ... Human: ... Assistant:"
+    turns = dialogue_turns(question)
+    # an RLHF prompt ("Human: ... Assistant: ... Human: ... Assistant:"): its turns, then the answer
+    if turns and turns[-1].role == "user":
         messages = _build(value, turns[-1].content, value[a], a, ctx)
         messages[-2:-1] = turns  # the earlier turns before the last question, after any system
         messages[-1].content = messages[-1].content.lstrip()  # " answer" after the last "Assistant:"

@@ -12,13 +12,14 @@ from draftdeck.formats.model import Message
 # a turn marker of a dialogue written as text (one that opens with "Human:"), after any whitespace
 _MARKER = re.compile(r"(?:\A|(?<=\s))(Human|Assistant):[ \t]?")
 _MARKED_ROLES = {"Human": "user", "Assistant": "assistant"}
+_OPENS = re.compile(r"\s*Human:")
 
 
 def dialogue_turns(text: str) -> list[Message] | None:
     """The turns of a dialogue written as text with ``Human:`` / ``Assistant:`` markers, None unless
     the text opens with ``Human:``. A last, empty ``Assistant:`` (the slot a prompt leaves for the
     answer) is no turn."""
-    if not text.lstrip().startswith("Human:"):
+    if not _OPENS.match(text):  # the usual text: one look at its start
         return None
     marks = list(_MARKER.finditer(text))
     out: list[Message] = []

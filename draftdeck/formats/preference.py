@@ -78,8 +78,7 @@ def _turns(items: Any, where: str, ctx: ParseContext) -> list[Message]:
 
 def _side(value: Any, where: str, ctx: ParseContext) -> list[Message]:
     if isinstance(value, str):
-        turns = dialogue_turns(value) if "Human:" in value else None
-        return turns if turns else [finish_assistant(Message("assistant", value))]
+        return dialogue_turns(value) or [finish_assistant(Message("assistant", value))]
     return _turns(value, where, ctx)
 
 
@@ -94,8 +93,7 @@ def _prompt(value: dict[str, Any], ctx: ParseContext) -> tuple[list[Message], li
     prompt = value.get("prompt")
     if prompt is not None:
         if isinstance(prompt, str):
-            turns = dialogue_turns(prompt) if "Human:" in prompt else None
-            return (turns or [Message("user", prompt)]), tools
+            return (dialogue_turns(prompt) or [Message("user", prompt)]), tools
         return _turns(prompt, "prompt", ctx), tools
     for key in ("conversations", "messages"):
         if value.get(key) is not None:

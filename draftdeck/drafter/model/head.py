@@ -3,12 +3,13 @@ both), without the logits wall.
 
 The drafter's counted slots go through the target's frozen head: with Qwen3.6's 248K vocabulary
 and 512 anchors x 15 slots the float32 logits are ~7.6 GB per sequence, and autograd keeps them
-(and their gradient) for the backward. `head_ce` computes the loss, its gradient, the argmax and
+(and their gradient) for the backward. `head_loss` computes the loss, its gradient, the argmax and
 each slot's CE in chunks of slots (`LOGITS_CHUNK_BYTES` of float32 logits at a time) and keeps
 only the gradient with respect to the hidden states, (N, H): the same two matmuls per slot as the
 unchunked path (logits, then dlogits @ W), one chunk of logits alive at a time. The KL needs the
 target's own logits at each slot (its final hidden state before the slot's token, through the same
-head): one more matmul per slot, two chunks of logits alive, so a chunk holds half the slots.
+head): one more matmul per slot, three (rows, V) tensors alive, so a chunk holds a third of the slots
+and the peak stays the CE's.
 """
 
 from __future__ import annotations
@@ -93,20 +94,6 @@ def head_loss(
     pred = logits.argmax(-1)
     draft_prob = logp.exp().gather(1, pred[:, None])[:, 0]
     return HeadOut(total, ce.detach(), pred, kl.detach(), accept.detach(), t_logits.argmax(-1), draft_prob)
-
-
-def head_ce(
-    head: nn.Module,
-    hidden: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    chunked: bool = True,
-    chunk_bytes: int = LOGITS_CHUNK_BYTES,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(sum w * CE with grad, CE per row, argmax per row): :func:`head_loss` without a teacher."""
-    out = head_loss(head, hidden, labels, weights, chunked=chunked, chunk_bytes=chunk_bytes)
-    return out.total, out.ce, out.pred
 
 
 class _ChunkedLinearLoss(torch.autograd.Function):

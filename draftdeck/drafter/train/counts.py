@@ -166,9 +166,6 @@ class Counts:
     def accuracy(self, k: int) -> float:
         return self.correct[k] / self.total[k] if self.total[k] else float("nan")
 
-    def expected_accept(self, k: int) -> float:
-        return self.accept_sum[k] / self.accept_total[k] if self.accept_total[k] else float("nan")
-
     def position_metrics(self, prefix: str) -> dict[str, float]:
         """`{prefix}/pos/{k}/correct` and `/total` for k = 1..B-1, and `/accept_sum` and
         `/draft_prob_sum` and `/accept_total` where the target's distribution was known."""

@@ -13,7 +13,7 @@ from torch import nn
 from draftdeck.drafter.model import attention as attn
 from draftdeck.drafter.model.attention import BlockLayout, resolve_backend
 from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.model.head import head_ce
+from draftdeck.drafter.model.head import head_loss
 from draftdeck.drafter.train.data import collate
 from draftdeck.drafter.train.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
 from draftdeck.drafter.train.walked import heldout_counts
@@ -110,7 +110,8 @@ def test_chunked_head_equals_the_unchunked_loss_gradients_and_argmax() -> None:
     for chunked in (False, True):
         head.zero_grad()
         hidden.grad = None
-        wce, ce, pred = head_ce(head, hidden, labels, w, chunked=chunked, chunk_bytes=4 * 50 * 5)
+        out = head_loss(head, hidden, labels, w, chunked=chunked, chunk_bytes=4 * 50 * 5)
+        wce, ce, pred = out.total, out.ce, out.pred
         (wce * 0.5).backward()
         grads = (hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone())
         got.append((wce.detach(), ce, pred, *grads))
@@ -121,7 +122,8 @@ def test_chunked_head_equals_the_unchunked_loss_gradients_and_argmax() -> None:
         else:
             _close(a, b, 1e-5)
     with torch.no_grad():  # the held-out walk's path: no gradients kept
-        wce, ce, pred = head_ce(head, hidden, labels, w, chunk_bytes=4 * 50 * 5)
+        out = head_loss(head, hidden, labels, w, chunk_bytes=4 * 50 * 5)
+        wce, ce, pred = out.total, out.ce, out.pred
     _close(ref[0], wce, 1e-5)
     assert torch.equal(ref[2], pred)
 
