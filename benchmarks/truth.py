@@ -2,11 +2,12 @@
 """Drafter truth on the tiny demo world, on this CPU: does each training-time tau tell real decoding,
 when the data is the target's own greedy answers, its own sampled answers, or another model's?
 
-    python benchmarks/truth.py [--quick] [--workdir DIR] [--losses ce,kl,ce+kl]
+    python benchmarks/truth.py [--quick] [--workdir DIR] [--losses ce,kl,ce+kl] [--cases own,own-text]
 
 Steps, as a user runs them: build the demo world (target A, seed 0) and a second one (target B, seed
 1, as `build_tiny_demo(seed=1)`); answer A's demo prompts with `regenerate --local` three ways (A
-greedy, A sampled at temperature 0.7, B greedy); tokenize each with A's tokenizer; train each exactly
+greedy, A sampled at temperature 0.7, B greedy; A's greedy answers once more with the token ids it
+generated dropped, so tokenize encodes their text again); tokenize each with A's tokenizer; train each exactly
 as `draftdeck demo` trains; evaluate each checkpoint against A with real speculative decoding. One
 table: the pre-flight's figures, the held-out tau judged by the data (the walk over the held-out
 rows) and by the target (the walk over A's own answers to held-out prompts), real tau, each
@@ -49,6 +50,8 @@ FULL = {"target_steps": 600, "prompts": 1000, "max_new": 128, "train_steps": 400
 QUICK = {"target_steps": 200, "prompts": 300, "max_new": 64, "train_steps": 120, "eval_prompts": 30}
 CASES = [  # (slug, what the drafter trains on, which world answers, temperature)
     ("own", "A's own greedy answers", "A", 0.0),
+    # the same answers with the token ids A generated dropped: tokenize encodes their text again
+    ("own-text", "A's own greedy answers, re-encoded from text", "A", 0.0),
     ("own-t07", "A's own answers sampled at T 0.7", "A", 0.7),
     ("other", "B's greedy answers (another model)", "B", 0.0),
     # the same rows with no record of who answered them (data made by another tool)
@@ -56,19 +59,33 @@ CASES = [  # (slug, what the drafter trains on, which world answers, temperature
 ]
 
 
-def _without_record(src: Path, out: Path) -> None:
-    """`src`'s rows without regenerate's record of who answered them."""
+def _without(src: Path, out: Path, what: str) -> None:
+    """`src`'s rows without regenerate's record of who answered them (`what` "record") or without the
+    token ids the answering model generated ("ids")."""
     with src.open(encoding="utf-8") as f, out.open("w", encoding="utf-8") as g:
         for line in f:
             row = json.loads(line)
-            row.pop("generation", None)
+            if what == "record":
+                row.pop("generation", None)
+            for m in row["messages"] if what == "ids" else ():
+                m.pop("token_ids", None)
             g.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+VARIANTS = {"-unrecorded": "record", "-text": "ids"}  # a case's slug suffix: what its rows are without
 
 
 def _tau(values: list[tuple[int, float]], steps: list[tuple[int, float]]) -> float:
     acc, n = dict(values), dict(steps)
     last = max(n)
     return 1 + acc[last] / n[last]
+
+
+def _ids_path(dataset: Path) -> str:
+    """Rows whose answers are the target's own ids / rows encoded from text, from the manifest."""
+    manifest = read_manifest(dataset)
+    kept = (manifest.report or {}).get("counts", {}).get("ids_from_target", 0)
+    return f"{kept:,} / {manifest.rows - kept:,}"
 
 
 def _provenance(dataset: Path, target: Path) -> str:
@@ -83,8 +100,9 @@ def prepare(root: Path, slug: str, answerer: Path, temperature: float, world_a: 
     """The case's answers, tokenized with A's tokenizer: the dataset folder."""
     answers, dataset = root / f"{slug}.jsonl", root / f"ds-{slug}"
     target = str(world_a / "target")
-    if slug.endswith("-unrecorded"):
-        _without_record(root / f"{slug.removesuffix('-unrecorded')}.jsonl", answers)
+    suffix = next((s for s in VARIANTS if slug.endswith(s)), None)
+    if suffix is not None:
+        _without(root / f"{slug.removesuffix(suffix)}.jsonl", answers, VARIANTS[suffix])
     else:
         run_regenerate(RegenerateParams(
             inputs=[str(world_a / "prompts.jsonl")], out=str(answers), local=str(answerer), device="cpu",
@@ -140,6 +158,7 @@ def run_case(
         "expected": pre["expected_sum"] / pre["tokens"],
         "ratio": (pre["tokens"] - pre["matches"]) / (pre["tokens"] - pre["expected_sum"]),
         "provenance": _provenance(dataset, world_a / "target"),
+        "ids": _ids_path(dataset),
         # the run's held-out figures for the evaluated checkpoint, on the rows the eval compares
         "data": ev["training"]["data_judged_tau_incl_bonus"],
         "target": ev["training"]["target_judged_tau_incl_bonus"],
@@ -157,7 +176,7 @@ def run_case(
     }
 
 
-LOSS_CASES = ["own", "own-t07", "other"]
+LOSS_CASES = ["own", "own-text", "own-t07", "other"]
 
 
 def loss_row(root: Path, slug: str, name: str, dataset: Path, world_a: Path, size: dict, loss: str) -> dict:
@@ -178,10 +197,10 @@ def loss_row(root: Path, slug: str, name: str, dataset: Path, world_a: Path, siz
     }
 
 
-def loss_table(root: Path, worlds: dict, size: dict, losses: list[str]) -> None:
+def loss_table(root: Path, worlds: dict, size: dict, losses: list[str], cases: list[str]) -> None:
     started = time.monotonic()
     rows = []
-    for slug, name, w, t in (c for c in CASES if c[0] in LOSS_CASES):
+    for slug, name, w, t in (c for c in CASES if c[0] in cases):
         dataset = prepare(root, slug, worlds[w].target_dir, t, root / "A", size)
         rows += [loss_row(root, slug, name, dataset, root / "A", size, loss) for loss in losses]
     took = time.monotonic() - started
@@ -209,7 +228,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smaller world and run (~4 minutes)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the worlds and runs here")
     ap.add_argument("--losses", default="", help="e.g. ce,kl,ce+kl: the loss as a dimension (issue 34)")
+    ap.add_argument("--cases", default="", help="the cases to run, e.g. own,own-text (default: all)")
     args = ap.parse_args()
+    cases = args.cases.split(",") if args.cases else None
+    unknown = set(cases or ()) - {c[0] for c in CASES}
+    if unknown:
+        ap.error(f"unknown case {', '.join(sorted(unknown))}; cases: {', '.join(c[0] for c in CASES)}")
     size = QUICK if args.quick else FULL
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -223,22 +247,24 @@ def main() -> None:
             for w, seed in (("A", 0), ("B", 1))
         }
         if args.losses:
-            loss_table(root, worlds, size, args.losses.split(","))
+            loss_table(root, worlds, size, args.losses.split(","), cases or LOSS_CASES)
             return
         rows = [
             run_case(root, slug, name, worlds[w].target_dir, t, root / "A", size)
             for slug, name, w, t in CASES
+            if cases is None or slug in cases
         ]
     print(f"\nDrafter truth, tiny demo world, {size['train_steps']} steps, {size['eval_prompts']} eval"
           f" prompts, block 8, every tau incl. bonus ({time.monotonic() - started:.0f} s)\n")  # fmt: skip
-    head = ("data the drafter trained on", "rows by A / other / none", "agree", "T=1", "ratio", "live chart",
+    head = ("data the drafter trained on", "rows by A / other / none", "rows: A's ids / text", "agree", "T=1",
+            "ratio", "live chart",
             "data-judged", "target-judged", "real", "real, all", "data/real", "target/real", "alert: pre",
             "train", "eval")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for r in rows:
         print(
-            f"| {r['case']} | {r['provenance']} | {r['agreement']:.1%} | {r['expected']:.1%}"
+            f"| {r['case']} | {r['provenance']} | {r['ids']} | {r['agreement']:.1%} | {r['expected']:.1%}"
             f" | {r['ratio']:.2f} | {r['live_data']:.3f} | {r['data']:.3f} | {r['target']:.3f}"
             f" | {r['real']:.3f}"
             f" | {r['real_all']:.3f}"
@@ -246,8 +272,9 @@ def main() -> None:
             f" | {r['target'] / r['real'] - 1:+.1%} | {r['before']} | {r['training']} | {r['eval']} |"
         )
     print(
-        "\nrows by: who answered the rows, as the manifest records it. agree: the target's greedy token is"
-        " the data's (pre-flight, training rows); T=1: what its own"
+        "\nrows by: who answered the rows, as the manifest records it. A's ids / text: rows trained on the"
+        " token ids A generated / on answers encoded from text (the manifest's counts). agree: the target's"
+        " greedy token is the data's (pre-flight, training rows); T=1: what its own"
         " temperature-1 samples would give; ratio: data disagreements / theirs (off_target_ratio 1.25)."
         " live chart: the last held-out tau judged by the data, over every held-out row (what peers show)."
         " data-judged / target-judged: the evaluated checkpoint's held-out tau walked over the held-out rows"

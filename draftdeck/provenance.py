@@ -8,6 +8,9 @@ A local model folder is identified by its fingerprint (:func:`model_fingerprint`
 sample of every weight file, so that two models of one architecture trained apart differ, and a
 copy of a folder is the same model. A served model is known only by the name the server lists; a
 name is not proof of weights, so it is reported as a name, never counted as the target.
+
+The token ids a model produced for its answers are kept with the vocabulary they belong to
+(:func:`vocab_fingerprint`), so that tokenize can use them verbatim where its tokenizer is the same.
 """
 
 from __future__ import annotations
@@ -37,6 +40,19 @@ def model_fingerprint(folder: Path) -> str:
                 f.seek(at)
                 h.update(f.read(SAMPLE_BYTES))
     return "sha256:" + h.hexdigest()
+
+
+def vocab_fingerprint(folder: Path) -> str | None:
+    """``sha256:<hex>`` over what maps text to ids in ``tokenizer.json`` (model, added tokens,
+    normaliser, pre-tokeniser), read as JSON so that two saves of one vocabulary agree; the chat
+    template is not part of it (it changes the rendered text, which tokenize checks by decoding).
+    None: the folder has no tokenizer.json."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_bytes())
+    parts = {k: data.get(k) for k in ("model", "added_tokens", "normalizer", "pre_tokenizer")}
+    return "sha256:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

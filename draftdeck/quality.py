@@ -58,6 +58,9 @@ CHOSEN = frozenset({"filtered_out", "not_sampled"})
 FOLDED = frozenset({"merged_event", "session_metadata"})
 
 
+# Codes a kept row may carry that are no issue: how it was made (the sample view shows them apart).
+NOTES = {"ids_from_target": ("answer tokens", "the target's own ids, as it generated them (not re-encoded)")}
+
 CODES: dict[str, IssueCode] = _codes(
     ("json_error", Action.REJECT, "the row is not valid JSON"),
     ("encoding_error", Action.REJECT, "the row is not valid UTF-8"),
@@ -134,6 +137,7 @@ CODES: dict[str, IssueCode] = _codes(
     ("no_dflash_anchor", Action.WARN, "the row has no two consecutive trained tokens"),
     ("mask_mismatch", Action.FAIL, "decoding the trained tokens did not give the assistant text"),
     ("encoder_mismatch", Action.WARN, "the fast encoder disagreed with the model's tokenizer"),
+    ("ids_reencoded", Action.WARN, "the target's recorded token ids did not fit: answers encoded from text"),
     # regeneration (draftdeck.regenerate): checks on the target's answers
     ("answer_cut_off", Action.REJECT, "the target stopped at max_tokens (finish_reason 'length')"),
     ("empty_answer", Action.REJECT, "the target's answer has no content and no tool calls"),

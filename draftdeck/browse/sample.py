@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from draftdeck.browse.info import DatasetInfo
 from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.tokens import Chip, chips_for, id_chips
-from draftdeck.quality import CODES
+from draftdeck.quality import CODES, NOTES
 from draftdeck.shards.store import ShardDataset
 
 CHIP_WINDOW = 4096  # tokens drawn per page; longer rows get links to the next and previous windows
@@ -38,6 +38,7 @@ class Sample:
     turn: Any
     notice: str | None  # why the chips show ids instead of text
     issues: list[tuple[str, str]]  # the row's warning codes with what they mean: the page's badges
+    notes: list[tuple[str, str, str]]  # the row's codes that are no issue (quality.NOTES): code, label, text
 
 
 def read_sample(info: DatasetInfo, n: int, window_from: int = 0, roots: Iterable[Path] = ()) -> Sample:
@@ -79,7 +80,8 @@ def read_sample(info: DatasetInfo, n: int, window_from: int = 0, roots: Iterable
         source_row=row.get("source_row"),
         turn=row.get("turn"),
         notice=notice,
-        issues=row_issues(row),
+        issues=[(c, what) for c, what in row_issues(row) if c not in NOTES],
+        notes=[(c, *NOTES[c]) for c, _ in row_issues(row) if c in NOTES],
     )
 
 

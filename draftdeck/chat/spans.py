@@ -47,6 +47,7 @@ class RenderedRow:
     spans: list[tuple[int, int]]
     turn: int = -1  # -1: every assistant turn supervised; k: only the k-th assistant turn (split row)
     literal: list[tuple[int, int]] = field(default_factory=list)  # ranges to encode as plain text
+    answers: list[int] = field(default_factory=list)  # per span: the index of its assistant message
 
 
 @lru_cache(maxsize=16)
@@ -148,16 +149,17 @@ def render_rows(
         end = max(start, len(done.rstrip()))
         turns.append((done, start, end))
     if all(full.startswith(done) for done, _, _ in turns):
-        rows = [RenderedRow(full, [(s, e) for _, s, e in turns])]
+        rows = [RenderedRow(full, [(s, e) for _, s, e in turns], answers=[i for _, i in trained])]
     else:
         rows = [
-            RenderedRow(done, [(s, e)], turn=k) for (k, _), (done, s, e) in zip(trained, turns, strict=True)
+            RenderedRow(done, [(s, e)], turn=k, answers=[i])
+            for (k, i), (done, s, e) in zip(trained, turns, strict=True)
         ]
     if not marked:
         return rows
     out = []
     for row in rows:
         clean = _unmark(row.text, row.spans, markers)
-        clean.turn = row.turn
+        clean.turn, clean.answers = row.turn, row.answers
         out.append(clean)
     return out

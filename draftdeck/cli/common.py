@@ -35,6 +35,8 @@ def print_report(report: Report, title: str) -> None:
     table.add_row("out", f"{report.rows_out:,}")
     if report.rows_expanded:
         table.add_row("expanded", f"{report.rows_expanded:,}")
+    if report.counts.get("ids_from_target"):  # tokenize: rows trained on the target's own token ids
+        table.add_row("out: the target's own ids", f"{report.counts['ids_from_target']:,}")
     for name, n in sorted(report.rejected.items()):
         if name in FOLDED:  # part of another row's conversation: counted, not lost
             table.add_row(f"merged: {name}", f"{n:,}")

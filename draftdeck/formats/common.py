@@ -299,6 +299,23 @@ def reasoning_of(d: dict[str, Any], where: str, ctx: ParseContext) -> str | None
 
 # -- per-turn training flags -----------------------------------------------------------------------
 TRAIN_FLAG_KEYS = ("weight", "loss", "loss_weight", "train")
+# a message's fields beyond its role, text, reasoning and tool calls (read by `read_extras`)
+EXTRA_KEYS = ("redacted_reasoning", "is_error", "token_ids", *TRAIN_FLAG_KEYS)
+
+
+def read_extras(d: dict[str, Any], msg: Message, where: str, ctx: ParseContext) -> None:
+    """Set `msg`'s training flag, redacted reasoning, error mark and token ids from message `d`."""
+    msg.train = train_flag(d, where, ctx)
+    if d.get("redacted_reasoning") is not None:
+        msg.redacted_reasoning = text_of(d["redacted_reasoning"], f"{where}.redacted_reasoning", ctx)
+    msg.is_error = d.get("is_error") is True
+    ids = d.get("token_ids")
+    if ids is None:
+        return
+    if msg.role == "assistant" and isinstance(ids, list) and all(type(t) is int and t >= 0 for t in ids):
+        msg.token_ids = ids
+    else:
+        ctx.warn("unrepresentable_field", f"{where}.token_ids is not the token ids of an answer; left out")
 
 
 def train_flag(d: dict[str, Any], where: str, ctx: ParseContext) -> bool | None:

@@ -46,6 +46,9 @@ class Message:
     # no template can show it, so it never reaches the tokens.
     redacted_reasoning: str | None = None
     is_error: bool = False  # a tool result that reports an error (Anthropic's `is_error`)
+    # The token ids the answering model produced for this turn (regenerate records them): tokenize
+    # trains on them as they are where they decode to the rendered turn, instead of re-encoding text.
+    token_ids: list[int] | None = None
 
     @property
     def trained(self) -> bool:

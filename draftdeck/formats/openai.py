@@ -12,18 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from draftdeck.formats.common import (
+    EXTRA_KEYS,
     ROLE_ALIASES,
-    TRAIN_FLAG_KEYS,
     ParseContext,
     RowRejected,
     finish_assistant,
     parse_content,
     parse_tool_call_value,
     parse_tools,
+    read_extras,
     reasoning_of,
     text_of,
     tool_call_from_dict,
-    train_flag,
 )
 from draftdeck.formats.model import Conversation, Message
 
@@ -41,10 +41,8 @@ MESSAGE_KEYS = frozenset(
         "name",
         "function_call",
         "tool_call_ids",
-        "redacted_reasoning",
-        "is_error",
         "value",
-        *TRAIN_FLAG_KEYS,
+        *EXTRA_KEYS,
     }
 )
 ROW_KEYS = ("messages", "tools", "system")
@@ -96,11 +94,7 @@ def parse_message(d: Any, where: str, ctx: ParseContext, role_map: dict[str, str
     if isinstance(name, str) and name:
         msg.name = name
     if len(d) > 2:
-        msg.train = train_flag(d, where, ctx)
-        redacted = d.get("redacted_reasoning")
-        if redacted is not None:
-            msg.redacted_reasoning = text_of(redacted, f"{where}.redacted_reasoning", ctx)
-        msg.is_error = d.get("is_error") is True
+        read_extras(d, msg, where, ctx)
         for key, value in d.items():
             if value is not None and key not in MESSAGE_KEYS:
                 ctx.warn(

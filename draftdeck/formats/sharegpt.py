@@ -19,17 +19,17 @@ from typing import Any
 
 from draftdeck.formats import openai
 from draftdeck.formats.common import (
+    EXTRA_KEYS,
     ROLE_ALIASES,
-    TRAIN_FLAG_KEYS,
     ParseContext,
     RowRejected,
     finish_assistant,
     parse_tool_call_value,
     parse_tools,
+    read_extras,
     reasoning_of,
     text_of,
     tool_call_from_dict,
-    train_flag,
 )
 from draftdeck.formats.model import Conversation, Message
 
@@ -51,9 +51,7 @@ TURN_KEYS = frozenset(
         "tool_calls",
         "tool_call_id",
         "name",
-        "redacted_reasoning",
-        "is_error",
-        *TRAIN_FLAG_KEYS,
+        *EXTRA_KEYS,
     }
 )
 ROW_KEYS = ("conversations", "system", "tools")
@@ -101,10 +99,7 @@ def parse_turn(d: Any, where: str, ctx: ParseContext, messages: list[Message]) -
     if isinstance(name, str) and name:
         msg.name = name
     if len(d) > 2:
-        msg.train = train_flag(d, where, ctx)
-        if d.get("redacted_reasoning") is not None:
-            msg.redacted_reasoning = text_of(d["redacted_reasoning"], f"{where}.redacted_reasoning", ctx)
-        msg.is_error = d.get("is_error") is True
+        read_extras(d, msg, where, ctx)
         for key, v in d.items():
             if v is not None and key not in TURN_KEYS:
                 ctx.warn("unrepresentable_field", f"turn field {key!r} has no place in the canonical model")

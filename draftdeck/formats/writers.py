@@ -4,15 +4,16 @@ Shapes written:
 
 - ``openai``: ``{"messages": [{"role", "content", "reasoning_content"?, "tool_calls"?: [{"id"?, "type":
   "function", "function": {"name", "arguments": JSON text}}], "tool_call_id"?, "name"?, "weight"?: 0|1,
-  "redacted_reasoning"?, "is_error"?}], "tools"?, ...meta}``: ``weight`` is OpenAI's per-message training
-  flag, written when the source had one (ShareGPT output writes it on the turn, as axolotl reads it)
+  "redacted_reasoning"?, "is_error"?, "token_ids"?}], "tools"?, ...meta}``: ``weight`` is OpenAI's
+  per-message training flag, written when the source had one (ShareGPT output writes it on the turn, as
+  axolotl reads it); ``token_ids`` the ids the answering model produced (regenerate), kept for tokenize
 - ``sharegpt``: ``{"conversations": [{"from": system|human|gpt|tool, "value", ...same optional keys}],
   "tools"?, ...meta}``: the shape speculators and SpecForge read (a ``conversations`` column with
   ``from``/``value``). Tool calls stay structured on the ``gpt`` turn (``tool_calls``), reasoning as
   ``reasoning_content``, so the chat template renders them; nothing is folded into text.
 - ``parquet``: columns ``messages`` (list of structs: role, content, reasoning, tool_calls, tool_call_id,
-  name, weight, redacted_reasoning, is_error), ``tools`` and ``meta`` (JSON text: their shapes vary per
-  row), ``source_format``.
+  name, weight, redacted_reasoning, is_error, token_ids), ``tools`` and ``meta`` (JSON text: their shapes
+  vary per row), ``source_format``.
 
 Every row says where it came from: ``draftdeck_source: {"file", "row"}`` (a top-level key in JSONL,
 inside ``meta`` in Parquet; trainers ignore it), the original file and row even after several
@@ -84,6 +85,8 @@ def _message_extras(d: dict[str, Any], m: Message) -> dict[str, Any]:
         d["redacted_reasoning"] = m.redacted_reasoning
     if m.is_error:
         d["is_error"] = True
+    if m.token_ids is not None:
+        d["token_ids"] = m.token_ids
     return d
 
 
@@ -96,6 +99,7 @@ def _has_extras(m: Message) -> bool:
         or m.train is not None
         or m.redacted_reasoning is not None
         or m.is_error
+        or m.token_ids is not None
     )
 
 
@@ -191,6 +195,7 @@ def parquet_schema() -> pa.Schema:
                             pa.field("weight", pa.int8()),
                             pa.field("redacted_reasoning", pa.string()),
                             pa.field("is_error", pa.bool_()),
+                            pa.field("token_ids", pa.list_(pa.int32())),
                         ]
                     )
                 ),
@@ -226,6 +231,7 @@ def to_parquet_row(conv: Conversation) -> dict[str, Any]:
                 "weight": None if m.train is None else int(m.train),
                 "redacted_reasoning": m.redacted_reasoning,
                 "is_error": m.is_error or None,
+                "token_ids": m.token_ids,
             }
             for m in conv.messages
         ],

@@ -3,6 +3,11 @@
 Reasoning arrives in three places: ``reasoning_content`` (DeepSeek, SGLang, `transformers serve`),
 ``reasoning`` (vLLM since vllm#38488) or a ``<think>`` block in the content. All three end up in
 `Answer.reasoning`, so the output turn keeps reasoning structured and the content clean.
+
+The answer's token ids, where the server gives them: vLLM's ``choices[0].token_ids`` (asked for with
+``return_token_ids``), an ``output_ids`` list (SGLang's name for them), or logprob tokens spelled
+``token_id:N`` (vLLM's ``return_tokens_as_token_ids``). Tokenize uses them instead of re-encoding
+the text (draftdeck.tokenize.target_ids).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class Answer:
     prompt_tokens: int = 0
     endpoint: str = ""
     raw_think_in_content: bool = False  # the content held a <think> block (split off into reasoning)
+    token_ids: list[int] | None = None  # the ids the model produced for this answer, when known
 
 
 def split_think(text: str, opened: bool = False) -> tuple[str | None, str]:
@@ -70,6 +76,32 @@ def _tool_calls(raw: Any, where: str) -> list[ToolCall]:
         else:
             calls.append(ToolCall(fn["name"], args, None, tc.get("id")))
     return calls
+
+
+def _ids(raw: Any) -> list[int] | None:
+    if isinstance(raw, list) and raw and all(type(t) is int and t >= 0 for t in raw):
+        return raw
+    return None
+
+
+def _logprob_ids(logprobs: Any) -> list[int] | None:
+    """The ids of logprob tokens spelled ``token_id:N`` (None: not that spelling)."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list) or not content:
+        return None
+    out = []
+    for entry in content:
+        token = entry.get("token") if isinstance(entry, dict) else None
+        if not isinstance(token, str) or not token.startswith("token_id:") or not token[9:].isdigit():
+            return None
+        out.append(int(token[9:]))
+    return out
+
+
+def answer_token_ids(choice: dict[str, Any]) -> list[int] | None:
+    """The generated token ids a chat completion's choice carries, in any of the spellings above."""
+    found = _ids(choice.get("token_ids")) or _ids(choice.get("output_ids"))
+    return found or _logprob_ids(choice.get("logprobs"))
 
 
 def parse_completion(body: Any, endpoint: str) -> Answer:
@@ -109,6 +141,7 @@ def parse_completion(body: Any, endpoint: str) -> Answer:
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
         endpoint=endpoint,
         raw_think_in_content=think_in_content,
+        token_ids=answer_token_ids(choice) if isinstance(choice, dict) else None,
     )
 
 

@@ -40,6 +40,7 @@ class Endpoint:
     ok: int = 0
     errors: int = 0
     last_error: str | None = None
+    token_ids: bool = True  # False: the server refused `return_token_ids`; it is no longer sent
 
     def health(self) -> dict[str, Any]:
         return {
@@ -48,7 +49,14 @@ class Endpoint:
             "ok": self.ok,
             "errors": self.errors,
             "last_error": self.last_error,
+            "return_token_ids": self.token_ids,
         }
+
+
+def refuses_token_ids(status: int, text: str) -> bool:
+    """Whether an error answer is a server refusing the `return_token_ids` field (`transformers serve`:
+    422 "Unexpected fields in the request"; strict OpenAI-compatible servers: 400 naming it)."""
+    return status in (400, 422) and "return_token_ids" in text
 
 
 class OpenAIBackend:
@@ -57,6 +65,7 @@ class OpenAIBackend:
         self.endpoints = [Endpoint(api_base(u)) for u in params.endpoints]
         # a server is known by the model name it serves (recorded in every row it answers)
         self.identity = ModelIdentity(str(params.model), served=True)
+        self.vocab = None  # a server's vocabulary is not known here: tokenize checks its ids by decoding
         self._next = 0
         key = params.api_key()
         headers = {"Authorization": f"Bearer {key}"} if key else {}
@@ -71,6 +80,9 @@ class OpenAIBackend:
             "top_p": params.top_p,
             "chat_template_kwargs": params.template_kwargs(),
             **({"seed": params.seed} if params.seed is not None else {}),
+            # vLLM answers with the generated ids (kept, so tokenize need not re-encode the text);
+            # a server that refuses the field is asked again without it (Endpoint.token_ids)
+            "return_token_ids": True,
         }
 
     async def aclose(self) -> None:
@@ -121,13 +133,19 @@ class OpenAIBackend:
 
     async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Answer:
         body = {**self._body, "messages": messages, **({"tools": tools} if tools else {})}
+        bare = {k: v for k, v in body.items() if k != "return_token_ids"}
+        url = "/chat/completions"
         retries = self.params.retries
         last, transport = "", False
         for attempt in range(retries + 1):
             ep = self._pick()
             ep.requests += 1
             try:
-                resp = await self._client.post(ep.url + "/chat/completions", json=body)
+                asked = ep.token_ids  # (requests in flight meanwhile may learn the refusal too)
+                resp = await self._client.post(ep.url + url, json=body if asked else bare)
+                if asked and refuses_token_ids(resp.status_code, resp.text):
+                    ep.token_ids = False  # not asked again at this endpoint; this answer is asked at once
+                    resp = await self._client.post(ep.url + url, json=bare)
             except httpx.TimeoutException:
                 last, transport = f"{ep.url}: timed out after {self.params.timeout_s:g}s", False
             except httpx.TransportError as exc:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.errors import UsageError
-from draftdeck.provenance import ModelIdentity
+from draftdeck.provenance import ModelIdentity, vocab_fingerprint
 from draftdeck.regenerate.answer import THINK_CLOSE, THINK_OPEN, Answer, RowRejected, parse_completion
 from draftdeck.regenerate.params import RegenerateParams
 
@@ -32,6 +32,7 @@ class LocalBackend:
         self.params = params
         self.name = f"local:{folder}"
         self.identity = ModelIdentity.of_folder(folder)  # recorded in every row it answers
+        self.vocab = vocab_fingerprint(folder)  # the vocabulary of the token ids it records
         self.tok = AutoTokenizer.from_pretrained(str(folder))
         self.tok.padding_side = "left"
         self.model: Any
@@ -143,6 +144,7 @@ class LocalBackend:
         stop = next((k for k, t in enumerate(ids) if t in self.eos), None)
         n_generated = len(ids) if stop is None else stop + 1
         finish = "length" if stop is None else "stop"
+        generated = ids[:n_generated]  # what the model wrote, its stop token included
         if stop is not None:
             # A stop token that is ordinary text (a generation config may list some) is part of the
             # answer, as servers return it; special ones (<|im_end|>) are not.
@@ -161,7 +163,7 @@ class LocalBackend:
                 "reasoning_content": reasoning.strip(),
             }
         body = {
-            "choices": [{"message": message, "finish_reason": finish}],
+            "choices": [{"message": message, "finish_reason": finish, "token_ids": generated}],
             "usage": {"completion_tokens": n_generated, "prompt_tokens": prompt_tokens},
         }
         return parse_completion(body, self.name)

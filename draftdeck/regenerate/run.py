@@ -70,6 +70,8 @@ class _Job:
         self.since_metrics = [0, 0]
         self.fatal: BaseException | None = None
         self.identity: dict[str, Any] = {}  # the answering model (draftdeck.provenance), per row
+        self.vocab: str | None = None  # the vocabulary of the answers' token ids (None: not known)
+        self.answers = self.answers_with_ids = 0
 
     def _counted(self, backend: Any) -> Any:
         """`backend.chat`, counting the tokens of every answer (rejected ones cost server time too)."""
@@ -107,6 +109,11 @@ class _Job:
                 "turns": got.turns,
                 "answered_by": self.identity,
             }
+            with_ids = sum(1 for m in out.messages if m.token_ids)
+            if with_ids:  # the vocabulary the answers' ids belong to (draftdeck.tokenize.target_ids)
+                out.meta["generation"]["token_ids"] = {"vocab": self.vocab}
+            self.answers += len(got.turns)
+            self.answers_with_ids += with_ids
             record: dict[str, Any] = {"k": key, "row": to_openai(out)}
             if got.warnings:
                 record["warn"] = got.warnings
@@ -120,6 +127,7 @@ class _Job:
     ) -> list[dict[str, Any]]:
         backend = _backend(self.params)
         self.identity = backend.identity.to_dict()
+        self.vocab = backend.vocab
         sem = asyncio.Semaphore(self.params.concurrency)
         tasks: set[asyncio.Task[None]] = set()
 
@@ -215,6 +223,9 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
         "api_key_used": params.api_key() is not None,
         "resumed_rows": journal.resumed,
         "completion_tokens": job.tokens,
+        # answers of this run (a resumed job's earlier ones are not counted) that came with token ids
+        "answers": job.answers,
+        "answers_with_token_ids": job.answers_with_ids,
         "prompt_tokens": job.prompt_tokens,
         "journal": str(journal.path),
     }

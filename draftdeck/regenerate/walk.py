@@ -53,6 +53,8 @@ async def walk(conv: Conversation, ask: Ask, policy: Policy, reasoning_on: bool)
     source_calls = 0
     messages = conv.messages
     turn = 0
+    # each answer's token ids by its place in `history`: kept apart so that requests do not send them
+    ids_at: dict[int, list[int]] = {}
     for i, asks in _slots(messages):
         m = messages[i]
         if m.role == "tool":
@@ -78,6 +80,8 @@ async def walk(conv: Conversation, ask: Ask, policy: Policy, reasoning_on: bool)
             if act is Action.REJECT:
                 raise RowRejected(code, reason)
             result.warnings.append((code, reason))  # FAIL codes are judged by the caller's policy
+        if answer.token_ids:
+            ids_at[len(history)] = answer.token_ids
         history.append(Message("assistant", answer.content, answer.reasoning, answer.tool_calls))
         following = messages[i + 1].role if i + 1 < len(messages) else None
         if following == "tool":
@@ -95,6 +99,8 @@ async def walk(conv: Conversation, ask: Ask, policy: Policy, reasoning_on: bool)
                 )
             )
             break
+    for at, ids in ids_at.items():
+        history[at].token_ids = ids
     result.conversation = Conversation(
         messages=history,
         tools=conv.tools,

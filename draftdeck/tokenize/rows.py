@@ -8,8 +8,8 @@ described in :mod:`draftdeck.tokenize.pipeline`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -20,9 +20,10 @@ from draftdeck.chat.coverage import DROPPED, dropped
 from draftdeck.chat.render import ChatRenderer, TemplateError, conversation_dicts
 from draftdeck.chat.spans import RenderedRow, render_rows
 from draftdeck.formats.model import Conversation
-from draftdeck.provenance import answered_by
+from draftdeck.provenance import answered_by, vocab_fingerprint
 from draftdeck.quality import Report
 from draftdeck.shards.store import Block, ShardRow
+from draftdeck.tokenize import target_ids
 from draftdeck.tokenize.encoders import Encoded, HFEncoder, TiktokenEncoder
 
 if TYPE_CHECKING:
@@ -54,6 +55,25 @@ class State:
             return self.opts.max_positions, "--max-positions"
         found = max_positions(self.opts.tokenizer)
         return None if found is None else (found, f"max_position_embeddings in {self.opts.tokenizer}")
+
+    @cached_property
+    def vocab(self) -> str | None:
+        """The vocabulary fingerprint of the tokenizer in use (draftdeck.provenance.vocab_fingerprint)."""
+        return vocab_fingerprint(self.opts.tokenizer)
+
+    @cached_property
+    def added_tokens(self) -> dict[str, int]:
+        """The tokenizer's added tokens by their text: an end-of-turn recorded ids may stop before."""
+        return {t.content: i for i, t in self.tok.added_tokens_decoder.items()}
+
+    def vocab_differs(self, recorded: str | None) -> str | None:
+        """Why ids recorded in vocabulary `recorded` cannot be used here; None: they can (a server's
+        ids record none, and the decode check decides alone)."""
+        if recorded is None or recorded == self.vocab:
+            return None
+        return (
+            f"its ids were recorded in another vocabulary ({recorded[:19]}…, the tokenizer's is {self.vocab})"
+        )
 
     @property
     def may_drop(self) -> frozenset[str]:
@@ -106,6 +126,9 @@ class Item:
     answered_by: str = ""  # who wrote its assistant turns (a draftdeck.provenance key; "": no record)
     untrained: tuple[int, ...] = ()  # assistant messages a per-turn flag keeps out of the loss
     mix_source: str = ""  # the mix source the row came from (its provenance; "": not from a mix)
+    # the token ids the answering model recorded, by message index, and their vocabulary (None: unknown)
+    answer_ids: dict[int, list[int]] = field(default_factory=dict)
+    ids_vocab: str | None = None
 
 
 def to_item(conv: Conversation) -> Item:
@@ -113,10 +136,20 @@ def to_item(conv: Conversation) -> Item:
     line = None if src is None else (src.line if src.line is not None else src.index)
     origin = conv.origin()
     who = answered_by(conv.meta)
+    ids = {i: m.token_ids for i, m in enumerate(conv.messages) if m.token_ids}
     return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
                 line if line is not None else -1, conv.has_assistant,
                 origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings),
-                who.key() if who else "", untrained_answers(conv), conv.mix_source)  # fmt: skip
+                who.key() if who else "", untrained_answers(conv), conv.mix_source, ids,
+                recorded_vocab(conv.meta) if ids else None)  # fmt: skip
+
+
+def recorded_vocab(meta: dict[str, Any]) -> str | None:
+    """The vocabulary a regenerated row's token ids were recorded in (None: not recorded)."""
+    gen = meta.get("generation")
+    rec = gen.get("token_ids") if isinstance(gen, dict) else None
+    vocab = rec.get("vocab") if isinstance(rec, dict) else None
+    return vocab if isinstance(vocab, str) else None
 
 
 def untrained_answers(conv: Conversation) -> tuple[int, ...]:
@@ -163,20 +196,27 @@ def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
     return (np.searchsorted(bounds, starts, side="right") % 2 == 1).astype(np.uint8)
 
 
-def _runs(r: RenderedRow, ids: np.ndarray, starts: np.ndarray) -> Iterator[tuple[int, int, str]]:
-    """The trained runs of a row: (first token, end token, the rendered text those tokens cover)."""
+def _runs(
+    r: RenderedRow, ids: np.ndarray, starts: np.ndarray, skip: Collection[int] = ()
+) -> Iterator[tuple[int, int, str]]:
+    """The trained runs of a row: (first token, end token, the rendered text those tokens cover);
+    `skip`: spans left out (replaced by the target's recorded ids, checked when planned)."""
     if not r.spans:
         return
     n = len(ids)
     bounds = np.searchsorted(starts, np.asarray(r.spans, dtype=np.int64).ravel(), side="left").tolist()
-    for lo, hi in zip(bounds[::2], bounds[1::2], strict=True):
-        if lo < hi:
+    for j, (lo, hi) in enumerate(zip(bounds[::2], bounds[1::2], strict=True)):
+        if lo < hi and j not in skip:
             end = int(starts[hi]) if hi < n else len(r.text)
             yield lo, hi, r.text[int(starts[lo]) : end]
 
 
 def _check_runs(
-    st: State, rendered: list[RenderedRow], encoded: list[Encoded], fast_set: set[int]
+    st: State,
+    rendered: list[RenderedRow],
+    encoded: list[Encoded],
+    fast_set: set[int],
+    plans: list[target_ids.Plan] | None = None,
 ) -> dict[int, str]:
     """Rows whose trained runs do not decode to the rendered text they cover -> the first reason.
 
@@ -188,7 +228,10 @@ def _check_runs(
     fast_rows = [k for k in range(len(rendered)) if k in fast_set]
     for k, (r, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
         if k not in fast_set:
-            hf_runs.extend((k, ids[lo:hi], want) for lo, hi, want in _runs(r, ids, starts))
+            hf_runs.extend(
+                (k, ids[lo:hi], want)
+                for lo, hi, want in _runs(r, ids, starts, plans[k].spans if plans else ())
+            )
     if hf_runs:
         decoded = st.hf.backend.decode_batch(
             [ids.tolist() for _, ids, _ in hf_runs], skip_special_tokens=False
@@ -205,13 +248,29 @@ def _check_runs(
         base = 0
         for k in fast_rows:
             r, (ids, starts) = rendered[k], encoded[k]
-            for lo, hi, want in _runs(r, ids, starts):
+            for lo, hi, want in _runs(r, ids, starts, plans[k].spans if plans else ()):
                 got_bytes = blob[byte_at[base + lo] : byte_at[base + hi]]
                 if got_bytes != want.encode("utf-8"):
                     got = got_bytes.decode("utf-8", "replace")
                     bad_rows.setdefault(k, f"decoded {got[:60]!r} but the rendered text is {want[:60]!r}")
             base += len(ids)
     return bad_rows
+
+
+def _plans(
+    st: State, rendered: list[RenderedRow], encoded: list[Encoded], owners: list[Item]
+) -> list[target_ids.Plan]:
+    """What each row does with its answers' recorded token ids (draftdeck.tokenize.target_ids)."""
+    if not any(o.answer_ids for o in owners):
+        return [target_ids.Plan() for _ in rendered]
+
+    def decode(lists: list[list[int]]) -> list[str]:
+        return list(st.hf.backend.decode_batch(lists, skip_special_tokens=False))
+
+    return target_ids.plan_rows(
+        rendered, [starts for _, starts in encoded], [o.answer_ids for o in owners],
+        [st.vocab_differs(o.ids_vocab) if o.answer_ids else None for o in owners], decode, st.added_tokens,
+    )  # fmt: skip
 
 
 def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
@@ -256,9 +315,11 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
 
     encoded, fast_set, hf_n, verified = _encode(st, rendered, first_chunk)
 
-    # Masks, then the mask check: every trained run decodes to the rendered text it covers.
+    # Masks, the target's recorded ids where they fit, then the mask check: every other trained run
+    # decodes to the rendered text it covers.
     masks = [_mask(starts, r.spans) for r, (_, starts) in zip(rendered, encoded, strict=True)]
-    bad_rows = _check_runs(st, rendered, encoded, fast_set)
+    plans = _plans(st, rendered, encoded, owners)
+    bad_rows = _check_runs(st, rendered, encoded, fast_set, plans)
 
     keep: list[tuple[np.ndarray, np.ndarray]] = []
     sources: list[str] = []
@@ -275,6 +336,8 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         if k in bad_rows:
             report.reject("mask_mismatch", file, line, bad_rows[k])
             continue
+        plan = plans[k]
+        ids, mask = target_ids.apply(plan, ids, mask)
         truncated = False
         if opts.seq_length is not None and len(ids) > opts.seq_length:
             if opts.truncation == "drop":
@@ -300,6 +363,9 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         if not (mask[:-1] & mask[1:]).any():
             report.warn("no_dflash_anchor", file, line, "no two consecutive trained tokens")
             codes.append("no_dflash_anchor")
+        path = plan.count(report, file, line)
+        if path is not None:
+            codes.append(path)
         issues.append(codes)
         report.rows_out += 1
         keep.append((ids, mask))

@@ -129,6 +129,10 @@ def test_multi_turn_answers_feed_back_and_the_local_backend_agrees(
     params = _params(data, tmp_path / "served.jsonl", server, model_dir, keep_cut_off=True)
     report = run_regenerate(params, LocalContext(tmp_path))
     assert report.rows_out == 6 and report.rows_in == 6
+    # `transformers serve` refuses return_token_ids (HTTP 422): asked again without it, no row lost
+    regen = report.extra["regenerate"]
+    assert [ep["return_token_ids"] for ep in regen["endpoints"]] == [False]
+    assert regen["answers"] == 12 and regen["answers_with_token_ids"] == 0
     served = _rows(tmp_path / "served.jsonl")
     for row in served:
         msgs = row["messages"]
@@ -142,7 +146,14 @@ def test_multi_turn_answers_feed_back_and_the_local_backend_agrees(
     )
     local.out = str(tmp_path / "local.jsonl")
     run_regenerate(local, LocalContext(tmp_path))
-    assert [r["messages"] for r in _rows(tmp_path / "local.jsonl")] == [r["messages"] for r in served]
+    local_rows = _rows(tmp_path / "local.jsonl")
+    # the local backend also records each answer's generated ids (and their vocabulary)
+    assert all(m["token_ids"] for r in local_rows for m in r["messages"] if m["role"] == "assistant")
+    assert all(r["generation"]["token_ids"]["vocab"].startswith("sha256:") for r in local_rows)
+    without_ids = [
+        [{k: v for k, v in m.items() if k != "token_ids"} for m in r["messages"]] for r in local_rows
+    ]
+    assert without_ids == [r["messages"] for r in served]
 
 
 def _journal_lines(out: Path) -> int:

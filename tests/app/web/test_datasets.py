@@ -875,6 +875,42 @@ def test_answers_untrained_by_a_flag_are_counted_and_badged(client: Any, migrate
     assert _badges(client.get(f"/datasets/{ds_id}/rows/{by_line[2]}").text) == []
 
 
+def test_which_rows_kept_the_targets_own_ids_is_counted_and_noted(client: Any, migrated: Path) -> None:
+    """Rows whose answers came with the target's token ids: the dataset page counts each path, a row's
+    sample says its answer tokens are the target's own (a note, not a warning badge)."""
+    import json
+
+    from draftdeck.chat.render import load_tokenizer
+    from draftdeck.chat.testing import small_bpe_tokenizer
+    from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
+
+    data = migrated / "data"
+    tok = data / "tok"
+    shutil.copytree(small_bpe_tokenizer(), tok)
+    t = load_tokenizer(tok)
+    ids = [*t.encode("hello there", add_special_tokens=False), t.convert_tokens_to_ids("<|im_end|>")]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": c, "token_ids": ids},
+            ]
+        }
+        for c in ("hello there", "hello there, edited")
+    ]
+    src = data / "regen.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tokenize_files([src], data / "ids-ds", TokenizeOptions(tok, workers=1))
+    ds_id = registered(client, data / "ids-ds")
+    page = client.get(f"/datasets/{ds_id}").text
+    for box in ("ids-from-target", "ids-reencoded"):
+        assert '<span class="num">1</span>' in page.split(f'id="{box}"')[1].split("</div>")[0]
+    by_line = {r["source_row"]: n for n, r in enumerate(shard_rows(data / "ids-ds"))}
+    kept, edited = (client.get(f"/datasets/{ds_id}/rows/{by_line[n]}").text for n in (1, 2))
+    assert "the target&#39;s own ids, as it generated them" in kept and _badges(kept) == []
+    assert 'id="note-ids_from_target"' not in edited and _badges(edited) == ["ids_reencoded"]
+
+
 def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
     client: Any, chat: dict[str, Path], migrated: Path
 ) -> None:
