@@ -30,6 +30,8 @@ def resource_packages() -> tuple[dict[str, str], dict[str, list[str]]]:
 
 
 PACKAGES, DATA = resource_packages()
+# the evaluation suites' prompt files, records and licences (draftdeck/drafter/eval/suites)
+DATA["draftdeck.drafter.eval.suites"] = ["*.jsonl.gz", "sources.json", "*.LICENSE.txt"]
 
 setup(
     packages=[*find_packages(include=["draftdeck*", "app*", "workers*"]), *PACKAGES],

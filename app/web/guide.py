@@ -26,6 +26,7 @@ NAV_PAGES = {
     "new": "jobs",
     "datasets": "browse",
     "runs": "train",
+    "evals": "eval",
     "serving": "serving",
     "alerts": "troubleshooting",
 }

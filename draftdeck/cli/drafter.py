@@ -156,6 +156,8 @@ def evaluate(params: EvalParams, *, report: Path | None) -> None:
         " tok/step (z-lab): tokens each step added, no bonus past a stop, as z-lab's benchmark",
         highlight=False,
     )
+    if ev.get("suites"):
+        _print_suites(ev)
     walked = _num(ev["walked"]["tau_incl_bonus"], ".3f")
     zlab = _num(ev["walked"].get("tokens_per_step"), ".3f")
     out.print(f"walked over these outputs (the decoder check): tau {walked} (vLLM), {zlab} tok/step (z-lab)",
@@ -180,6 +182,27 @@ def evaluate(params: EvalParams, *, report: Path | None) -> None:
             highlight=False,
         )
     out.print(f"wrote {Path(params.out) / 'eval.json'}", highlight=False)
+
+
+def _print_suites(ev: dict[str, Any]) -> None:
+    """The drafter per suite and category, each turn of a multi-turn prompt counted, in both conventions."""
+    kwargs = ev.get("template_kwargs") or {}
+    said = ", ".join(f"{k}={json.dumps(v)}" for k, v in kwargs.items()) or "the template's defaults"
+    out.print(f"\nper suite and category (the drafter; prompts rendered with {said}):", highlight=False)
+    head = ("suite", "category", "turns", "tau", "tok/step", "accept", "speed-up", "lossless")
+    out.print("{:<11} {:<15} {:>5} {:>6} {:>8} {:>6} {:>8} {:>8}".format(*head))
+    for suite, cats in ev["suites"].items():
+        for cat, fig in cats.items():
+            m = fig["methods"]["drafter"]
+            out.print(
+                f"{suite[:11]:<11} {cat[:15]:<15} {fig['turns']:>5}"
+                f" {_num(m['tau_incl_bonus_pooled'], '.3f'):>6} {_num(m.get('tokens_per_step'), '.3f'):>8}"
+                f" {_num(m['acceptance_rate'], '.3f'):>6}"
+                f" {_num(m.get('speedup_vs_target_only'), '.2f'):>8} {m['lossless']!s:>8}",
+                highlight=False,
+            )
+    out.print("tau as vLLM counts (a bonus every step), tok/step as z-lab's benchmark; each turn counted",
+              highlight=False)  # fmt: skip
 
 
 def _num(value: float | None, spec: str) -> str:

@@ -116,6 +116,8 @@ def model_parameters(
         if name == ARGUMENT:
             marker: Any = typer.Argument(help=help_, metavar="INPUT")
             default: Any = inspect.Parameter.empty
+            if not info.is_required():  # another option may stand in for it (eval's --suite)
+                hint, default = hint | None, None
         else:
             marker = typer.Option(*decls, **kwargs)
             if info.is_required() or name in needed:
@@ -139,6 +141,8 @@ def params_from(model: type[JobParams], values: dict[str, Any]) -> JobParams:
         if name not in values:
             continue
         value = values[name]
+        if value is None and name == ARGUMENT:
+            continue  # not given: the model's default
         if typing.get_origin(_base_type(info.annotation)[0]) is dict:
             value = value or []  # KEY=VALUE pairs: the model parses them (draftdeck.jobs.params.parse_pairs)
         elif isinstance(value, Path):

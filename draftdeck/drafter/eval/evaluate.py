@@ -15,24 +15,19 @@ from __future__ import annotations
 import copy
 import json
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.baselines import PromptLookup, untrained_drafter
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import (
-    DecodeStats,
-    DFlashSource,
-    DraftSource,
-    Generation,
-    Sampling,
-    TargetRunner,
-    generate_plain,
-    generate_speculative,
-)
+from draftdeck.drafter.eval.spec_decode import DecodeStats, DFlashSource, DraftSource, Sampling, TargetRunner
+from draftdeck.drafter.eval.suite_eval import SuiteTallies, Turn, decode_turns, read_suites
+from draftdeck.drafter.eval.tally import Decoded, Tally, decode
 from draftdeck.drafter.eval.versus import Real, decoder_mismatch, run_figures, versus_training
 from draftdeck.drafter.export.format import load_drafter
 from draftdeck.drafter.model.dflash import DFlashDrafter
@@ -44,7 +39,6 @@ from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
 
-METHODS = ("drafter", "untrained", "prompt_lookup")
 METRIC_EVERY = 10  # prompts between metric points
 
 
@@ -67,7 +61,12 @@ def _prompt_messages(messages: Any) -> list[dict[str, Any]] | None:
 
 
 def read_prompts(
-    inputs: Path, tokenizer: Any, limit: int, report: Report, heldout_fraction: float = 0.02
+    inputs: Path,
+    tokenizer: Any,
+    limit: int,
+    report: Report,
+    heldout_fraction: float = 0.02,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[Prompt]:
     """Prompt token ids from a messages JSONL file or a dataset folder's held-out split; every row
     read is counted in `report` as evaluated or rejected with its reason."""
@@ -102,8 +101,9 @@ def read_prompts(
                 continue
             try:
                 ids = tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
+                    messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                    **(template_kwargs or {}),
+                )  # fmt: skip
             except Exception as e:  # a template raising is a row problem, named, not a crash
                 report.reject("template_error", str(inputs), line_no, f"{type(e).__name__}: {e}")
                 continue
@@ -163,10 +163,6 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else None
-
-
 CONVENTIONS = (
     "Two counts of one decode. tau incl. bonus counts a bonus token on every verify step, as vLLM's"
     " spec-decode counters do (1 + accepted / drafts): compare it with vLLM's metrics. Tokens per"
@@ -191,7 +187,7 @@ def _metric_delta(
 
 
 def _walked(
-    drafter: DFlashDrafter, target: Target, prompts: list[Prompt], outputs: list[list[int]], block: int
+    drafter: DFlashDrafter, target: Target, prompts: list[list[int]], outputs: list[list[int]], block: int
 ) -> tuple[int, int, list[int]]:
     """(accepted, steps, hist) of the walked estimate over prompt + the target's output, the output
     being the trained span."""
@@ -200,9 +196,7 @@ def _walked(
     device = target.device
     batches = []
     for i in range(0, len(prompts), 16):
-        rows = [
-            (p.ids, o) for p, o in zip(prompts[i : i + 16], outputs[i : i + 16], strict=True) if len(o) > 1
-        ]
+        rows = [(p, o) for p, o in zip(prompts[i : i + 16], outputs[i : i + 16], strict=True) if len(o) > 1]
         if not rows:
             continue
         width = max(len(p) + len(o) for p, o in rows)
@@ -219,7 +213,7 @@ def _walked(
 
 
 def _served(
-    params: EvalParams, prompts: list[Prompt], real_tau: float, walked_tau: float, ctx: RunContext
+    params: EvalParams, prompts: list[list[int]], real_tau: float, walked_tau: float, ctx: RunContext
 ) -> dict[str, Any]:
     """The same prompts through the served drafter (draftdeck/serving/served_eval.py), beside the
     checkpoint's real and walked tau on them: the three numbers of one drafter on one prompt set."""
@@ -233,7 +227,7 @@ def _served(
     where = f"{params.served_url} ({params.served_kind})"
     ctx.event("info", f"served eval: {len(prompts)} prompts to {where}")
     counts = served_eval(
-        [p.ids for p in prompts], kind=params.served_kind, base_url=params.served_url,
+        prompts, kind=params.served_kind, base_url=params.served_url,
         metrics_url=metrics if params.served_kind == "vllm" else None, model=params.served_model,
         max_new_tokens=params.max_new_tokens, token=token,
     )  # fmt: skip
@@ -247,6 +241,34 @@ def _served(
             "walked_tau_incl_bonus": walked_tau}  # fmt: skip
 
 
+def _fits(target: Target, max_new: int) -> Callable[[list[int]], str | None]:
+    """Why a prompt of these ids cannot be decoded within the target's positions (None: it can)."""
+
+    def fits(ids: list[int]) -> str | None:
+        if len(ids) + max_new > target.max_positions > 0:
+            most = target.max_positions
+            return f"{len(ids)} prompt tokens + {max_new} new exceed the target's {most} positions"
+        return None
+
+    return fits
+
+
+def _dataset_turns(
+    prompts: list[Prompt], decode_nth: Callable[[list[int], int], Decoded], report: Report
+) -> Iterator[Turn]:
+    """The dataset's (or a prompt file's) prompts decoded in order, each grouped by its source."""
+    for n, p in enumerate(prompts):
+        yield Turn("", p.source, p.ids, decode_nth(p.ids, n), p.file, p.line or 0, 1)
+        report.rows_out += 1
+
+
+def _suite_record(names: list[str]) -> dict[str, Any]:
+    """Where each shipped suite evaluated comes from (a user's file: its path)."""
+    shipped = suites.sources()
+    return {n: ({k: shipped[n][k] for k in ("repo", "commit", "path", "licence", "sha256", "prompt")}
+                if n in shipped else {"file": n}) for n in names}  # fmt: skip
+
+
 def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
@@ -256,24 +278,6 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     _check_pair(target, drafter, params)
     block = params.block_size or drafter.block_size
     report = Report()
-    read = read_prompts(
-        Path(params.inputs[0]), target.tokenizer, params.max_prompts, report, params.heldout_fraction
-    )
-    prompts = []
-    for p in read:
-        if len(p.ids) + params.max_new_tokens > target.max_positions > 0:
-            reason = (
-                f"{len(p.ids)} prompt tokens + {params.max_new_tokens} new exceed the target's "
-                f"{target.max_positions} positions"
-            )
-            report.reject("too_long", p.file, p.line, reason)
-        else:
-            prompts.append(p)
-    if not prompts:
-        raise UsageError(f"{params.inputs[0]}: no prompt to evaluate ({report.rows_rejected} rejected)")
-    ctx.event("info", f"target: {target.loaded}")
-    ctx.event("info", f"evaluating {len(prompts)} prompts, block size {block}, mode {params.mode}")
-
     runner = TargetRunner(target, target.eos_ids())
     sampling = (
         Sampling(params.temperature, params.top_p, params.seed)
@@ -285,87 +289,110 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "untrained": DFlashSource(untrained_drafter(drafter, seed=params.seed), target, block),
         "prompt_lookup": PromptLookup(),
     }
-    plain_stats = DecodeStats(block)
-    stats = {name: DecodeStats(block) for name in METHODS}
+
+    def decode_nth(ids: list[int], n: int) -> Decoded:
+        s = Sampling(sampling.temperature, sampling.top_p, sampling.seed + n)
+        return decode(runner, sources, ids, params.max_new_tokens, block, s)
+
+    fits = _fits(target, params.max_new_tokens)
+    if params.suites:
+        chosen = read_suites(params.suites, report, params.max_per_category)
+        total = sum(len(p.turns) for p in chosen)
+        what = f"{len(chosen)} prompts ({total} turns) of {', '.join(params.suites)}"
+        turns = decode_turns(chosen, target.tokenizer, params.template_kwargs, fits, decode_nth, report)
+    else:
+        read = read_prompts(Path(params.inputs[0]), target.tokenizer, params.max_prompts, report,
+                            params.heldout_fraction, params.template_kwargs)  # fmt: skip
+        prompts = []
+        for p in read:
+            too_long = fits(p.ids)
+            if too_long is not None:
+                report.reject("too_long", p.file, p.line, too_long)
+            else:
+                prompts.append(p)
+        total, what = len(prompts), f"{len(prompts)} prompts"
+        turns = _dataset_turns(prompts, decode_nth, report)
+    if not total:
+        where = ", ".join(params.suites) if params.suites else params.inputs[0]
+        raise UsageError(f"{where}: no prompt to evaluate ({report.rows_rejected} rejected)")
+    ctx.event("info", f"target: {target.loaded}")
+    kwargs = f", template {params.template_kwargs}" if params.template_kwargs else ""
+    ctx.event("info", f"evaluating {what}, block size {block}, mode {params.mode}{kwargs}")
+
+    tally = Tally(block, sampling.greedy)
     # the run's figures are for the drafter's own block size, and its target answered some prompts
-    run = run_figures(Path(params.checkpoint)) if block == drafter.block_size else None
+    run = run_figures(Path(params.checkpoint)) if block == drafter.block_size and not params.suites else None
     same = DecodeStats(block)  # the drafter on those prompts
+    by_suite = SuiteTallies(block, sampling.greedy) if params.suites else None
     # the drafter per source, when there are several to tell apart
-    names = sorted({p.source for p in prompts})
-    by_source = {name: DecodeStats(block) for name in names} if len(names) > 1 else {}
-    differs: dict[str, dict[str, Any] | None] = dict.fromkeys(METHODS)
+    names = set() if params.suites else {p.source for p in prompts}
+    by_source = {name: DecodeStats(block) for name in sorted(names)} if len(names) > 1 else {}
+    walk_ids: list[list[int]] = []
     outputs: list[list[int]] = []
     sent: dict[str, int] = {}
-    for n, prompt in enumerate(prompts):
+    n = 0
+    for n, t in enumerate(turns, 1):
         ctx.check_cancelled()
-        s = Sampling(sampling.temperature, sampling.top_p, sampling.seed + n)
-        plain = generate_plain(runner, prompt.ids, params.max_new_tokens, s)
-        plain_stats.add(plain)
-        outputs.append(plain.output_ids)
-        for name, source in sources.items():
-            gen: Generation = generate_speculative(
-                runner, source, prompt.ids, params.max_new_tokens, block, s
+        tally.add(t.decoded, {"prompt": n - 1, "file": t.file, "line": t.line, "turn": t.turn})
+        walk_ids.append(t.ids)
+        outputs.append(t.decoded.plain.output_ids)
+        gen = t.decoded.methods["drafter"]
+        if by_suite is not None:
+            by_suite.add(t)
+        elif by_source:
+            by_source[t.category].add(gen)
+        if run is not None and (str(Path(t.file).resolve()), t.line) in run.answered:
+            same.add(gen)
+        ctx.progress(n, total, "turns" if params.suites else "prompts")
+        if n % METRIC_EVERY == 0:
+            ctx.metrics(
+                n,
+                _metric_delta(tally.methods["drafter"], sent, block, by_source),
+                tokens=tally.methods["drafter"].tokens,
             )
-            stats[name].add(gen)
-            if name == "drafter" and by_source:
-                by_source[prompt.source].add(gen)
-            if (
-                name == "drafter"
-                and run is not None
-                and (str(Path(prompt.file).resolve()), prompt.line) in run.answered
-            ):
-                same.add(gen)
-            if sampling.greedy and differs[name] is None and gen.output_ids != plain.output_ids:
-                at = next(
-                    (
-                        i
-                        for i, (a, b) in enumerate(zip(gen.output_ids, plain.output_ids, strict=False))
-                        if a != b
-                    ),
-                    min(len(gen.output_ids), len(plain.output_ids)),
-                )
-                differs[name] = {"prompt": n, "file": prompt.file, "line": prompt.line, "token_index": at}
-        report.rows_out += 1
-        ctx.progress(n + 1, len(prompts), "prompts")
-        if (n + 1) % METRIC_EVERY == 0 or n + 1 == len(prompts):
-            delta = _metric_delta(stats["drafter"], sent, block, by_source)
-            ctx.metrics(n + 1, delta, tokens=stats["drafter"].tokens)
+    if not n:
+        raise UsageError(f"no prompt could be evaluated ({report.rows_rejected} rejected)")
+    if n % METRIC_EVERY:
+        ctx.metrics(
+            n,
+            _metric_delta(tally.methods["drafter"], sent, block, by_source),
+            tokens=tally.methods["drafter"].tokens,
+        )
 
-    w_acc, w_steps, w_hist = _walked(drafter, target, prompts, outputs, block)
+    w_acc, w_steps, w_hist = _walked(drafter, target, walk_ids, outputs, block)
     # the walk covers each output after its first token (the prefill's): the tokens its steps produce
     w_produced = sum(len(o) - 1 for o in outputs if len(o) > 1)
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
-    real_tau = stats["drafter"].tau_pooled
+    real_tau = tally.methods["drafter"].tau_pooled
     gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
     if sampling.greedy and message is not None:
         ctx.alert("decoder_mismatch", message)
-    real = Real(real_tau, len(prompts), same.tau_pooled, same.responses)
-    training, alarm = versus_training(real, run, params.tau_tolerance, params.off_target_tolerance)
-    if sampling.greedy and alarm is not None:
-        ctx.alert(*alarm)
-    methods: dict[str, Any] = {}
+    training = None
+    if not params.suites:
+        real = Real(real_tau, n, same.tau_pooled, same.responses)
+        training, alarm = versus_training(real, run, params.tau_tolerance, params.off_target_tolerance)
+        if sampling.greedy and alarm is not None:
+            ctx.alert(*alarm)
+    methods = tally.method_entries()
     result: dict[str, Any] = {
         "tau_label": "tau incl. bonus = (accepted draft tokens + verify steps) / verify steps",
         "tokens_per_step_label": "tokens per verify step = tokens the verify steps produced / verify steps",
         "conventions": CONVENTIONS,
         "mode": params.mode,
         "block_size": block,
-        "prompts": len(prompts),
+        "prompts": n,
         "max_new_tokens": params.max_new_tokens,
         "checkpoint": str(params.checkpoint),
+        "drafter": "dflash",  # the drafter's kind
         "target": str(params.target),
-        "target_only": {
-            "tokens": plain_stats.tokens,
-            "seconds": round(plain_stats.seconds, 4),
-            "tokens_per_s": plain_stats.tokens_per_s,
-            "cpu_seconds": round(plain_stats.cpu_seconds, 4),
-            "tokens_per_cpu_s": plain_stats.tokens_per_cpu_s,
-        },
+        # the chat template's settings the prompts were rendered with (thinking on or off): a dimension
+        "template_kwargs": dict(params.template_kwargs),
+        "target_only": tally.target_only(),
         "methods": methods,
         "walked": {
             "accepted": w_acc,
             "steps": w_steps,
-            "hist_tau_incl_bonus": {str(n): w_hist[n] for n in range(1, block + 1)},
+            "hist_tau_incl_bonus": {str(k): w_hist[k] for k in range(1, block + 1)},
             "tau_incl_bonus": walked_tau,
             "convention": "tau incl. bonus (vLLM's counters); tokens_per_step is z-lab's",
             "produced": w_produced,
@@ -379,21 +406,10 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         # the run's held-out taus for this checkpoint against real decoding (versus_training)
         "training": training if sampling.greedy else None,
     }
-    for name in METHODS:
-        entry = stats[name].to_dict()
-        # wall-clock speedup, and the same per CPU second (steadier when other work shares the CPU)
-        entry["speedup_vs_target_only"] = _ratio(entry["tokens_per_s"], plain_stats.tokens_per_s)
-        entry["cpu_speedup_vs_target_only"] = _ratio(entry["tokens_per_cpu_s"], plain_stats.tokens_per_cpu_s)
-        if sampling.greedy:
-            entry["lossless"] = differs[name] is None
-            entry["first_difference"] = differs[name]
-        else:
-            entry["lossless"] = None
-            entry["first_difference"] = (
-                "not checked token by token in sampled mode (lossless in distribution)"
-            )
-        methods[name] = entry
     result["lossless"] = methods["drafter"]["lossless"]
+    if by_suite is not None:  # per suite and category; each turn of a multi-turn prompt counted
+        result["suites"] = by_suite.to_json()
+        result["suite_sources"] = _suite_record(params.suites)
     if by_source:  # the drafter's counts per source; tau incl. bonus = 1 + accepted / steps
         result["by_source"] = {
             name: {"prompts": st.responses, "accepted": st.accepted, "steps": st.steps,
@@ -402,7 +418,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             for name, st in by_source.items()
         }  # fmt: skip
     if params.served_url:
-        result["served"] = _served(params, prompts, real_tau, walked_tau, ctx)
+        result["served"] = _served(params, walk_ids, real_tau, walked_tau, ctx)
     report.extra["eval"] = _finite(result)
     report.check_accounting()
     path = out_dir / "eval.json"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from draftdeck.drafter.train.params import OFF_TARGET_TOLERANCE
 from draftdeck.jobs.params import JobParams
@@ -16,11 +18,28 @@ class EvalParams(JobParams):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     inputs: list[str] = Field(
-        min_length=1,
+        default_factory=list,
         max_length=1,
         description="Prompts: a tokenized dataset folder (its held-out split is used) or a JSONL file "
         "of OpenAI `messages` rows (trailing assistant turns are dropped; the prompt ends at the last "
-        "user turn).",
+        "user turn). Not with --suite.",
+    )
+    suites: list[str] = Field(
+        default_factory=list,
+        description="Evaluation suites instead of INPUT, reported per suite and category: spec-bench, "
+        "mt-bench, gsm8k, humaneval (shipped), or a JSONL file of prompts with a category; "
+        "NAME[,NAME] or the option repeated.",
+        json_schema_extra={"cli_flag": "--suite"},
+    )
+    max_per_category: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="With --suite: the first N prompts of each category."
+    )
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Chat template variables KEY=VALUE the prompts are rendered with, e.g. "
+        "enable_thinking=false (suites and prompt files; a tokenized dataset's prompts are rendered "
+        "already); recorded with the eval's figures.",
+        json_schema_extra={"cli_short": "-k"},
     )
     target: str = Field(description="The target model: a local HF causal-LM folder with its tokenizer.")
     checkpoint: str = Field(
@@ -95,10 +114,35 @@ class EvalParams(JobParams):
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
-    essentials: ClassVar[tuple[str, ...]] = ("mode", "temperature", "max_prompts", "max_new_tokens")
+    essentials: ClassVar[tuple[str, ...]] = (
+        "suites", "max_per_category", "template_kwargs", "mode", "max_prompts", "max_new_tokens",
+    )  # fmt: skip
+
+    @field_validator("suites", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        """`spec-bench,mt-bench` as two suites, wherever it is given (the CLI, the form, the API)."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return [part.strip() for v in value for part in v.split(",") if part.strip()]
+        return value
+
+    def _map_paths(self, resolve: Callable[[str, bool], Path]) -> Self:
+        """A suite that is not a shipped one is a file: confined to the data roots like any input."""
+        from draftdeck.drafter.eval.suites import names
+
+        shipped = set(names())
+        mapped = super()._map_paths(resolve)
+        files = [s if s in shipped else str(resolve(s, True)) for s in self.suites]
+        return mapped.model_copy(update={"suites": files})
 
     @model_validator(mode="after")
     def _sampling_only_when_sampled(self) -> EvalParams:
+        if bool(self.inputs) == bool(self.suites):
+            raise ValueError("give one prompt source: INPUT (a dataset folder or a prompt file) or --suite")
+        if self.max_per_category is not None and not self.suites:
+            raise ValueError("max_per_category applies to --suite only")
         if self.mode == "greedy" and (self.temperature != 1.0 or self.top_p != 1.0):
             raise ValueError(
                 "temperature and top_p apply to mode 'sampled' only; greedy mode takes the argmax"

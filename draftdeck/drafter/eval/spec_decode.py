@@ -115,6 +115,7 @@ class Generation:
     step_taus: list[int] = field(default_factory=list)
     # tokens the target ran twice to roll a recurrent state back to the accepted prefix (hybrid targets)
     replayed: int = 0
+    step_contexts: list[int] = field(default_factory=list)  # each verify step's context length (tokens)
 
     @property
     def tau(self) -> float:
@@ -282,6 +283,7 @@ def generate_speculative(
         result.accepted += accepted
         result.proposed += len(drafts)
         result.step_taus.append(accepted + 1)
+        result.step_contexts.append(anchor_pos + 1)
         # keep the cache (and features) of the anchor and the accepted drafts: the last new token is the
         # next anchor, not yet seen by the target
         result.replayed += target.keep(cache, block, anchor_pos, produced, saved)
@@ -397,6 +399,8 @@ class DecodeStats:
     responses_with_steps: int = 0
     hist: list[int] = field(default_factory=list)
     per_pos: list[int] = field(default_factory=list)
+    # by context length: the power of two at or below the step's context -> [verify steps, accepted]
+    by_context: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.hist = self.hist or [0] * (self.block_size + 1)
@@ -415,10 +419,13 @@ class DecodeStats:
         if gen.steps:
             self.response_tau_sum += gen.tau
             self.responses_with_steps += 1
-        for tau in gen.step_taus:
+        for tau, context in zip(gen.step_taus, gen.step_contexts or [0] * len(gen.step_taus), strict=True):
             self.hist[tau] += 1
             for i in range(tau - 1):
                 self.per_pos[i] += 1
+            counts = self.by_context.setdefault(1 << max(context.bit_length() - 1, 0), [0, 0])
+            counts[0] += 1
+            counts[1] += tau - 1
 
     # Ratios, only to be shown.
     @property
@@ -465,6 +472,11 @@ class DecodeStats:
                 "cpu_seconds": round(self.cpu_seconds, 4),
                 "hist_tau_incl_bonus": {str(n): self.hist[n] for n in range(1, self.block_size + 1)},
                 "per_pos_accepted_more_than": {str(i): self.per_pos[i] for i in range(self.block_size - 1)},
+                # verify steps by the context they ran at (from this power of two to the next)
+                "by_context_length": {
+                    str(k): {"verify_steps": v[0], "accepted": v[1]}
+                    for k, v in sorted(self.by_context.items())
+                },
             },
             "tau_incl_bonus_pooled": self.tau_pooled,
             "tokens_per_step": self.tokens_per_step,
