@@ -19,9 +19,9 @@ from sqlmodel import Session, col, select
 
 from app.store.models import Job, JobStatus
 from app.store.run_figures import EVAL_KIND, RUN_KIND, RUNS_SHOWN, run_out
+from draftdeck.drafter.eval.suite_eval import ALL
 
 EVALS_SHOWN = 1000
-ALL = "(all)"  # a suite's figures over its categories (draftdeck.drafter.eval.suite_eval.ALL)
 THINKING = {True: "on", False: "off"}
 
 

@@ -49,6 +49,30 @@ class ServedCounts:
         w = self.window
         return bool(w and w.accepted + w.drafts > self.completion_tokens)
 
+    @classmethod
+    def merge(cls, kind: str, parts: list[ServedCounts]) -> ServedCounts:
+        """The counts of several windows of one server taken one after another (one per category)."""
+        out = cls(kind)
+        for p in parts:
+            out.prompts += p.prompts
+            out.completion_tokens += p.completion_tokens
+            out.verify_steps += p.verify_steps
+            out.per_prompt += p.per_prompt
+            if p.window is not None:
+                if out.window is None:
+                    out.window = Window(p.window.model_name, 0.0)
+                w = out.window
+                w.seconds += p.window.seconds
+                w.drafts += p.window.drafts
+                w.draft_tokens += p.window.draft_tokens
+                w.accepted += p.window.accepted
+                if not w.per_position_counts:
+                    w.per_position_counts = list(p.window.per_position_counts)
+                elif len(w.per_position_counts) == len(p.window.per_position_counts):
+                    pairs = zip(w.per_position_counts, p.window.per_position_counts, strict=True)
+                    w.per_position_counts = [None if a is None or b is None else a + b for a, b in pairs]
+        return out
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "kind": self.kind,

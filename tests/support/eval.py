@@ -129,3 +129,26 @@ def quick_trained_drafter(
         res.loss.backward()
         opt.step()
     return drafter.eval()
+
+
+def suite_evals(root: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Two real suite evals (MT-Bench, one prompt a category, 8 categories, both turns) of two tiny drafters
+    of one target: one trained 20 steps, with the template's defaults; one trained 2 steps, with
+    thinking off. Each as (the job's parameters, its stored report): what the leaderboard reads."""
+    from draftdeck.drafter.eval.evaluate import run_eval
+    from draftdeck.drafter.eval.params import EvalParams
+    from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+    from draftdeck.drafter.export.format import save_zlab
+    from draftdeck.jobs.context import LocalContext
+
+    world = build_world(root / "world", n_prompts=4)
+    runner = TargetRunner(world.target, [world.eos_id])
+    texts = [(ids, generate_plain(runner, ids, 16).output_ids) for ids in world.prompt_ids]
+    out = []
+    for steps, kwargs in ((20, {}), (2, {"enable_thinking": False})):
+        ckpt = save_zlab(quick_trained_drafter(world.target, texts, steps=steps), root / f"drafter-{steps}")
+        params = EvalParams(suites=["mt-bench"], max_per_category=1, target=str(world.target_dir),
+                            checkpoint=str(ckpt), max_new_tokens=12, template_kwargs=kwargs)  # fmt: skip
+        report = run_eval(params, LocalContext(root / f"eval-{steps}"))
+        out.append((params.model_dump(mode="json"), report.to_dict()))
+    return out

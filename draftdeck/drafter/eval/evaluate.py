@@ -213,32 +213,59 @@ def _walked(
 
 
 def _served(
-    params: EvalParams, prompts: list[list[int]], real_tau: float, walked_tau: float, ctx: RunContext
+    params: EvalParams,
+    prompts: list[list[int]],
+    real_tau: float,
+    walked_tau: float,
+    ctx: RunContext,
+    groups: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The same prompts through the served drafter (draftdeck/serving/served_eval.py), beside the
-    checkpoint's real and walked tau on them: the three numbers of one drafter on one prompt set."""
+    checkpoint's real and walked tau on them: the three numbers of one drafter on one prompt set. With
+    `groups` (each prompt's suite and category), one window per category, in order, and the whole summed."""
     import os
 
-    from draftdeck.serving.served_eval import served_eval
+    from draftdeck.serving.served_eval import ServedCounts, served_eval
 
     assert params.served_url is not None
     metrics = params.served_metrics_url or params.served_url.rstrip("/").removesuffix("/v1") + "/metrics"
     token = os.environ.get(params.served_token_env) if params.served_token_env else None
     where = f"{params.served_url} ({params.served_kind})"
     ctx.event("info", f"served eval: {len(prompts)} prompts to {where}")
-    counts = served_eval(
-        prompts, kind=params.served_kind, base_url=params.served_url,
-        metrics_url=metrics if params.served_kind == "vllm" else None, model=params.served_model,
-        max_new_tokens=params.max_new_tokens, token=token,
-    )  # fmt: skip
-    if counts.other_traffic:
+    by_group: dict[tuple[str, str], list[list[int]]] = {}
+    for key, ids in zip(groups or [("", "")] * len(prompts), prompts, strict=True):
+        by_group.setdefault(key, []).append(ids)
+    parts = {
+        key: served_eval(
+            ids,
+            kind=params.served_kind,
+            base_url=params.served_url,
+            metrics_url=metrics if params.served_kind == "vllm" else None,
+            model=params.served_model,
+            max_new_tokens=params.max_new_tokens,
+            token=token,
+        )
+        for key, ids in by_group.items()
+    }
+    counts = ServedCounts.merge(params.served_kind, list(parts.values()))
+    if any(p.other_traffic for p in parts.values()):
         ctx.event(
             "warning",
             "served eval: the server verified more tokens than it returned to this eval: other requests "
             "were served meanwhile, so its counters are not these prompts' alone",
         )
-    return {**counts.to_json(), "url": params.served_url, "offline_real_tau_incl_bonus": real_tau,
-            "walked_tau_incl_bonus": walked_tau}  # fmt: skip
+    out = {**counts.to_json(), "url": params.served_url, "offline_real_tau_incl_bonus": real_tau,
+           "walked_tau_incl_bonus": walked_tau}  # fmt: skip
+    if groups:  # per suite and category: the server's tau on exactly the turns counted offline there
+        out["by_category"] = {}
+        for (suite, cat), part in parts.items():
+            fig = {
+                "prompts": part.prompts,
+                "verify_steps": part.verify_steps,
+                "tau_incl_bonus": part.tau_incl_bonus,
+            }
+            out["by_category"].setdefault(suite, {})[cat] = fig
+    return out
 
 
 def _fits(target: Target, max_new: int) -> Callable[[list[int]], str | None]:
@@ -328,6 +355,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     names = set() if params.suites else {p.source for p in prompts}
     by_source = {name: DecodeStats(block) for name in sorted(names)} if len(names) > 1 else {}
     walk_ids: list[list[int]] = []
+    groups: list[tuple[str, str]] = []  # each turn's suite and category
     outputs: list[list[int]] = []
     sent: dict[str, int] = {}
     n = 0
@@ -335,6 +363,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         ctx.check_cancelled()
         tally.add(t.decoded, {"prompt": n - 1, "file": t.file, "line": t.line, "turn": t.turn})
         walk_ids.append(t.ids)
+        groups.append((t.suite, t.category))
         outputs.append(t.decoded.plain.output_ids)
         gen = t.decoded.methods["drafter"]
         if by_suite is not None:
@@ -418,7 +447,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             for name, st in by_source.items()
         }  # fmt: skip
     if params.served_url:
-        result["served"] = _served(params, walk_ids, real_tau, walked_tau, ctx)
+        result["served"] = _served(
+            params, walk_ids, real_tau, walked_tau, ctx, groups if params.suites else None
+        )
     report.extra["eval"] = _finite(result)
     report.check_accounting()
     path = out_dir / "eval.json"

@@ -180,3 +180,34 @@ def test_a_suite_eval_reports_per_category_and_context_length(
     assert drafter["accepted"] == sum(c["accepted"] for c in drafter["by_context_length"].values())
     assert all(int(k) & (int(k) - 1) == 0 for k in drafter["by_context_length"])  # powers of two
     assert ev["training"] is None and ev["lossless"] is True
+
+
+def test_a_served_suite_eval_gives_the_servers_tau_per_category(
+    world: TinyWorld, checkpoint: Path, tmp_path: Path
+) -> None:
+    from tests.support.serving import spec_server
+
+    mine = tmp_path / "mine.jsonl"
+    rows = [
+        {"category": "animals", "turns": ["the cat eats", "and the dog"]},
+        {"category": "colours", "prompt": "red"},
+    ]
+    mine.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ctx = LocalContext(tmp_path / "job")
+    with spec_server([3, 1, 2]) as server:
+        params = EvalParams(suites=[str(mine)], target=str(world.target_dir), checkpoint=str(checkpoint),
+                            max_new_tokens=MAX_NEW, served_url=server.url, served_model="m")  # fmt: skip
+        run_eval(params, ctx)
+        sent = [body["prompt"] for _, body in server.requests]
+    ev = json.loads((ctx.out_dir / "eval.json").read_text())["eval"]
+    served = ev["served"]
+    by_cat = served["by_category"]["mine"]
+    # one window per category, in order; the turns sent are the ones decoded offline, each once
+    assert (
+        {c: f["prompts"] for c, f in by_cat.items()}
+        == {"animals": 2, "colours": 1}
+        == {c: ev["suites"]["mine"][c]["turns"] for c in ("animals", "colours")}
+    )
+    assert served["prompts"] == len(sent) == 3
+    assert served["verify_steps"] == sum(f["verify_steps"] for f in by_cat.values())
+    assert served["window"]["drafts"] == served["verify_steps"] and not served["other_traffic"]
