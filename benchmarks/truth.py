@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -122,6 +123,8 @@ def train_case(
     context)."""
     loss = loss or TrainParams.model_fields["loss"].default
     run = root / f"run-{slug}-{loss}"
+    # trained afresh: a run left in a kept workdir would resume at its last step and chart nothing new
+    shutil.rmtree(run, ignore_errors=True)
     train_ctx = LocalContext(root / "ctx" / f"train-{slug}-{loss}")
     steps = size["train_steps"]
     run_train(TrainParams(

@@ -259,7 +259,8 @@ def register(app: typer.Typer) -> None:
     )  # fmt: skip
     app.command("eval")(
         job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],
-                    doc="Real speculative decoding of a checkpoint with its target on held-out prompts:"
+                    doc="Real speculative decoding of a checkpoint with its target on held-out prompts, or"
+                    " per category of the suites papers report (--suite spec-bench,mt-bench,gsm8k,humaneval):"
                     " tau incl. bonus, acceptance, speed, lossless check, and the baselines.")
     )  # fmt: skip
     app.command("tiny-target")(

@@ -71,9 +71,8 @@ class State:
         ids record none, and the decode check decides alone)."""
         if recorded is None or recorded == self.vocab:
             return None
-        return (
-            f"its ids were recorded in another vocabulary ({recorded[:19]}…, the tokenizer's is {self.vocab})"
-        )
+        mine = (self.vocab or "none")[:19]
+        return f"its ids were recorded in another vocabulary ({recorded[:19]}…; the tokenizer's: {mine}…)"
 
     @property
     def may_drop(self) -> frozenset[str]:

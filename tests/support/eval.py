@@ -131,22 +131,29 @@ def quick_trained_drafter(
     return drafter.eval()
 
 
+def trained_checkpoint(world: TinyWorld, out: Path, *, max_new: int = 16, steps: int = 20) -> Path:
+    """A block-4 drafter trained `steps` steps on the target's own greedy answers (`max_new` tokens) to
+    the world's prompts, saved in z-lab's format at `out`."""
+    from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+    from draftdeck.drafter.export.format import save_zlab
+
+    runner = TargetRunner(world.target, [world.eos_id])
+    texts = [(ids, generate_plain(runner, ids, max_new).output_ids) for ids in world.prompt_ids]
+    return save_zlab(quick_trained_drafter(world.target, texts, block_size=4, steps=steps), out)
+
+
 def suite_evals(root: Path) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """Two real suite evals (MT-Bench, one prompt a category, 8 categories, both turns) of two tiny drafters
     of one target: one trained 20 steps, with the template's defaults; one trained 2 steps, with
     thinking off. Each as (the job's parameters, its stored report): what the leaderboard reads."""
     from draftdeck.drafter.eval.evaluate import run_eval
     from draftdeck.drafter.eval.params import EvalParams
-    from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
-    from draftdeck.drafter.export.format import save_zlab
     from draftdeck.jobs.context import LocalContext
 
     world = build_world(root / "world", n_prompts=4)
-    runner = TargetRunner(world.target, [world.eos_id])
-    texts = [(ids, generate_plain(runner, ids, 16).output_ids) for ids in world.prompt_ids]
     out = []
     for steps, kwargs in ((20, {}), (2, {"enable_thinking": False})):
-        ckpt = save_zlab(quick_trained_drafter(world.target, texts, steps=steps), root / f"drafter-{steps}")
+        ckpt = trained_checkpoint(world, root / f"drafter-{steps}", steps=steps)
         params = EvalParams(suites=["mt-bench"], max_per_category=1, target=str(world.target_dir),
                             checkpoint=str(ckpt), max_new_tokens=12, template_kwargs=kwargs)  # fmt: skip
         report = run_eval(params, LocalContext(root / f"eval-{steps}"))

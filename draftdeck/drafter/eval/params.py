@@ -26,8 +26,8 @@ class EvalParams(JobParams):
     )
     suites: list[str] = Field(
         default_factory=list,
-        description="Evaluation suites instead of INPUT, reported per suite and category: spec-bench, "
-        "mt-bench, gsm8k, humaneval (shipped), or a JSONL file of prompts with a category; "
+        description="Evaluation suites instead of a prompt set (INPUT), reported per suite and category: "
+        "spec-bench, mt-bench, gsm8k, humaneval (shipped), or a JSONL file of prompts with a category; "
         "NAME[,NAME] or the option repeated.",
         json_schema_extra={"cli_flag": "--suite"},
     )
@@ -115,7 +115,7 @@ class EvalParams(JobParams):
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "checkpoint")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
     essentials: ClassVar[tuple[str, ...]] = (
-        "suites", "max_per_category", "template_kwargs", "mode", "max_prompts", "max_new_tokens",
+        "inputs", "suites", "max_per_category", "template_kwargs", "mode", "max_prompts", "max_new_tokens",
     )  # fmt: skip
 
     @field_validator("suites", mode="before")
@@ -143,6 +143,12 @@ class EvalParams(JobParams):
             raise ValueError("give one prompt source: INPUT (a dataset folder or a prompt file) or --suite")
         if self.max_per_category is not None and not self.suites:
             raise ValueError("max_per_category applies to --suite only")
+        from draftdeck.drafter.eval.suites import names
+
+        for name in self.suites:  # a name that is no shipped suite and does not look like a file
+            if name not in names() and "/" not in name and not name.endswith((".jsonl", ".json")):
+                shipped = ", ".join(names())
+                raise ValueError(f"unknown suite {name!r}: shipped are {shipped}, or give a JSONL file")
         if self.mode == "greedy" and (self.temperature != 1.0 or self.top_p != 1.0):
             raise ValueError(
                 "temperature and top_p apply to mode 'sampled' only; greedy mode takes the argmax"

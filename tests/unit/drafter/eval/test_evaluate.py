@@ -13,13 +13,12 @@ import torch
 
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
+from draftdeck.drafter.eval.spec_decode import TargetRunner
 from draftdeck.drafter.eval.versus import Real, RunFigures, decoder_mismatch, versus_training
-from draftdeck.drafter.export.format import save_zlab
 from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.conftest import PROBES
-from tests.support.eval import TinyWorld, build_world, quick_trained_drafter
+from tests.support.eval import TinyWorld, build_world, trained_checkpoint
 
 torch.set_num_threads(1)
 MAX_NEW = 32
@@ -32,10 +31,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> TinyWorld:
 
 @pytest.fixture(scope="module")
 def checkpoint(world: TinyWorld, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    runner = TargetRunner(world.target, [world.eos_id])
-    texts = [(ids, generate_plain(runner, ids, MAX_NEW).output_ids) for ids in world.prompt_ids]
-    drafter = quick_trained_drafter(world.target, texts, block_size=4, steps=30)
-    return save_zlab(drafter, tmp_path_factory.mktemp("ckpt") / "drafter")
+    return trained_checkpoint(world, tmp_path_factory.mktemp("ckpt") / "drafter", max_new=MAX_NEW, steps=30)
 
 
 def _run(world: TinyWorld, checkpoint: Path, tmp_path: Path, **kw) -> tuple[dict, LocalContext]:

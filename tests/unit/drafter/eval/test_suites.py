@@ -18,14 +18,14 @@ from draftdeck.chat.templates import QWEN35_STYLE
 from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import DFlashSource, Sampling, TargetRunner, generate_plain
+from draftdeck.drafter.eval.spec_decode import DFlashSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import ALL, decode_turns
 from draftdeck.drafter.eval.tally import Decoded, decode
-from draftdeck.drafter.export.format import load_drafter, save_zlab
+from draftdeck.drafter.export.format import load_drafter
 from draftdeck.errors import InputError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
-from tests.support.eval import TinyWorld, build_world, quick_trained_drafter
+from tests.support.eval import TinyWorld, build_world, trained_checkpoint
 
 torch.set_num_threads(1)
 MAX_NEW = 16
@@ -101,10 +101,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> TinyWorld:
 
 @pytest.fixture(scope="module")
 def checkpoint(world: TinyWorld, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    runner = TargetRunner(world.target, [world.eos_id])
-    texts = [(ids, generate_plain(runner, ids, MAX_NEW).output_ids) for ids in world.prompt_ids]
-    drafter = quick_trained_drafter(world.target, texts, block_size=4, steps=20)
-    return save_zlab(drafter, tmp_path_factory.mktemp("ckpt") / "drafter")
+    return trained_checkpoint(world, tmp_path_factory.mktemp("ckpt") / "drafter", max_new=MAX_NEW, steps=20)
 
 
 def test_a_multi_turn_prompt_is_answered_after_the_targets_own_answers(
