@@ -25,9 +25,13 @@ from typing import Any
 
 OUT = Path(__file__).resolve().parent.parent / "draftdeck" / "drafter" / "eval" / "suites"
 GSM8K_ASK = "\nPlease reason step by step, and put your final answer within \\boxed{}."
-HUMANEVAL_ASK = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
+HUMANEVAL_ASK = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n"
+)
 # Spec-Bench's first 80 questions are MT-Bench's: the paper reports them as one category
-MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+MT_BENCH_CATEGORIES = {
+    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+}  # fmt: skip
 
 
 def _spec_bench(r: dict[str, Any]) -> dict[str, Any]:
@@ -49,36 +53,53 @@ def _humaneval(r: dict[str, Any]) -> dict[str, Any]:
 
 SUITES: dict[str, dict[str, Any]] = {
     "spec-bench": {
-        "repo": "hemingkx/Spec-Bench", "folder": "Spec-Bench", "commit": "fd2c1cd7d2201ef71db4c5f4e455008f017967bf",
-        "path": "data/spec_bench/question.jsonl", "licence": "Apache-2.0", "make": _spec_bench,
-        "description": "480 questions in six categories (Xia et al. 2024): multi-turn conversation (MT-Bench's"
-        " 80, two turns), translation, summarisation, QA, math reasoning, RAG",
+        "repo": "hemingkx/Spec-Bench",
+        "folder": "Spec-Bench",
+        "commit": "fd2c1cd7d2201ef71db4c5f4e455008f017967bf",
+        "path": "data/spec_bench/question.jsonl",
+        "licence": "Apache-2.0",
+        "make": _spec_bench,
+        "description": "480 questions in six categories (Xia et al. 2024): multi-turn conversation"
+        " (MT-Bench's 80, two turns), translation, summarisation, QA, math reasoning, RAG",
         "prompt": "the record's turns as they are; MT-Bench's eight categories reported as multi_turn",
     },
     "mt-bench": {
-        "repo": "lm-sys/FastChat", "folder": "FastChat", "commit": "0e6d3e4beaab66f4d3f93db72541a4abab8af28d",
-        "path": "fastchat/llm_judge/data/mt_bench/question.jsonl", "licence": "Apache-2.0", "make": _mt_bench,
+        "repo": "lm-sys/FastChat",
+        "folder": "FastChat",
+        "commit": "0e6d3e4beaab66f4d3f93db72541a4abab8af28d",
+        "path": "fastchat/llm_judge/data/mt_bench/question.jsonl",
+        "licence": "Apache-2.0",
+        "make": _mt_bench,
         "description": "80 two-turn questions in eight categories (Zheng et al. 2023)",
         "prompt": "the record's turns as they are",
     },
     "gsm8k": {
-        "repo": "openai/grade-school-math", "folder": "grade-school-math",
-        "commit": "3101c7d5072418e28b9008a6636bde82a006892c", "path": "grade_school_math/data/test.jsonl",
-        "licence": "MIT", "make": _gsm8k,
+        "repo": "openai/grade-school-math",
+        "folder": "grade-school-math",
+        "commit": "3101c7d5072418e28b9008a6636bde82a006892c",
+        "path": "grade_school_math/data/test.jsonl",
+        "licence": "MIT",
+        "make": _gsm8k,
         "description": "the 1,319 grade-school maths word problems of the test split (Cobbe et al. 2021)",
         "prompt": "the question, then " + json.dumps(GSM8K_ASK) + " (as Qwen's and z-lab's evaluations ask)",
     },
     "humaneval": {
-        "repo": "openai/human-eval", "folder": "human-eval", "commit": "6d43fb980f9fee3c892a914eda09951f772ad10d",
-        "path": "data/HumanEval.jsonl.gz", "licence": "MIT", "make": _humaneval,
+        "repo": "openai/human-eval",
+        "folder": "human-eval",
+        "commit": "6d43fb980f9fee3c892a914eda09951f772ad10d",
+        "path": "data/HumanEval.jsonl.gz",
+        "licence": "MIT",
+        "make": _humaneval,
         "description": "164 Python function-completion problems (Chen et al. 2021)",
-        "prompt": json.dumps(HUMANEVAL_ASK) + " + the problem's prompt + a closing fence (as z-lab's benchmark asks)",
+        "prompt": json.dumps(HUMANEVAL_ASK)
+        + " + the problem's prompt + a closing fence (as z-lab's benchmark asks)",
     },
-}  # fmt: skip
+}
 
 
 def _records(mirror: Path, commit: str, path: str) -> Iterator[dict[str, Any]]:
-    raw = subprocess.run(["git", "-C", str(mirror), "show", f"{commit}:{path}"], capture_output=True, check=True)
+    show = ["git", "-C", str(mirror), "show", f"{commit}:{path}"]
+    raw = subprocess.run(show, capture_output=True, check=True)
     data = gzip.decompress(raw.stdout) if path.endswith(".gz") else raw.stdout
     for line in io.StringIO(data.decode("utf-8")):
         if line.strip():

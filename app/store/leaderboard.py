@@ -67,6 +67,7 @@ def _row(job: Job, runs: dict[Path, int]) -> EvalRow | None:
     if run is None and ckpt:
         run = next((rid for out, rid in runs.items() if Path(ckpt).is_relative_to(out)), None)
     kwargs = ev.get("template_kwargs") or params.get("template_kwargs") or {}
+    thinking = kwargs.get("enable_thinking")
     suites = ev.get("suites") or {}
     cells: dict[str, float | None] = {}
     for suite, cats in suites.items():
@@ -78,7 +79,8 @@ def _row(job: Job, runs: dict[Path, int]) -> EvalRow | None:
     return EvalRow(
         job=job, run=run, target=str(ev.get("target") or params.get("target") or ""),
         drafter=str(ev.get("drafter") or "dflash"), prompts=prompts, suites=list(suites),
-        thinking=THINKING.get(kwargs.get("enable_thinking"), "default"), mode=str(ev.get("mode") or "greedy"),
+        thinking=THINKING[thinking] if isinstance(thinking, bool) else "default",
+        mode=str(ev.get("mode") or "greedy"),
         served=_num((ev.get("served") or {}).get("tau_incl_bonus")),
         tau=_num(drafter.get("tau_incl_bonus_pooled")), tokens_per_step=_num(drafter.get("tokens_per_step")),
         per_pos=[_num(v) for v in drafter.get("per_pos_acceptance") or []],
