@@ -208,6 +208,9 @@ def evals(session: Session, job: Job, ckpts: list[dict[str, Any]]) -> list[dict[
                 "mismatch": mismatch,
                 "error": error,
                 "by_source": _by_source(data),
+                # what was decoded, when not the run's held-out prompts: suites, and the template's settings
+                "suites": ", ".join(_eval_section(data).get("suites") or {}),
+                "template_kwargs": _eval_section(data).get("template_kwargs") or {},
             }
         )
     return sorted(rows, key=lambda r: (r["step"] is None, r["step"] or 0, r["job"].id))

@@ -53,6 +53,13 @@ def regenerate(params: RegenerateParams, *, report: Path | None) -> None:
         f" {count(regen['completion_tokens'], 'tokens')} in {result.extra['elapsed_s']:.1f} s",
         highlight=False,
     )
+    # tokenize trains on the target's own ids where they came back (draftdeck.tokenize.target_ids)
+    refused = [ep["url"] for ep in regen["endpoints"] if ep.get("return_token_ids") is False]
+    out.print(
+        f"token ids kept for {regen['answers_with_token_ids']:,} of {count(regen['answers'], 'answers')}"
+        + (f" ({', '.join(refused)} does not return them)" if refused else ""),
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

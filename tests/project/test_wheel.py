@@ -88,8 +88,10 @@ def test_the_wheel_serves_pages_static_files_and_migrates_outside_the_checkout(
                 env=env, cwd=tmp_path)  # fmt: skip
     assert where.startswith(str(installed.parent)), where  # the installed package, not the checkout
     # the evaluation suites ship as package data, checksums checked on loading
-    count = "from draftdeck.drafter.eval import suites; from draftdeck.quality import Report; " \
+    count = (
+        "from draftdeck.drafter.eval import suites; from draftdeck.quality import Report; "
         "print(sum(len(suites.load(n, Report())) for n in suites.names()))"
+    )
     assert run([str(installed / "python"), "-c", count], env=env, cwd=tmp_path).strip() == "2043"
     cwd = tmp_path / "run"
     cwd.mkdir()

@@ -168,6 +168,7 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
         ok = runner.invoke(_cli(), [*base, "--report", str(tmp_path / "r.json")], env=key)
         assert ok.exit_code == 0, ok.output
         assert json.loads((tmp_path / "r.json").read_text())["rows_out"] == 2
+        assert "token ids kept for 0 of 2 answers" in ok.output  # the stand-in returns none
         refused = runner.invoke(_cli(), base, env={"OPENAI_API_KEY": "bad"})
         assert refused.exit_code == 2 and "refused the API key" in refused.output
     both = runner.invoke(
