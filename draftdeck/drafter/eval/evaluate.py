@@ -274,7 +274,7 @@ def _fits(target: Target, max_new: int) -> Callable[[list[int]], str | None]:
     def fits(ids: list[int]) -> str | None:
         if len(ids) + max_new > target.max_positions > 0:
             most = target.max_positions
-            return f"{len(ids)} prompt tokens + {max_new} new exceed the target's {most} positions"
+            return f"{len(ids):,} prompt tokens + {max_new} new exceed the target's {most:,} positions"
         return None
 
     return fits
