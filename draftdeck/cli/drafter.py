@@ -108,7 +108,8 @@ def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report
         highlight=False,
     )
     for code, n in sorted(report.rejected.items()):  # what was left out, and why, with an example
-        ex = (report.examples.get(code) or [None])[0]
+        examples = report.examples.get(code) or []
+        ex = examples[0] if examples else None
         where = "" if ex is None else f": {ex.file}{'' if ex.line is None else f':{ex.line}'}: {ex.reason}"
         out.print(f"  [yellow]rejected {code}[/] {n:,}{escape(where)}", highlight=False)
     return report
