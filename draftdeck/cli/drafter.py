@@ -265,8 +265,8 @@ def register(app: typer.Typer) -> None:
     app.command("eval")(
         job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],
                     doc="Real speculative decoding of a checkpoint with its target on held-out prompts, or"
-                    " per category of the suites papers report (--suite spec-bench,mt-bench,gsm8k,humaneval):"
-                    " tau incl. bonus, acceptance, speed, lossless check, and the baselines.")
+                    " per category of the suites papers report (--suite): tau incl. bonus, acceptance, speed,"
+                    " lossless check, and the baselines.")
     )  # fmt: skip
     app.command("tiny-target")(
         job_command(TinyTargetParams, tiny_target, required=("out",),

@@ -94,8 +94,8 @@ class EvalParams(JobParams):
         default=OFF_TARGET_TOLERANCE,
         gt=0.0,
         le=10.0,
-        description="Alert data_not_target_output when the data-judged tau of the run's held-out split is "
-        "above real greedy tau by more than this share.",
+        description="Alert data_not_target_output when the tau judged by the data on the run's held-out "
+        "split is above real greedy tau by more than this share.",
     )
     served_url: str | None = Field(
         default=None,
