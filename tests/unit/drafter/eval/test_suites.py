@@ -208,3 +208,19 @@ def test_a_served_suite_eval_gives_the_servers_tau_per_category(
     assert served["prompts"] == len(sent) == 3
     assert served["verify_steps"] == sum(f["verify_steps"] for f in by_cat.values())
     assert served["window"]["drafts"] == served["verify_steps"] and not served["other_traffic"]
+
+
+def test_a_suite_file_over_http_must_lie_in_the_data_roots(tmp_path: Path) -> None:
+    from draftdeck.errors import PathNotAllowedError
+
+    inside = tmp_path / "mine.jsonl"
+    inside.write_text(json.dumps({"category": "a", "prompt": "hi"}) + "\n")
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
+    outside.write_text(inside.read_text())
+    base = {"target": str(tmp_path), "checkpoint": str(tmp_path)}
+    confined = EvalParams(suites=["mt-bench", str(inside)], **base).confined([tmp_path])
+    assert confined.suites == ["mt-bench", str(inside.resolve())]  # a shipped name stays a name
+    with pytest.raises(PathNotAllowedError):
+        EvalParams(suites=[str(outside)], **base).confined([tmp_path])
+    with pytest.raises(ValueError, match="unknown suite 'mt_bench'"):
+        EvalParams(suites=["mt_bench"], **base)
