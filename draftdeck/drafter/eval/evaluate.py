@@ -347,6 +347,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     ctx.event("info", f"evaluating {what}, block size {block}, mode {params.mode}{kwargs}")
 
     tally = Tally(block, sampling.greedy)
+    drafted = tally.methods["drafter"]  # the drafter's counts, what the metric points carry
     # the run's figures are for the drafter's own block size, and its target answered some prompts
     run = run_figures(Path(params.checkpoint)) if block == drafter.block_size and not params.suites else None
     same = DecodeStats(block)  # the drafter on those prompts
@@ -374,25 +375,17 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             same.add(gen)
         ctx.progress(n, total, "turns" if params.suites else "prompts")
         if n % METRIC_EVERY == 0:
-            ctx.metrics(
-                n,
-                _metric_delta(tally.methods["drafter"], sent, block, by_source),
-                tokens=tally.methods["drafter"].tokens,
-            )
+            ctx.metrics(n, _metric_delta(drafted, sent, block, by_source), tokens=drafted.tokens)
     if not n:
         raise UsageError(f"no prompt could be evaluated ({report.rows_rejected} rejected)")
-    if n % METRIC_EVERY:
-        ctx.metrics(
-            n,
-            _metric_delta(tally.methods["drafter"], sent, block, by_source),
-            tokens=tally.methods["drafter"].tokens,
-        )
+    if n % METRIC_EVERY:  # the last points since the last full stride
+        ctx.metrics(n, _metric_delta(drafted, sent, block, by_source), tokens=drafted.tokens)
 
     w_acc, w_steps, w_hist = _walked(drafter, target, walk_ids, outputs, block)
     # the walk covers each output after its first token (the prefill's): the tokens its steps produce
     w_produced = sum(len(o) - 1 for o in outputs if len(o) > 1)
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
-    real_tau = tally.methods["drafter"].tau_pooled
+    real_tau = drafted.tau_pooled
     gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
     if sampling.greedy and message is not None:
         ctx.alert("decoder_mismatch", message)

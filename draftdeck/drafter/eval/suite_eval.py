@@ -16,6 +16,8 @@ from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.tally import Decoded, Tally
 from draftdeck.quality import Report
 
+ALL = "(all)"  # a suite's figures over every category (a user's category cannot be named so)
+
 
 @dataclass
 class Turn:
@@ -98,6 +100,3 @@ class SuiteTallies:
             }
             for suite, cats in self.by.items()
         }
-
-
-ALL = "(all)"  # a suite's figures over every category (a user's category cannot be named so)

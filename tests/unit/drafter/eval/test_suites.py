@@ -31,6 +31,12 @@ torch.set_num_threads(1)
 MAX_NEW = 16
 
 
+def _suite_file(path: Path, rows: list[dict[str, object]], tail: str = "") -> Path:
+    """A user's suite: `rows` as JSONL at `path` (and `tail`, raw text after them)."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + tail)
+    return path
+
+
 @pytest.mark.parametrize("name", suites.names())
 def test_each_shipped_suite_matches_its_record(name: str) -> None:
     record = suites.sources()[name]
@@ -81,7 +87,7 @@ def test_a_users_file_is_a_suite_and_every_row_is_accounted_for(tmp_path: Path) 
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
         {"category": "sql", "turns": []},
     ]
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "{not json\n")
+    _suite_file(path, rows, "{not json\n")
     report = Report()
     got = suites.load(str(path), report, max_per_category=2)
     assert [(p.suite, p.category, p.turns) for p in got] == [
@@ -136,14 +142,13 @@ def test_a_multi_turn_prompt_is_answered_after_the_targets_own_answers(
 def test_a_suite_eval_reports_per_category_and_context_length(
     world: TinyWorld, checkpoint: Path, tmp_path: Path
 ) -> None:
-    mine = tmp_path / "mine.jsonl"
-    rows = [
+    rows: list[dict[str, object]] = [
         {"category": "animals", "turns": ["the cat eats", "and the dog"]},
         {"category": "animals", "prompt": "the owl sees"},
         {"category": "colours", "prompt": "red and blue"},
         {"category": "long", "prompt": " ".join(["word"] * 600)},
     ]
-    mine.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mine = _suite_file(tmp_path / "mine.jsonl", rows)
     ctx = LocalContext(tmp_path / "job")
     params = EvalParams(suites=[f"{mine},mt-bench"], max_per_category=1, target=str(world.target_dir),
                         checkpoint=str(checkpoint), max_new_tokens=MAX_NEW,
@@ -184,12 +189,11 @@ def test_a_served_suite_eval_gives_the_servers_tau_per_category(
 ) -> None:
     from tests.support.serving import spec_server
 
-    mine = tmp_path / "mine.jsonl"
-    rows = [
+    rows: list[dict[str, object]] = [
         {"category": "animals", "turns": ["the cat eats", "and the dog"]},
         {"category": "colours", "prompt": "red"},
     ]
-    mine.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    mine = _suite_file(tmp_path / "mine.jsonl", rows)
     ctx = LocalContext(tmp_path / "job")
     with spec_server([3, 1, 2]) as server:
         params = EvalParams(suites=[str(mine)], target=str(world.target_dir), checkpoint=str(checkpoint),
@@ -213,8 +217,7 @@ def test_a_served_suite_eval_gives_the_servers_tau_per_category(
 def test_a_suite_file_over_http_must_lie_in_the_data_roots(tmp_path: Path) -> None:
     from draftdeck.errors import PathNotAllowedError
 
-    inside = tmp_path / "mine.jsonl"
-    inside.write_text(json.dumps({"category": "a", "prompt": "hi"}) + "\n")
+    inside = _suite_file(tmp_path / "mine.jsonl", [{"category": "a", "prompt": "hi"}])
     outside = tmp_path.parent / f"{tmp_path.name}-outside.jsonl"
     outside.write_text(inside.read_text())
     base = {"target": str(tmp_path), "checkpoint": str(tmp_path)}
