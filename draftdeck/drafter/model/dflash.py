@@ -196,6 +196,13 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
+    def context_keys_values(
+        self, context: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's keys and values of the context (training: once per micro-batch). A method
+        of the layer, not of its attention, so that a sharded layer gathers its weights for it."""
+        return self.self_attn.keys_values(context, position_embeddings)
+
     def block_forward(
         self,
         hidden_states: torch.Tensor,
@@ -300,7 +307,7 @@ class DFlashDrafter(nn.Module):
         `position_ids` (bsz, T). The same for all the blocks of a batch (see `block_forward`)."""
         context = self.hidden_norm(self.fc(target_hidden))
         pos = self.rotary_emb(context, position_ids)
-        return [layer.self_attn.keys_values(context, pos) for layer in self.decoder_layers]
+        return [layer.context_keys_values(context, pos) for layer in self.decoder_layers]
 
     def block_forward(
         self,

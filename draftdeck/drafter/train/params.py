@@ -86,6 +86,12 @@ class TrainParams(JobParams):
     clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clipping threshold")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init, order, anchors")
     devices: int = Field(1, ge=1, le=64, description="World size: ranks (one per device)")
+    sharding: Literal["auto", "none", "ddp", "fsdp"] = Field(
+        "auto",
+        description="How ranks hold the drafter: none = one process; ddp = whole on every rank,"
+        " gradients all-reduced per layer; fsdp = weights, gradients and AdamW state split across"
+        " ranks (FSDP2); auto = none on one rank, else ddp when it fits the device, fsdp when not",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present, else cpu")
     checkpoint_every: int = Field(500, ge=1, le=10_000_000, description="Steps between checkpoints")
     keep_checkpoints: int = Field(
@@ -137,6 +143,7 @@ class TrainParams(JobParams):
         "max_steps",
         "epochs",
         "devices",
+        "sharding",
     )
     resumes_in_out: ClassVar[bool] = True
 

@@ -32,6 +32,8 @@ class RunRecord:
     truth: dict[str, Any] = field(default_factory=dict)
     # the memory estimate before step 1 (draftdeck.drafter.train.memory.MemoryEstimate.to_dict)
     memory: dict[str, Any] = field(default_factory=dict)
+    # how the ranks held the drafter and why (draftdeck.drafter.train.sharding.choose_sharding)
+    sharding: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -27,6 +27,7 @@ from draftdeck.drafter.model.attention import resolve_backend
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.checkpoint import (
     CheckpointStore,
     bytes_writer,
@@ -46,7 +47,9 @@ from draftdeck.drafter.train.objective import (
 )
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
+from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.run_record import RunRecord
+from draftdeck.drafter.train.sharding import choose_sharding
 from draftdeck.drafter.train.truth import OFF_TARGET, TruthUnavailable
 from draftdeck.drafter.train.walked import heldout_pass
 from draftdeck.errors import Cancelled, DraftDeckError, UsageError
@@ -109,6 +112,9 @@ class Trainer:
 
             for p in self.drafter.parameters():
                 dist.broadcast(p.data, src=0)
+        self.strategy, why = choose_sharding(params.sharding, world)
+        sharding.shard(self.drafter, self.strategy, self.device, world)
+        self.eval_drafter = self.drafter
         self.opt = torch.optim.AdamW(
             self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
         )
@@ -124,7 +130,9 @@ class Trainer:
         self.answered_refs: list[Any] = []  # held-out rows whose prompts the target answered ...
         self.answered: list[Any] = []  # ... and its answers, the rows of the target-judged walk
         self.truth_alerted = False
+        self.ranks = Ranks(rank, world, self.device, self.cfg.block_size)
         self.record = self._record()
+        self.record.sharding = {"strategy": self.strategy, "why": why}
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _record(self) -> RunRecord:
@@ -186,57 +194,12 @@ class Trainer:
                     f"{self.record.to_dict()[key]!r}): use a new out folder"
                 )
 
-    # --- reductions -------------------------------------------------------------------------
-    def _sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            import torch.distributed as dist
-
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t
-
-    def _sum_gradients(self) -> None:
-        """Sum the drafter's gradients over ranks, in one flat buffer (the loss's normaliser is the
-        global weight sum, so the sum is the global batch's gradient)."""
-        if self.world == 1:
-            return
-        params = list(self.drafter.parameters())
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params])
-        self._sum(flat)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
-
-    def _reduce_counts(self, c: Counts) -> Counts:
-        if self.world == 1:
-            return c
-        ints, floats = c.to_tensors(self.device)
-        return Counts.from_tensors(c.block_size, self._sum(ints).cpu(), self._sum(floats).cpu())
-
-    def _reduce_by_source(self, by: dict[str, Counts]) -> dict[str, Counts]:
-        """Per-source counts summed over ranks (each rank holds the sources of its rows only)."""
-        if self.world == 1:
-            return by
-        import torch.distributed as dist
-
-        mine = {k: [t.tolist() for t in c.to_tensors()] for k, c in by.items()}
-        every: list[Any] = [None] * self.world
-        dist.all_gather_object(every, mine)
-        out: dict[str, Counts] = {}
-        for part in every:
-            for k, (ints, floats) in part.items():
-                c = Counts.from_tensors(self.cfg.block_size, torch.tensor(ints), torch.tensor(floats))
-                out[k] = out[k] + c if k in out else c
-        return out
-
     def _cancelled(self) -> bool:
         try:
             self.ctx.check_cancelled()
-            flag = 0.0
+            return self.ranks.any(False)
         except Cancelled:
-            flag = 1.0
-        return bool(self._sum(torch.tensor([flag], device=self.device)).item() > 0)
+            return self.ranks.any(True)
 
     # --- checkpoints ------------------------------------------------------------------------
     def resume(self) -> bool:
@@ -245,9 +208,9 @@ class Trainer:
             return False
         from safetensors.torch import load_file
 
-        self.drafter.load_state_dict(load_file(str(latest / "model.safetensors"), device=str(self.device)))
-        training = torch.load(latest / "training.pt", map_location=self.device, weights_only=False)
-        self.opt.load_state_dict(training["optimizer"])
+        training = torch.load(latest / "training.pt", map_location="cpu", weights_only=False)
+        model = load_file(str(latest / "model.safetensors"), device="cpu")
+        sharding.load_state(self.drafter, self.opt, model, training["optimizer"])
         self.sched.load_state_dict(training["scheduler"])
         set_rng_state(training["rng"])
         state = json.loads((latest / "state.json").read_text(encoding="utf-8"))
@@ -256,14 +219,15 @@ class Trainer:
         return True
 
     def save(self, heldout: dict[str, float] | None) -> None:
-        """Write a checkpoint; `heldout`: its held-out figures (`Counts.index_figures`) or None."""
+        """Write a checkpoint; `heldout`: its held-out figures (`Counts.index_figures`) or None.
+        Every rank calls it (a sharded drafter is gathered); rank 0 writes."""
+        state, optimizer = sharding.full_state(self.drafter, self.opt, self.strategy)
         if self.rank != 0:
             return
         from safetensors.torch import save
 
-        state = {k: v.detach().contiguous().cpu() for k, v in self.drafter.state_dict().items()}
         training = {
-            "optimizer": self.opt.state_dict(),
+            "optimizer": optimizer,
             "scheduler": self.sched.state_dict(),
             "rng": rng_state(),
         }
@@ -316,7 +280,7 @@ class Trainer:
     def train_step(self) -> tuple[Counts, float]:
         micro = self._micro_batches(self._next_rows())
         wsum = sum(label_weight_sum(lm, a, v, self.cfg.block_size, self.p.gamma) for _, _, lm, a, v in micro)
-        total_w = float(self._sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
+        total_w = float(self.ranks.sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
         counts = Counts(self.cfg.block_size)
         self.drafter.train()
         for ids, att, lm, anchors, valid in micro:
@@ -335,9 +299,8 @@ class Trainer:
                     teacher=teacher, mix=mix,
                 )  # fmt: skip
             counts.tokens += int(att.sum())
-        self._sum_gradients()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
-        return self._reduce_counts(counts), grad_norm
+        grad_norm = sharding.as_float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
+        return self.ranks.counts(counts), grad_norm
 
     def _pass(self, examples: list[Any], sources: list[str], judge: bool) -> tuple[Counts, dict[str, Counts]]:
         bs = self.p.eval_batch_size
@@ -347,7 +310,7 @@ class Trainer:
         groups = [sources[i : i + bs] for i in range(0, len(sources), bs)]
         with self.amp:
             return heldout_pass(
-                self.drafter, self.target, batches, self.p.gamma,
+                self.eval_drafter, self.target, batches, self.p.gamma,
                 sources=groups, judge=judge, attention=self.attention, mix=self.p.mix,
             )  # fmt: skip
 
@@ -359,6 +322,7 @@ class Trainer:
         rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
         k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
         srcs = [self.data.source(r) for r in rows]
+        self.eval_drafter = sharding.eval_copy(self.drafter, self.strategy, self.device)
         try:
             first, by_first = self._pass([self.data.example(r) for r in rows[:k]], srcs[:k], self.judge)
             rest, by_rest = self._pass([self.data.example(r) for r in rows[k:]], srcs[k:], self.judge)
@@ -378,20 +342,20 @@ class Trainer:
             by[name] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
             if name in by_own:
                 by[name].add_target_walk(by_own[name])
-        first, own = self._reduce_counts(first), self._reduce_counts(own)
+        first, own = self.ranks.counts(first), self.ranks.counts(own)
         message = None if self.truth_alerted else compare(first, own, self.p, step)
         if message is not None:
             self.truth_alerted = True
             if self.rank == 0:
                 self.ctx.alert(OFF_TARGET, message)
-        return self._reduce_counts(total), self._reduce_by_source(by), first
+        return self.ranks.counts(total), self.ranks.by_source(by), first
 
     def preflight(self, fresh: bool) -> None:
         """Before step 1: provenance, target agreement and the target's own answers to held-out
         prompts (draftdeck.drafter.train.preflight); a resumed run makes only the answers again."""
         with self.amp:
             on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id, self.rank, self.world,
-                        self._reduce_counts, self.cfg.block_size)  # fmt: skip
+                        self.ranks.counts, self.cfg.block_size)  # fmt: skip
             verdict = run_preflight(self.p, self.ctx, on, fresh=fresh)
         self.judge = verdict.judge
         self.answered_refs, self.answered = verdict.answered_refs, verdict.answered

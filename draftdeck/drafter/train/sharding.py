@@ -1,0 +1,161 @@
+"""How a run spreads the drafter over its ranks (`--sharding`).
+
+- `none`: one process holds everything (the one choice for one rank);
+- `ddp`: every rank holds the whole drafter; gradients are all-reduced layer by layer as the
+  backward produces them (PyTorch's `replicate`: data parallelism on FSDP2's hooks, whose per-layer
+  reduction overlaps the backward and follows methods other than `forward`, which training's
+  flattened blocks use);
+- `fsdp`: FSDP2 (`fully_shard`) per drafter layer and over the whole drafter: parameters, gradients
+  and AdamW state are 1/N per rank; a layer's weights are gathered for its forward and its backward.
+  On a GPU the gathered weights are bf16 and gradients are reduced in float32.
+
+The frozen target stays whole on every rank (its weights are not sharded here: the pre-flight's
+generation and the held-out pass run a different number of target forwards on each rank, which a
+sharded target's per-layer gathers cannot allow).
+
+Training calls the drafter through `context_kv` and `block_forward` (several backward passes per
+micro-batch, `objective.dflash_backward`), so those are registered as forward methods. Gradients are
+summed, not averaged: the loss's normaliser is already the global batch's weight sum. The held-out
+pass and the checkpoints see the whole drafter: `full_state` gathers it (a collective: every rank
+calls it); `eval_copy` is an unsharded copy for the held-out pass, whose batches differ in number
+across ranks (no collective may run inside it).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.errors import UsageError
+
+Sharding = Literal["none", "ddp", "fsdp"]
+STRATEGIES: tuple[Sharding, ...] = ("none", "ddp", "fsdp")
+# the drafter's methods that training calls instead of `forward` (a sharded module gathers for them)
+LAYER_METHODS = ("context_keys_values", "block_forward")
+ROOT_METHODS = ("context_kv", "block_forward")
+
+
+def choose_sharding(requested: str, world: int, ddp_fits: bool | None = None) -> tuple[Sharding, str]:
+    """The strategy a run uses and why. `ddp_fits`: the planner's verdict on a replicated drafter
+    (None: not known, ddp)."""
+    if world == 1:
+        if requested in ("ddp", "fsdp"):
+            raise UsageError(f"sharding {requested} needs more than one rank (devices > 1)")
+        return "none", "one rank"
+    if requested == "none":
+        raise UsageError("sharding none holds the run in one process: with devices > 1 use ddp or fsdp")
+    if requested != "auto":
+        return requested, "asked for"  # type: ignore[return-value]
+    if ddp_fits is False:
+        return "fsdp", "a whole drafter with its AdamW state per rank does not fit the device: sharded"
+    return "ddp", "the whole drafter and its AdamW state fit on every rank: replicated, less communication"
+
+
+def shard(drafter: DFlashDrafter, strategy: Sharding, device: torch.device, world: int) -> None:
+    """Wrap `drafter` in place for `strategy` over `world` ranks (none: nothing to do)."""
+    if strategy == "none":
+        return
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    # training's outputs are used out of place (detached, added): FSDP2's warning about in-place ops
+    # on a returned view does not apply
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    mesh = init_device_mesh(device.type, (world,))
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
+    wrap: Any = fully_shard if strategy == "fsdp" else replicate
+    for layer in drafter.decoder_layers:
+        wrap(layer, mesh=mesh, mp_policy=mp)
+        for name in LAYER_METHODS:
+            register_fsdp_forward_method(layer, name)
+    wrap(drafter, mesh=mesh, mp_policy=mp)
+    for name in ROOT_METHODS:
+        register_fsdp_forward_method(drafter, name)
+    for module in (*drafter.decoder_layers, drafter):  # each sharded module reduces its own gradients
+        module.set_gradient_divide_factor(1.0)  # type: ignore[operator]
+        module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # gloo: no PREMUL_SUM
+
+
+def _options(*, cpu_offload: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
+
+
+def full_state(drafter: nn.Module, opt: torch.optim.Optimizer, strategy: Sharding) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts of the whole drafter, on the CPU, keyed by parameter name
+    (the optimizer's too, so that a run resumes on any number of ranks and any strategy). Sharded:
+    a collective every rank calls; rank 0 gets the tensors, the others empty dicts."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    if strategy == "none":
+        model = {k: v.detach().contiguous().cpu() for k, v in drafter.state_dict().items()}
+        _, optim = get_state_dict(drafter, opt, options=_options(cpu_offload=False))
+        return model, optim
+    return get_state_dict(drafter, opt, options=_options(cpu_offload=True))
+
+
+def load_state(drafter: nn.Module, opt: torch.optim.Optimizer, model: dict, optim: dict) -> None:
+    """Load whole state dicts (`full_state`'s, from any world size) into this rank's part. An
+    optimizer state keyed by parameter index (checkpoints written before sharding) loads as it was
+    written, into an unsharded drafter."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    by_index = any(isinstance(k, int) for k in optim.get("state", {}))
+    set_state_dict(
+        drafter, opt, model_state_dict=model, optim_state_dict={} if by_index else optim,
+        options=_options(cpu_offload=False),
+    )  # fmt: skip
+    if by_index:
+        opt.load_state_dict(optim)
+
+
+def eval_copy(drafter: DFlashDrafter, strategy: Sharding, device: torch.device) -> DFlashDrafter:
+    """The drafter for the held-out pass: itself unsharded; else a whole copy on every rank
+    (a collective), so that ranks with different numbers of held-out batches never wait on each
+    other."""
+    if strategy == "none":
+        return drafter
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = get_model_state_dict(drafter, options=_options(cpu_offload=False))
+    copy = DFlashDrafter(drafter.config).to(device)
+    copy.load_state_dict(state)
+    copy.eval()
+    return copy
+
+
+def local_bytes(tensors: Any) -> int:
+    """Bytes this rank holds of `tensors` (a sharded tensor counts its local shard)."""
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        total += local.numel() * local.element_size()
+    return total
+
+
+def state_bytes(drafter: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """This rank's drafter state: weights, gradients and optimizer moments, in bytes."""
+    params = list(drafter.parameters())
+    return {
+        "weights": local_bytes(params),
+        "gradients": local_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer": local_bytes(v for s in opt.state.values() for v in s.values() if v.dim() > 0),
+    }
+
+
+def as_float(value: torch.Tensor) -> float:
+    """A reduced scalar as a float (a sharded norm is a DTensor: its full value)."""
+    full = value.full_tensor() if hasattr(value, "full_tensor") else value
+    return float(full)
