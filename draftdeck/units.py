@@ -20,6 +20,20 @@ def binary_size(n: int | float | None) -> str:
     raise AssertionError("unreachable")  # the loop returns at the last unit
 
 
+def parse_size(text: str) -> int:
+    """Bytes of a size as people write it: "80GiB", "80 GiB", "80Gi" and "80G" are binary (2**30
+    each), "80GB" decimal (10**9). Raises ValueError naming what it accepts."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"{text!r} is not a size (say 80GiB, 141GiB or 24GB)")
+    number, prefix, suffix = float(m[1]), m[2].upper(), (m[3] or "").lower()
+    power = "KMGTP".index(prefix) + 1 if prefix else 0
+    base = 1000 if suffix == "b" and prefix else 1024
+    return int(number * base**power)
+
+
 def plural_of(noun: str) -> str:
     if noun in IRREGULAR:
         return IRREGULAR[noun]

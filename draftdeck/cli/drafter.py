@@ -24,17 +24,18 @@ from rich.markup import escape
 
 from draftdeck.cli.common import err, out, usage_exit
 from draftdeck.cli.data import REPORT
-from draftdeck.cli.options import job_command
+from draftdeck.cli.options import job_command, option
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.export.params import ExportParams
 from draftdeck.drafter.tiny_job import TinyTargetParams
-from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
 from draftdeck.units import count
 
 PRINT_EVERY_SECONDS = 2.0
+JSON = option("as_json", bool, False, "--json", help="print the plan as JSON")
 
 
 @dataclass
@@ -232,6 +233,39 @@ def _num(value: float | None, spec: str) -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
 
+def plan(params: PlanParams, *, as_json: bool) -> None:
+    from draftdeck.drafter.train.plan import describe, plan_for, to_json
+
+    try:
+        result = plan_for(params)
+    except DraftDeckError as exc:
+        raise usage_exit(str(exc)) from None
+    if as_json:
+        print(to_json(result))
+        return
+    world = result.shape.world
+    out.print(
+        f"target {result.target}: {result.target_params / 1e9:.2f}B parameters; drafter "
+        f"{result.drafter_layers} layer{'s' if result.drafter_layers > 1 else ''}: "
+        f"{result.trainable_params / 1e9:.3f}B trainable",
+        highlight=False,
+    )
+    out.print(
+        f"{world} rank{'s' if world > 1 else ''} ({params.nodes} x {params.devices}) of "
+        f"{params.device_memory}, {params.dtype}; rows of {params.seq_length:,} tokens, batch "
+        f"{params.batch_size}, held-out batch {params.eval_batch_size}, {params.anchors_per_seq} anchors",
+        highlight=False,
+    )
+    rows = describe(result)
+    width = max(len(r[0]) for r in rows)
+    for row in rows:
+        out.print(f"{row[0]:<{width}}" + "".join(f" {cell:>14}" for cell in row[1:]), highlight=False)
+    name, why = result.auto
+    out.print(f"auto: {name} ({why})", highlight=False)
+    if any(s.phase == "held-out pass" and not s.fits for s in result.strategies.values()):
+        out.print("the held-out pass sets the peak: lower --eval-batch-size", highlight=False)
+
+
 def export_drafter(params: ExportParams) -> None:
     from draftdeck.drafter.export.params import run_export
 
@@ -272,6 +306,11 @@ def register(app: typer.Typer) -> None:
         job_command(TinyTargetParams, tiny_target, required=("out",),
                     doc="Build a tiny trained target (a tokenizer, a Qwen3 or Qwen3.5 hybrid model, and"
                     " prompts it never saw) to try the whole path on a CPU; every kind takes it as a target.")
+    )  # fmt: skip
+    app.command("plan")(
+        job_command(PlanParams, plan, extra=[JSON],
+                    doc="Per-rank peak memory of a train job for each sharding, from the target's config"
+                    " alone (no weights read): whether it fits and the largest batch that does."),
     )  # fmt: skip
     app.command("export-drafter")(
         job_command(ExportParams, export_drafter, required=("out",),

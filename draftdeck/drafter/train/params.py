@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftdeck.jobs.params import JobParams, inputs_field
+from draftdeck.units import parse_size
 
 # Defaults chosen from measurements (docs/train.md, "Drafter truth").
 OFF_TARGET_RATIO = 1.25
@@ -41,7 +42,7 @@ class TrainParams(JobParams):
     loss: Literal["ce", "kl", "ce+kl"] = Field(
         "ce+kl",
         description="What each drafted slot learns: ce = the data's next token (cross-entropy); kl = the"
-        " target's whole next-token distribution there (forward KL, exact, one more head matmul per"
+        " target's distribution of the next token there (forward KL, exact, one more head matmul per"
         " slot); ce+kl = both, weighted by ce_weight and kl_weight",
     )
     ce_weight: float = Field(1.0, gt=0, le=100, description="Weight of the cross-entropy part (ce, ce+kl)")
@@ -162,3 +163,38 @@ class TrainParams(JobParams):
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
         return self
+
+
+def _train_field(name: str) -> Any:
+    """TrainParams' definition of `name`: the planner takes the train job's shape options as they are."""
+    return TrainParams.model_fields[name]
+
+
+class PlanParams(JobParams):
+    """What `draftdeck plan` reads: a target's config and a train job's shape, on N devices of a size."""
+
+    target: str = Field(description="The target's HF folder or its config.json (no weights are read)")
+    devices: int = Field(8, ge=1, le=4096, description="Devices (ranks) per node")
+    nodes: int = Field(1, ge=1, le=4096, description="Nodes")
+    device_memory: str = Field("80GiB", description="Memory of one device, e.g. 80GiB, 141GiB, 24GB")
+    dtype: Literal["bf16", "float32"] = Field(
+        "bf16", description="Compute dtype: bf16 as a GPU run trains, float32 as a CPU run"
+    )
+    layers: int = _train_field("layers")
+    block_size: int = _train_field("block_size")
+    seq_length: int = Field(4096, ge=2, le=1_000_000, description="Tokens of the longest row trained")
+    batch_size: int = Field(1, ge=1, le=4096, description="Sequences per micro-batch per device")
+    eval_batch_size: int = _train_field("eval_batch_size")
+    anchors_per_seq: int = _train_field("anchors_per_seq")
+    anchors_per_forward: int = _train_field("anchors_per_forward")
+    gradient_checkpointing: bool = _train_field("gradient_checkpointing")
+    loss: Literal["ce", "kl", "ce+kl"] = _train_field("loss")
+    target_layer_ids: list[int] | None = _train_field("target_layer_ids")
+
+    input_paths: ClassVar[tuple[str, ...]] = ("target",)
+
+    @field_validator("device_memory")
+    @classmethod
+    def _size(cls, value: str) -> str:
+        parse_size(value)  # raises ValueError naming the forms it reads
+        return value

@@ -1,0 +1,268 @@
+"""Will it fit? Per-rank peak memory of a training run for each sharding, from config.json alone.
+
+The target's language model and the drafter are built on the meta device (shapes, no weights), so
+a 27B target plans in a second on a laptop. Per rank, in bytes (n: the drafter's trainable
+parameters, N: ranks, e: the compute dtype's size, 2 for bf16 (a GPU run, autocast), 4 for
+float32 (a CPU run)):
+
+- target weights: every target parameter at e (the frozen target is whole on every rank,
+  `draftdeck.drafter.train.sharding`);
+- drafter weights: what the drafter computes with: n at e (bf16: autocast's copy of the float32
+  weights); fsdp: the two layers in flight (gathered, the one computing and the one prefetched);
+- master copy: the float32 weights the optimizer updates (the weights themselves in float32, so
+  0 there); fsdp: n x 4 / N;
+- gradients (float32) and optimizer state (AdamW's two float32 moments): n x 4 and n x 8, /N under
+  fsdp;
+- activations and LM-head chunk: the larger of a training micro-batch's and a held-out batch's
+  working set (`draftdeck.drafter.train.memory.estimate`) at `seq_length` tokens;
+- communication buffers: ddp all-reduces one layer's float32 gradients at a time; fsdp
+  reduce-scatters one layer's (input and output);
+- runtime: what a process holds before any tensor (CUDA context and allocator slack on a GPU; the
+  interpreter and the libraries on the CPU).
+
+`tests/unit/drafter/train/test_plan.py` checks the parameter counts by hand arithmetic;
+`benchmarks/train_sharded.py` measures the per-rank peak against this figure.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftdeck.causal_lm import causal_lm_config
+from draftdeck.drafter.model.config import DrafterConfig
+from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.train.memory import Shapes, estimate
+from draftdeck.drafter.train.params import PlanParams
+from draftdeck.drafter.train.sharding import STRATEGIES, Sharding
+from draftdeck.errors import UsageError
+from draftdeck.units import binary_size, parse_size
+
+# Measured: a CUDA context and the caching allocator's slack (H100, PyTorch 2.x) is about 1 GiB; on
+# the CPU a training process's RSS before its first tensor (Python, torch, transformers) is about
+# 0.7 GiB.
+RUNTIME_BYTES = {2: 2**30, 4: 700 * 2**20}
+LARGEST_BATCH = 4096
+TERMS = (
+    "target weights",
+    "drafter weights",
+    "master copy",
+    "gradients",
+    "optimizer state",
+    "activations",
+    "LM-head chunk",
+    "communication buffers",
+    "runtime",
+)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a run's memory depends on: the train job's shape options and the world."""
+
+    layers: int = 1
+    block_size: int = 16
+    seq_length: int = 4096
+    batch_size: int = 1
+    eval_batch_size: int = 8
+    anchors_per_seq: int = 512
+    anchors_per_forward: int = 32
+    gradient_checkpointing: bool = False
+    kl: bool = True  # the default loss (ce+kl) reads the target's distribution
+    element_size: int = 2  # 2: bf16 (a GPU run), 4: float32 (a CPU run)
+    world: int = 1
+    target_layer_ids: tuple[int, ...] | None = None
+
+
+@dataclass
+class StrategyPlan:
+    terms: dict[str, int]
+    capacity: int | None
+    largest_batch: int  # 0: not even one sequence
+    phase: str  # what sets the peak: "training step" or "held-out pass"
+
+    @property
+    def per_rank(self) -> int:
+        return sum(self.terms.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.per_rank <= self.capacity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "per_rank_bytes": self.per_rank,
+            "fits": self.fits,
+            "largest_batch": self.largest_batch,
+            "peak_in": self.phase,
+            "terms": dict(self.terms),
+        }
+
+
+@dataclass
+class Plan:
+    target: str  # the target's class and model type
+    target_params: int
+    trainable_params: int
+    drafter_layers: int
+    shape: Shape
+    capacity: int | None
+    strategies: dict[str, StrategyPlan] = field(default_factory=dict)
+
+    @property
+    def auto(self) -> tuple[Sharding, str]:
+        """What `--sharding auto` picks for this world, and why."""
+        from draftdeck.drafter.train.sharding import choose_sharding
+
+        if self.shape.world == 1:
+            return choose_sharding("auto", 1)
+        return choose_sharding("auto", self.shape.world, self.strategies["ddp"].fits)
+
+    def to_dict(self) -> dict[str, Any]:
+        name, why = self.auto
+        return {
+            "target": self.target,
+            "target_params": self.target_params,
+            "trainable_params": self.trainable_params,
+            "world": self.shape.world,
+            "device_memory_bytes": self.capacity,
+            "strategies": {k: v.to_dict() for k, v in self.strategies.items()},
+            "auto": {"strategy": name, "why": why},
+        }
+
+
+def target_config(path: str | Path) -> Any:
+    """The target's language-model config from a model folder or a config.json file."""
+    path = Path(path)
+    if path.is_file():  # a config alone: read it as the folder it came from would be
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copyfile(path, Path(tmp) / "config.json")
+            return causal_lm_config(tmp)
+    if not (path / "config.json").is_file():
+        raise UsageError(f"{path}: no config.json (give a model folder or its config.json)")
+    return causal_lm_config(path)
+
+
+@dataclass(frozen=True)
+class _Models:
+    """The target and the drafter as the plan counts them (built on the meta device)."""
+
+    config: Any  # the target's language-model config
+    cfg: DrafterConfig
+    drafter: Any
+    target_params: int
+    trainable: int
+    layer: int  # the largest drafter layer's parameters
+
+
+def _meta_count(build: Any) -> tuple[int, Any]:
+    with torch.device("meta"):
+        module = build()
+    return sum(p.numel() for p in module.parameters()), module
+
+
+def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
+    """Every strategy's per-rank terms for `shape` on devices of `capacity` bytes (None: unknown)."""
+    from transformers import AutoModelForCausalLM
+
+    target_params, target = _meta_count(lambda: AutoModelForCausalLM.from_config(config))
+    config = config.get_text_config()  # a checkpoint with a vision tower: its language model's
+    cfg = DrafterConfig.from_target(
+        config, layers=shape.layers, block_size=shape.block_size, mask_token_id=0,
+        target_layer_ids=list(shape.target_layer_ids) if shape.target_layer_ids else None,
+    )  # fmt: skip
+    n, drafter = _meta_count(lambda: DFlashDrafter(cfg))
+    layer = max(sum(p.numel() for p in lay.parameters()) for lay in drafter.layers)
+    models = _Models(config, cfg, drafter, target_params, n, layer)
+    result = Plan(type(target).__name__, target_params, n, shape.layers, shape, capacity)
+    for name in STRATEGIES if shape.world > 1 else ("none",):
+        terms, phase = _terms(name, models, shape)
+        largest = _largest_batch(name, models, shape, capacity)
+        result.strategies[name] = StrategyPlan(terms, capacity, largest, phase)
+    return result
+
+
+def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
+    """The per-rank terms, and the phase whose working set they count."""
+    e, world, n, layer = shape.element_size, shape.world, m.trainable, m.layer
+    shards = world if name == "fsdp" else 1
+    working = estimate(
+        m.cfg, m.config, m.drafter,
+        Shapes(
+            batch_size=shape.batch_size, eval_batch_size=shape.eval_batch_size, longest=shape.seq_length,
+            anchors_per_forward=min(shape.anchors_per_forward, shape.anchors_per_seq),
+            block_size=shape.block_size, backend="flex" if e == 2 else "blocked",
+            gradient_checkpointing=shape.gradient_checkpointing, element_size=e, kl=shape.kl,
+        ),
+        held=0, capacity=None,
+    )  # fmt: skip
+    work = working.parts
+    if name == "fsdp":
+        weights = 2 * layer * e  # two layers gathered at a time
+        buffers = 2 * layer * 4  # one layer's float32 gradients, reduce-scattered
+    else:
+        weights = n * e if e == 2 else n * 4
+        buffers = layer * 4 if name == "ddp" else 0
+    terms = {
+        "target weights": m.target_params * e,
+        "drafter weights": weights,
+        "master copy": (n * 4 // shards) if (e == 2 or name == "fsdp") else 0,
+        "gradients": n * 4 // shards,
+        "optimizer state": n * 8 // shards,
+        "activations": sum(v for k, v in work.items() if k not in ("optimizer", "LM head")),
+        "LM-head chunk": work.get("LM head", 0),
+        "communication buffers": buffers,
+        "runtime": RUNTIME_BYTES[e],
+    }
+    return terms, working.phase
+
+
+def _largest_batch(name: str, m: _Models, shape: Shape, capacity: int | None) -> int:
+    """The largest training micro-batch (sequences per rank) that fits; the held-out batch kept."""
+    if capacity is None:
+        return LARGEST_BATCH
+
+    def fits(batch: int) -> bool:
+        return sum(_terms(name, m, replace(shape, batch_size=batch))[0].values()) <= capacity
+
+    lo, hi = 0, LARGEST_BATCH
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return lo
+
+
+def describe(p: Plan) -> list[list[str]]:
+    """The plan as table rows: each term, then per rank, fits, largest batch."""
+    names = list(p.strategies)
+    rows = [["", *names]]
+    for term in TERMS:
+        rows.append([term, *(binary_size(p.strategies[s].terms[term]) for s in names)])
+    rows.append(["per rank", *(binary_size(p.strategies[s].per_rank) for s in names)])
+    rows.append(["fits", *("yes" if p.strategies[s].fits else "no" for s in names)])
+    rows.append(["largest batch", *(str(p.strategies[s].largest_batch) for s in names)])
+    rows.append(["peak in", *(p.strategies[s].phase for s in names)])
+    return rows
+
+
+def plan_for(params: PlanParams) -> Plan:
+    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices."""
+    shape = Shape(
+        layers=params.layers, block_size=params.block_size, seq_length=params.seq_length,
+        batch_size=params.batch_size, eval_batch_size=params.eval_batch_size,
+        anchors_per_seq=params.anchors_per_seq, anchors_per_forward=params.anchors_per_forward,
+        gradient_checkpointing=params.gradient_checkpointing, kl=params.loss != "ce",
+        element_size=2 if params.dtype == "bf16" else 4, world=params.devices * params.nodes,
+        target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
+    )  # fmt: skip
+    return plan(target_config(params.target), shape, parse_size(params.device_memory))
+
+
+def to_json(p: Plan) -> str:
+    return json.dumps(p.to_dict(), indent=2)

@@ -1,0 +1,90 @@
+"""The planner counts real configs' parameters exactly (checked here by hand arithmetic, from the
+published shapes) and says what fits where; the CLI prints it as a table and as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from draftdeck.drafter.train.plan import Shape, plan, target_config
+from tests.conftest import REPO_ROOT
+
+CONFIGS = REPO_ROOT / "tests/fixtures/configs"
+GiB = 2**30
+
+
+def _dense(
+    vocab: int, hidden: int, layers: int, heads: int, kv: int, head_dim: int, mlp: int, qk_norm: bool
+) -> int:
+    """A Llama/Qwen3 decoder: embedding, layers (q, k, v, o, the MLP's three, two norms, Qwen3's
+    q/k norms), the final norm, an untied head."""
+    attention = hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + (2 * head_dim if qk_norm else 0)
+    layer = attention + 3 * hidden * mlp + 2 * hidden
+    return 2 * vocab * hidden + layers * layer + hidden
+
+
+def _drafter(hidden: int, heads: int, kv: int, head_dim: int, mlp: int, layers: int, n_ids: int) -> int:
+    """DFlash: Qwen3 layers at the target's shapes, fc from n_ids target layers, two norms."""
+    return _dense(0, hidden, layers, heads, kv, head_dim, mlp, True) + n_ids * hidden * hidden + hidden
+
+
+def test_qwen3_8b_and_llama_3_1_8b_counted_as_published() -> None:
+    qwen = plan(target_config(CONFIGS / "qwen3-8b.json"), Shape(layers=5, world=8), 80 * GiB)
+    assert qwen.target_params == _dense(151_936, 4096, 36, 32, 8, 128, 12_288, True) == 8_190_735_360
+    assert qwen.trainable_params == _drafter(4096, 32, 8, 128, 12_288, 5, 5)
+    llama = plan(target_config(CONFIGS / "llama-3.1-8b.json"), Shape(layers=1, world=8), 80 * GiB)
+    assert llama.target_params == _dense(128_256, 4096, 32, 32, 8, 128, 14_336, False) == 8_030_261_248
+    # Qwen3-8B on 8 x 80 GiB: all three fit, and auto replicates
+    assert [s.fits for s in qwen.strategies.values()] == [True, True, True]
+    assert qwen.auto[0] == "ddp"
+
+
+def test_qwen3_6_27b_class_hybrid_fits_only_sharded() -> None:
+    """64 layers: 48 Gated DeltaNet (16 K / 48 V heads of 128, a conv of 4) and 16 gated attention
+    layers (24 heads of 256, their query doubled by the gate; 4 KV heads), MLP 17,408, vocab 248,320;
+    the vision tower of the published config is not the target."""
+    h, v, mlp = 5120, 248_320, 17_408
+    k_dim, v_dim = 16 * 128, 48 * 128
+    conv = 2 * k_dim + v_dim
+    linear = conv * h + v_dim * h + 2 * 48 * h + conv * 4 + 48 + 48 + 128 + v_dim * h
+    full = 2 * 24 * 256 * h + 2 * 4 * 256 * h + 24 * 256 * h + 2 * 256
+    layer_common = 3 * h * mlp + 2 * h
+    expected = 2 * v * h + 48 * (linear + layer_common) + 16 * (full + layer_common) + h
+    config = target_config(CONFIGS / "qwen3.6-27b-class.json")
+    p = plan(config, Shape(layers=5, world=8, eval_batch_size=2), 80 * GiB)
+    assert p.target == "Qwen3_5ForCausalLM"
+    assert p.target_params == expected == 26_895_998_464
+    assert p.trainable_params == _drafter(h, 24, 4, 256, mlp, 5, 5) == 1_835_072_000
+    none, ddp, fsdp = (p.strategies[k] for k in ("none", "ddp", "fsdp"))
+    assert not none.fits and not ddp.fits and fsdp.fits
+    assert p.auto[0] == "fsdp" and fsdp.largest_batch >= 1 and ddp.largest_batch == 0
+    n = p.trainable_params  # fsdp holds 1/8 of the float32 state: master, gradients, two moments
+    assert (fsdp.terms["master copy"], fsdp.terms["gradients"], fsdp.terms["optimizer state"]) == (
+        n * 4 // 8, n * 4 // 8, n * 8 // 8,
+    )  # fmt: skip
+    assert none.terms["target weights"] == fsdp.terms["target weights"] == expected * 2  # bf16, whole
+
+
+def test_plan_cli_prints_a_table_and_json() -> None:
+    config = str(CONFIGS / "qwen3-8b.json")
+    cmd = [sys.executable, "-m", "draftdeck.cli", "plan", "--target", config, "--devices", "2"]
+    wide = {**os.environ, "COLUMNS": "100"}
+    shown = subprocess.run(cmd, capture_output=True, text=True, check=True, env=wide)
+    assert "per rank" in shown.stdout and "auto: ddp" in shown.stdout
+    data = json.loads(subprocess.run([*cmd, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert set(data["strategies"]) == {"none", "ddp", "fsdp"} and data["target_params"] == 8_190_735_360
+    fsdp = data["strategies"]["fsdp"]
+    assert fsdp["per_rank_bytes"] == sum(fsdp["terms"].values()) and fsdp["fits"] is True
+    bad = subprocess.run([*cmd, "--device-memory", "lots"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "'lots' is not a size" in bad.stderr
+
+
+@pytest.mark.parametrize("text", ["80GiB", "80 GiB", "80Gi", "80G"])
+def test_device_memory_reads_binary_sizes(text: str) -> None:
+    from draftdeck.units import parse_size
+
+    assert parse_size(text) == 80 * GiB and parse_size("80GB") == 80 * 10**9
