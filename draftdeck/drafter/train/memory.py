@@ -51,6 +51,7 @@ class Shapes:
     gradient_checkpointing: bool
     element_size: int  # activations: 4 (float32) or 2 (bf16)
     kl: bool = False  # the training loss reads the target's distribution at every slot
+    state_shards: int = 1  # ranks the drafter's gradients and AdamW state are split over (fsdp)
 
 
 @dataclass
@@ -109,7 +110,7 @@ def estimate(
     kv = cfg.num_key_value_heads * cfg.head_dim
     heads = cfg.num_attention_heads
     n_params = sum(p.numel() for p in drafter.parameters())
-    optimizer = n_params * 4 * 3  # float32 gradient + AdamW's two moments
+    optimizer = n_params * 4 * 3 // shapes.state_shards  # float32 gradient + AdamW's two moments
 
     def target(bsz: int) -> int:
         return bsz * t * e * (h * (layers_t + 1) + 3 * inter_t)
@@ -194,6 +195,7 @@ def check_memory(
     heldout_rows: int,
     weights: int = 0,
     world: int = 1,
+    state_shards: int = 1,
     ctx: RunContext | None = None,
     enforce: bool = True,
 ) -> dict[str, object]:
@@ -210,6 +212,7 @@ def check_memory(
         gradient_checkpointing=params.gradient_checkpointing,
         element_size=element_size(device),
         kl=params.mix[1] > 0,
+        state_shards=state_shards,
     )
     capacity = capacity_bytes(device)
     if capacity is not None and device.type == "cpu" and world > 1:

@@ -26,7 +26,6 @@ float32 (a CPU run)):
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -38,8 +37,9 @@ import torch
 from draftdeck.causal_lm import causal_lm_config
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.train.device import capacity_bytes
 from draftdeck.drafter.train.memory import Shapes, estimate
-from draftdeck.drafter.train.params import PlanParams
+from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding
 from draftdeck.errors import UsageError
 from draftdeck.units import binary_size, parse_size
@@ -251,17 +251,35 @@ def describe(p: Plan) -> list[list[str]]:
     return rows
 
 
-def plan_for(params: PlanParams) -> Plan:
-    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices."""
-    shape = Shape(
-        layers=params.layers, block_size=params.block_size, seq_length=params.seq_length,
+def shape_of(params: PlanParams | TrainParams, *, seq_length: int, element_size: int, world: int) -> Shape:
+    """The shape of a plan's or a train job's run (the two name their shape options alike)."""
+    return Shape(
+        layers=params.layers, block_size=params.block_size, seq_length=seq_length,
         batch_size=params.batch_size, eval_batch_size=params.eval_batch_size,
         anchors_per_seq=params.anchors_per_seq, anchors_per_forward=params.anchors_per_forward,
         gradient_checkpointing=params.gradient_checkpointing, kl=params.loss != "ce",
-        element_size=2 if params.dtype == "bf16" else 4, world=params.devices * params.nodes,
+        element_size=element_size, world=world,
         target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
     )  # fmt: skip
+
+
+def plan_for(params: PlanParams) -> Plan:
+    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices."""
+    e, world = (2 if params.dtype == "bf16" else 4), params.devices * params.nodes
+    shape = shape_of(params, seq_length=params.seq_length, element_size=e, world=world)
     return plan(target_config(params.target), shape, parse_size(params.device_memory))
+
+
+def ddp_fits(config: Any, params: TrainParams, longest: int, device: torch.device, world: int) -> bool | None:
+    """Whether a train run holds a whole drafter per rank on `device` (`--sharding auto`); None when
+    the device's size is unknown."""
+    capacity = capacity_bytes(device)
+    if capacity is None:
+        return None
+    if device.type == "cpu":
+        capacity //= world  # the ranks share the machine's memory
+    shape = shape_of(params, seq_length=longest, element_size=2 if device.type == "cuda" else 4, world=world)
+    return plan(config, shape, capacity).strategies["ddp"].fits
 
 
 def to_json(p: Plan) -> str:

@@ -46,6 +46,7 @@ from draftdeck.drafter.train.objective import (
     sample_anchors_per_row,
 )
 from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.plan import ddp_fits
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
 from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.run_record import RunRecord
@@ -112,7 +113,7 @@ class Trainer:
 
             for p in self.drafter.parameters():
                 dist.broadcast(p.data, src=0)
-        self.strategy, why = choose_sharding(params.sharding, world)
+        self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits())
         sharding.shard(self.drafter, self.strategy, self.device, world)
         self.eval_drafter = self.drafter
         self.opt = torch.optim.AdamW(
@@ -133,6 +134,13 @@ class Trainer:
         self.ranks = Ranks(rank, world, self.device, self.cfg.block_size)
         self.record = self._record()
         self.record.sharding = {"strategy": self.strategy, "why": why}
+
+    def _ddp_fits(self) -> bool | None:
+        """For `--sharding auto` on N ranks: whether the planner fits a replicated drafter on this
+        device (draftdeck.drafter.train.plan); None when not asked or the device's size is unknown."""
+        if self.p.sharding != "auto" or self.world == 1:
+            return None
+        return ddp_fits(self.target.model.config, self.p, self.data.longest_used, self.device, self.world)
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _record(self) -> RunRecord:
@@ -388,7 +396,8 @@ class Trainer:
             self.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
             self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
             weights=params_bytes(self.target.model),
-            world=self.world, ctx=self.ctx if self.rank == 0 else None,
+            world=self.world, state_shards=self.world if self.strategy == "fsdp" else 1,
+            ctx=self.ctx if self.rank == 0 else None,
             enforce=self.p.memory_check,
         )  # fmt: skip
         self.preflight(fresh=not resumed)
