@@ -26,6 +26,7 @@ float32 (a CPU run)):
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass, field, replace
