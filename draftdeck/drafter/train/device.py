@@ -22,6 +22,7 @@ class DeviceError(UsageError):
 
 
 def resolve_device(device: str, rank: int, world: int) -> torch.device:
+    """The device of local rank `rank` of `world` ranks on this machine (a node)."""
     has_cuda = torch.cuda.is_available()
     if device == "cuda" and not has_cuda:
         raise DeviceError(

@@ -1,6 +1,9 @@
 """N training ranks under torch.distributed (gloo on CPU, nccl on GPU), relayed to one `ctx`.
 
-The process that holds `ctx` spawns the ranks and relays what rank 0 sends through a queue
+Two ways in. Launched by a tool (`torchrun`, on one node or across nodes, or SLURM's `srun`): the
+process is one rank already (`Launched.from_env`), joins the others (`run_launched`) and rank 0
+reports to `ctx`. Launched by DraftDeck (`launch`, a train job's `--devices N` on one machine): the
+process that holds `ctx` spawns the ranks and relays what rank 0 sends through a queue
 (metric points, progress, events, alerts, the final record or the error); cancellation reaches
 every rank through a shared flag, which the ranks reduce each step so that they all stop at the
 same step. Counts are reduced across ranks inside the trainer (all_reduce SUM), so what arrives
@@ -63,6 +66,76 @@ class RankContext:
         self._send("alert", kind, message)
 
 
+@dataclass(frozen=True)
+class Launched:
+    """This process's place in a run a launcher started: global rank and world, and its local rank
+    and the ranks on its node (torchrun's RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE; SLURM's
+    SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE)."""
+
+    rank: int
+    world: int
+    local_rank: int
+    local_world: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Launched | None:
+        """The launcher's ranks, or None when this process was started alone (or as a world of 1)."""
+        env = os.environ if env is None else env
+        if "RANK" in env and "WORLD_SIZE" in env:  # torchrun (torch.distributed.run)
+            keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:  # srun, one task per device
+            keys = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE")
+        else:
+            return None
+        try:
+            rank, world = int(env[keys[0]]), int(env[keys[1]])
+            local = int(env.get(keys[2], rank))
+            # SLURM writes tasks per node as "4" or "4(x2)"
+            local_world = int(env.get(keys[3], str(world)).split("(")[0])
+        except ValueError as e:
+            raise DraftDeckError(f"the launcher's environment is not numbers ({', '.join(keys)}): {e}") from e
+        if world <= 1:
+            return None
+        if keys[0] == "SLURM_PROCID" and not env.get("MASTER_ADDR"):
+            raise DraftDeckError(
+                "under srun set MASTER_ADDR (the first node's host name) and MASTER_PORT in the batch"
+                " script: the ranks meet there (docs/train.md has a batch script)"
+            )
+        return cls(rank, world, local, local_world)
+
+
+def run_launched(params: TrainParams, ctx: RunContext, where: Launched) -> RunRecord:
+    """Train as one rank of a run a launcher started; rank 0 reports to `ctx`, writes checkpoints
+    and run.json (in `out`, on storage every node sees)."""
+    import torch.distributed as dist
+
+    if params.devices not in (1, where.world):
+        raise DraftDeckError(
+            f"devices {params.devices}, but the launcher started {where.world} ranks: leave devices out"
+            " (the launcher sets the world)"
+        )
+    os.environ.setdefault("RANK", str(where.rank))
+    os.environ.setdefault("WORLD_SIZE", str(where.world))
+    device = resolve_device(params.device, where.local_rank, where.local_world)
+    _join(device, where.rank, where.world, where.local_world)
+    try:
+        local = (where.local_rank, where.local_world)
+        return Trainer(params, ctx, where.rank, where.world, local).run()
+    finally:
+        dist.destroy_process_group()
+
+
+def _join(device: torch.device, rank: int, world: int, sharing: int) -> None:
+    """Join the run's process group: nccl on GPUs, gloo on CPUs (`sharing` ranks share this CPU)."""
+    import torch.distributed as dist
+
+    if device.type == "cpu":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // sharing))
+    else:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -76,12 +149,7 @@ def _rank_main(
 
     p = TrainParams(**params)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    device = resolve_device(p.device, rank, world)
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    else:
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world)
+    _join(resolve_device(p.device, rank, world), rank, world, world)
     try:
         record = Trainer(p, RankContext(Path(out_dir), rank, q, cancel), rank, world).run()
         if rank == 0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftdeck.drafter.train.distributed import launch
+from draftdeck.drafter.train.distributed import Launched, launch, run_launched
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run_record import RunRecord
 from draftdeck.drafter.train.trainer import Trainer
@@ -17,7 +17,11 @@ from draftdeck.quality import Output, Report
 
 
 def train(params: TrainParams, ctx: RunContext) -> RunRecord:
-    """Train (or resume) a drafter as `params` says; N ranks when `params.devices` > 1."""
+    """Train (or resume) a drafter as `params` says: as one rank of the run a launcher started
+    (torchrun, srun), N ranks of its own when `params.devices` > 1, else in this process."""
+    where = Launched.from_env()
+    if where is not None:
+        return run_launched(params, ctx, where)
     if params.devices > 1:
         return launch(params, ctx)
     return Trainer(params, ctx).run()

@@ -72,10 +72,14 @@ def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
 
 
 class Trainer:
-    def __init__(self, params: TrainParams, ctx: RunContext, rank: int = 0, world: int = 1):
+    def __init__(
+        self, params: TrainParams, ctx: RunContext, rank: int = 0, world: int = 1,
+        local: tuple[int, int] | None = None,
+    ):  # fmt: skip
+        """Rank `rank` of `world`; `local`: (its rank, the ranks) on this node, when the run spans nodes."""
         self.p, self.ctx, self.rank, self.world = params, ctx, rank, world
         self.out = Path(str(params.out))  # run_train fills a missing `out` with the job folder
-        self.device = resolve_device(params.device, rank, world)
+        self.device = resolve_device(params.device, *(local or (rank, world)))
         cuda = self.device.type == "cuda"
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
         self.target = Target.load(params.target, device=self.device, dtype=torch.bfloat16 if cuda else None)

@@ -3,6 +3,7 @@ sharding; a run resumes on another number of ranks and continues as if it had no
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from tests.support.drafter import greedy_text, learnable_target, write_dataset
 
 torch.set_num_threads(1)
 STEPS = 8
+World = tuple[Path, Path, Path, LocalContext]  # target, dataset, the one-rank run's folder and its points
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +64,7 @@ def _same_run(one: LocalContext, other: LocalContext, ref: Path, run: Path, step
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("sharding", "devices"), [("ddp", 2), ("fsdp", 2), ("fsdp", 4)])
-def test_ranks_equal_one_rank(
-    world: tuple[Path, Path, Path, LocalContext], tmp_path: Path, sharding: str, devices: int
-) -> None:
+def test_ranks_equal_one_rank(world: World, tmp_path: Path, sharding: str, devices: int) -> None:
     target, ds, ref, one = world
     ctx = LocalContext(tmp_path / "c")
     record = train(_params(target, ds, tmp_path / "r", devices, sharding), ctx)
@@ -87,7 +87,7 @@ class CancelAt(LocalContext):
 @pytest.mark.slow
 @pytest.mark.parametrize(("first", "then"), [((2, "fsdp"), (1, "auto")), ((1, "auto"), (2, "ddp"))])
 def test_resume_on_another_number_of_ranks_continues_exactly(
-    world: tuple[Path, Path, Path, LocalContext],
+    world: World,
     tmp_path: Path,
     first: tuple[int, str],
     then: tuple[int, str],
@@ -103,9 +103,7 @@ def test_resume_on_another_number_of_ranks_continues_exactly(
 
 
 @pytest.mark.slow
-def test_cancelling_stops_every_rank_together(
-    world: tuple[Path, Path, Path, LocalContext], tmp_path: Path
-) -> None:
+def test_cancelling_stops_every_rank_together(world: World, tmp_path: Path) -> None:
     target, ds, _, _ = world
     ctx = CancelAt(tmp_path / "c")
     ctx.at = 2
@@ -114,9 +112,7 @@ def test_cancelling_stops_every_rank_together(
     assert max(s for s, _ in ctx.series("train/loss")) <= 4  # every rank stopped together, soon
 
 
-def test_sharding_needs_ranks_and_ranks_need_sharding(
-    world: tuple[Path, Path, Path, LocalContext], tmp_path: Path
-) -> None:
+def test_sharding_needs_ranks_and_ranks_need_sharding(world: World, tmp_path: Path) -> None:
     from draftdeck.drafter.train.sharding import choose_sharding
     from draftdeck.errors import UsageError
 
@@ -127,3 +123,65 @@ def test_sharding_needs_ranks_and_ranks_need_sharding(
         choose_sharding("fsdp", 1)
     with pytest.raises(UsageError, match="use ddp or fsdp"):
         choose_sharding("none", 4)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_two_nodes_under_torchrun_train_as_one_rank(world: World, tmp_path: Path) -> None:
+    """Two `torchrun --nnodes 2` launches (one rank each, one c10d rendezvous on localhost) are one
+    run of two ranks: the same weights as one rank at the same global batch."""
+    import os
+    import subprocess
+    import sys
+
+    target, ds, ref, _ = world
+    endpoint = f"127.0.0.1:{_free_port()}"
+    args = [
+        str(ds), "--target", str(target), "--out", str(tmp_path / "r"), "--block-size", "4",
+        "--anchors-per-seq", "8", "--batch-size", "4", "--lr", "1e-2", "--max-steps", str(STEPS),
+        "--checkpoint-every", "4", "--eval-every", "4", "--log-every", "2", "--heldout-fraction", "0.15",
+        "--device", "cpu", "--sharding", "fsdp",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1"]
+    rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    command = ["-m", "draftdeck.cli", "train", *args]
+    nodes = [
+        subprocess.Popen(
+            [*torchrun, "--node-rank", str(node), *rendezvous, *command],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    logs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], logs
+    record = json.loads((tmp_path / "r/run.json").read_text())
+    assert record["world_size"] == 2 and record["steps_done"] == STEPS and record["global_batch"] == 8
+    assert record["sharding"]["strategy"] == "fsdp"
+    mine, theirs = _weights(ref), _weights(tmp_path / "r")
+    for key in mine:
+        torch.testing.assert_close(theirs[key], mine[key], rtol=1e-3, atol=1e-4, msg=key)
+
+
+def test_launcher_environment_is_read_as_torchrun_and_srun_write_it() -> None:
+    from draftdeck.drafter.train.distributed import Launched
+    from draftdeck.errors import DraftDeckError
+
+    assert Launched.from_env({}) is None
+    assert Launched.from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None  # a world of one: train alone
+    torchrun = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4"}
+    assert Launched.from_env(torchrun) == Launched(5, 8, 1, 4)
+    srun = {"SLURM_PROCID": "3", "SLURM_NTASKS": "8", "SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "4(x2)"}
+    with pytest.raises(DraftDeckError, match="MASTER_ADDR"):
+        Launched.from_env(srun)
+    assert Launched.from_env({**srun, "MASTER_ADDR": "node1"}) == Launched(3, 8, 3, 4)
