@@ -157,7 +157,7 @@ def estimate(
         "LM head": head(q, True, shapes.kl),
     }
     # a held-out batch: no gradients, anchors in chunks, the context's keys and values per layer
-    ebsz = shapes.eval_batch_size
+    ebsz = max(1, shapes.eval_batch_size)
     qe = ebsz * min(HELDOUT_ANCHORS_PER_CHUNK, t) * b
     walk = {  # the drafter over a chunk of anchors
         "drafter layers": e * (4 * qe * h + 2 * qe * kv + 3 * qe * inter),
@@ -174,7 +174,9 @@ def estimate(
         "context keys and values": ebsz * t * kv * 4 * e,
         **(walk if sum(walk.values()) >= agreement else {"target agreement": agreement}),
     }
-    phases = {"training step": held + sum(train.values()), "held-out pass": held + sum(heldout.values())}
+    phases = {"training step": held + sum(train.values())}
+    if shapes.eval_batch_size:  # 0: the run has no held-out pass
+        phases["held-out pass"] = held + sum(heldout.values())
     phase = max(phases, key=lambda k: phases[k])
     return MemoryEstimate(held, train if phase == "training step" else heldout, phase, capacity, phases)
 

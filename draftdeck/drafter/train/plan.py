@@ -71,7 +71,7 @@ class Shape:
     block_size: int = 16
     seq_length: int = 4096
     batch_size: int = 1
-    eval_batch_size: int = 8
+    eval_batch_size: int = 8  # 0: no held-out pass
     anchors_per_seq: int = 512
     anchors_per_forward: int = 32
     gradient_checkpointing: bool = False
@@ -252,11 +252,16 @@ def describe(p: Plan) -> list[list[str]]:
     return rows
 
 
-def shape_of(params: PlanParams | TrainParams, *, seq_length: int, element_size: int, world: int) -> Shape:
-    """The shape of a plan's or a train job's run (the two name their shape options alike)."""
+def shape_of(
+    params: PlanParams | TrainParams, *, seq_length: int, element_size: int, world: int,
+    heldout_rows: int | None = None,
+) -> Shape:  # fmt: skip
+    """The shape of a plan's or a train job's run (the two name their shape options alike);
+    `heldout_rows`: the held-out rows a run evaluates, when known (0: no held-out pass)."""
+    eval_batch = params.eval_batch_size if heldout_rows is None else min(params.eval_batch_size, heldout_rows)
     return Shape(
         layers=params.layers, block_size=params.block_size, seq_length=seq_length,
-        batch_size=params.batch_size, eval_batch_size=params.eval_batch_size,
+        batch_size=params.batch_size, eval_batch_size=eval_batch,
         anchors_per_seq=params.anchors_per_seq, anchors_per_forward=params.anchors_per_forward,
         gradient_checkpointing=params.gradient_checkpointing, kl=params.loss != "ce",
         element_size=element_size, world=world,
@@ -271,7 +276,9 @@ def plan_for(params: PlanParams) -> Plan:
     return plan(target_config(params.target), shape, parse_size(params.device_memory))
 
 
-def ddp_fits(config: Any, params: TrainParams, longest: int, device: torch.device, world: int) -> bool | None:
+def ddp_fits(
+    config: Any, params: TrainParams, longest: int, device: torch.device, world: int, heldout_rows: int
+) -> bool | None:
     """Whether a train run holds a whole drafter per rank on `device` (`--sharding auto`); None when
     the device's size is unknown."""
     capacity = capacity_bytes(device)
@@ -279,7 +286,8 @@ def ddp_fits(config: Any, params: TrainParams, longest: int, device: torch.devic
         return None
     if device.type == "cpu":
         capacity //= world  # the ranks share the machine's memory
-    shape = shape_of(params, seq_length=longest, element_size=2 if device.type == "cuda" else 4, world=world)
+    e = 2 if device.type == "cuda" else 4
+    shape = shape_of(params, seq_length=longest, element_size=e, world=world, heldout_rows=heldout_rows)
     return plan(config, shape, capacity).strategies["ddp"].fits
 
 

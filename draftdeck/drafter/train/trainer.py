@@ -144,7 +144,10 @@ class Trainer:
         device (draftdeck.drafter.train.plan); None when not asked or the device's size is unknown."""
         if self.p.sharding != "auto" or self.world == 1:
             return None
-        return ddp_fits(self.target.model.config, self.p, self.data.longest_used, self.device, self.world)
+        heldout = min(len(self.data.heldout), self.p.heldout_max_rows)
+        return ddp_fits(
+            self.target.model.config, self.p, self.data.longest_used, self.device, self.world, heldout
+        )
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _record(self) -> RunRecord:
