@@ -62,6 +62,11 @@ def retry(session: Session, job_id: int, settings: Settings) -> Job:
         raise LookupError(job_id)
     if old.status not in (JobStatus.FAILED, JobStatus.CANCELLED):
         raise JobStateError(f"job {job_id} is {old.status}; only failed or cancelled jobs can be retried")
+    if old.external_key is not None:  # its data and target are where it ran, not here
+        raise JobStateError(
+            f"job {job_id} ran outside the job system ({old.worker}): relaunch it there with the same --out"
+            " and --report-to; it resumes from its last checkpoint as the next attempt of this job"
+        )
     again = session.exec(select(Job.id).where(Job.retry_of == job_id)).first()
     if again is not None:
         raise JobStateError(f"job {job_id} was already retried as job {again}; retry that one")

@@ -165,6 +165,8 @@ def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 
             continue
         if live.waiting:
             detail = f"no live worker serves queue {job.queue} (chunks {_pending(session, job.id)} wait)"
+        elif job.external_key is not None:  # a run launched elsewhere: its reporter went silent
+            detail = f"its reporter ({job.worker}) sent nothing for {lost_after_seconds:.0f} s"
         else:
             detail = f"no heartbeat for {lost_after_seconds:.0f} s"
         if fail_lost(session, job.id, detail).accepted:

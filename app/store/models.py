@@ -82,6 +82,10 @@ class Job(SQLModel, table=True):
     attempt: int = 1
     retry_of: int | None = Field(default=None, foreign_key="jobs.id")
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
+    # A run launched outside the job system that reports to it (app/run/external.py): the key its
+    # reporter keeps in the run folder, and the last report item applied (items apply once, in order).
+    external_key: str | None = Field(default=None, index=True)
+    report_seq: int | None = _big(nullable=True)
 
 
 class JobEvent(SQLModel, table=True):

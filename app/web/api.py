@@ -6,10 +6,10 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Query
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlmodel import Session, col, select
 
-from app.run import submit
+from app.run import external, submit
 from app.store import records, state
 from app.store.models import Alert, Job, JobEvent, JobOutput
 from app.web.auth import require_api_write
@@ -172,6 +172,47 @@ def retry_job(job_id: int, session: SessionDep, settings: SettingsDep) -> JobCre
         raise HTTPException(400, str(exc)) from None
     assert job.id is not None
     return JobCreated(id=job.id)
+
+
+class ExternalRun(BaseModel):
+    """A train run launched outside the job system, registering to report here (app/run/external.py)."""
+
+    key: str
+    params: dict[str, Any]
+    host: str = "?"
+    run_folder: str = ""
+    world: int = 1
+
+
+class Report(BaseModel):
+    items: list[dict[str, Any]] = []
+
+
+class ReportAck(BaseModel):
+    acked: int
+    status: str
+    cancel: bool
+
+
+@router.post("/runs", status_code=201, response_model=JobCreated, dependencies=[WriteDep])
+def register_run(body: ExternalRun, session: SessionDep) -> JobCreated:
+    try:
+        job = external.register(session, body.key, body.params, body.host, body.run_folder, body.world)
+    except (UsageError, ValidationError) as exc:
+        raise HTTPException(400, str(exc)) from None
+    assert job.id is not None
+    return JobCreated(id=job.id, params=job.params)
+
+
+@router.post("/jobs/{job_id}/report", response_model=ReportAck, dependencies=[WriteDep])
+def report_run(job_id: int, body: Report, session: SessionDep) -> ReportAck:
+    try:
+        ack = external.apply(session, job_id, body.items)
+    except external.NotExternal as exc:
+        raise HTTPException(404, str(exc)) from None
+    except (UsageError, ValueError, KeyError, TypeError) as exc:
+        raise HTTPException(400, f"report item: {exc}") from None
+    return ReportAck(acked=ack.acked, status=ack.status, cancel=ack.cancel)
 
 
 @router.get("/alerts", response_model=list[AlertPublic])

@@ -95,7 +95,10 @@ templates.env.globals["folded_codes"] = sorted(FOLDED)
 
 def retry_helps(job: Any) -> bool:
     """Whether a page offers Retry: not for a failure that the same inputs and parameters would
-    repeat, unless an input changed since (the user fixed the file)."""
+    repeat, unless an input changed since (the user fixed the file); never for a run launched
+    outside the job system (it is relaunched where it ran)."""
+    if getattr(job, "external_key", None) is not None:
+        return False
     return retry_may_help(job.status, job.error) or inputs_changed_since(job)
 
 

@@ -36,6 +36,11 @@ from draftdeck.units import count
 
 PRINT_EVERY_SECONDS = 2.0
 JSON = option("as_json", bool, False, "--json", help="print the plan as JSON")
+REPORT_TO = option(
+    "report_to", str | None, None, metavar="URL",
+    help="a DraftDeck server to report this run to live (its token in DRAFTDECK_TOKEN), for a run"
+    " launched outside the job system (torchrun, srun)",
+)  # fmt: skip
 
 
 @dataclass
@@ -128,10 +133,18 @@ def tiny_target(params: TinyTargetParams) -> None:
     )
 
 
-def train(params: TrainParams, *, report: Path | None) -> None:
+def train(params: TrainParams, *, report: Path | None, report_to: str | None) -> None:
+    from draftdeck.drafter.train.distributed import Launched
     from draftdeck.drafter.train.run import run_train
 
-    result = _run(run_train, params, f"train -> {params.out}", report)
+    def work(p: TrainParams, ctx: ConsoleContext) -> Report:
+        return run_train(p, ctx, report_to=report_to)
+
+    where = Launched.from_env()
+    if where is not None and where.rank != 0:  # one of a launcher's ranks: rank 0 speaks for the run
+        run_train(params, LocalContext(Path(str(params.out))))
+        return
+    result = _run(work, params, f"train -> {params.out}", report)
     extra = result.extra
     out.print(
         f"{extra['steps']:,} steps; best checkpoint: step {extra['best_step']}; run record {extra['run']}",
@@ -292,7 +305,7 @@ def export_drafter(params: ExportParams) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("train")(
-        job_command(TrainParams, train, required=("out",), extra=[REPORT],
+        job_command(TrainParams, train, required=("out",), extra=[REPORT, REPORT_TO],
                     doc="Train (or resume) a DFlash drafter on DraftDeck datasets against its frozen"
                     " target; checkpoints, held-out walked tau (incl. bonus) as it goes.")
     )  # fmt: skip

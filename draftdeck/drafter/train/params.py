@@ -86,7 +86,12 @@ class TrainParams(JobParams):
     )
     clip: float = Field(1.0, gt=0, le=1e6, description="Gradient-norm clipping threshold")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed for init, order, anchors")
-    devices: int = Field(1, ge=1, le=64, description="World size: ranks (one per device)")
+    devices: int = Field(
+        1,
+        ge=1,
+        le=4096,
+        description="World size: ranks, one per device (under torchrun or srun: the launcher's)",
+    )
     sharding: Literal["auto", "none", "ddp", "fsdp"] = Field(
         "auto",
         description="How ranks hold the drafter: none = one process; ddp = whole on every rank,"

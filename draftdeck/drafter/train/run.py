@@ -9,8 +9,10 @@ from pathlib import Path
 
 from draftdeck.drafter.train.distributed import Launched, launch, run_launched
 from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.reporter import Reporter
 from draftdeck.drafter.train.run_record import RunRecord
 from draftdeck.drafter.train.trainer import Trainer
+from draftdeck.errors import Cancelled, DraftDeckError
 from draftdeck.fileio import sha256_file
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
@@ -27,8 +29,10 @@ def train(params: TrainParams, ctx: RunContext) -> RunRecord:
     return Trainer(params, ctx).run()
 
 
-def run_train(params: TrainParams, ctx: RunContext) -> Report:
-    """The `train` job's run function: train (or resume), then account for the rows.
+def run_train(params: TrainParams, ctx: RunContext, *, report_to: str | None = None) -> Report:
+    """The `train` job's run function: train (or resume), then account for the rows. `report_to`: a
+    DraftDeck server this run reports to live (rank 0 only; draftdeck/drafter/train/reporter.py),
+    for a run launched outside the job system.
 
     rows_in = rows read; rows_out = rows used (training + held-out split, see `extra`); rows with
     no DFlash anchor are counted under `rejected["no_dflash_anchor"]`. Outputs: the last
@@ -36,7 +40,29 @@ def run_train(params: TrainParams, ctx: RunContext) -> Report:
     """
     if params.out is None:  # a job without `out` trains into its own folder (Retry resumes there)
         params = params.model_copy(update={"out": str(ctx.out_dir)})
-    record = train(params, ctx)
+    where = Launched.from_env()
+    if not report_to or (where is not None and where.rank != 0):
+        return _account(params, train(params, ctx))
+    world = where.world if where is not None else params.devices
+    shown = params.model_dump(mode="json") | {"devices": world}  # the launcher's world, on the job page
+    reporter = Reporter(report_to, Path(str(params.out)), shown, world, ctx)
+    try:
+        report = _account(params, train(params, reporter))
+    except Cancelled as exc:
+        reporter.end("cancelled", str(exc))
+        raise
+    except BaseException as exc:
+        crash = f"internal error: {type(exc).__name__}: {exc}"
+        reporter.end("failed", str(exc) if isinstance(exc, DraftDeckError) else crash)
+        raise
+    said = f"{report.extra['steps']:,} steps, best checkpoint: step {report.extra['best_step']}"
+    # the artifacts' paths are the run's machine's: the server keeps the figures, not the paths
+    reporter.end("succeeded", said, {**report.to_dict(), "outputs": []})
+    return report
+
+
+def _account(params: TrainParams, record: RunRecord) -> Report:
+    """The run's report: rows read, used and left out, the last checkpoint and run.json as artifacts."""
     data = record.data
     report = Report(rows_in=data["rows_in"], rows_out=data["train_rows"] + data["heldout_rows"])
     if data["no_anchor_rows"]:

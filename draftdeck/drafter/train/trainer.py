@@ -180,10 +180,11 @@ class Trainer:
         )
 
     def _write_record(self) -> None:
+        """Bring the record up to date (every rank returns it) and write run.json (rank 0)."""
+        self.record.steps_done = self.step
         if self.rank != 0:
             return
         idx = self.store.index()
-        self.record.steps_done = self.step
         self.record.best_step = idx.best
         self.record.checkpoints = [str(self.store.dir / c["path"]) for c in idx.checkpoints]
         with atomic_output(self.out / "run.json", "w") as f:
