@@ -64,6 +64,11 @@ class ConsoleContext(LocalContext):
                 highlight=False,
             )
 
+    def event(self, level: str, message: str, *, code: str | None = None, count: int = 1) -> None:
+        super().event(level, message, code=code, count=count)
+        if level in ("warning", "error"):  # the job page's log shows every event; a terminal, these
+            err.print(f"[yellow]{escape(level)}:[/] {escape(message)}", highlight=False)
+
     def alert(self, kind: str, message: str) -> None:
         super().alert(kind, message)
         err.print(f"[bold yellow]alert {escape(kind)}:[/] {escape(message)}", highlight=False)

@@ -163,6 +163,9 @@ class Reporter:
             return True
         except (urllib.error.URLError, OSError, ValueError):
             return False
+        if self.unreachable_since is not None:  # said before the acknowledgement: the run may end on it
+            self.unreachable_since = None
+            self.inner.event("info", f"{self.url} answers again: the buffered points are sent")
         acked = int(ack.get("acked", 0))
         with self._lock:
             self.pending = [i for i in self.pending if i["seq"] > acked]
@@ -185,12 +188,9 @@ class Reporter:
                 continue
             if self._send_once():
                 last = time.monotonic()
-                if self.unreachable_since is not None:
-                    self.unreachable_since = None
-                    self.inner.event("info", f"{self.url} answers again: buffered points sent")
             elif self.unreachable_since is None:
                 self.unreachable_since = time.monotonic()
-                self.inner.event("warning", f"{self.url} does not answer: points are kept in {self.spool}")
+                self.event("warning", f"{self.url} does not answer: the points are kept in {self.spool}")
 
     # --- RunContext ----------------------------------------------------------------------------
     def progress(self, done: int, total: int | None = None, unit: str = "rows") -> None:

@@ -1,0 +1,96 @@
+"""`draftdeck train --report-to` against a real `draftdeck web`: the run shows as a job with its
+points, and a server restart in the middle of the run loses nothing and repeats nothing (the spool
+keeps what the server could not take)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.browser.harness import REPO_ROOT, free_port
+from tests.support.datasets import stop_group
+from tests.support.drafter import greedy_text, learnable_target, write_dataset
+
+STEPS = 120
+
+
+def _serve(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(home)}
+    for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
+        env.pop(var, None)
+    exe = str(Path(sys.executable).parent / "draftdeck")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([exe, "web", "--port", str(port)], cwd=REPO_ROOT, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"draftdeck web did not start:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.2)
+
+
+def _get(url: str) -> Any:
+    return json.loads(urllib.request.urlopen(url, timeout=10).read())
+
+
+@pytest.mark.slow
+def test_a_run_reports_live_and_a_server_restart_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    target = learnable_target(tmp_path / "target")
+    ds = write_dataset(tmp_path / "ds", greedy_text(target, 48), target)
+    home, port, log = tmp_path / "home", free_port(), tmp_path / "web.log"
+    url = f"http://127.0.0.1:{port}"
+    server = _serve(home, port, log)
+    run = tmp_path / "run"
+    train = subprocess.Popen(
+        [sys.executable, "-m", "draftdeck.cli", "train", str(ds), "--target", str(target), "--out", str(run),
+         "--block-size", "4", "--anchors-per-seq", "8", "--batch-size", "4", "--max-steps", str(STEPS),
+         "--log-every", "1", "--eval-every", "40", "--checkpoint-every", "40", "--heldout-fraction", "0.15",
+         "--device", "cpu", "--report-to", url],
+        cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while (
+            not (run / "report" / "job-1.acked").is_file()
+            or int((run / "report/job-1.acked").read_text()) < 5
+        ):
+            assert train.poll() is None and time.monotonic() < deadline, (
+                train.stdout.read() if train.stdout else ""
+            )
+            time.sleep(0.1)
+        stop_group(server)  # the server goes away mid-run ...
+        time.sleep(3)
+        server = _serve(home, port, log)  # ... and comes back with the same home
+        output = train.communicate(timeout=300)[0]
+        assert train.returncode == 0, output
+        assert "does not answer: the points are kept" in output, output
+        job = _get(f"{url}/api/jobs/1")
+        said = [e["message"] for e in job["events"]]
+        assert any("does not answer: the points are kept" in m for m in said), said  # the log says when
+        assert job["status"] == "succeeded" and job["worker"].startswith("external:"), job["error"]
+        assert job["result"]["steps"] == STEPS and job["progress_done"] == STEPS
+        with sqlite3.connect(next(home.rglob("draftdeck.db"))) as db:
+            rows = db.execute(
+                "SELECT step FROM metric_points WHERE job_id = 1 AND name = 'train/loss'"
+            ).fetchall()
+        steps = [int(step) for (step,) in rows]
+        assert sorted(steps) == list(range(1, STEPS + 1))  # every step once: none lost, none twice
+        mirrored = json.loads((home / "jobs" / "1" / "run.json").read_text())
+        assert mirrored["steps_done"] == STEPS and (home / "jobs/1/checkpoints/index.json").is_file()
+    finally:
+        if train.poll() is None:
+            train.kill()
+        stop_group(server)
