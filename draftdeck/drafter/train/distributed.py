@@ -104,6 +104,24 @@ class Launched:
         return cls(rank, world, local, local_world)
 
 
+# What gloo and NCCL say when another rank's process or node went away mid-collective
+PEER_LOST = (
+    "Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL communicator was aborted",
+)  # fmt: skip
+
+
+def peer_lost(exc: BaseException) -> RankFailed | None:
+    """`exc` in words when it means another rank died (its process killed, its node gone), else None."""
+    text = str(exc)
+    if not isinstance(exc, RuntimeError) or not any(p in text for p in PEER_LOST):
+        return None
+    return RankFailed(
+        "another rank of this run stopped (its process or its node went away) in the middle of a step:"
+        " relaunch with the same --out to resume from the last checkpoint"
+        f" ({text.splitlines()[0][:200]})"
+    )
+
+
 def run_launched(params: TrainParams, ctx: RunContext, where: Launched) -> RunRecord:
     """Train as one rank of a run a launcher started; rank 0 reports to `ctx`, writes checkpoints
     and run.json (in `out`, on storage every node sees)."""
@@ -121,6 +139,8 @@ def run_launched(params: TrainParams, ctx: RunContext, where: Launched) -> RunRe
     try:
         local = (where.local_rank, where.local_world)
         return Trainer(params, ctx, where.rank, where.world, local).run()
+    except RuntimeError as exc:
+        raise (peer_lost(exc) or exc) from exc
     finally:
         dist.destroy_process_group()
 
@@ -155,6 +175,7 @@ def _rank_main(
         if rank == 0:
             q.put(("done", record.to_dict()))
     except BaseException as e:  # reported to the parent, which raises it
+        e = peer_lost(e) or e
         try:
             q.put(("error", rank, e))
         except Exception:  # an exception that does not pickle: send its text

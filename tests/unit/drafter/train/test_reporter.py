@@ -19,6 +19,7 @@ import pytest
 from tests.browser.harness import REPO_ROOT, free_port
 from tests.support.datasets import stop_group
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
+from tests.support.launch import torchrun_nodes
 
 STEPS = 120
 
@@ -93,4 +94,65 @@ def test_a_run_reports_live_and_a_server_restart_loses_and_repeats_nothing(tmp_p
     finally:
         if train.poll() is None:
             train.kill()
+        stop_group(server)
+
+
+def _rank_process(rank: int, out: Path) -> int | None:
+    """The pid of the training process of `rank` whose run folder is `out` (torchrun's worker)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (
+            f"RANK={rank}".encode() in env
+            and b"TORCHELASTIC_RUN_ID" in b"".join(env)
+            and str(out).encode() in cmd
+        ):
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.slow
+def test_a_node_killed_fails_the_run_cleanly_and_a_relaunch_resumes(tmp_path: Path) -> None:
+    """Two torchrun nodes report one run; node 1's process is killed: the run fails on the server
+    naming why, and the same launch again is the job's next attempt, resumed from the last checkpoint."""
+    import signal
+
+    target = learnable_target(tmp_path / "target")
+    ds = write_dataset(tmp_path / "ds", greedy_text(target, 48), target)
+    home, port = tmp_path / "home", free_port()
+    url, run = f"http://127.0.0.1:{port}", tmp_path / "run"
+    server = _serve(home, port, tmp_path / "web.log")
+
+    def launch(steps: int) -> list[subprocess.Popen[str]]:
+        shape = ["--block-size", "4", "--anchors-per-seq", "8", "--batch-size", "4"]
+        every = ["--max-steps", f"{steps}"]
+        every += ["--checkpoint-every", "5", "--eval-every", "5", "--heldout-fraction", "0.15"]
+        where = ["--device", "cpu", "--sharding", "fsdp", "--report-to", url]
+        return torchrun_nodes([str(ds), "--target", str(target), "--out", str(run), *shape, *every, *where])
+
+    nodes = launch(100_000)
+    try:
+        deadline = time.monotonic() + 180
+        while not (run / "checkpoints" / "index.json").is_file():
+            assert all(n.poll() is None for n in nodes) and time.monotonic() < deadline
+            time.sleep(0.2)
+        pid = _rank_process(1, run)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        nodes[0].communicate(timeout=120)
+        nodes[1].communicate(timeout=120)
+        job = _get(f"{url}/api/jobs/1")
+        assert job["status"] == "failed" and "another rank of this run stopped" in job["error"], job["error"]
+        nodes = launch(1)  # the same launch again (a step count it has passed: it ends on resuming)
+        assert [n.communicate(timeout=180)[0] and n.returncode for n in nodes] == [0, 0]
+        again = _get(f"{url}/api/jobs/2")
+        assert (again["status"], again["retry_of"], again["attempt"]) == ("succeeded", 1, 2)
+        assert any(e["message"].startswith("resumed from step") for e in again["events"])
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.kill()
         stop_group(server)
