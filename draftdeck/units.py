@@ -20,6 +20,14 @@ def binary_size(n: int | float | None) -> str:
     raise AssertionError("unreachable")  # the loop returns at the last unit
 
 
+def short_count(n: int) -> str:
+    """A large count in three figures: "8.19B", "209.7M", "153.6K", "512"."""
+    for value, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= value:
+            return f"{n / value:.2f}{suffix}" if suffix == "B" else f"{n / value:.1f}{suffix}"
+    return str(n)
+
+
 def parse_size(text: str) -> int:
     """Bytes of a size as people write it: "80GiB", "80 GiB", "80Gi" and "80G" are binary (2**30
     each), "80GB" decimal (10**9). Raises ValueError naming what it accepts."""

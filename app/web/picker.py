@@ -1,5 +1,6 @@
-"""The New-job form's helpers (htmx partials): a file picker over the data roots, and the absolute
-path a typed path will mean (the one rule of draftdeck/paths.py), shown under each path field.
+"""The New-job form's helpers (htmx partials): a file picker over the data roots, the absolute path a
+typed path will mean (the one rule of draftdeck/paths.py), shown under each path field, and a train
+job's memory plan per sharding (draftdeck/drafter/train/plan.py).
 
 Only folders inside the data roots are listed (symlinks resolved, as for every path over HTTP); every
 name is escaped by the templates' autoescape.
@@ -98,3 +99,52 @@ def resolve_preview(request: Request, settings: SettingsDep, kind: str, field: s
         except PathNotAllowedError as exc:
             resolved.append({"path": None, "error": str(exc)})
     return render(request, "partials/path_preview.html", resolved=resolved)
+
+
+PLAN_FIELDS = ("layers", "block_size", "seq_length", "batch_size", "eval_batch_size", "anchors_per_seq",
+               "anchors_per_forward", "gradient_checkpointing", "loss", "devices")  # fmt: skip
+PLAN_SEQ_LENGTH = 4096  # the rows' length the panel plans for when seq_length is unset
+
+
+@router.get("/jobs/new/plan", response_class=HTMLResponse)
+def train_plan(request: Request, settings: SettingsDep) -> HTMLResponse:
+    """A train job's per-rank memory for each sharding (draftdeck.drafter.train.plan), from the form's
+    target and shape as typed; on this server's GPU when it has one (fits or not), else the terms alone."""
+    from pydantic import ValidationError
+
+    from draftdeck.drafter.train.device import capacity_bytes
+    from draftdeck.drafter.train.params import PlanParams
+    from draftdeck.drafter.train.plan import describe, plan, shape_of, target_config
+    from draftdeck.errors import DraftDeckError
+
+    form = request.query_params
+    target = (form.get("target") or "").strip()
+    if not target:
+        return render(request, "partials/train_plan.html", error="give the target to see what the run needs")
+    typed = {k: form.get(k) for k in PLAN_FIELDS if form.get(k) not in (None, "")}
+    typed["gradient_checkpointing"] = str(form.get("gradient_checkpointing") in ("true", "on"))
+    try:
+        folder = resolve_in_roots(target, settings.roots, must_exist=True)
+        typed["seq_length"] = typed.get("seq_length") or str(PLAN_SEQ_LENGTH)
+        params = PlanParams.model_validate({"target": str(folder), **typed})
+        gpu = form.get("device") != "cpu" and _has_gpu()
+        capacity = capacity_bytes(_cuda()) if gpu else None
+        world = int(typed.get("devices") or 1)
+        shape = shape_of(params, seq_length=params.seq_length, element_size=2 if gpu else 4, world=world)
+        result = plan(target_config(folder), shape, capacity)
+    except (PathNotAllowedError, ValidationError, DraftDeckError, ValueError) as exc:
+        return render(request, "partials/train_plan.html", error=str(exc).splitlines()[0])
+    return render(request, "partials/train_plan.html", plan=result, rows=describe(result), gpu=gpu,
+                  seq_length=params.seq_length, seq_given=bool(form.get("seq_length")))  # fmt: skip
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def _cuda() -> Any:
+    import torch
+
+    return torch.device("cuda", 0)

@@ -23,7 +23,7 @@ from app.web.job_views import form_words, inputs_changed_since, job_duration, jo
 from draftdeck.mix.composition import composition
 from draftdeck.paths import resolve_user_path
 from draftdeck.quality import CHOSEN, FOLDED
-from draftdeck.units import binary_size, count, noun_for
+from draftdeck.units import binary_size, count, noun_for, short_count
 
 templates = Jinja2Templates(directory=resource_dir("templates"))
 
@@ -54,6 +54,7 @@ templates.env.filters["count"] = lambda n, noun: count(n, noun) if isinstance(n,
 templates.env.filters["noun"] = lambda n, noun: noun_for(n if isinstance(n, int) else None, noun)
 
 
+templates.env.filters["short_count"] = short_count
 templates.env.filters["thousands"] = lambda n: (
     f"{n:,}" if isinstance(n, int) and not isinstance(n, bool) else n
 )

@@ -32,7 +32,7 @@ from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
-from draftdeck.units import count
+from draftdeck.units import count, short_count
 
 PRINT_EVERY_SECONDS = 2.0
 JSON = option("as_json", bool, False, "--json", help="print the plan as JSON")
@@ -263,9 +263,9 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
         return
     world = result.shape.world
     out.print(
-        f"target {result.target}: {result.target_params / 1e9:.2f}B parameters; drafter "
+        f"target {result.target}: {short_count(result.target_params)} parameters; drafter "
         f"{result.drafter_layers} layer{'s' if result.drafter_layers > 1 else ''}: "
-        f"{result.trainable_params / 1e9:.3f}B trainable",
+        f"{short_count(result.trainable_params)} trainable",
         highlight=False,
     )
     out.print(
