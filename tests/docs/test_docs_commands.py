@@ -37,6 +37,8 @@ def _commands(path: Path) -> list[list[str]]:
     """The `draftdeck` invocations of a page's bash blocks, as argument lists."""
     out = []
     for line in _bash_lines(path):
+        if line.lstrip().startswith("#"):
+            continue  # a comment line (a batch script's #SBATCH too) may hold anything
         line = line.split(" #", 1)[0]  # a comment may hold anything, quotes included
         for part in line.split(";"):
             words = shlex.split(part.replace("[", " ").replace("]", " ").replace("|", " "))
