@@ -12,6 +12,9 @@ drafter forward + backward (x3) over the block queries, its context k/v and fc o
 dense attention of A*B queries over T + A*B keys (sdpa computes the masked entries too); the LM head
 on the counted slots (forward + input gradient, x2). `--device cpu --tiny` checks the script here.
 
+Sharded training (ranks x strategy, per-rank peak against the planner): `python
+benchmarks/train_sharded.py --device cuda --ranks 1,2,4,8` on a machine with that many GPUs.
+
 Then, on a GPU, the table of `benchmarks/train_long.py` (dense against sparse per T and A, bf16, flex
 attention compiled), so that the first run on a GPU measures it at once (`--no-long` skips it).
 """

@@ -2,12 +2,14 @@
 """Sharded drafter training on the CPU (gloo): ranks x strategy, per-rank memory and step time.
 
     python benchmarks/train_sharded.py [--ranks 1,2,4] [--steps 6] [--seq 256] [--hidden 512]
+    python benchmarks/train_sharded.py --device cuda --ranks 1,2,4,8 --hidden 2048 --seq 2048  # a GPU machine
 
 One table, measured in one run: for 1 rank (none) and each of ddp and fsdp at 2 and 4 ranks, the
 median training step (`Trainer.train_step` + the optimizer step; the global batch is the same at
 every world size, so a step is the same work), each rank's peak memory (the process's high-water
-RSS: weights, state, activations, the interpreter), the planner's figure for that rank
-(`draftdeck plan`: float32, blocked attention, this shape; within 30 % is the goal), the drafter's
+RSS: weights, state, activations, the interpreter; on GPUs the allocator's peak), the planner's
+figure for that rank (`draftdeck plan` for this shape: float32 and blocked attention on the CPU,
+bf16 and flex on GPUs; within 30 % is the goal), the drafter's
 state per rank (weights, gradients, AdamW moments: the local shards), and the frozen target's
 weights per rank. Goals (issue 33): fsdp's drafter state <= 1/N of one rank's + 10 %; fsdp's step
 >= 0.7x ddp's at 2 ranks.
@@ -49,7 +51,7 @@ def _params(root: Path, world: int, strategy: str, args: argparse.Namespace) -> 
         inputs=[str(root / "ds")], target=str(root / "target"), out=str(root / f"run-{world}-{strategy}"),
         block_size=8, layers=args.layers, anchors_per_seq=32, anchors_per_forward=32,
         batch_size=GLOBAL_BATCH // world, lr=1e-3, max_steps=10_000, heldout_fraction=0.0, truth_rows=0,
-        devices=world, device="cpu", sharding=strategy, memory_check=False, loss="ce",
+        devices=world, device=args.device, sharding=strategy, memory_check=False, loss="ce",
     )  # fmt: skip
 
 
@@ -69,26 +71,33 @@ def _rank(rank: int, world: int, strategy: str, root: str, port: int, args: argp
     from draftdeck.jobs.context import LocalContext
 
     torch.set_num_threads(1)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     tr = Trainer(
         _params(Path(root), world, strategy, args), LocalContext(Path(root) / f"ctx{rank}"), rank, world
     )
     times, state = [], {}
     for i in range(args.steps + 2):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         tr.train_step()
         state = sharding.state_bytes(tr.drafter, tr.opt)  # gradients present: before zero_grad
         tr.opt.step()
         tr.sched.step()
         tr.opt.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
         if i >= 2:  # warm-up steps are not timed
             times.append(time.perf_counter() - t0)
     state = {**state, "optimizer": sharding.state_bytes(tr.drafter, tr.opt)["optimizer"]}
     mine = {
         "step_s": statistics.median(times),
-        "peak": _high_water(),
+        "peak": torch.cuda.max_memory_allocated() if cuda else _high_water(),
         "drafter_state": sum(state.values()),
         "target_weights": params_bytes(tr.target.model),
         "strategy": tr.strategy,
@@ -113,7 +122,8 @@ def _planned(root: Path, world: int, strategy: str, args: argparse.Namespace) ->
     from draftdeck.drafter.train.plan import plan, shape_of
 
     params = _params(root, world, strategy, args)
-    shape = shape_of(params, seq_length=args.seq, element_size=4, world=world, heldout_rows=0)
+    e = 2 if args.device == "cuda" else 4
+    shape = shape_of(params, seq_length=args.seq, element_size=e, world=world, heldout_rows=0)
     return plan(causal_lm_config(root / "target"), shape, None).strategies[strategy].per_rank
 
 
@@ -125,6 +135,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--target-layers", type=int, default=8)
     ap.add_argument("--layers", type=int, default=4, help="drafter layers")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL")
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="dd-bench-sharded-"))
     rows = GLOBAL_BATCH * (args.steps + 4)
@@ -137,8 +148,9 @@ def main() -> None:
                            start_method="spawn")  # fmt: skip
         results[(world, strategy)] = json.loads((root / f"result-{world}-{strategy}.json").read_text())
     one = results[(1, "none")][0]
+    where = "GPU (NCCL)" if args.device == "cuda" else "CPU (gloo, 1 thread per rank)"
     print(
-        f"sharded drafter training, CPU (gloo, 1 thread per rank), target Qwen3 {args.hidden} x "
+        f"sharded drafter training, {where}, target Qwen3 {args.hidden} x "
         f"{args.target_layers} layers, drafter {args.layers} layers, {GLOBAL_BATCH} x {args.seq} tokens a"
         f" step, median of {args.steps} steps; per rank: the largest of the ranks"
     )

@@ -183,33 +183,41 @@ def stop_group(proc: subprocess.Popen[Any], timeout: float = 15) -> None:
         proc.wait()
 
 
-@contextlib.contextmanager
-def web_server(home: Path, roots: Path, log: Path) -> Iterator[str]:
-    """`draftdeck web` (the command a user runs) on a free port with its own home; yields its URL once
-    /healthz answers, and stops its process group after."""
+def start_web(home: Path, roots: Path, log: Path, port: int) -> subprocess.Popen[bytes]:
+    """`draftdeck web` (the command a user runs) on `port` with its own home, in its own process
+    group, once /healthz answers (its output appended to `log`)."""
     import urllib.request
 
-    from tests.browser.harness import REPO_ROOT, free_port
+    from tests.browser.harness import REPO_ROOT
 
-    port = free_port()
     env = {**os.environ, "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(roots)}
     for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
         env.pop(var, None)
     exe = str(Path(sys.executable).parent / "draftdeck")
-    with open(log, "wb") as out:
+    with open(log, "ab") as out:
         proc = subprocess.Popen([exe, "web", "--port", str(port)], cwd=REPO_ROOT, env=env, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                stop_group(proc)
+                raise RuntimeError(f"draftdeck web did not start:\n{log.read_text()[-3000:]}") from None
+            time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def web_server(home: Path, roots: Path, log: Path) -> Iterator[str]:
+    """`draftdeck web` on a free port with its own home; yields its URL once /healthz answers, and stops
+    its process group after."""
+    from tests.browser.harness import free_port
+
+    port = free_port()
+    proc = start_web(home, roots, log, port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/healthz", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"draftdeck web did not start:\n{log.read_text()[-3000:]}") from None
-                time.sleep(0.2)
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
         stop_group(proc)

@@ -4,17 +4,11 @@ one c10d rendezvous on localhost, as N nodes of a cluster would."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
+from tests.browser.harness import free_port
 from tests.conftest import REPO_ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun_nodes(train_args: list[str], nodes: int = 2) -> list[subprocess.Popen[str]]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.browser.harness import REPO_ROOT, free_port
-from tests.support.datasets import stop_group
+from tests.support.datasets import start_web, stop_group
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
 from tests.support.launch import torchrun_nodes
 
@@ -25,22 +25,7 @@ STEPS = 120
 
 
 def _serve(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "DRAFTDECK_HOME": str(home), "DRAFTDECK_DATA_ROOTS": str(home)}
-    for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN", "DRAFTDECK_HOST"):
-        env.pop(var, None)
-    exe = str(Path(sys.executable).parent / "draftdeck")
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([exe, "web", "--port", str(port)], cwd=REPO_ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).read()
-            return proc
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"draftdeck web did not start:\n{log.read_text()[-3000:]}") from None
-            time.sleep(0.2)
+    return start_web(home, home, log, port)
 
 
 def _get(url: str) -> Any:
