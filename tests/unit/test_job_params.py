@@ -14,7 +14,7 @@ from draftdeck.convert.job import ConvertParams
 from draftdeck.kinds import KINDS
 from draftdeck.tokenize.job import TokenizeParams
 
-CLI_ONLY = {"report", "workers"}  # the CLI's own options, not job parameters
+CLI_ONLY = {"report", "workers", "report_to"}  # the CLI's own options, not job parameters
 NOT_ON_THE_CLI = {"tokenize": {"chunk_rows"}}  # chunk tasks are the service's
 
 
