@@ -62,9 +62,7 @@ def _same_run(one: LocalContext, other: LocalContext, ref: Path, run: Path, step
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("sharding", "devices"), [("fsdp", 2)]
-)  # ddp: the resume test; 4: benchmark
+@pytest.mark.parametrize(("sharding", "devices"), [("fsdp", 2)])  # ddp: the resume test; 4: benchmark
 def test_ranks_equal_one_rank(world: World, tmp_path: Path, sharding: str, devices: int) -> None:
     target, ds, ref, one = world
     ctx = LocalContext(tmp_path / "c")
