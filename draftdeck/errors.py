@@ -43,3 +43,9 @@ class JobFailed(DraftDeckError):
 
 class Cancelled(DraftDeckError):
     """The job was cancelled while it ran."""
+
+
+def crash_message(exc: BaseException) -> str:
+    """A failure's reason: a DraftDeckError's own words (the data or the parameters), otherwise an
+    internal error naming the exception."""
+    return str(exc) if isinstance(exc, DraftDeckError) else f"internal error: {type(exc).__name__}: {exc}"

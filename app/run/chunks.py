@@ -41,12 +41,12 @@ from sqlmodel import Session, col, select
 from app import queue
 from app.run import leftovers, resume
 from app.run.context import Handoff, Heartbeat, SqlRunContext
-from app.run.outcomes import crash_message, record_failure, record_success, worker_name
+from app.run.outcomes import record_failure, record_success, worker_name
 from app.settings import get_settings
 from app.store import records, state
 from app.store.db import session_scope
 from app.store.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
-from draftdeck.errors import Cancelled, JobFailed
+from draftdeck.errors import Cancelled, JobFailed, crash_message
 from draftdeck.fileio import sha256_file
 from draftdeck.kinds import get_kind
 from draftdeck.quality import Policy, Report

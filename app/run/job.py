@@ -10,12 +10,12 @@ from typing import Any
 
 from app.run import chunks, liveness, sweeper
 from app.run.context import Handoff, Heartbeat, SqlRunContext
-from app.run.outcomes import crash_message, record_failure, record_success, worker_name
+from app.run.outcomes import record_failure, record_success, worker_name
 from app.settings import get_settings
 from app.store import records, state
 from app.store.db import session_scope
 from app.store.models import JobStatus, utcnow
-from draftdeck.errors import Cancelled, DraftDeckError, JobFailed
+from draftdeck.errors import Cancelled, DraftDeckError, JobFailed, crash_message
 from draftdeck.kinds import get_kind
 from draftdeck.quality import Report
 

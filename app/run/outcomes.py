@@ -12,19 +12,12 @@ from sqlmodel import select
 from app.store import records, state
 from app.store.db import session_scope
 from app.store.models import Alert, JobStatus
-from draftdeck.errors import DraftDeckError
 from draftdeck.quality import Policy, Report
 from draftdeck.units import count
 
 # What a failure says when the code or the machine failed, not the data or the parameters: only these
 # may end differently on a retry (a chunked job's own words come after "chunk N: " or "final step: ").
 _MAY_CHANGE = re.compile(r"^(?:chunk \d+: |final step: )?(?:internal error|worker lost|could not enqueue):")
-
-
-def crash_message(exc: BaseException) -> str:
-    """A failure's reason: a DraftDeckError's own words (the data or the parameters), otherwise an
-    internal error naming the exception."""
-    return str(exc) if isinstance(exc, DraftDeckError) else f"internal error: {type(exc).__name__}: {exc}"
 
 
 def retry_may_help(status: str, error: str | None) -> bool:

@@ -83,13 +83,18 @@ def resident_weights_gap(device: torch.device, weights: int) -> int:
     return max(0, weights - rss_file * 1024) if rss_file is not None else 0
 
 
-def capacity_bytes(device: torch.device) -> int | None:
-    """What the run may use at most: the GPU's free memory plus what it holds, or on the CPU what
+def capacity_bytes(device: torch.device, sharing: int = 1) -> int | None:
+    """What one rank may use at most: the GPU's free memory plus what it holds, or on the CPU what
     the system has available (MemAvailable, and the cgroup's limit when lower) plus the process's
-    RSS. None when unknown."""
+    RSS, split between the `sharing` ranks on this machine. None when unknown."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free) + in_use_bytes(device)
+    total = _machine_bytes(device)
+    return None if total is None else total // max(1, sharing)
+
+
+def _machine_bytes(device: torch.device) -> int | None:
     avail = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -196,7 +196,7 @@ def check_memory(
     *,
     heldout_rows: int,
     weights: int = 0,
-    world: int = 1,
+    sharing: int = 1,
     state_shards: int = 1,
     ctx: RunContext | None = None,
     enforce: bool = True,
@@ -216,9 +216,7 @@ def check_memory(
         kl=params.mix[1] > 0,
         state_shards=state_shards,
     )
-    capacity = capacity_bytes(device)
-    if capacity is not None and device.type == "cpu" and world > 1:
-        capacity //= world  # the ranks share the machine's memory
+    capacity = capacity_bytes(device, sharing=sharing)
     held = in_use_bytes(device) + resident_weights_gap(device, weights)
     est = estimate(cfg, target_config, drafter, shapes, held=held, capacity=capacity)
     if ctx is not None:

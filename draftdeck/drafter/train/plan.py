@@ -277,15 +277,14 @@ def plan_for(params: PlanParams) -> Plan:
 
 
 def ddp_fits(
-    config: Any, params: TrainParams, longest: int, device: torch.device, world: int, heldout_rows: int
-) -> bool | None:
-    """Whether a train run holds a whole drafter per rank on `device` (`--sharding auto`); None when
-    the device's size is unknown."""
-    capacity = capacity_bytes(device)
+    config: Any, params: TrainParams, longest: int, device: torch.device, world: int, heldout_rows: int,
+    *, sharing: int = 1,
+) -> bool | None:  # fmt: skip
+    """Whether a train run holds a whole drafter per rank on `device` (`--sharding auto`), `sharing`
+    ranks on this machine; None when the device's size is unknown."""
+    capacity = capacity_bytes(device, sharing=sharing)
     if capacity is None:
         return None
-    if device.type == "cpu":
-        capacity //= world  # the ranks share the machine's memory
     e = 2 if device.type == "cuda" else 4
     shape = shape_of(params, seq_length=longest, element_size=e, world=world, heldout_rows=heldout_rows)
     return plan(config, shape, capacity).strategies["ddp"].fits

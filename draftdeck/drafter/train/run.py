@@ -12,7 +12,7 @@ from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.reporter import Reporter
 from draftdeck.drafter.train.run_record import RunRecord
 from draftdeck.drafter.train.trainer import Trainer
-from draftdeck.errors import Cancelled, DraftDeckError
+from draftdeck.errors import Cancelled, crash_message
 from draftdeck.fileio import sha256_file
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
@@ -52,8 +52,7 @@ def run_train(params: TrainParams, ctx: RunContext, *, report_to: str | None = N
         reporter.end("cancelled", str(exc))
         raise
     except BaseException as exc:
-        crash = f"internal error: {type(exc).__name__}: {exc}"
-        reporter.end("failed", str(exc) if isinstance(exc, DraftDeckError) else crash)
+        reporter.end("failed", crash_message(exc))  # worded as a worker's failure is
         raise
     said = f"{report.extra['steps']:,} steps, best checkpoint: step {report.extra['best_step']}"
     # the artifacts' paths are the run's machine's: the server keeps the figures, not the paths

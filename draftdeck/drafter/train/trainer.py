@@ -80,6 +80,7 @@ class Trainer:
         self.p, self.ctx, self.rank, self.world = params, ctx, rank, world
         self.out = Path(str(params.out))  # run_train fills a missing `out` with the job folder
         self.device = resolve_device(params.device, *(local or (rank, world)))
+        self.local_world = (local or (rank, world))[1]  # the ranks that share this machine
         cuda = self.device.type == "cuda"
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
         self.target = Target.load(params.target, device=self.device, dtype=torch.bfloat16 if cuda else None)
@@ -146,7 +147,13 @@ class Trainer:
             return None
         heldout = min(len(self.data.heldout), self.p.heldout_max_rows)
         return ddp_fits(
-            self.target.model.config, self.p, self.data.longest_used, self.device, self.world, heldout
+            self.target.model.config,
+            self.p,
+            self.data.longest_used,
+            self.device,
+            self.world,
+            heldout,
+            sharing=self.local_world,
         )
 
     # --- bookkeeping ------------------------------------------------------------------------
@@ -404,7 +411,7 @@ class Trainer:
             self.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
             self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
             weights=params_bytes(self.target.model),
-            world=self.world, state_shards=self.world if self.strategy == "fsdp" else 1,
+            sharing=self.local_world, state_shards=self.world if self.strategy == "fsdp" else 1,
             ctx=self.ctx if self.rank == 0 else None,
             enforce=self.p.memory_check,
         )  # fmt: skip

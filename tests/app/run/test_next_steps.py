@@ -139,8 +139,8 @@ def test_a_failed_job_says_what_to_change_in_the_form(client: TestClient, migrat
 
 
 def test_only_failures_a_retry_can_change_offer_retry() -> None:
-    from app.run.outcomes import crash_message, retry_may_help
-    from draftdeck.errors import InputError
+    from app.run.outcomes import retry_may_help
+    from draftdeck.errors import InputError, crash_message
 
     assert retry_may_help("failed", crash_message(MemoryError("out of memory")))
     assert retry_may_help("failed", "chunk 3: " + crash_message(OSError("disk full")))
