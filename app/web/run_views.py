@@ -61,6 +61,11 @@ CHARTS: list[dict[str, Any]] = [
     {"id": "grad", "title": "Gradient norm", "series": [["train/grad_norm", "grad norm"]]},
     {"id": "tps", "title": "Tokens/s", "series": [["train/tokens_per_s", "tokens/s"]]},
     {
+        "id": "seconds",
+        "title": "Seconds",
+        "series": [["train/step_seconds", "a training step"], ["heldout/seconds", "a held-out pass"]],
+    },
+    {
         "id": "mem",
         "title": "Peak memory (MiB)",
         "series": [

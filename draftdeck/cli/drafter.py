@@ -95,7 +95,9 @@ def _heldout_line(values: Mapping[str, float]) -> str:
     line += f" (anchor-mean, optimistic: {anchor:.3f})"
     if values.get("heldout/agreement/tokens"):
         line += f"  {_agreement_words(values, 'heldout')}"
-    return line + f"  loss {values.get('heldout/loss', math.nan):.4f}"
+    line += f"  loss {values.get('heldout/loss', math.nan):.4f}"
+    seconds = values.get("heldout/seconds")
+    return line + (f"  ({seconds:,.1f} s)" if seconds is not None else "")
 
 
 def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report:

@@ -7,12 +7,14 @@ CLI and tests use `LocalContext`, which keeps everything in memory.
 Metric names (one flat namespace per run; values are floats, counts are stored as counts and become
 ratios only when shown):
 
-- ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``: plain values per step.
+- ``train/loss``, ``train/lr``, ``train/grad_norm``, ``train/tokens_per_s``, ``train/step_seconds``
+  (a training step's mean wall time since the previous point): plain values per step;
+  ``heldout/seconds``: the held-out pass's wall time.
 - ``train/pos/{k}/correct``, ``train/pos/{k}/total`` for block slot k = 1..B-1: counts since the
   previous point (per-position accuracy = correct / total, summed over any window, ranks, runs).
 - ``heldout/loss``; ``heldout/walked/accepted`` and ``heldout/walked/steps``: the walked estimate
   over the held-out split (tau incl. bonus = 1 + accepted / steps); ``heldout/anchor/accepted`` and
-  ``heldout/anchor/blocks``: the mean over random anchors (the optimistic estimate, tau = 1 +
+  ``heldout/anchor/blocks``: the mean over a seeded sample of anchors (the optimistic estimate, tau = 1 +
   accepted / blocks); ``heldout/hist/{n}``: verify steps whose tau (incl. bonus) was n, n = 1..B;
   ``heldout/pos/{k}/correct`` / ``heldout/pos/{k}/total``.
 - ``eval/accepted``, ``eval/steps``, ``eval/proposed``, ``eval/hist/{n}``, ``eval/pos/{i}/accepted``

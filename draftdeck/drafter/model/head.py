@@ -187,8 +187,8 @@ def _chunked(
                 p = logp.exp()
                 assert dprob is not None
                 dprob[s : s + rows] = p.gather(1, pred[s : s + rows, None])[:, 0]
-                # KL(p || q) = sum p log p - sum p logits + lse, as row dot products (no more chunks)
-                kl[s : s + rows] = (_rowdot(p, logp) - _rowdot(p, logits)) + lse
+                # KL(p || q) = sum p (log p - logits) + lse: one row dot product (no more chunks)
+                kl[s : s + rows] = _rowdot(p, logp.sub_(logits)) + lse
                 del logp
             if p is None and not (need_h or need_w or need_b):
                 continue
@@ -215,6 +215,17 @@ def _chunked(
         per_slot = ce_w * ce if kl is None else ce_w * ce + kl_w * kl
         total = (weights.float() * per_slot).sum()
     return HeadOut(total, ce, pred, kl, accept, tpred, dprob), (grad_h, grad_w, grad_b)
+
+
+def head_argmax(head: nn.Module, hidden: torch.Tensor, chunk_bytes: int = LOGITS_CHUNK_BYTES) -> torch.Tensor:
+    """(N,) the head's argmax for `hidden` (N, H), a chunk of logits alive at a time (as `head_loss`
+    computes its `pred`)."""
+    vocab = head.out_features if isinstance(head, nn.Linear) else None
+    rows = rows_per_chunk(vocab, chunk_bytes) if vocab else max(1, hidden.shape[0])
+    out = torch.empty(hidden.shape[0], dtype=torch.long, device=hidden.device)
+    for s in range(0, hidden.shape[0], rows):
+        out[s : s + rows] = head(hidden[s : s + rows]).argmax(-1)
+    return out
 
 
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -108,6 +108,14 @@ class TrainParams(JobParams):
     heldout_fraction: float = Field(0.02, ge=0, lt=1, description="Fraction of conversations held out")
     heldout_max_rows: int = Field(256, ge=1, le=1_000_000, description="Held-out rows used per evaluation")
     eval_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per held-out batch")
+    heldout_anchors: int = Field(
+        64,
+        ge=1,
+        le=8192,
+        description="Anchors per held-out row whose every slot is read (the held-out loss, per-slot"
+        " accuracy, expected acceptance, anchor-mean), seeded per row; the walked tau reads the blocks"
+        " it reaches at every anchor",
+    )
     truth_rows: int = Field(
         64,
         ge=0,

@@ -325,7 +325,11 @@ class Trainer:
         grad_norm = sharding.as_float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
         return self.ranks.counts(counts), grad_norm
 
-    def _pass(self, examples: list[Any], sources: list[str], judge: bool) -> tuple[Counts, dict[str, Counts]]:
+    def _pass(
+        self, examples: list[Any], sources: list[str], judge: bool, sample: bool = True
+    ) -> tuple[Counts, dict[str, Counts]]:
+        """A held-out pass over `examples`; `sample`: with the loss and per-slot counts at a seeded
+        sample of `heldout_anchors` anchors per row (the walk alone otherwise)."""
         bs = self.p.eval_batch_size
         batches = [
             collate(examples[i : i + bs], self.pad_id, self.device) for i in range(0, len(examples), bs)
@@ -335,6 +339,7 @@ class Trainer:
             return heldout_pass(
                 self.eval_drafter, self.target, batches, self.p.gamma,
                 sources=groups, judge=judge, attention=self.attention, mix=self.p.mix,
+                anchors_per_row=self.p.heldout_anchors if sample else 0, seed=self.p.seed,
             )  # fmt: skip
 
     def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts], Counts]:
@@ -356,7 +361,7 @@ class Trainer:
                     "warning", f"target agreement is not measured: {exc}", code="truth_unavailable"
                 )
             return self.evaluate(step)
-        own, by_own = self._pass(self.answered, srcs[:k], judge=False)
+        own, by_own = self._pass(self.answered, srcs[:k], judge=False, sample=False)
         total = first + rest
         total.add_target_walk(own)
         by: dict[str, Counts] = {}
@@ -418,7 +423,7 @@ class Trainer:
         self.preflight(fresh=not resumed)
         self._write_record()
         reset_peak(self.device)
-        window, busy = Counts(self.cfg.block_size), 0.0
+        window, busy, window_steps = Counts(self.cfg.block_size), 0.0, 0
         while self.step < self.total_steps:
             if self._cancelled():
                 self._write_record()
@@ -450,6 +455,7 @@ class Trainer:
             self.tokens += counts.tokens
             window = window + counts
             busy += time.perf_counter() - t_step  # tokens/s over training steps, not evals or saves
+            window_steps += 1
             if self.rank == 0:
                 self.ctx.progress(step, self.total_steps, "steps")
             if step % self.p.log_every == 0 or step == self.total_steps:
@@ -459,20 +465,23 @@ class Trainer:
                     "train/lr": lr,
                     "train/grad_norm": grad_norm,
                     "train/tokens_per_s": window.tokens / dt,
+                    "train/step_seconds": dt / max(window_steps, 1),
                     "train/peak_memory_mib": peak_bytes(self.device) / 2**20,
                     **window.position_metrics("train"),
                 }
                 if self.rank == 0:
                     self.ctx.metrics(step, values, tokens=self.tokens)
-                window, busy = Counts(self.cfg.block_size), 0.0
+                window, busy, window_steps = Counts(self.cfg.block_size), 0.0, 0
             at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
             heldout = matched = None
             if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):
+                t_pass = time.perf_counter()
                 heldout, by_source, matched = self.evaluate(step)
                 if self.rank == 0:
                     values = {
                         **heldout.heldout_metrics(),
                         "heldout/peak_memory_mib": peak_bytes(self.device) / 2**20,
+                        "heldout/seconds": time.perf_counter() - t_pass,
                     }
                     if len(by_source) > 1:  # one source: its figures are the split's
                         for name, c in by_source.items():

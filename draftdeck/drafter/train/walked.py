@@ -8,29 +8,47 @@ counts it), and the walk jumps to p + 1 + accepted; it stops once p >= e. When t
 the target's own greedy output, this equals real greedy speculative decoding (DOMAIN.md, Metrics),
 while the mean over all anchors of 1 + run (the anchor-mean) is optimistic.
 
-The drafter runs once per eligible anchor (batched, in chunks of anchors); the walk itself is index
-chasing over the per-anchor runs (numpy, vectorised over spans).
+The target's head (a 248K vocabulary: the pass's cost) reads what the walk needs, in two phases per
+batch, against the drafter's context keys and values computed once:
+
+1. `first_slots`: a block at every eligible anchor, in chunks; every slot through the head at a
+   seeded sample of anchors per row (the loss, per-slot accuracy, expected acceptance and
+   anchor-mean: the figures that need every slot's distribution; the sample drawn as training draws
+   its anchors, from a generator seeded by the run's seed and the row's tokens, so the same anchors
+   at every pass, on any number of ranks), elsewhere slot 1 alone: where it is wrong the run is 0.
+2. `walk_steps` over `Drafts`: the walk, every span of every row a step at a time; where it reaches
+   an anchor whose slot 1 was right, the block is drafted again and all its slots read, one head
+   call per step for all the spans that need one.
+
+A pass reads about T + (B - 1) x (the walk's steps that accepted a draft) head rows per row, where
+drafting every slot at every anchor read (B - 1) x T; the walk is the same, step for step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+from torch import nn
 
 from draftdeck.drafter.model.attention import Backend
 from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.model.head import head_argmax
+from draftdeck.drafter.model.target import Target, TargetPass
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.memory import HELDOUT_ANCHORS_PER_CHUNK
 from draftdeck.drafter.train.objective import (
     CE_ONLY,
+    ContextKV,
     Mix,
     all_anchors,
     block_loss,
     build_blocks,
     drafter_hidden,
+    sample_anchors_per_row,
 )
 from draftdeck.drafter.train.truth import Batch, agreement_of, target_view
 
@@ -48,29 +66,207 @@ def spans(loss_mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rs * t + cs, re_ * t + ce - 1
 
 
-def walk(runs: np.ndarray, loss_mask: np.ndarray, block_size: int) -> Counts:
-    """Walk every span of `loss_mask` (bsz, T) given `runs` (bsz, T): the leading correct run of
-    the block anchored at each position (only read at anchors the walk visits, all of which are
-    eligible anchors). Returns counts with the walked fields set."""
-    flat = np.asarray(runs, dtype=np.int64).reshape(-1)
+@dataclass
+class Walk:
+    """The verify steps of a walk over a batch: each step's row and its accepted drafts."""
+
+    rows: np.ndarray
+    accepted: np.ndarray
+
+    def counts(self, block_size: int, rows: np.ndarray | None = None) -> Counts:
+        """The walked counts of every row, or of the rows where `rows` (bsz,) is True."""
+        acc = self.accepted if rows is None else self.accepted[rows[self.rows]]
+        c = Counts(block_size)
+        c.walked_accepted, c.walked_steps = int(acc.sum()), int(acc.size)
+        c.walked_hist = [int(x) for x in np.bincount(acc + 1, minlength=block_size + 1)]
+        return c
+
+
+RunsAt = Callable[[np.ndarray], np.ndarray]  # flat positions -> the run of the block drafted at each
+
+
+def walk_steps(runs_at: RunsAt, loss_mask: np.ndarray) -> Walk:
+    """Walk every span of `loss_mask` (bsz, T), all spans a step at a time: `runs_at` gives the
+    leading correct run of the block anchored at each position the walk visits (each an eligible
+    anchor)."""
+    t = np.asarray(loss_mask).shape[1]
     start, end = spans(loss_mask)
     p, e = start.copy(), end
-    c = Counts(block_size)
-    hist = np.zeros(block_size + 1, dtype=np.int64)
+    rows, accepted = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
     active = p < e
     while active.any():
         pa, ea = p[active], e[active]
-        r = flat[pa]
-        if (r < 0).any():
-            raise ValueError(f"the walk reached a position with no draft (flat index {int(pa[r < 0][0])})")
-        acc = np.minimum(r, ea - pa)
-        c.walked_accepted += int(acc.sum())
-        c.walked_steps += int(acc.size)
-        hist += np.bincount(acc + 1, minlength=block_size + 1)
+        acc = np.minimum(np.asarray(runs_at(pa), dtype=np.int64), ea - pa)
+        rows.append(pa // t)
+        accepted.append(acc)
         p[active] = pa + 1 + acc
         active = p < e
-    c.walked_hist = [int(x) for x in hist]
-    return c
+    return Walk(np.concatenate(rows), np.concatenate(accepted))
+
+
+def _drafted(runs: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """`runs` (the runs at `positions`), refusing a position where no block was drafted (-1)."""
+    if (runs < 0).any():
+        missing = int(positions[runs < 0][0])
+        raise ValueError(f"the walk reached a position with no draft (flat index {missing})")
+    return runs
+
+
+def known_runs(runs: np.ndarray) -> RunsAt:
+    """`runs_at` over `runs` (bsz, T) known at every position the walk may reach (-1: none drafted)."""
+    flat = np.asarray(runs, dtype=np.int64).reshape(-1)
+    return lambda positions: _drafted(flat[positions], positions)
+
+
+def walk(runs: np.ndarray, loss_mask: np.ndarray, block_size: int) -> Counts:
+    """The walked counts over `runs` (bsz, T), known at every eligible anchor."""
+    return walk_steps(known_runs(runs), loss_mask).counts(block_size)
+
+
+def leading_runs_read(
+    head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor
+) -> torch.Tensor:
+    """(m,) each block's leading run of drafts equal to `labels` from slot 1 (an uncounted slot ends
+    it), every counted slot of `hidden` (m, B, H) through the head in one call."""
+    correct = torch.zeros_like(counted)
+    draft = head_argmax(head, hidden[counted])
+    correct[counted] = draft == labels[counted]
+    return correct[:, 1:].long().cumprod(dim=1).sum(dim=1)
+
+
+def row_generators(input_ids: torch.Tensor, lengths: Sequence[int], seed: int) -> list[torch.Generator]:
+    """A generator per row, seeded by `seed` and the row's tokens (not its batch, rank or padding)."""
+    gens = []
+    for row, n in zip(input_ids.cpu().numpy(), lengths, strict=True):
+        g = torch.Generator()
+        g.manual_seed((seed * 1_000_003 + zlib.crc32(row[:n].tobytes())) % 2**63)
+        gens.append(g)
+    return gens
+
+
+def _sample(batch: Batch, anchors: torch.Tensor, per_row: int | None, seed: int) -> torch.Tensor:
+    """(bsz, A) bool: which of `anchors` (every eligible one, ascending) are in the row's seeded
+    sample of `per_row` (None: all of them)."""
+    input_ids, attention_mask, loss_mask = batch
+    if per_row is None:
+        return torch.ones_like(anchors, dtype=torch.bool)
+    bsz, t = input_ids.shape
+    lengths = [int(n) for n in attention_mask.sum(1)] if attention_mask is not None else [t] * bsz
+    picked = torch.zeros(bsz, t + 1, dtype=torch.bool, device=anchors.device)
+    if per_row > 0:
+        pos, ok = sample_anchors_per_row(
+            loss_mask, lengths, per_row, row_generators(input_ids, lengths, seed)
+        )
+        picked[torch.arange(bsz, device=pos.device)[:, None].expand_as(pos)[ok], pos[ok]] = True
+    return picked.gather(1, anchors)
+
+
+UNKNOWN = -2  # `first_slots`: slot 1 was right, the run is not known yet
+
+
+def first_slots(
+    drafter: DFlashDrafter,
+    target: Target,
+    batch: Batch,
+    context: tuple[torch.Tensor, ContextKV],
+    tf: TargetPass,
+    gamma: float,
+    *,
+    per_row: int | None,
+    seed: int,
+    mix: Mix,
+    attention: Backend,
+    anchors_per_chunk: int,
+) -> tuple[torch.Tensor, Counts]:
+    """Phase 1 of the pass (module doc): a block at every eligible anchor of `batch`; every slot
+    through the head at a seeded sample of `per_row` anchors per row (None: all), slot 1 alone
+    elsewhere. Returns (runs (bsz, T): exact at the sample and where slot 1 was wrong, `UNKNOWN`
+    where it was right, -1 at no anchor; the sample's counts)."""
+    input_ids, attention_mask, loss_mask = batch
+    hidden_states, kv = context
+    bsz = input_ids.shape[0]
+    anchors, valid = all_anchors(loss_mask)
+    sampled = _sample(batch, anchors, per_row, seed) & valid
+    runs = torch.full(input_ids.shape, -1, dtype=torch.long, device=input_ids.device)
+    counts = Counts(drafter.block_size)
+    rows = torch.arange(bsz, device=input_ids.device)[:, None]
+    for i in range(0, anchors.shape[1], anchors_per_chunk):
+        part = slice(i, i + anchors_per_chunk)
+        a, v, s = anchors[:, part], valid[:, part], sampled[:, part]
+        blocks = build_blocks(
+            input_ids, loss_mask, attention_mask, a, v, drafter.block_size, drafter.mask_token_id, attention
+        )
+        hidden = drafter_hidden(drafter, target.embedding, hidden_states, blocks, kv)
+        if s.any():
+            only = replace(blocks, valid=s, label_valid=blocks.label_valid & s[:, :, None])
+            res = block_loss(target.lm_head, hidden, only, gamma, teacher=tf.last_hidden, mix=mix)
+            counts = counts + res.counts
+            runs[rows.expand_as(a)[s], a[s]] = res.runs[s]
+        rest = v & ~s  # an eligible anchor's slot 1 is always counted
+        if rest.any():
+            right = head_argmax(target.lm_head, hidden[rest][:, 1]) == blocks.labels[rest][:, 1]
+            runs[rows.expand_as(a)[rest], a[rest]] = torch.where(right, UNKNOWN, 0)
+    return runs, counts
+
+
+class Drafts:
+    """Phase 2's `runs_at` over one batch (module doc): the runs `first_slots` knows; where slot 1 was
+    right, the blocks at those positions drafted again (batched across rows) and all their slots read."""
+
+    def __init__(
+        self,
+        drafter: DFlashDrafter,
+        target: Target,
+        batch: Batch,
+        context: tuple[torch.Tensor, ContextKV],
+        runs: torch.Tensor,
+        attention: Backend,
+    ):  # fmt: skip
+        self.drafter, self.target, self.batch, self.context, self.attention = (
+            drafter, target, batch, context, attention,
+        )  # fmt: skip
+        self.runs = runs.cpu().numpy().reshape(-1)
+        self.drafted = 0  # blocks drafted again
+
+    def __call__(self, flat: np.ndarray) -> np.ndarray:
+        r = self.runs[flat]
+        todo = np.nonzero(r == UNKNOWN)[0]
+        if todo.size:
+            r[todo] = self._draft(flat[todo])
+            self.runs[flat[todo]] = r[todo]
+        return _drafted(r, flat)
+
+    def _draft(self, flat: np.ndarray) -> np.ndarray:
+        input_ids, attention_mask, loss_mask = self.batch
+        bsz, t = input_ids.shape
+        order = np.argsort(flat, kind="stable")
+        rows, cols = flat[order] // t, flat[order] % t
+        per_row = np.bincount(rows, minlength=bsz)
+        slot = np.arange(rows.size) - (np.cumsum(per_row) - per_row)[rows]
+        dev = input_ids.device
+        r, s = torch.from_numpy(rows).to(dev), torch.from_numpy(slot).to(dev)
+        anchors = torch.zeros(bsz, int(per_row.max()), dtype=torch.long, device=dev)
+        valid = torch.zeros_like(anchors, dtype=torch.bool)
+        anchors[r, s], valid[r, s] = torch.from_numpy(cols).to(dev), True
+        d = self.drafter
+        blocks = build_blocks(
+            input_ids,
+            loss_mask,
+            attention_mask,
+            anchors,
+            valid,
+            d.block_size,
+            d.mask_token_id,
+            self.attention,
+        )
+        hidden = drafter_hidden(d, self.target.embedding, self.context[0], blocks, self.context[1])
+        runs = leading_runs_read(
+            self.target.lm_head, hidden[r, s], blocks.labels[r, s], blocks.label_valid[r, s]
+        )
+        self.drafted += int(flat.size)
+        out = np.empty(flat.size, dtype=np.int64)
+        out[order] = runs.cpu().numpy()
+        return out
 
 
 @torch.no_grad()
@@ -82,50 +278,44 @@ def heldout_pass(
     *,
     sources: Iterable[Sequence[str]] | None = None,
     judge: bool = True,
+    anchors_per_row: int | None = 0,
+    seed: int = 0,
     anchors_per_chunk: int = HELDOUT_ANCHORS_PER_CHUNK,
     attention: Backend = "blocked",
     mix: Mix = CE_ONLY,
 ) -> tuple[Counts, dict[str, Counts]]:
-    """Loss, per-slot counts, anchor-mean over EVERY eligible anchor and the walked counts over
-    `batches` (on the target's device) and, with `judge`, target agreement on them
-    (draftdeck.drafter.train.truth). With `sources` (each batch's row sources), the walk and agreement per
-    source too (no loss or per-slot counts there). The loss is the training's (`mix`); the target's
-    distribution is known at every slot here, so the expected acceptance per slot is counted too."""
+    """The walked counts over `batches` (on the target's device); the loss (the training's, `mix`),
+    per-slot counts, expected acceptance and anchor-mean at a seeded sample of `anchors_per_row`
+    anchors per row (None: every eligible anchor; 0: none); with `judge`, target agreement
+    (draftdeck.drafter.train.truth). With `sources` (each batch's row sources), the walk and agreement
+    per source too."""
     was_training = drafter.training
     drafter.eval()
     total = Counts(drafter.block_size)
     by_source: dict[str, Counts] = {}
     row_sources = iter(sources) if sources is not None else None
     try:
-        for input_ids, attention_mask, loss_mask in batches:
+        for batch in batches:
+            input_ids, attention_mask, loss_mask = batch
             tf = target.teacher_forced(input_ids, attention_mask, drafter.target_layer_ids)
-            context = tf.context.to(next(drafter.parameters()).dtype)
-            anchors, valid = all_anchors(loss_mask)
-            runs = torch.full(input_ids.shape, -1, dtype=torch.long, device=input_ids.device)
-            for i in range(0, anchors.shape[1], anchors_per_chunk):
-                a, v = anchors[:, i : i + anchors_per_chunk], valid[:, i : i + anchors_per_chunk]
-                batch = build_blocks(
-                    input_ids,
-                    loss_mask,
-                    attention_mask,
-                    a,
-                    v,
-                    drafter.block_size,
-                    drafter.mask_token_id,
-                    attention,
-                )
-                hidden = drafter_hidden(drafter, target.embedding, context, batch)
-                res = block_loss(target.lm_head, hidden, batch, gamma, teacher=tf.last_hidden, mix=mix)
-                total = total + res.counts
-                rows = torch.arange(a.shape[0], device=a.device)[:, None].expand_as(a)
-                runs[rows[v], a[v]] = res.runs[v]
+            hidden_states = tf.context.to(next(drafter.parameters()).dtype)
+            bsz, t = input_ids.shape
+            positions = torch.arange(t, device=input_ids.device).expand(bsz, t)
+            context = (hidden_states, drafter.context_kv(hidden_states, positions))
+            runs, sampled = first_slots(
+                drafter, target, batch, context, tf, gamma, per_row=anchors_per_row, seed=seed, mix=mix,
+                attention=attention, anchors_per_chunk=anchors_per_chunk,
+            )  # fmt: skip
+            total = total + sampled
+            steps = walk_steps(
+                Drafts(drafter, target, batch, context, runs, attention), loss_mask.cpu().numpy()
+            )
             view = (
                 target_view(target.lm_head, tf.last_hidden, tf.last_logits, input_ids, loss_mask)
                 if judge
                 else None
             )
-            runs_np, mask_np = runs.cpu().numpy(), loss_mask.cpu().numpy()
-            w = walk(runs_np, mask_np, drafter.block_size)
+            w = steps.counts(drafter.block_size)
             if view is not None:
                 w.add_agreement(agreement_of(view, input_ids))
             w.tokens = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
@@ -133,7 +323,7 @@ def heldout_pass(
             names = list(next(row_sources)) if row_sources is not None else []
             for name in sorted(set(names)):
                 pick = np.asarray([n == name for n in names])
-                sub = walk(runs_np[pick], mask_np[pick], drafter.block_size)
+                sub = steps.counts(drafter.block_size, pick)
                 if view is not None:
                     sub.add_agreement(
                         agreement_of(view, input_ids, torch.from_numpy(pick).to(input_ids.device))
@@ -151,10 +341,12 @@ def heldout_counts(
     gamma: float,
     *,
     judge: bool = True,
+    anchors_per_row: int | None = 0,
     anchors_per_chunk: int = HELDOUT_ANCHORS_PER_CHUNK,
     attention: Backend = "blocked",
 ) -> Counts:
     """`heldout_pass` over every row together."""
     return heldout_pass(
-        drafter, target, batches, gamma, judge=judge, anchors_per_chunk=anchors_per_chunk, attention=attention
-    )[0]
+        drafter, target, batches, gamma, judge=judge, anchors_per_row=anchors_per_row,
+        anchors_per_chunk=anchors_per_chunk, attention=attention,
+    )[0]  # fmt: skip

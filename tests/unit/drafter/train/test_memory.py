@@ -39,7 +39,8 @@ params = TrainParams(
 )
 ctx = LocalContext(root / "ctx")
 record = Trainer(params, ctx).run()
-names = ("train/peak_memory_mib", "heldout/peak_memory_mib", "train/tokens_per_s")
+names = ("train/peak_memory_mib", "heldout/peak_memory_mib", "train/tokens_per_s", "train/step_seconds",
+         "heldout/seconds")
 series = {n: ctx.series(n) for n in names}
 print(json.dumps({"peak": peak_bytes(torch.device("cpu")), "memory": record.memory, "data": record.data,
                   "events": ctx.events, "series": series}))
@@ -70,7 +71,9 @@ def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path: Path) 
     series = got["series"]
     peaks = series["train/peak_memory_mib"] + series["heldout/peak_memory_mib"]
     assert len(peaks) == 3 and 0 < max(v for _, v in peaks) * 2**20 <= peak
-    assert series["train/tokens_per_s"] and all(v > 0 for _, v in series["train/tokens_per_s"])
+    for name in ("train/tokens_per_s", "train/step_seconds", "heldout/seconds"):  # time beside time
+        assert series[name] and all(v > 0 for _, v in series[name]), name
+    assert len(series["train/step_seconds"]) == 2 and len(series["heldout/seconds"]) == 1
     # rows longer than seq_length are kept cut, and the cut is counted
     assert data["truncated_rows"] > 0 and data["truncated_tokens"] >= 64 * data["truncated_rows"]
     cut = [(c, n) for _, _, c, n in got["events"] if c == "truncated"]

@@ -21,7 +21,7 @@ from tests.support.datasets import start_web, stop_group
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
 from tests.support.launch import torchrun_nodes
 
-STEPS = 120
+STEPS = 480  # long enough (a few seconds) to be running while its server restarts
 
 
 def _serve(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -43,7 +43,7 @@ def test_a_run_reports_live_and_a_server_restart_loses_and_repeats_nothing(tmp_p
     train = subprocess.Popen(
         [sys.executable, "-m", "draftdeck.cli", "train", str(ds), "--target", str(target), "--out", str(run),
          "--block-size", "4", "--anchors-per-seq", "8", "--batch-size", "4", "--max-steps", str(STEPS),
-         "--log-every", "1", "--eval-every", "40", "--checkpoint-every", "40", "--heldout-fraction", "0.15",
+         "--log-every", "1", "--eval-every", "160", "--checkpoint-every", "160", "--heldout-fraction", "0.15",
          "--device", "cpu", "--report-to", url],
         cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
