@@ -87,7 +87,7 @@ def _agreement_words(values: Mapping[str, float], prefix: str) -> str:
 
 def _heldout_line(values: Mapping[str, float]) -> str:
     """One held-out pass: tau judged by the target and by the data (both incl. bonus), the optimistic
-    anchor mean, target agreement and the loss."""
+    anchor mean, target agreement, the loss and the pass's wall time."""
     walked = _ratio(values, "heldout/walked/accepted", "heldout/walked/steps", 1.0)
     judged = _ratio(values, "heldout/target_walked/accepted", "heldout/target_walked/steps", 1.0)
     anchor = _ratio(values, "heldout/anchor/accepted", "heldout/anchor/blocks", 1.0)
@@ -97,7 +97,9 @@ def _heldout_line(values: Mapping[str, float]) -> str:
         line += f"  {_agreement_words(values, 'heldout')}"
     line += f"  loss {values.get('heldout/loss', math.nan):.4f}"
     seconds = values.get("heldout/seconds")
-    return line + (f"  ({seconds:,.1f} s)" if seconds is not None else "")
+    if seconds is not None:
+        line += f"  (the pass: {seconds:.2f} s)" if seconds < 10 else f"  (the pass: {seconds:,.0f} s)"
+    return line
 
 
 def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report:
