@@ -100,6 +100,10 @@ def _rank(rank: int, world: int, strategy: str, root: str, port: int, args: argp
         "peak": torch.cuda.max_memory_allocated() if cuda else _high_water(),
         "drafter_state": sum(state.values()),
         "target_weights": params_bytes(tr.target.model),
+        "target_whole": sum(p.numel() * p.element_size() for p in tr.target.model.parameters()),
+        "target_layer": max(params_bytes(layer) for layer in sharding.target_layers(tr.target.model))
+        if not tr.target.sharded
+        else 0,
         "strategy": tr.strategy,
     }
     every: list[Any] = [mine]
@@ -177,6 +181,13 @@ def main() -> None:
         print(
             f"{world} ranks: fsdp's drafter state {share:.3f} of one rank's (goal <= {1 / world + 0.1:.3f});"
             f" fsdp step {speed:.2f}x ddp's (goal >= 0.70)"
+        )
+        whole, layer = one["target_whole"], one["target_layer"]
+        held = max(r["target_weights"] for r in fsdp)
+        print(
+            f"{world} ranks: fsdp's target {held / 2**20:,.1f} MiB per rank of {whole / 2**20:,.1f} MiB"
+            f" (goal <= 1/N + one layer = {(whole / world + layer) / 2**20:,.1f} MiB; its embedding and"
+            " head stay whole)"
         )
 
 

@@ -50,6 +50,9 @@ class Target:
         self.config: Any = self.model.config  # a checkpoint with a vision tower: its text config
         # what of the folder is in memory, for the job's log
         self.loaded = loaded or type(model).__name__
+        # its decoder layers sharded across the ranks (`draftdeck.drafter.train.sharding.shard_target`):
+        # every forward is then a collective, run by every rank alike
+        self.sharded = False
         model.eval()
         model.requires_grad_(False)
 

@@ -88,9 +88,13 @@ class MemoryEstimate:
 
 
 def params_bytes(module: nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters()) + sum(
-        b.numel() * b.element_size() for b in module.buffers()
-    )
+    """Bytes this process holds of `module`'s parameters and buffers (a sharded one: its shard)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(_local(t).numel() * t.element_size() for t in tensors)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def estimate(

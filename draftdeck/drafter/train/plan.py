@@ -5,8 +5,9 @@ a 27B target plans in a second on a laptop. Per rank, in bytes (n: the drafter's
 parameters, N: ranks, e: the compute dtype's size, 2 for bf16 (a GPU run, autocast), 4 for
 float32 (a CPU run)):
 
-- target weights: every target parameter at e (the frozen target is whole on every rank,
-  `draftdeck.drafter.train.sharding`);
+- target weights: every target parameter at e; fsdp: its decoder layers are sharded
+  (`draftdeck.drafter.train.sharding.shard_target`), so the rest (embedding, head, norms) whole, the
+  layers / N, and two layers in flight (the one computing and the one prefetched);
 - drafter weights: what the drafter computes with: n at e (bf16: autocast's copy of the float32
   weights); fsdp: the two layers in flight (gathered, the one computing and the one prefetched);
 - master copy: the float32 weights the optimizer updates (the weights themselves in float32, so
@@ -41,7 +42,7 @@ from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.train.device import capacity_bytes
 from draftdeck.drafter.train.memory import Shapes, estimate
 from draftdeck.drafter.train.params import PlanParams, TrainParams
-from draftdeck.drafter.train.sharding import STRATEGIES, Sharding
+from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
 from draftdeck.units import binary_size, parse_size
 
@@ -160,6 +161,8 @@ class _Models:
     target_params: int
     trainable: int
     layer: int  # the largest drafter layer's parameters
+    target_layers: int  # the target's decoder layers' parameters
+    target_layer: int  # ... the largest one's
 
 
 def _meta_count(build: Any) -> tuple[int, Any]:
@@ -180,7 +183,8 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
     )  # fmt: skip
     n, drafter = _meta_count(lambda: DFlashDrafter(cfg))
     layer = max(sum(p.numel() for p in lay.parameters()) for lay in drafter.layers)
-    models = _Models(config, cfg, drafter, target_params, n, layer)
+    per_layer = [sum(p.numel() for p in lay.parameters()) for lay in target_layers(target)]
+    models = _Models(config, cfg, drafter, target_params, n, layer, sum(per_layer), max(per_layer))
     result = Plan(type(target).__name__, target_params, n, shape.layers, shape, capacity)
     for name in STRATEGIES if shape.world > 1 else ("none",):
         terms, phase = _terms(name, models, shape)
@@ -211,7 +215,7 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
         weights = n * e if e == 2 else n * 4
         buffers = layer * 4 if name == "ddp" else 0
     terms = {
-        "target weights": m.target_params * e,
+        "target weights": _target_weights(name, m, world) * e,
         "drafter weights": weights,
         "master copy": (n * 4 // shards) if (e == 2 or name == "fsdp") else 0,
         "gradients": n * 4 // shards,
@@ -222,6 +226,14 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
         "runtime": RUNTIME_BYTES[e],
     }
     return terms, working.phase
+
+
+def _target_weights(name: str, m: _Models, world: int) -> int:
+    """The target's parameters a rank holds at its peak: all of them; under fsdp the layers' shards
+    and two whole layers (gathered for a forward, the next prefetched), the rest whole."""
+    if name != "fsdp":
+        return m.target_params
+    return m.target_params - m.target_layers + m.target_layers // world + 2 * m.target_layer
 
 
 def _largest_batch(name: str, m: _Models, shape: Shape, capacity: int | None) -> int:

@@ -9,9 +9,12 @@
   and AdamW state are 1/N per rank; a layer's weights are gathered for its forward and its backward.
   On a GPU the gathered weights are bf16 and gradients are reduced in float32.
 
-The frozen target stays whole on every rank (its weights are not sharded here: the pre-flight's
-generation and the held-out pass run a different number of target forwards on each rank, which a
-sharded target's per-layer gathers cannot allow).
+Under fsdp the frozen target's decoder layers are sharded too (`shard_target`: FSDP2 per layer,
+gathered for its forward and freed after it), so that a target larger than one device trains across
+N. Its embedding and LM head stay whole: the drafter reads them at every slot of every step. Each
+target forward is then a collective, so every rank must run the same forwards: training steps do;
+the pre-flight and the held-out pass, which split their rows across ranks, run every row on every
+rank instead (the trainer's `eval_ranks`), and generation steps until every rank is done.
 
 Training calls the drafter through `context_kv` and `block_forward` (several backward passes per
 micro-batch, `objective.dflash_backward`), so those are registered as forward methods. Gradients are
@@ -30,6 +33,7 @@ import torch
 from torch import nn
 
 from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.target import Target
 from draftdeck.errors import UsageError
 
 Sharding = Literal["none", "ddp", "fsdp"]
@@ -83,6 +87,28 @@ def shard(drafter: DFlashDrafter, strategy: Sharding, device: torch.device, worl
     for module in (*drafter.decoder_layers, drafter):  # each sharded module reduces its own gradients
         module.set_gradient_divide_factor(1.0)  # type: ignore[operator]
         module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # gloo: no PREMUL_SUM
+
+
+def target_layers(model: nn.Module) -> list[nn.Module]:
+    """A causal LM's decoder layers: the module list named `...layers` with one per hidden layer."""
+    config: Any = model.config
+    n = int(config.get_text_config().num_hidden_layers)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.endswith("layers") and len(module) == n:
+            return list(module)
+    raise UsageError(f"{type(model).__name__}: no list of {n} decoder layers to shard (sharding fsdp)")
+
+
+def shard_target(target: Target, device: torch.device, world: int) -> None:
+    """Shard the frozen target's decoder layers over `world` ranks (FSDP2 per layer, resharded
+    after each forward); its embedding, head and norms stay whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in target_layers(target.model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    target.sharded = True
 
 
 def _options(*, cpu_offload: bool) -> Any:

@@ -120,6 +120,8 @@ class Trainer:
                 dist.broadcast(p.data, src=0)
         self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits())
         sharding.shard(self.drafter, self.strategy, self.device, world)
+        if self.strategy == "fsdp":
+            sharding.shard_target(self.target, self.device, world)
         self.eval_drafter = self.drafter
         self.opt = torch.optim.AdamW(
             self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
@@ -137,8 +139,15 @@ class Trainer:
         self.answered: list[Any] = []  # ... and its answers, the rows of the target-judged walk
         self.truth_alerted = False
         self.ranks = Ranks(rank, world, self.device, self.cfg.block_size)
+        # the pre-flight and held-out rows: split across ranks and counts summed; with a sharded
+        # target (its forwards are collectives) every rank runs every row, as one rank would
+        self.eval_ranks = Ranks(0, 1, self.device, self.cfg.block_size) if self.target.sharded else self.ranks
         self.record = self._record()
-        self.record.sharding = {"strategy": self.strategy, "why": why}
+        self.record.sharding = {
+            "strategy": self.strategy,
+            "why": why,
+            "target": "decoder layers sharded" if self.target.sharded else "whole on every rank",
+        }
 
     def _ddp_fits(self) -> bool | None:
         """For `--sharding auto` on N ranks: whether the planner fits a replicated drafter on this
@@ -347,7 +356,8 @@ class Trainer:
         target-judged walk over the target's own answers, both per source; and, once a run, the truth
         alert when the first is above the second on the same prompts (draftdeck.drafter.train.preflight).
         The third: the data-judged counts of just those rows."""
-        rows = self.data.heldout[: self.p.heldout_max_rows][self.rank :: self.world]
+        share = self.eval_ranks
+        rows = self.data.heldout[: self.p.heldout_max_rows][share.rank :: share.world]
         k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
         srcs = [self.data.source(r) for r in rows]
         self.eval_drafter = sharding.eval_copy(self.drafter, self.strategy, self.device)
@@ -370,20 +380,21 @@ class Trainer:
             by[name] = parts[0] + parts[1] if len(parts) == 2 else parts[0]
             if name in by_own:
                 by[name].add_target_walk(by_own[name])
-        first, own = self.ranks.counts(first), self.ranks.counts(own)
+        first, own = share.counts(first), share.counts(own)
         message = None if self.truth_alerted else compare(first, own, self.p, step)
         if message is not None:
             self.truth_alerted = True
             if self.rank == 0:
                 self.ctx.alert(OFF_TARGET, message)
-        return self.ranks.counts(total), self.ranks.by_source(by), first
+        return share.counts(total), share.by_source(by), first
 
     def preflight(self, fresh: bool) -> None:
         """Before step 1: provenance, target agreement and the target's own answers to held-out
         prompts (draftdeck.drafter.train.preflight); a resumed run makes only the answers again."""
         with self.amp:
-            on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id, self.rank, self.world,
-                        self.ranks.counts, self.cfg.block_size)  # fmt: skip
+            share = self.eval_ranks
+            on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id,
+                        share.rank, share.world, share.counts, self.cfg.block_size)  # fmt: skip
             verdict = run_preflight(self.p, self.ctx, on, fresh=fresh)
         self.judge = verdict.judge
         self.answered_refs, self.answered = verdict.answered_refs, verdict.answered

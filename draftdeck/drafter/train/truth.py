@@ -220,6 +220,7 @@ def target_answers(
             do_sample=False,
             eos_token_id=sorted(eos),
             pad_token_id=pad,
+            synced_gpus=target.sharded,  # every rank steps until all are done: each step gathers layers
         )[:, width:].cpu()
         for r, i in enumerate(part):
             answer = new[r, : max_new_tokens[i]].tolist()

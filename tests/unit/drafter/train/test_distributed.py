@@ -69,6 +69,9 @@ def test_ranks_equal_one_rank(world: World, tmp_path: Path, sharding: str, devic
     record = train(_params(target, ds, tmp_path / "r", devices, sharding), ctx)
     assert record.world_size == devices and record.global_batch == 8
     assert record.sharding["strategy"] == sharding
+    # the target's layers sharded too: its forwards (training, pre-flight generation, held-out
+    # passes) in lock-step, and the same figures as one rank's
+    assert record.sharding["target"] == "decoder layers sharded"
     _same_run(one, ctx, ref, tmp_path / "r", [2, 4, 6, 8])  # counts reduced as counts: exact
 
 
