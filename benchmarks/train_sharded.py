@@ -11,8 +11,9 @@ RSS: weights, state, activations, the interpreter; on GPUs the allocator's peak)
 figure for that rank (`draftdeck plan` for this shape: float32 and blocked attention on the CPU,
 bf16 and flex on GPUs; within 30 % is the goal), the drafter's
 state per rank (weights, gradients, AdamW moments: the local shards), and the frozen target's
-weights per rank. Goals (issue 33): fsdp's drafter state <= 1/N of one rank's + 10 %; fsdp's step
->= 0.7x ddp's at 2 ranks.
+weights per rank (fsdp shards its decoder layers; its embedding and head stay whole). Goals (issue
+33): fsdp's drafter state <= 1/N of one rank's + 10 %; fsdp's step >= 0.7x ddp's at 2 ranks; the
+target per rank <= 1/N + one layer.
 
 The world: a random-init Qwen3 target (hidden 512, 8 layers, vocabulary 8,192) and a 4-layer
 drafter; rows of 256 tokens, 8 a step. Every rank gets one thread (this machine has 2 cores: at 4

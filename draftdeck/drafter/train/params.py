@@ -96,7 +96,8 @@ class TrainParams(JobParams):
         "auto",
         description="How ranks hold the drafter: none = one process; ddp = whole on every rank,"
         " gradients all-reduced per layer; fsdp = weights, gradients and AdamW state split across"
-        " ranks (FSDP2); auto = none on one rank, else ddp when it fits the device, fsdp when not",
+        " ranks (FSDP2), and the target's decoder layers; auto = none on one rank, else ddp when it"
+        " fits the device, fsdp when not",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present, else cpu")
     checkpoint_every: int = Field(500, ge=1, le=10_000_000, description="Steps between checkpoints")
