@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from draftdeck.errors import UsageError
+
+# what a resumed run must share with the run its folder holds
+DEFINING = ("drafter", "seed", "gamma", "anchors_per_seq", "seq_length", "global_batch", "manifest_sha256")
 
 
 @dataclass
@@ -37,3 +44,15 @@ class RunRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def check_same_run(self, path: Path) -> None:
+        """Refuse to continue the run recorded at `path` (run.json) when it is another run."""
+        if not path.is_file():
+            return
+        old, new = json.loads(path.read_text(encoding="utf-8")), self.to_dict()
+        for key in DEFINING:
+            if old.get(key) != new[key]:
+                raise UsageError(
+                    f"{path.parent} holds a run with another {key} ({old.get(key)!r}, now {new[key]!r}):"
+                    " use a new out folder"
+                )

@@ -206,26 +206,6 @@ class Trainer:
         with atomic_output(self.out / "run.json", "w") as f:
             json.dump(self.record.to_dict(), f, indent=2)
 
-    def _check_same_run(self) -> None:
-        path = self.out / "run.json"
-        if not path.is_file():
-            return
-        old = json.loads(path.read_text(encoding="utf-8"))
-        for key in (
-            "drafter",
-            "seed",
-            "gamma",
-            "anchors_per_seq",
-            "seq_length",
-            "global_batch",
-            "manifest_sha256",
-        ):
-            if old.get(key) != self.record.to_dict()[key]:
-                raise UsageError(
-                    f"{self.out} holds a run with another {key} ({old.get(key)!r}, now "
-                    f"{self.record.to_dict()[key]!r}): use a new out folder"
-                )
-
     def _cancelled(self) -> bool:
         try:
             self.ctx.check_cancelled()
@@ -407,7 +387,7 @@ class Trainer:
         self.truth_alerted = verdict.alert is not None  # the pre-flight said it already
 
     def run(self) -> RunRecord:
-        self._check_same_run()
+        self.record.check_same_run(self.out / "run.json")
         resumed = self.resume()
         if self.rank == 0:
             self.ctx.event("info", f"target: {self.target.loaded}, {self.target.num_layers} layers")

@@ -21,7 +21,7 @@ from draftdeck.drafter.train.checkpoint import CheckpointWriteError
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import run_train, train
 from draftdeck.drafter.train.trainer import TrainingDiverged
-from draftdeck.errors import Cancelled
+from draftdeck.errors import Cancelled, UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.conftest import REPO_ROOT
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
@@ -139,6 +139,12 @@ def test_cancel_stops_within_one_step_and_keeps_the_last_checkpoint(prepared, tm
     assert max(s for s, _ in ctx.series("train/loss")) <= 3
     index = json.loads((tmp_path / "run/checkpoints/index.json").read_text())
     assert [c["step"] for c in index["checkpoints"]] == [2]
+    # the folder holds this run: another seed there is refused before any step, naming what differs
+    with pytest.raises(UsageError, match=r"holds a run with another seed .*use a new out folder"):
+        train(
+            _params(prepared, tmp_path / "run", checkpoint_every=2, log_every=1, seed=7),
+            LocalContext(tmp_path / "c2"),
+        )
 
 
 def test_nan_loss_stops_with_an_alert_naming_the_step(prepared, tmp_path: Path) -> None:
