@@ -11,7 +11,7 @@ RSS: weights, state, activations, the interpreter; on GPUs the allocator's peak)
 figure for that rank (`draftdeck plan` for this shape: float32 and blocked attention on the CPU,
 bf16 and flex on GPUs; within 30 % is the goal), the drafter's
 state per rank (weights, gradients, AdamW moments: the local shards), and the frozen target's
-weights per rank (fsdp shards its decoder layers; its embedding and head stay whole). Goals (issue
+weights per rank (fsdp shards its decoder layers, and its embedding and head by vocabulary). Goals (issue
 33): fsdp's drafter state <= 1/N of one rank's + 10 %; fsdp's step >= 0.7x ddp's at 2 ranks; the
 target per rank <= 1/N + one layer.
 
@@ -187,8 +187,7 @@ def main() -> None:
         held = max(r["target_weights"] for r in fsdp)
         print(
             f"{world} ranks: fsdp's target {held / 2**20:,.1f} MiB per rank of {whole / 2**20:,.1f} MiB"
-            f" (goal <= 1/N + one layer = {(whole / world + layer) / 2**20:,.1f} MiB; its embedding and"
-            " head stay whole)"
+            f" (goal <= 1/N + one layer = {(whole / world + layer) / 2**20:,.1f} MiB)"
         )
 
 

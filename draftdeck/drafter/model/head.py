@@ -10,6 +10,11 @@ unchunked path (logits, then dlogits @ W), one chunk of logits alive at a time. 
 target's own logits at each slot (its final hidden state before the slot's token, through the same
 head): one more matmul per slot, three (rows, V) tensors alive, so a chunk holds a third of the slots
 and the peak stays the CE's.
+
+A head split by vocabulary across ranks (`draftdeck.drafter.model.vocab_parallel.ShardedHead`)
+goes through the same chunks over its slice: the reductions over the vocabulary (log-sum-exp,
+argmax, a label's logit, the KL's and acceptance's sums) are its shard's, and the gradient with
+respect to the hidden states is summed over the slices.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from draftdeck.drafter.model.vocab_parallel import ShardedHead, WholeVocab
 
 LOGITS_CHUNK_BYTES = 64 * 2**20  # 64 MiB of float32 logits: 256 slots of a 64K vocabulary
 
@@ -68,6 +75,8 @@ def head_loss(
     ce_w, kl_w = mix
     if kl_w and teacher is None:
         raise ValueError("a KL loss needs the target's hidden states (teacher)")
+    if isinstance(head, ShardedHead):  # a collective: every rank calls it, with or without rows
+        return _sharded_loss(head, hidden, labels, weights, teacher, mix, chunk_bytes)
     if chunked and isinstance(head, nn.Linear) and hidden.shape[0]:
         # with a teacher three (rows, V) tensors are alive at once: a third of the rows keeps the peak
         rows = rows_per_chunk(head.out_features, chunk_bytes // (3 if teacher is not None else 1))
@@ -112,10 +121,14 @@ class _ChunkedLinearLoss(torch.autograd.Function):
         rows: int,
         teacher: torch.Tensor | None,
         mix: tuple[float, float],
+        sharded: ShardedHead | None = None,
     ) -> tuple[torch.Tensor, ...]:
         grads = ctx.needs_input_grad
         need = (grads[0], grads[1], bias is not None and grads[2])
-        out, ctx.grads = _chunked(hidden, weight, bias, labels, weights, rows, need, teacher, mix)
+        if sharded is not None:  # the frozen target's slice: no gradient for it
+            out, ctx.grads = _over_shard(sharded, hidden, labels, weights, rows, grads[0], teacher, mix)
+        else:
+            out, ctx.grads = _chunked(hidden, weight, bias, labels, weights, rows, need, teacher, mix)
         parts = [out.ce, out.pred]
         if teacher is not None:
             assert out.kl is not None and out.accept is not None and out.target_pred is not None
@@ -140,6 +153,7 @@ class _ChunkedLinearLoss(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -153,10 +167,13 @@ def _chunked(
     need: tuple[bool, bool, bool],
     teacher: torch.Tensor | None = None,
     mix: tuple[float, float] = (1.0, 0.0),
+    vocab: WholeVocab | None = None,
 ) -> tuple[HeadOut, tuple[Any, Any, Any]]:
     """The loss, its per-slot parts and the gradients `need` names (hidden, weight, bias), chunk by
     chunk. The gradient of the loss with respect to the drafter's logits is, per slot,
-    w * (ce_weight * (q - onehot(label)) + kl_weight * (q - p))."""
+    w * (ce_weight * (q - onehot(label)) + kl_weight * (q - p)). With `vocab` a `VocabShard`,
+    `weight` is its slice and the gradient with respect to `hidden` this slice's part."""
+    vocab = vocab or WholeVocab()
     need_h, need_w, need_b = need
     ce_w, kl_w = mix
     n = hidden.shape[0]
@@ -175,34 +192,34 @@ def _chunked(
             h = hidden[s : s + rows]
             logits = F.linear(h, weight, bias).float()
             lab = labels[s : s + rows]
-            lse = torch.logsumexp(logits, dim=-1)
-            ce[s : s + rows] = lse - logits.gather(1, lab[:, None])[:, 0]
-            pred[s : s + rows] = logits.argmax(-1)
+            lse = vocab.lse(logits)
+            ce[s : s + rows] = lse - vocab.pick(logits, lab)
+            pred[s : s + rows] = vocab.argmax(logits)
             p = None
             if teacher is not None:
                 assert kl is not None and accept is not None and tpred is not None
                 logp = F.linear(teacher[s : s + rows], weight, bias).float()
-                tpred[s : s + rows] = logp.argmax(-1)
-                logp.sub_(torch.logsumexp(logp, dim=-1, keepdim=True))
+                tpred[s : s + rows] = vocab.argmax(logp)
+                logp.sub_(vocab.lse(logp)[:, None])
                 p = logp.exp()
                 assert dprob is not None
-                dprob[s : s + rows] = p.gather(1, pred[s : s + rows, None])[:, 0]
+                dprob[s : s + rows] = vocab.pick(p, pred[s : s + rows])
                 # KL(p || q) = sum p (log p - logits) + lse: one row dot product (no more chunks)
-                kl[s : s + rows] = _rowdot(p, logp.sub_(logits)) + lse
+                kl[s : s + rows] = vocab.sum(_rowdot(p, logp.sub_(logits))) + lse
                 del logp
             if p is None and not (need_h or need_w or need_b):
                 continue
             q = logits.sub_(lse[:, None]).exp_()  # the softmax q, in place of the logits
             if p is not None:
                 assert accept is not None
-                accept[s : s + rows] = torch.minimum(p, q).sum(-1)
+                accept[s : s + rows] = vocab.sum(torch.minimum(p, q).sum(-1))
             if not (need_h or need_w or need_b):
                 continue
             g = q
             if ce_w + kl_w != 1.0:
                 g.mul_(ce_w + kl_w)
             if ce_w:
-                g[torch.arange(g.shape[0], device=g.device), lab] -= ce_w
+                vocab.sub_at(g, lab, ce_w)
             if p is not None and kl_w:
                 g.sub_(p, alpha=kl_w)
             g.mul_(weights[s : s + rows, None].float())
@@ -217,9 +234,75 @@ def _chunked(
     return HeadOut(total, ce, pred, kl, accept, tpred, dprob), (grad_h, grad_w, grad_b)
 
 
+def _sharded_loss(
+    head: ShardedHead,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    teacher: torch.Tensor | None,
+    mix: tuple[float, float],
+    chunk_bytes: int,
+) -> HeadOut:
+    rows = rows_per_chunk(head.shard.size, chunk_bytes // (3 if teacher is not None else 1))
+    if not torch.is_grad_enabled():
+        return _over_shard(head, hidden, labels, weights, rows, False, teacher, mix)[0]
+    total, ce, pred, kl, accept, tpred, dprob = _ChunkedLinearLoss.apply(
+        hidden, head.weight, None, labels, weights, rows, teacher, mix, head
+    )
+    return HeadOut(total, ce, pred, *((kl, accept, tpred, dprob) if teacher is not None else (None,) * 4))
+
+
+def _over_shard(
+    head: ShardedHead,
+    hidden: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    rows: int,
+    need_h: bool,
+    teacher: torch.Tensor | None,
+    mix: tuple[float, float],
+) -> tuple[HeadOut, tuple[Any, Any, Any]]:
+    """`_chunked` over a vocabulary slice: every rank's rows (gathered unless the ranks hold the
+    same), then this rank's rows of each result, and of the gradient summed over the slices."""
+    shard, n = head.shard, hidden.shape[0]
+    every, m = shard.gather_rows(hidden)
+    labels_all = shard.gather_rows(labels)[0]
+    weights_all = shard.gather_rows(weights)[0]  # padding rows weigh 0: no loss, no gradient
+    teacher_all = None if teacher is None else shard.gather_rows(teacher)[0]
+    out, (grad_h, _, _) = _chunked(
+        every,
+        head.weight,
+        None,
+        labels_all,
+        weights_all,
+        rows,
+        (need_h, False, False),
+        teacher_all,
+        mix,
+        shard,
+    )
+
+    def own(x: torch.Tensor | None) -> Any:
+        return None if x is None else shard.own_rows(x, m, n)
+
+    ce, kl = own(out.ce), own(out.kl)
+    per_slot = mix[0] * ce if kl is None else mix[0] * ce + mix[1] * kl
+    total = (weights.float() * per_slot).sum()
+    mine = HeadOut(total, ce, own(out.pred), kl, own(out.accept), own(out.target_pred), own(out.draft_prob))
+    return mine, (None if grad_h is None else shard.sum_rows(grad_h, m, n), None, None)
+
+
 def head_argmax(head: nn.Module, hidden: torch.Tensor, chunk_bytes: int = LOGITS_CHUNK_BYTES) -> torch.Tensor:
     """(N,) the head's argmax for `hidden` (N, H), a chunk of logits alive at a time (as `head_loss`
     computes its `pred`)."""
+    if isinstance(head, ShardedHead):  # a collective
+        shard = head.shard
+        every, m = shard.gather_rows(hidden)
+        rows = rows_per_chunk(shard.size, chunk_bytes)
+        pred = torch.empty(every.shape[0], dtype=torch.long, device=hidden.device)
+        for s in range(0, every.shape[0], rows):
+            pred[s : s + rows] = shard.argmax(F.linear(every[s : s + rows], head.weight).float())
+        return shard.own_rows(pred, m, hidden.shape[0])
     vocab = head.out_features if isinstance(head, nn.Linear) else None
     rows = rows_per_chunk(vocab, chunk_bytes) if vocab else max(1, hidden.shape[0])
     out = torch.empty(hidden.shape[0], dtype=torch.long, device=hidden.device)

@@ -7,6 +7,8 @@ so target layer id i reads ``hidden_states[i + 1]``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import torch
 from torch import nn
 
 from draftdeck.causal_lm import ModelFolderError, load_causal_lm
+from draftdeck.drafter.model.vocab_parallel import ShardedEmbedding, VocabShard, embed_rows
 
 
 def context_from_hidden_states(
@@ -53,6 +56,8 @@ class Target:
         # its decoder layers sharded across the ranks (`draftdeck.drafter.train.sharding.shard_target`):
         # every forward is then a collective, run by every rank alike
         self.sharded = False
+        # its embedding and head split by vocabulary across the ranks (`vocab_parallel`), or None
+        self.vocab: VocabShard | None = None
         model.eval()
         model.requires_grad_(False)
 
@@ -80,7 +85,7 @@ class Target:
 
     @property
     def device(self) -> torch.device:
-        return self.embedding.weight.device
+        return next(self.embedding.parameters()).device
 
     @property
     def num_layers(self) -> int:
@@ -91,11 +96,18 @@ class Target:
         return int(getattr(self.config, "max_position_embeddings", 0) or 0)
 
     @property
-    def embedding(self) -> nn.Embedding:
-        """The target's input embedding (frozen): the drafter embeds its block with it."""
+    def embedding(self) -> nn.Module:
+        """The target's input embedding (frozen): the drafter embeds its block with it (an
+        `nn.Embedding`, or this rank's slice of it)."""
         emb = self.model.get_input_embeddings()
-        assert isinstance(emb, nn.Embedding)
+        assert isinstance(emb, nn.Embedding | ShardedEmbedding)
         return emb
+
+    @contextmanager
+    def same_rows(self) -> Iterator[None]:
+        """Within it every rank passes the target the same rows (a split vocabulary gathers none)."""
+        with self.vocab.same_rows() if self.vocab is not None else nullcontext():
+            yield
 
     @property
     def lm_head(self) -> nn.Module:
@@ -121,7 +133,7 @@ class Target:
         return sorted(ids)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return nn.functional.embedding(input_ids, self.embedding.weight)
+        return embed_rows(self.embedding, input_ids)
 
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int

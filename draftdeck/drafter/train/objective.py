@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from draftdeck.drafter.model.attention import Backend, BlockLayout
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.head import head_loss
+from draftdeck.drafter.model.vocab_parallel import embed_rows
 from draftdeck.drafter.train.counts import Counts
 
 
@@ -147,14 +148,14 @@ ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # DFlashDrafter.context_kv:
 
 def drafter_hidden(
     drafter: nn.Module,
-    embedding: nn.Embedding,
+    embedding: nn.Module,
     context: torch.Tensor,
     batch: BlockBatch,
     context_kv: ContextKV | None = None,
 ) -> torch.Tensor:
     """The drafter's final hidden states for every slot: (bsz, A, B, H). With `context_kv` (the
     context's keys and values, computed once for several groups of anchors) only the blocks run."""
-    noise = F.embedding(batch.block_ids, embedding.weight)
+    noise = embed_rows(embedding, batch.block_ids)
     if context_kv is not None:
         t = batch.layout.context_len
         core = cast(DFlashDrafter, getattr(drafter, "module", drafter))
@@ -273,7 +274,7 @@ def counts_of(batch: BlockBatch, correct: torch.Tensor, loss: torch.Tensor, w: t
 
 def dflash_loss(
     drafter: nn.Module,
-    embedding: nn.Embedding,
+    embedding: nn.Module,
     lm_head: nn.Module,
     context: torch.Tensor,
     input_ids: torch.Tensor,
@@ -307,7 +308,7 @@ def dflash_loss(
 
 def dflash_backward(
     drafter: DFlashDrafter,
-    embedding: nn.Embedding,
+    embedding: nn.Module,
     lm_head: nn.Module,
     context: torch.Tensor,
     input_ids: torch.Tensor,
@@ -371,3 +372,12 @@ def sample_anchors_per_row(
     for i, (p, v) in enumerate(rows):
         pos[i, : p.shape[1]], valid[i, : v.shape[1]] = p[0], v[0]
     return pos, valid
+
+
+def pad_anchors(anchors: torch.Tensor, valid: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(anchors, valid) widened to `width` columns with padded entries (position 0, not valid): no
+    slot of theirs is counted, so the loss, gradients and counts are those of the narrower batch."""
+    extra = width - anchors.shape[1]
+    if extra <= 0:
+        return anchors, valid
+    return F.pad(anchors, (0, extra)), F.pad(valid, (0, extra), value=False)

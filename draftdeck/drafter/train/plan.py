@@ -5,9 +5,10 @@ a 27B target plans in a second on a laptop. Per rank, in bytes (n: the drafter's
 parameters, N: ranks, e: the compute dtype's size, 2 for bf16 (a GPU run, autocast), 4 for
 float32 (a CPU run)):
 
-- target weights: every target parameter at e; fsdp: its decoder layers are sharded
-  (`draftdeck.drafter.train.sharding.shard_target`), so the rest (embedding, head, norms) whole, the
-  layers / N, and two layers in flight (the one computing and the one prefetched);
+- target weights: every target parameter at e; fsdp: the target is sharded
+  (`draftdeck.drafter.train.sharding.shard_target`): its decoder layers / N and two in flight (the
+  one computing and the one prefetched), its embedding and head split by vocabulary (/ N), its
+  norms whole;
 - drafter weights: what the drafter computes with: n at e (bf16: autocast's copy of the float32
   weights); fsdp: the two layers in flight (gathered, the one computing and the one prefetched);
 - master copy: the float32 weights the optimizer updates (the weights themselves in float32, so
@@ -17,7 +18,8 @@ float32 (a CPU run)):
 - activations and LM-head chunk: the larger of a training micro-batch's and a held-out batch's
   working set (`draftdeck.drafter.train.memory.estimate`) at `seq_length` tokens;
 - communication buffers: ddp all-reduces one layer's float32 gradients at a time; fsdp
-  reduce-scatters one layer's (input and output);
+  reduce-scatters one layer's (input and output), and the split head gathers every rank's rows of
+  one head call (hidden states, their gradient, the target's with a KL: N x slots x H x 4);
 - runtime: what a process holds before any tensor (CUDA context and allocator slack on a GPU; the
   interpreter and the libraries on the CPU).
 
@@ -163,6 +165,7 @@ class _Models:
     layer: int  # the largest drafter layer's parameters
     target_layers: int  # the target's decoder layers' parameters
     target_layer: int  # ... the largest one's
+    target_vocab: int  # its embedding's and LM head's (once when tied): split by vocabulary under fsdp
 
 
 def _meta_count(build: Any) -> tuple[int, Any]:
@@ -184,7 +187,9 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
     n, drafter = _meta_count(lambda: DFlashDrafter(cfg))
     layer = max(sum(p.numel() for p in lay.parameters()) for lay in drafter.layers)
     per_layer = [sum(p.numel() for p in lay.parameters()) for lay in target_layers(target)]
-    models = _Models(config, cfg, drafter, target_params, n, layer, sum(per_layer), max(per_layer))
+    emb, head = target.get_input_embeddings(), target.get_output_embeddings()
+    vocab = emb.weight.numel() + (0 if head.weight is emb.weight else head.weight.numel())
+    models = _Models(config, cfg, drafter, target_params, n, layer, sum(per_layer), max(per_layer), vocab)
     result = Plan(type(target).__name__, target_params, n, shape.layers, shape, capacity)
     for name in STRATEGIES if shape.world > 1 else ("none",):
         terms, phase = _terms(name, models, shape)
@@ -210,7 +215,9 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
     work = working.parts
     if name == "fsdp":
         weights = 2 * layer * e  # two layers gathered at a time
-        buffers = 2 * layer * 4  # one layer's float32 gradients, reduce-scattered
+        slots = shape.batch_size * min(shape.anchors_per_forward, shape.anchors_per_seq) * shape.block_size
+        gathered = world * slots * m.config.hidden_size * 4 * (3 if shape.kl else 2)  # the split head's rows
+        buffers = 2 * layer * 4 + gathered  # one layer's float32 gradients, reduce-scattered
     else:
         weights = n * e if e == 2 else n * 4
         buffers = layer * 4 if name == "ddp" else 0
@@ -230,10 +237,12 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
 
 def _target_weights(name: str, m: _Models, world: int) -> int:
     """The target's parameters a rank holds at its peak: all of them; under fsdp the layers' shards
-    and two whole layers (gathered for a forward, the next prefetched), the rest whole."""
+    and two whole layers (gathered for a forward, the next prefetched), the embedding's and head's
+    vocabulary slices, the rest (norms) whole."""
     if name != "fsdp":
         return m.target_params
-    return m.target_params - m.target_layers + m.target_layers // world + 2 * m.target_layer
+    layers, vocab = (-(-x // world) for x in (m.target_layers, m.target_vocab))  # 1/N each, rounded up
+    return m.target_params - m.target_layers - m.target_vocab + layers + vocab + 2 * m.target_layer
 
 
 def _largest_batch(name: str, m: _Models, shape: Shape, capacity: int | None) -> int:

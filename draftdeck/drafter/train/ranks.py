@@ -1,5 +1,5 @@
-"""What the ranks of a run agree on: sums of counts and flags (all_reduce SUM), gathered per-source
-counts. With one rank every reduction is the value itself."""
+"""What the ranks of a run agree on: sums of counts and flags (all_reduce SUM), maxima, gathered
+per-source counts. With one rank every reduction is the value itself."""
 
 from __future__ import annotations
 
@@ -20,6 +20,16 @@ class Ranks:
 
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
+
+    def max(self, values: list[int]) -> list[int]:
+        """The elementwise maximum of `values` (the same length on every rank) over the ranks."""
+        if self.world == 1:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.long, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [int(v) for v in t.tolist()]
 
     def any(self, flag: bool) -> bool:
         """True on every rank when `flag` is True on any."""

@@ -9,12 +9,15 @@
   and AdamW state are 1/N per rank; a layer's weights are gathered for its forward and its backward.
   On a GPU the gathered weights are bf16 and gradients are reduced in float32.
 
-Under fsdp the frozen target's decoder layers are sharded too (`shard_target`: FSDP2 per layer,
-gathered for its forward and freed after it), so that a target larger than one device trains across
-N. Its embedding and LM head stay whole: the drafter reads them at every slot of every step. Each
-target forward is then a collective, so every rank must run the same forwards: training steps do;
-the pre-flight and the held-out pass, which split their rows across ranks, run every row on every
-rank instead (the trainer's `eval_ranks`), and generation steps until every rank is done.
+Under fsdp the frozen target is sharded too (`shard_target`), so that a target larger than one
+device trains across N: its decoder layers by FSDP2 (per layer, gathered for its forward and freed
+after it), its embedding and LM head by vocabulary (`draftdeck.drafter.model.vocab_parallel`: the
+drafter reads them at every slot of every step, so FSDP would hold them whole for the whole step).
+Each target forward, and each use of the head and embedding, is then a collective, so every rank
+must make the same calls: training steps do (each micro-batch's anchors padded to the same number
+of groups); the pre-flight and the held-out pass, which split their rows across ranks, run every
+row on every rank instead (the trainer's `eval_ranks`, under `Target.same_rows`), and generation
+steps until every rank is done.
 
 Training calls the drafter through `context_kv` and `block_forward` (several backward passes per
 micro-batch, `objective.dflash_backward`), so those are registered as forward methods. Gradients are
@@ -34,6 +37,7 @@ from torch import nn
 
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.model.vocab_parallel import shard_vocab
 from draftdeck.errors import UsageError
 
 Sharding = Literal["none", "ddp", "fsdp"]
@@ -99,9 +103,10 @@ def target_layers(model: nn.Module) -> list[nn.Module]:
     raise UsageError(f"{type(model).__name__}: no list of {n} decoder layers to shard (sharding fsdp)")
 
 
-def shard_target(target: Target, device: torch.device, world: int) -> None:
-    """Shard the frozen target's decoder layers over `world` ranks (FSDP2 per layer, resharded
-    after each forward); its embedding, head and norms stay whole."""
+def shard_target(target: Target, device: torch.device, rank: int, world: int) -> str:
+    """Shard the frozen target over `world` ranks: its decoder layers by FSDP2 (per layer, resharded
+    after each forward), its embedding and LM head by vocabulary (`vocab_parallel`); its norms stay
+    whole. Returns what was sharded, in words."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -109,6 +114,10 @@ def shard_target(target: Target, device: torch.device, world: int) -> None:
     for layer in target_layers(target.model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=True)
     target.sharded = True
+    target.vocab = shard_vocab(target.model, rank, world)
+    if target.vocab is None:
+        return "decoder layers sharded; embedding and head whole (not a plain embedding and bias-free head)"
+    return "decoder layers sharded; embedding and head split by vocabulary"
 
 
 def _options(*, cpu_offload: bool) -> Any:

@@ -43,6 +43,7 @@ from draftdeck.drafter.train.objective import (
     dflash_backward,
     label_weight_sum,
     loss_formula,
+    pad_anchors,
     sample_anchors_per_row,
 )
 from draftdeck.drafter.train.params import TrainParams
@@ -120,8 +121,9 @@ class Trainer:
                 dist.broadcast(p.data, src=0)
         self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits())
         sharding.shard(self.drafter, self.strategy, self.device, world)
+        held = "whole on every rank"
         if self.strategy == "fsdp":
-            sharding.shard_target(self.target, self.device, world)
+            held = sharding.shard_target(self.target, self.device, rank, world)
         self.eval_drafter = self.drafter
         self.opt = torch.optim.AdamW(
             self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
@@ -146,7 +148,7 @@ class Trainer:
         self.record.sharding = {
             "strategy": self.strategy,
             "why": why,
-            "target": "decoder layers sharded" if self.target.sharded else "whole on every rank",
+            "target": held,
         }
 
     def _ddp_fits(self) -> bool | None:
@@ -291,6 +293,10 @@ class Trainer:
 
     def train_step(self) -> tuple[Counts, float]:
         micro = self._micro_batches(self._next_rows())
+        # every rank runs as many anchor groups (a sharded drafter's forward and backward are
+        # collectives): the anchors of each micro-batch are padded to the widest rank's
+        widths = self.ranks.max([m[3].shape[1] for m in micro])
+        micro = [(*m[:3], *pad_anchors(m[3], m[4], w)) for m, w in zip(micro, widths, strict=True)]
         wsum = sum(label_weight_sum(lm, a, v, self.cfg.block_size, self.p.gamma) for _, _, lm, a, v in micro)
         total_w = float(self.ranks.sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
         counts = Counts(self.cfg.block_size)
@@ -324,7 +330,7 @@ class Trainer:
             collate(examples[i : i + bs], self.pad_id, self.device) for i in range(0, len(examples), bs)
         ]
         groups = [sources[i : i + bs] for i in range(0, len(sources), bs)]
-        with self.amp:
+        with self.amp, self.target.same_rows():  # every rank or one: `eval_ranks`
             return heldout_pass(
                 self.eval_drafter, self.target, batches, self.p.gamma,
                 sources=groups, judge=judge, attention=self.attention, mix=self.p.mix,
@@ -371,7 +377,7 @@ class Trainer:
     def preflight(self, fresh: bool) -> None:
         """Before step 1: provenance, target agreement and the target's own answers to held-out
         prompts (draftdeck.drafter.train.preflight); a resumed run makes only the answers again."""
-        with self.amp:
+        with self.amp, self.target.same_rows():  # every rank or one: `eval_ranks`
             share = self.eval_ranks
             on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id,
                         share.rank, share.world, share.counts, self.cfg.block_size)  # fmt: skip

@@ -67,11 +67,12 @@ def test_qwen3_6_27b_class_hybrid_fits_only_sharded() -> None:
         n * 4 // 8, n * 4 // 8, n * 8 // 8,
     )  # fmt: skip
     assert none.terms["target weights"] == expected * 2  # bf16, whole
-    # fsdp shards the decoder layers: embedding, head and final norm whole, the layers / 8 and two
-    # whole layers in flight (the one computing, the one prefetched)
+    # fsdp shards the target: the layers / 8 and two whole layers in flight (the one computing, the
+    # one prefetched), the embedding and head (untied) / 8 by vocabulary, the final norm whole
     layers = 48 * (linear + layer_common) + 16 * (full + layer_common)
-    rest, largest = 2 * v * h + h, max(linear, full) + layer_common
-    assert fsdp.terms["target weights"] == (rest + layers // 8 + 2 * largest) * 2
+    largest = max(linear, full) + layer_common
+    assert layers % 8 == 0 and (2 * v * h) % 8 == 0
+    assert fsdp.terms["target weights"] == (h + layers // 8 + 2 * v * h // 8 + 2 * largest) * 2
 
 
 def test_plan_cli_prints_a_table_and_json() -> None:
