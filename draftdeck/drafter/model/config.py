@@ -51,7 +51,8 @@ def default_target_layer_ids(num_target_layers: int, count: int) -> list[int]:
     return [round(start + i * (end - start) / (count - 1)) for i in range(count)]
 
 
-def _get(cfg: Any, name: str, default: Any = None) -> Any:
+def config_value(cfg: Any, name: str, default: Any = None) -> Any:
+    """`name` of an HF config object or of its dict."""
     if isinstance(cfg, Mapping):
         return cfg.get(name, default)
     return getattr(cfg, name, default)
@@ -59,10 +60,10 @@ def _get(cfg: Any, name: str, default: Any = None) -> Any:
 
 def rope_theta_of(cfg: Any) -> float:
     """The rope base of an HF config (transformers 5 keeps it in `rope_parameters`)."""
-    params = _get(cfg, "rope_parameters") or {}
+    params = config_value(cfg, "rope_parameters") or {}
     if isinstance(params, Mapping) and "rope_theta" in params:
         return float(params["rope_theta"])
-    theta = _get(cfg, "rope_theta")
+    theta = config_value(cfg, "rope_theta")
     return float(theta) if theta is not None else 10000.0
 
 
@@ -82,7 +83,7 @@ def drafter_rope(cfg: Any) -> dict[str, Any]:
     speculators #613). A kind whose frequencies change with the sequence length at run time (dynamic,
     longrope) gives the default rope at the target's base. Gemma 3 keeps a rope per layer type: the
     drafter takes its full-attention layers' (it attends over the whole context)."""
-    params = _get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {}
+    params = config_value(cfg, "rope_parameters") or config_value(cfg, "rope_scaling") or {}
     if isinstance(params, Mapping) and isinstance(params.get("full_attention"), Mapping):
         params = params["full_attention"]
     params = dict(params) if isinstance(params, Mapping) else {}
@@ -237,10 +238,10 @@ class DrafterConfig:
         `overrides` may set num_attention_heads, num_key_value_heads, head_dim, intermediate_size,
         rms_norm_eps or rope_theta when the drafter should differ from the target there.
         """
-        hidden = int(_get(target_config, "hidden_size"))
-        heads = int(_get(target_config, "num_attention_heads"))
-        n_target = int(_get(target_config, "num_hidden_layers"))
-        vocab = int(_get(target_config, "vocab_size"))
+        hidden = int(config_value(target_config, "hidden_size"))
+        heads = int(config_value(target_config, "num_attention_heads"))
+        n_target = int(config_value(target_config, "num_hidden_layers"))
+        vocab = int(config_value(target_config, "vocab_size"))
         ids = (
             list(target_layer_ids)
             if target_layer_ids is not None
@@ -251,10 +252,10 @@ class DrafterConfig:
         )
         values: dict[str, Any] = {
             "num_attention_heads": heads,
-            "num_key_value_heads": int(_get(target_config, "num_key_value_heads") or heads),
-            "head_dim": int(_get(target_config, "head_dim") or hidden // heads),
-            "intermediate_size": int(_get(target_config, "intermediate_size")),
-            "rms_norm_eps": float(_get(target_config, "rms_norm_eps", 1e-6)),
+            "num_key_value_heads": int(config_value(target_config, "num_key_value_heads") or heads),
+            "head_dim": int(config_value(target_config, "head_dim") or hidden // heads),
+            "intermediate_size": int(config_value(target_config, "intermediate_size")),
+            "rms_norm_eps": float(config_value(target_config, "rms_norm_eps", 1e-6)),
             "rope_theta": (rope := drafter_rope(target_config))["rope_theta"],
         }
         unknown = set(overrides) - set(values)
@@ -271,8 +272,8 @@ class DrafterConfig:
             mask_token_source=source,
             mask_token=mask_token_text(tokenizer, mask_id),
             block_size=block_size,
-            max_position_embeddings=int(_get(target_config, "max_position_embeddings", 32768)),
-            hidden_act=str(_get(target_config, "hidden_act", "silu")),
+            max_position_embeddings=int(config_value(target_config, "max_position_embeddings", 32768)),
+            hidden_act=str(config_value(target_config, "hidden_act", "silu")),
             rope_parameters=rope,
             **values,
         )

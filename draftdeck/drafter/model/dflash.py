@@ -36,65 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from draftdeck.drafter.model.attention import BlockLayout
 from draftdeck.drafter.model.config import DrafterConfig
-
-
-class RMSNorm(nn.Module):
-    """Qwen3's RMSNorm: normalise in float32, cast back, then scale."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """Rotary embedding over the whole head: (cos, sin) of shape (bsz, len, head_dim). The default
-    rope computed here; a scaled one (`config.rope_parameters`: linear, llama3, yarn) by transformers'
-    own functions, as the exported config makes every server compute it, yarn's attention factor
-    included."""
-
-    inv_freq: torch.Tensor
-
-    def __init__(self, config: DrafterConfig):
-        super().__init__()
-        head_dim, kind = config.head_dim, config.rope_parameters["rope_type"]
-        self.attention_scaling = 1.0
-        if kind == "default":
-            steps = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-            inv = 1.0 / (config.rope_theta**steps)
-        else:
-            from transformers import Qwen3Config
-            from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-            inv, self.attention_scaling = ROPE_INIT_FUNCTIONS[kind](Qwen3Config(**config.to_hf_dict()), None)
-        self.register_buffer("inv_freq", inv, persistent=False)
-
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        device_type = x.device.type if x.device.type != "mps" else "cpu"
-        with torch.autocast(device_type=device_type, enabled=False):
-            freqs = position_ids[..., None].float() * self.inv_freq.float().to(x.device)
-            emb = torch.cat((freqs, freqs), dim=-1)
-            if self.attention_scaling == 1.0:
-                return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-            scale = self.attention_scaling
-            return (emb.cos() * scale).to(x.dtype), (emb.sin() * scale).to(x.dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (bsz, heads, len, d); cos/sin: (bsz, len, d)."""
-    cos, sin = cos[:, None], sin[:, None]
-    return x * cos + _rotate_half(x) * sin
+from draftdeck.drafter.model.layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 
 
 class Attention(nn.Module):
@@ -127,7 +69,7 @@ class Attention(nn.Module):
         cos, sin = position_embeddings
         k = self.k_norm(self._heads(self.k_proj, x, self.kv_heads)).transpose(1, 2)
         v = self._heads(self.v_proj, x, self.kv_heads).transpose(1, 2)
-        return _rope(k, cos, sin), v
+        return apply_rope(k, cos, sin), v
 
     def block_attention(
         self,
@@ -139,7 +81,9 @@ class Attention(nn.Module):
         """Training's flattened blocks (positions: the blocks' own), block-sparse over `layout`."""
         bsz, q_len, _ = hidden_states.shape
         cos, sin = position_embeddings
-        q = _rope(self.q_norm(self._heads(self.q_proj, hidden_states, self.heads)).transpose(1, 2), cos, sin)
+        q = apply_rope(
+            self.q_norm(self._heads(self.q_proj, hidden_states, self.heads)).transpose(1, 2), cos, sin
+        )
         k, v = self.keys_values(hidden_states, position_embeddings)
         out = layout.attend(q, context_kv[0], k, context_kv[1], v, self.scaling)
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
@@ -163,8 +107,8 @@ class Attention(nn.Module):
         ).transpose(1, 2)
         v = self.v_proj(kv_in).view(bsz, ctx_len + q_len, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = position_embeddings
-        q = _rope(q, cos[:, -q_len:], sin[:, -q_len:])
-        k = _rope(k, cos, sin)
+        q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
+        k = apply_rope(k, cos, sin)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx, {"sin": sin, "cos": cos})
         if attention_mask is not None and attention_mask.dtype == torch.bool:
@@ -173,19 +117,6 @@ class Attention(nn.Module):
             q, k, v, attn_mask=attention_mask, scale=self.scaling, enable_gqa=self.heads != self.kv_heads
         )
         return self.o_proj(out.transpose(1, 2).reshape(bsz, q_len, -1))
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
-        super().__init__()
-        if cfg.hidden_act != "silu":
-            raise ValueError(f"hidden_act {cfg.hidden_act!r}: the drafter implements silu only")
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
