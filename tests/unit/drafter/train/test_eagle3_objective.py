@@ -88,7 +88,7 @@ def test_loss_and_counts_equal_a_position_by_position_reference() -> None:
             if pos_ok := (t + 2 < 9 and bool(loss_mask[r, t + 2])):
                 chain.append(run)
             assert pos_ok == (int(res.runs[r, t]) >= 0)
-    assert float(res.loss) == pytest.approx(total / wsum, rel=1e-5)
+    assert float(res.loss.detach()) == pytest.approx(total / wsum, rel=1e-5)
     c = res.counts
     assert c.correct[1:] == correct and c.total[1:] == counted_n and c.weight_sum == pytest.approx(wsum)
     assert c.accept_sum[1:] == pytest.approx(accept, rel=1e-5)
