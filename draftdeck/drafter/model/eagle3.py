@@ -249,6 +249,21 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past: int, scaling: float
+) -> torch.Tensor:
+    """n new queries (bsz, H, n, D) at indices past.. over `keys` (bsz, Hkv, past + n, D): each sees
+    every key up to its own index (causal over [past ; new])."""
+    n, total = q.shape[2], keys.shape[2]
+    group = q.shape[1] // keys.shape[1]
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    visible = (
+        torch.arange(total, device=q.device)[None, :] <= past + torch.arange(n, device=q.device)[:, None]
+    )
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scaling)
+
+
 class Eagle3Drafter(nn.Module):
     """EAGLE-3's drafter (module doc). State-dict keys: `fc.weight`, `midlayer.*`, `norm.weight`,
     `lm_head.weight` (N, H), `d2t` (N, int64), `t2d` (V, bool); the embedding is the target's."""
@@ -294,6 +309,25 @@ class Eagle3Drafter(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits (..., N) of pre-norm hidden states."""
         return self.lm_head(self.norm(hidden))
+
+    def extend(
+        self, embeds: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, past: StepKV | None
+    ) -> tuple[torch.Tensor, StepKV]:
+        """Decoding: the layer over n new positions (bsz, n, ...) at rope `positions` (bsz, n), after
+        `past`'s keys and values, all of which they see (causal among themselves). Returns (h, the
+        keys and values of past + new). Step 0 of a drafted chain is `extend` over the newly committed
+        (g, next token) pairs; draft j is `extend` of one position whose hidden state is draft j - 1's
+        h, with `past` the committed keys plus the chain's: what `ttt` trains, step for step."""
+        layer = self.midlayer
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        q, k, v = layer.self_attn.project(x, self.rotary_emb(embeds, positions))
+        seen = 0 if past is None else past[0].shape[2]
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        attn = _attend(q, k, v, seen, layer.self_attn.scaling)
+        bsz, _, n, _ = attn.shape
+        h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
+        return h + layer.mlp(layer.post_attention_layernorm(h)), (k, v)
 
     def ttt(
         self,
