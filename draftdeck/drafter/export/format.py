@@ -70,17 +70,21 @@ def config_from_hf(hf: Mapping[str, Any], *, mask_token_source: str = "draft_con
 
 def save_zlab(drafter: DFlashDrafter, out_dir: Path) -> Path:
     """Write `drafter` to `out_dir` in z-lab's format, atomically (replacing an earlier export)."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     hf = drafter.config.to_hf_dict()
     hf["dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
-    state = {k: v.detach().to("cpu").contiguous() for k, v in drafter.state_dict().items()}
+    return write_folder(Path(out_dir), drafter.state_dict(), hf)
+
+
+def write_folder(out_dir: Path, state: Mapping[str, torch.Tensor], config: Mapping[str, Any]) -> Path:
+    """`state` as model.safetensors and `config` as config.json in `out_dir`, atomically (module doc)."""
+    from safetensors.torch import save_file
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / CONFIG).write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
+        save_file(tensors, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         for path in tmp.iterdir():
             with path.open("rb") as fh:
                 os.fsync(fh.fileno())

@@ -1,0 +1,219 @@
+"""An EAGLE-3 drafter in the two formats servers read, read back as each loader reads it.
+
+- **speculators** (`speculators_model_type: eagle3`, architectures `Eagle3Speculator`): what
+  `vllm serve <dir>` loads alone (the verifier named in `speculators_config`) and speculators'
+  `Eagle3DraftModel` loads. Weights `layers.0.*`, `fc`, `norm`, `lm_head`, `d2t`, `t2d`; the layer
+  config under `transformer_layer_config` (llama); the tapped layers top-level in vLLM's convention
+  (`eagle_aux_hidden_state_layer_ids`: the input of layer j, our index as it is).
+- **sglang** (flat, architectures `LlamaForCausalLMEagle3`, SpecForge's export): what SGLang's
+  `--speculative-algorithm EAGLE3` and vLLM load. Weights `midlayer.*` (SGLang matches names in its
+  own tree and skips others silently, so a `layers.0.*` file would load nothing of the layer),
+  `fc`, `norm`, `lm_head`, `d2t`, `t2d`; the tapped layers in `eagle_config` in SGLang's convention
+  (the output of layer j - 1: our index minus one; SGLang adds one when capturing) and top-level in
+  vLLM's (which reads the top-level key first, and either one unshifted: given SGLang's ids alone it
+  would tap one layer lower, the field's off-by-one).
+
+Both pin what the loaders otherwise guess (the field's pitfalls): `d2t` always written (without it
+vLLM maps draft ids as the identity and acceptance collapses), the layer ids always written (a
+server that guesses picks (2, L // 2, L - 3) of *its* target), `norm_before_residual` and the other
+norm flags explicitly false (vLLM takes `norm_before_residual` as true when absent), and
+`max_position_embeddings` the target's (2048 collapses acceptance on long prompts).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from draftdeck.drafter.export.format import CONFIG, WEIGHTS, CheckpointError, write_folder
+from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
+
+Eagle3Format = Literal["speculators", "sglang"]
+FORMATS: tuple[Eagle3Format, ...] = ("speculators", "sglang")
+LAYER_PREFIX = {"speculators": "layers.0.", "sglang": "midlayer."}
+NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def _layer_config(cfg: Eagle3Config) -> dict[str, Any]:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": cfg.hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": dict(cfg.rope_parameters),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    }
+
+
+def eagle3_config(cfg: Eagle3Config, fmt: Eagle3Format, verifier: str | None = None) -> dict[str, Any]:
+    """The config.json of `fmt` (module doc); `verifier`: the target's path or hub name for
+    speculators' `speculators_config` (what `vllm serve <dir>` loads as the target)."""
+    if fmt == "speculators":
+        return {
+            "speculators_model_type": "eagle3",
+            "architectures": ["Eagle3Speculator"],
+            "transformer_layer_config": _layer_config(cfg),
+            "draft_vocab_size": cfg.draft_vocab_size,
+            "target_hidden_size": cfg.target_hidden_size,
+            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
+            **{flag: False for flag in NORM_FLAGS},
+            "speculators_config": {
+                "algorithm": "eagle3",
+                "default_proposal_method": "greedy",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                "verifier": {"name_or_path": verifier, "architectures": []},
+            },
+        }
+    return {
+        **_layer_config(cfg),
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "draft_vocab_size": cfg.draft_vocab_size,
+        "target_hidden_size": cfg.target_hidden_size,
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),  # vLLM's, read first
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids]},  # SGLang's
+    }
+
+
+def eagle3_state(drafter: Eagle3Drafter, fmt: Eagle3Format) -> dict[str, torch.Tensor]:
+    """The drafter's weights under `fmt`'s names (ours are the flat format's)."""
+    prefix = LAYER_PREFIX[fmt]
+    return {
+        (prefix + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k): v
+        for k, v in drafter.state_dict().items()
+    }
+
+
+def save_eagle3(
+    drafter: Eagle3Drafter, out_dir: Path, fmt: Eagle3Format, verifier: str | None = None
+) -> Path:
+    """Write `drafter` to `out_dir` in `fmt`, atomically."""
+    config = eagle3_config(drafter.config, fmt, verifier)
+    config["dtype"] = str(next(drafter.parameters()).dtype).removeprefix("torch.")
+    return write_folder(Path(out_dir), eagle3_state(drafter, fmt), config)
+
+
+def _config_back(hf: Mapping[str, Any]) -> tuple[Eagle3Config, Eagle3Format]:
+    """Our config from either format's config.json, and which format it is."""
+    if hf.get("speculators_model_type") == "eagle3":
+        layer, ids, fmt = (
+            hf["transformer_layer_config"],
+            list(hf["eagle_aux_hidden_state_layer_ids"]),
+            "speculators",
+        )
+    elif "LlamaForCausalLMEagle3" in (hf.get("architectures") or []):
+        layer, fmt = hf, "sglang"
+        ids = [i + 1 for i in hf["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+    else:
+        raise CheckpointError("config.json is neither a speculators EAGLE-3 config nor a flat one")
+    cfg = Eagle3Config(
+        hidden_size=int(layer["hidden_size"]),
+        target_hidden_size=int(hf.get("target_hidden_size") or layer["hidden_size"]),
+        vocab_size=int(layer["vocab_size"]),
+        draft_vocab_size=int(hf["draft_vocab_size"]),
+        num_attention_heads=int(layer["num_attention_heads"]),
+        num_key_value_heads=int(layer["num_key_value_heads"]),
+        head_dim=int(layer["head_dim"]),
+        intermediate_size=int(layer["intermediate_size"]),
+        num_target_layers=max(ids) + 3,  # not in either format: enough for the ids to exist
+        aux_layer_ids=tuple(int(i) for i in ids),
+        rms_norm_eps=float(layer["rms_norm_eps"]),
+        rope_theta=float(layer["rope_theta"]),
+        max_position_embeddings=int(layer["max_position_embeddings"]),
+        hidden_act=str(layer.get("hidden_act", "silu")),
+        rope_parameters=dict(layer.get("rope_parameters") or {}),
+    )
+    return cfg, fmt  # type: ignore[return-value]
+
+
+def load_eagle3(folder: Path) -> Eagle3Drafter:
+    """Read an export of either format back into our drafter: every key matched, none left over."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    try:
+        hf = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+        cfg, fmt = _config_back(hf)
+        state = load_file(str(folder / WEIGHTS))
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{folder}: not a readable EAGLE-3 export: {e!r}") from e
+    prefix = LAYER_PREFIX[fmt]
+    ours = {
+        ("midlayer." + k.removeprefix(prefix) if k.startswith(prefix) else k): v for k, v in state.items()
+    }
+    drafter = Eagle3Drafter(cfg)
+    missing, unexpected = drafter.load_state_dict(ours, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: keys missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    return drafter
+
+
+@dataclass(frozen=True)
+class Eagle3Reading:
+    """What one server makes of an EAGLE-3 export: the layers it taps (its own indices, and ours),
+    and the problems that would make it serve something other than what was trained."""
+
+    server: str
+    tapped: tuple[int, ...]  # hidden_states indices (ours) the server feeds the drafter
+    problems: tuple[str, ...]
+
+
+def eagle3_readings(folder: Path, target_config: Any = None) -> list[Eagle3Reading]:
+    """vLLM's and SGLang's reading of an export (module doc's rules), checked against the trained
+    drafter's config and, given, the target's (its max_position_embeddings)."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    hf = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
+    with safe_open(str(folder / WEIGHTS), "pt") as f:
+        keys = set(f.keys())
+    cfg, fmt = _config_back(hf)
+    layer = hf.get("transformer_layer_config", hf)
+    common = []
+    if "d2t" not in keys:
+        common.append("no d2t: draft ids are served as the identity over the first N target ids")
+    target_max = int(getattr(target_config, "max_position_embeddings", 0) or 0)
+    own_max = int(layer.get("max_position_embeddings", 0))
+    if target_max and own_max < target_max:
+        common.append(f"max_position_embeddings {own_max} is below the target's {target_max}")
+    trained = cfg.aux_layer_ids
+    vllm = list(common)
+    if fmt == "speculators" and hf.get("norm_before_residual") is None:
+        vllm.append("norm_before_residual absent: vLLM takes it as true, the drafter was trained without")
+    # vLLM: the top-level ids, else eagle_config's, as they are; none: it guesses from its target
+    top, nested = (
+        hf.get("eagle_aux_hidden_state_layer_ids"),
+        (hf.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"),
+    )
+    vllm_ids = tuple(int(i) for i in (top or nested or ()))
+    if not vllm_ids:
+        vllm.append("no layer ids: vLLM guesses (2, L // 2, L - 3) of its target")
+    elif vllm_ids != trained:
+        vllm.append(f"vLLM taps hidden_states {list(vllm_ids)}, the drafter was trained on {list(trained)}")
+    sglang = list(common)
+    if fmt == "speculators":
+        sglang.append("a speculators-format export: SGLang matches midlayer.* names and loads no layer")
+    elif not any(k.startswith("midlayer.") for k in keys):
+        sglang.append("no midlayer.* weights: SGLang would load no layer")
+    sglang_ids = tuple(int(i) + 1 for i in nested) if nested else ()
+    if fmt == "sglang" and sglang_ids != trained:
+        sglang.append(
+            f"SGLang taps hidden_states {list(sglang_ids)}, the drafter was trained on {list(trained)}"
+        )
+    return [Eagle3Reading("vllm", vllm_ids, tuple(vllm)), Eagle3Reading("sglang", sglang_ids, tuple(sglang))]
