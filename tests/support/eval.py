@@ -55,13 +55,24 @@ def chi2_bound(df: int, z: float = 3.09) -> float:
 
 
 DFLASH_VERSION = "0.1.0"
+SPECULATORS_VERSION = "0.9.0"
 TORCH_PIN = "torch==2.13.0"
 
 
 def dflash_venv() -> Path:
-    """A venv of its own for `dflash==0.1.0` and its pins (transformers 5.15, datasets 5), cached
-    under ~/.cache/draftdeck-tests keyed by version; torch is installed first so pip keeps the CPU
-    build. Skips the test, saying why, only when pip cannot install it."""
+    """A venv of its own for `dflash==0.1.0` and its pins (transformers 5.15, datasets 5)."""
+    return package_venv("dflash", DFLASH_VERSION, f"dflash[local]=={DFLASH_VERSION}")
+
+
+def speculators_venv() -> Path:
+    """A venv of its own for `speculators==0.9.0` and its pins (transformers <= 5.19)."""
+    return package_venv("speculators", SPECULATORS_VERSION, f"speculators=={SPECULATORS_VERSION}")
+
+
+def package_venv(name: str, version: str, spec: str) -> Path:
+    """A venv of its own for a peer's package, cached under ~/.cache/draftdeck-tests keyed by name
+    and version; torch is installed first so pip keeps the CPU build. Skips the test, saying why,
+    only when pip cannot install it."""
     import os
     import shutil
     import subprocess
@@ -70,20 +81,20 @@ def dflash_venv() -> Path:
     import pytest
 
     root = Path.home() / ".cache" / "draftdeck-tests"
-    venv = root / f"dflash-venv-{DFLASH_VERSION}"
+    venv = root / f"{name}-venv-{version}"
     if (venv / ".complete").exists():
         return venv
     root.mkdir(parents=True, exist_ok=True)
-    partial = root / f".dflash-venv-{DFLASH_VERSION}.partial-{os.getpid()}"
+    partial = root / f".{name}-venv-{version}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(partial)], check=True)
     py = str(partial / "bin" / "python")
-    for spec in ([TORCH_PIN], [f"dflash[local]=={DFLASH_VERSION}"]):
-        res = subprocess.run([py, "-m", "pip", "install", "-q", *spec], capture_output=True, text=True)
+    for each in (TORCH_PIN, spec):
+        res = subprocess.run([py, "-m", "pip", "install", "-q", each], capture_output=True, text=True)
         if res.returncode != 0:
             shutil.rmtree(partial, ignore_errors=True)
-            pytest.skip(f"pip cannot install {' '.join(spec)} into a venv of its own: {res.stderr[-600:]}")
-    (partial / ".complete").write_text(DFLASH_VERSION + "\n", encoding="utf-8")
+            pytest.skip(f"pip cannot install {each} into a venv of its own: {res.stderr[-600:]}")
+    (partial / ".complete").write_text(version + "\n", encoding="utf-8")
     if venv.exists():  # a venv left without its marker: an interrupted build
         shutil.rmtree(venv)
     os.replace(partial, venv)

@@ -88,3 +88,37 @@ def test_the_readings_flag_what_would_serve_another_drafter(tmp_path: Path) -> N
         assert any("max_position_embeddings 2048 is below the target's 32768" in p for p in reading.problems)
     with pytest.raises(Exception, match="keys missing \\['d2t'\\]"):
         load_eagle3(out)
+
+
+@pytest.mark.slow
+def test_speculators_own_class_loads_the_export_and_drafts_the_same_tokens(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.conftest import PROBES
+    from tests.support.drafter import tiny_target
+    from tests.support.eval import speculators_venv
+
+    venv = speculators_venv()
+    target = tiny_target(0, vocab_size=64, hidden=32, layers=8)  # the verifier the export names
+    target.model.save_pretrained(tmp_path / "target")
+    drafter, steps, t = _drafter(), 3, 12
+    out = save_eagle3(drafter, tmp_path / "export", "speculators", verifier=str(tmp_path / "target"))
+    g = torch.Generator().manual_seed(3)
+    aux, ids = torch.randn(1, t, 3 * 32, generator=g), torch.randint(0, 64, (1, t), generator=g)
+    next_ids = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], dim=1)  # position t takes x[t + 1]
+    torch.save({"aux": aux, "next_ids": next_ids, "steps": steps}, tmp_path / "in.pt")
+    cmd = [str(venv / "bin" / "python"), str(PROBES / "eagle3_speculators_probe.py"), str(out),
+           str(tmp_path / "in.pt"), str(tmp_path / "out.pt")]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    report = json.loads(res.stdout.strip().splitlines()[-1])
+    assert report["class"] == "Eagle3DraftModel" and report["unexpected_keys"] == []
+    assert report["mismatched_keys"] == [] and set(report["missing_keys"]) <= {"embed_tokens.weight"}
+    assert report["layer_ids"] == [2, 4, 5] and report["d2t"] == drafter.d2t.tolist()
+    theirs = torch.load(tmp_path / "out.pt")["drafts"]  # (steps, T) draft ids
+    with torch.no_grad():
+        hidden = drafter.ttt(aux, target.embed(ids), steps)
+    for k, h in enumerate(hidden):
+        ours = drafter.logits(h)[0].argmax(-1)
+        inside = t - (k + 1)  # past the row each pads its own way
+        assert torch.equal(theirs[k, :inside], ours[:inside]), k
