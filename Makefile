@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint typecheck services install bench clean docs
+.PHONY: up test lint typecheck services install bench clean docs coverage
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test: $(STAMP) services lint typecheck  ## everything CI runs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q  # the documentation site (docs/): broken links, pages or issue codes fail
 	@# Two processes: Playwright's sync API keeps an event loop running in the main thread for the
 	@# whole session, and code under test that calls asyncio.run (regeneration, SSE) cannot run then.
+	$(BIN)/pytest -q -p no:cacheprovider -m "not browser"
+	$(BIN)/pytest -q -p no:cacheprovider -m browser
+
+coverage: $(STAMP) services  ## the tests under coverage, with its report (apart from `make test`: tracing doubles the time of the Python-heavy tests)
 	$(BIN)/pytest -q --cov --cov-report= -p no:cacheprovider -m "not browser"
 	$(BIN)/pytest -q --cov --cov-append --cov-report=term:skip-covered -p no:cacheprovider -m browser
 
