@@ -27,7 +27,7 @@ the dense mask over all steps that speculators builds).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -230,6 +230,21 @@ class Eagle3Layer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
+    def run(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """The layer over (bsz, n) positions, its attention given as `attend(q, k, v)` (training's
+        TTT attention, or decoding's over a cache): h (bsz, n, H), pre-norm."""
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        attn = attend(*self.self_attn.project(x, rope))
+        bsz, _, n, _ = attn.shape
+        h = hidden + self.self_attn.o_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
+        return h + self.mlp(self.post_attention_layernorm(h))
+
     def step(
         self,
         embeds: torch.Tensor,
@@ -240,13 +255,12 @@ class Eagle3Layer(nn.Module):
     ) -> torch.Tensor:
         """One TTT step over every position: appends its keys and values to `steps`; returns h
         (bsz, T, H), pre-norm."""
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        q, k, v = self.self_attn.project(x, rope)
-        steps.append((k, v))
-        attn = ttt_attention(q, steps, key_ok, self.self_attn.scaling)
-        bsz, _, t, _ = attn.shape
-        h = hidden + self.self_attn.o_proj(attn.transpose(1, 2).reshape(bsz, t, -1))
-        return h + self.mlp(self.post_attention_layernorm(h))
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            steps.append((k, v))
+            return ttt_attention(q, steps, key_ok, self.self_attn.scaling)
+
+        return self.run(embeds, hidden, rope, attend)
 
 
 def _attend(
@@ -319,15 +333,17 @@ class Eagle3Drafter(nn.Module):
         (g, next token) pairs; draft j is `extend` of one position whose hidden state is draft j - 1's
         h, with `past` the committed keys plus the chain's: what `ttt` trains, step for step."""
         layer = self.midlayer
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
-        q, k, v = layer.self_attn.project(x, self.rotary_emb(embeds, positions))
         seen = 0 if past is None else past[0].shape[2]
-        if past is not None:
-            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        attn = _attend(q, k, v, seen, layer.self_attn.scaling)
-        bsz, _, n, _ = attn.shape
-        h = hidden + layer.self_attn.o_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
-        return h + layer.mlp(layer.post_attention_layernorm(h)), (k, v)
+        kept: list[StepKV] = []
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            if past is not None:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            kept.append((k, v))
+            return _attend(q, k, v, seen, layer.self_attn.scaling)
+
+        h = layer.run(embeds, hidden, self.rotary_emb(embeds, positions), attend)
+        return h, kept[0]
 
     def ttt(
         self,
@@ -346,11 +362,17 @@ class Eagle3Drafter(nn.Module):
         out = []
         positions = torch.arange(t, device=embeds.device).expand(bsz, t)
         for k in range(steps):
-            shifted = F.pad(embeds[:, k + 1 :], (0, 0, 0, min(k + 1, t)))
+            shifted = ahead(embeds, k + 1)
             rope = self.rotary_emb(embeds, positions + k)
             hidden = self.midlayer.step(shifted, hidden, rope, cache, key_ok)
             out.append(hidden)
         return out
+
+
+def ahead(x: torch.Tensor, by: int) -> torch.Tensor:
+    """x[:, t + by] at t, for x (bsz, T, ...): zeros past the row."""
+    pad = [0, 0] * (x.dim() - 2) + [0, min(by, x.shape[1])]
+    return F.pad(x[:, by:], pad)
 
 
 def ttt_labels(

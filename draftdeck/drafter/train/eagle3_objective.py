@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftdeck.drafter.model.eagle3 import Eagle3Drafter, ttt_labels
+from draftdeck.drafter.model.eagle3 import Eagle3Drafter, ahead, ttt_labels
 from draftdeck.drafter.model.head import rows_per_chunk
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.objective import Mix, leading_runs
@@ -70,12 +70,6 @@ def target_draft_view(head: nn.Module, last_hidden: torch.Tensor, draft_ids: tor
 def draft_index(t2d: torch.Tensor) -> torch.Tensor:
     """(V,) each target id's draft id, -1 where it has none."""
     return torch.where(t2d, torch.cumsum(t2d.long(), 0) - 1, torch.full_like(t2d, -1, dtype=torch.long))
-
-
-def _ahead(x: torch.Tensor, by: int) -> torch.Tensor:
-    """x[:, t + by] at t (bsz, T, ...), zeros past the row."""
-    pad = [0, 0] * (x.dim() - 2) + [0, min(by, x.shape[1])]
-    return F.pad(x[:, by:], pad)
 
 
 @dataclass
@@ -128,7 +122,7 @@ def ttt_loss(
             ce = -logq.gather(-1, label_draft.clamp(min=0)[..., None])[..., 0]
             per = per + ce_w * torch.where(known, ce, 0.0)
         if teacher is not None:
-            logp, p = _ahead(teacher.logp, k + 1), _ahead(teacher.p, k + 1)
+            logp, p = ahead(teacher.logp, k + 1), ahead(teacher.p, k + 1)
             if kl_w:
                 per = per + kl_w * (logp.exp() * (logp - logq)).sum(-1)
             with torch.no_grad():
