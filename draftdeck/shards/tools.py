@@ -36,11 +36,20 @@ class DraftVocab:
     coverage: float  # share of trained tokens whose id is in the draft vocabulary
 
 
-def draft_vocab(dataset: Path, top: int) -> DraftVocab:
+def trained_token_counts(dataset: Path) -> np.ndarray:
+    """(tokenizer size,) int64: how often each id is a trained token of `dataset` (tokenize's counts)."""
     path = Path(dataset) / TOKEN_COUNTS
     if not path.is_file():
         raise InputError(f"{dataset} has no {TOKEN_COUNTS} (not written by `draftdeck tokenize`?)")
-    counts = np.load(path)
+    return np.load(path).astype(np.int64)
+
+
+def draft_vocab(dataset: Path, top: int) -> DraftVocab:
+    return vocab_of_counts(trained_token_counts(dataset), top)
+
+
+def vocab_of_counts(counts: np.ndarray, top: int) -> DraftVocab:
+    """The `top` most frequent ids of `counts` (one per target id), ties to the lower id."""
     if top < 1:
         raise UsageError("--top must be at least 1")
     k = min(top, len(counts))

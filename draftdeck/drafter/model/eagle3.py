@@ -44,10 +44,13 @@ QUERY_CHUNK = 512  # step-0 attention in chunks of queries: a (chunk, T) score t
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
     """The three `hidden_states` indices the field taps: (2, L // 2, L - 3) as EAGLE, vLLM and
-    speculators default them (Llama-3.1-8B: 2, 16, 29); a target under 8 layers: (1, L // 2, L - 1)."""
+    speculators default them (Llama-3.1-8B: 2, 16, 29); a target under 8 layers: (1, L // 2, L - 1);
+    a tiny one of 2 or 3 layers: its last three indices."""
     n = num_target_layers
-    if n < 4:
+    if n < 2:
         raise DrafterConfigError(f"EAGLE-3 taps three distinct layers: the target has {n} decoder layers")
+    if n < 4:
+        return [n - 2, n - 1, n]
     return [2, n // 2, n - 3] if n >= 8 else [1, n // 2, n - 1]
 
 

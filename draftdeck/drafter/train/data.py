@@ -253,6 +253,32 @@ class TrainData:
                 by[ident] = by.get(ident, 0) + n
         return Answered(tuple(by.items()), none)
 
+    def trained_token_counts(self, vocab_size: int) -> np.ndarray:
+        """(vocab_size,) how often each id is a trained token (loss mask 1) of the training split, as
+        training reads the rows (after seq_length): an EAGLE-3 run's draft vocabulary."""
+        counts = np.zeros(vocab_size, dtype=np.int64)
+        for di, ds in enumerate(self.datasets):
+            kept = {ref.row: ref.length for ref in self.train if ref.dataset == di}
+            start = 0
+            for batch in ds.iter_batches():
+                ids_col, masks_col = batch.column("input_ids"), batch.column("loss_mask")
+                offsets = np.asarray(masks_col.offsets, dtype=np.int64)
+                offsets = offsets - offsets[0]
+                ids, masks = np.asarray(ids_col.flatten()), np.asarray(masks_col.flatten())
+                trained = np.zeros(len(masks), dtype=bool)
+                for i in range(len(offsets) - 1):
+                    n = kept.get(start + i)
+                    if n is not None:
+                        trained[offsets[i] : offsets[i] + n] = True
+                picked = ids[trained & (masks == 1)].astype(np.int64)
+                if picked.size and int(picked.max()) >= vocab_size:
+                    raise DataError(
+                        f"{ds.path}: token id {int(picked.max())} is outside the target's {vocab_size}"
+                    )
+                counts += np.bincount(picked, minlength=vocab_size)
+                start += len(offsets) - 1
+        return counts
+
     def describe(self) -> dict[str, Any]:
         return {
             "inputs": [str(p) for p in self.paths],

@@ -28,6 +28,13 @@ class TrainParams(JobParams):
         description="Run folder: checkpoints/, run.json; a run resumes when it holds checkpoints"
         " (default: the job's folder)",
     )
+    drafter: Literal["dflash", "eagle3"] = Field(
+        "dflash",
+        title="Drafter kind",
+        description="dflash = a block drafted in parallel from the target's context (block_size, layers);"
+        " eagle3 = one layer drafting a chain token by token over a draft vocabulary, trained by"
+        " training-time test (ttt_steps, draft_vocab_size)",
+    )
     block_size: int = Field(16, ge=2, le=64, description="DFlash block size B (anchor + B-1 drafted tokens)")
     layers: int = Field(1, ge=1, le=64, description="Drafter decoder layers")
     target_layer_ids: list[int] | None = Field(
@@ -35,6 +42,24 @@ class TrainParams(JobParams):
     )
     mask_token_id: int | None = Field(
         None, ge=0, description="Spare token id for masked slots (default: resolved)"
+    )
+    ttt_steps: int = Field(
+        7, ge=1, le=32, description="EAGLE-3: training-time-test steps (the chain's drafts trained)"
+    )
+    step_decay: float = Field(
+        0.8, gt=0, le=1, description="EAGLE-3: weight of TTT step k is step_decay^k (EAGLE, SpecForge: 0.8)"
+    )
+    draft_vocab_size: int = Field(
+        32000,
+        ge=1,
+        le=10_000_000,
+        description="EAGLE-3: draft vocabulary, the most frequent trained tokens of the inputs (at most"
+        " the target's vocabulary)",
+    )
+    eagle3_layer_ids: list[int] | None = Field(
+        None,
+        description="EAGLE-3: the three tapped hidden_states indices, HF's (= vLLM's) convention"
+        " (default: 2, L//2, L-3 as the field)",
     )
     gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
     # ce+kl: measured best on the target's own sampled answers without losing on its greedy ones
@@ -150,6 +175,7 @@ class TrainParams(JobParams):
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
     essentials: ClassVar[tuple[str, ...]] = (
+        "drafter",
         "block_size",
         "layers",
         "seq_length",
@@ -176,6 +202,11 @@ class TrainParams(JobParams):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
+        if self.drafter == "eagle3" and self.sharding == "fsdp":
+            raise ValueError(
+                "sharding fsdp shards DFlash drafters: an EAGLE-3 drafter (one layer) trains replicated"
+                " (sharding ddp or auto)"
+            )
         return self
 
 

@@ -154,7 +154,7 @@ def load_state(drafter: nn.Module, opt: torch.optim.Optimizer, model: dict, opti
         opt.load_state_dict(optim)
 
 
-def eval_copy(drafter: DFlashDrafter, strategy: Sharding, device: torch.device) -> DFlashDrafter:
+def eval_copy(drafter: nn.Module, strategy: Sharding, device: torch.device) -> nn.Module:
     """The drafter for the held-out pass: itself unsharded; else a whole copy on every rank
     (a collective), so that ranks with different numbers of held-out batches never wait on each
     other."""
@@ -163,7 +163,7 @@ def eval_copy(drafter: DFlashDrafter, strategy: Sharding, device: torch.device) 
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(drafter, options=_options(cpu_offload=False))
-    copy = DFlashDrafter(drafter.config).to(device)
+    copy = DFlashDrafter(drafter.config).to(device)  # type: ignore[arg-type]
     copy.load_state_dict(state)
     copy.eval()
     return copy

@@ -24,8 +24,6 @@ from typing import Any
 import torch
 
 from draftdeck.drafter.model.attention import resolve_backend
-from draftdeck.drafter.model.config import DrafterConfig
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.checkpoint import (
@@ -38,14 +36,8 @@ from draftdeck.drafter.train.checkpoint import (
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import DataPosition, TrainData, anchor_generator, collate
 from draftdeck.drafter.train.device import DeviceError, peak_bytes, reset_peak, resolve_device
+from draftdeck.drafter.train.drafters import MicroBatch, drafter_kind
 from draftdeck.drafter.train.memory import check_memory, params_bytes
-from draftdeck.drafter.train.objective import (
-    dflash_backward,
-    label_weight_sum,
-    loss_formula,
-    pad_anchors,
-    sample_anchors_per_row,
-)
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.plan import ddp_fits
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
@@ -53,7 +45,6 @@ from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.run_record import RunRecord
 from draftdeck.drafter.train.sharding import choose_sharding
 from draftdeck.drafter.train.truth import OFF_TARGET, TruthUnavailable
-from draftdeck.drafter.train.walked import heldout_pass
 from draftdeck.errors import Cancelled, DraftDeckError, UsageError
 from draftdeck.fileio import atomic_output
 from draftdeck.jobs.context import RunContext
@@ -85,19 +76,13 @@ class Trainer:
         cuda = self.device.type == "cuda"
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
         self.target = Target.load(params.target, device=self.device, dtype=torch.bfloat16 if cuda else None)
-        self.cfg = DrafterConfig.from_target(
-            self.target.config,
-            tokenizer=self.target.tokenizer,
-            layers=params.layers,
-            block_size=params.block_size,
-            target_layer_ids=params.target_layer_ids,
-            mask_token_id=params.mask_token_id,
-        )
         self.data = TrainData(
             params.inputs, heldout_fraction=params.heldout_fraction, seq_length=params.seq_length
         )
         self.data.check_tokenizer(self.target.folder)
-        self.data.check(self.target.max_positions or 10**9, self.cfg.block_size)
+        torch.manual_seed(params.seed)
+        self.kind = drafter_kind(params, self.target, self.data)
+        self.data.check(self.target.max_positions or 10**9, self.kind.slots)
         self.global_batch = params.batch_size * params.grad_accum * world
         self.steps_per_epoch = len(self.data.train) // self.global_batch
         if self.steps_per_epoch == 0:
@@ -107,9 +92,7 @@ class Trainer:
             )
         self.total_steps = params.max_steps or max(1, math.ceil(params.epochs * self.steps_per_epoch))
         self.warmup = int(params.warmup_ratio * self.total_steps)
-        torch.manual_seed(params.seed)
-        self.drafter = DFlashDrafter(self.cfg).to(self.device)
-        self.drafter.gradient_checkpointing = params.gradient_checkpointing
+        self.drafter = self.kind.model.to(self.device)
         try:
             self.attention = resolve_backend(params.attention, self.device)
         except ValueError as e:
@@ -120,7 +103,13 @@ class Trainer:
             for p in self.drafter.parameters():
                 dist.broadcast(p.data, src=0)
         self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits())
-        sharding.shard(self.drafter, self.strategy, self.device, world)
+        if self.kind.name == "eagle3" and self.strategy != "none":  # params refuse fsdp
+            self.strategy, why = (
+                "ddp",
+                "an EAGLE-3 drafter (one layer) is replicated; gradients summed per step",
+            )
+        else:
+            sharding.shard(self.kind.model, self.strategy, self.device, world)  # type: ignore[arg-type]
         held = "whole on every rank"
         if self.strategy == "fsdp":
             held = sharding.shard_target(self.target, self.device, rank, world)
@@ -140,10 +129,10 @@ class Trainer:
         self.answered_refs: list[Any] = []  # held-out rows whose prompts the target answered ...
         self.answered: list[Any] = []  # ... and its answers, the rows of the target-judged walk
         self.truth_alerted = False
-        self.ranks = Ranks(rank, world, self.device, self.cfg.block_size)
+        self.ranks = Ranks(rank, world, self.device, self.kind.slots)
         # the pre-flight and held-out rows: split across ranks and counts summed; with a sharded
         # target (its forwards are collectives) every rank runs every row, as one rank would
-        self.eval_ranks = Ranks(0, 1, self.device, self.cfg.block_size) if self.target.sharded else self.ranks
+        self.eval_ranks = Ranks(0, 1, self.device, self.kind.slots) if self.target.sharded else self.ranks
         self.record = self._record()
         self.record.sharding = {
             "strategy": self.strategy,
@@ -154,7 +143,7 @@ class Trainer:
     def _ddp_fits(self) -> bool | None:
         """For `--sharding auto` on N ranks: whether the planner fits a replicated drafter on this
         device (draftdeck.drafter.train.plan); None when not asked or the device's size is unknown."""
-        if self.p.sharding != "auto" or self.world == 1:
+        if self.p.sharding != "auto" or self.world == 1 or self.kind.name != "dflash":
             return None
         heldout = min(len(self.data.heldout), self.p.heldout_max_rows)
         return ddp_fits(
@@ -174,8 +163,8 @@ class Trainer:
             inputs=list(p.inputs),
             manifest_sha256=self.data.manifest_sha256(),
             target=str(p.target),
-            drafter=self.cfg.to_dict(),
-            loss=loss_formula(p.mix),
+            drafter=self.kind.describe(),
+            loss=self.kind.loss_formula(),
             gamma=p.gamma,
             anchors_per_seq=p.anchors_per_seq,
             seq_length=p.seq_length,
@@ -224,6 +213,7 @@ class Trainer:
 
         training = torch.load(latest / "training.pt", map_location="cpu", weights_only=False)
         model = load_file(str(latest / "model.safetensors"), device="cpu")
+        self.kind.check_resume(model)
         sharding.load_state(self.drafter, self.opt, model, training["optimizer"])
         self.sched.load_state_dict(training["scheduler"])
         set_rng_state(training["rng"])
@@ -253,8 +243,7 @@ class Trainer:
         }
         files = {
             "model.safetensors": bytes_writer(save(state, metadata={"format": "pt"})),
-            "config.json": bytes_writer(json.dumps(self.cfg.to_hf_dict(), indent=2).encode()),
-            "drafter.json": bytes_writer(json.dumps(self.cfg.to_dict(), indent=2).encode()),
+            **{name: bytes_writer(body) for name, body in self.kind.config_files().items()},
             "training.pt": torch_writer(training),
             "state.json": bytes_writer(json.dumps(meta, indent=2).encode()),
         }
@@ -270,9 +259,7 @@ class Trainer:
         self.pos = DataPosition(self.pos.epoch, self.pos.index + self.global_batch)
         return rows
 
-    def _micro_batches(
-        self, rows: list[tuple[int, int]]
-    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _micro_batches(self, rows: list[tuple[int, int]]) -> list[MicroBatch]:
         share = len(rows) // self.world
         mine = rows[self.rank * share : (self.rank + 1) * share]
         orders: dict[int, Any] = {}
@@ -284,39 +271,23 @@ class Trainer:
                 order = orders.setdefault(epoch, self.data.epoch_order(self.p.seed, epoch))
                 examples.append(self.data.example(self.data.train[int(order[index])]))
                 gens.append(anchor_generator(self.p.seed, epoch, index))
-            ids, att, lm = collate(examples, self.pad_id, self.device)
-            anchors, valid = sample_anchors_per_row(
-                lm, [len(e[0]) for e in examples], self.p.anchors_per_seq, gens
-            )
-            out.append((ids, att, lm, anchors, valid))
+            out.append(self.kind.micro_batch(examples, gens, self.pad_id, self.device))
         return out
 
     def train_step(self) -> tuple[Counts, float]:
-        micro = self._micro_batches(self._next_rows())
-        # every rank runs as many anchor groups (a sharded drafter's forward and backward are
-        # collectives): the anchors of each micro-batch are padded to the widest rank's
-        widths = self.ranks.max([m[3].shape[1] for m in micro])
-        micro = [(*m[:3], *pad_anchors(m[3], m[4], w)) for m, w in zip(micro, widths, strict=True)]
-        wsum = sum(label_weight_sum(lm, a, v, self.cfg.block_size, self.p.gamma) for _, _, lm, a, v in micro)
+        kind = self.kind
+        micro = kind.align(self._micro_batches(self._next_rows()), self.ranks)
+        wsum = sum(kind.weight_sum(m) for m in micro)
         total_w = float(self.ranks.sum(torch.tensor([wsum], dtype=torch.float64, device=self.device)).item())
-        counts = Counts(self.cfg.block_size)
+        counts = Counts(kind.slots)
         self.drafter.train()
-        for ids, att, lm, anchors, valid in micro:
+        for m in micro:
             with self.amp:
-                mix = self.p.mix
-                teacher = None
-                if mix[1]:  # the KL needs the target's final hidden states: the same one forward
-                    tf = self.target.teacher_forced(ids, att, self.cfg.target_layer_ids)
-                    context, teacher = tf.context, tf.last_hidden
-                else:
-                    _, context = self.target.context_features(ids, att, self.cfg.target_layer_ids)
-                counts = counts + dflash_backward(
-                    self.drafter, self.target.embedding, self.target.lm_head, context, ids, lm, att,
-                    anchors, valid, self.p.gamma, normalizer=max(total_w, 1e-12),
-                    anchors_per_forward=self.p.anchors_per_forward, attention=self.attention,
-                    teacher=teacher, mix=mix,
-                )  # fmt: skip
-            counts.tokens += int(att.sum())
+                counts = counts + kind.backward(
+                    self.drafter, self.target, m, max(total_w, 1e-12), self.attention
+                )
+            counts.tokens += int(m.att.sum())
+        kind.reduce_gradients(self.ranks)
         grad_norm = sharding.as_float(torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), self.p.clip))
         return self.ranks.counts(counts), grad_norm
 
@@ -331,11 +302,9 @@ class Trainer:
         ]
         groups = [sources[i : i + bs] for i in range(0, len(sources), bs)]
         with self.amp, self.target.same_rows():  # every rank or one: `eval_ranks`
-            return heldout_pass(
-                self.eval_drafter, self.target, batches, self.p.gamma,
-                sources=groups, judge=judge, attention=self.attention, mix=self.p.mix,
-                anchors_per_row=self.p.heldout_anchors if sample else 0, seed=self.p.seed,
-            )  # fmt: skip
+            return self.kind.heldout(
+                self.eval_drafter, self.target, batches, groups, judge, sample, self.attention
+            )
 
     def evaluate(self, step: int) -> tuple[Counts, dict[str, Counts], Counts]:
         """The held-out pass: every count of the split judged by the data (with target agreement), the
@@ -346,7 +315,8 @@ class Trainer:
         rows = self.data.heldout[: self.p.heldout_max_rows][share.rank :: share.world]
         k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
         srcs = [self.data.source(r) for r in rows]
-        self.eval_drafter = sharding.eval_copy(self.drafter, self.strategy, self.device)
+        wrapped = self.strategy if self.kind.name == "dflash" else "none"  # EAGLE-3's is not wrapped
+        self.eval_drafter = sharding.eval_copy(self.drafter, wrapped, self.device)
         try:
             first, by_first = self._pass([self.data.example(r) for r in rows[:k]], srcs[:k], self.judge)
             rest, by_rest = self._pass([self.data.example(r) for r in rows[k:]], srcs[k:], self.judge)
@@ -379,8 +349,8 @@ class Trainer:
         prompts (draftdeck.drafter.train.preflight); a resumed run makes only the answers again."""
         with self.amp, self.target.same_rows():  # every rank or one: `eval_ranks`
             share = self.eval_ranks
-            on = OnRank(self.target, self.data, self.cfg.target_layer_ids, self.pad_id,
-                        share.rank, share.world, share.counts, self.cfg.block_size)  # fmt: skip
+            on = OnRank(self.target, self.data, self.kind.layer_ids, self.pad_id,
+                        share.rank, share.world, share.counts, self.kind.slots)  # fmt: skip
             verdict = run_preflight(self.p, self.ctx, on, fresh=fresh)
         self.judge = verdict.judge
         self.answered_refs, self.answered = verdict.answered_refs, verdict.answered
@@ -410,7 +380,7 @@ class Trainer:
                 "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
             )
         self.record.memory = check_memory(  # before step 1: refuses what cannot fit
-            self.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
+            self.kind.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
             self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
             weights=params_bytes(self.target.model),
             sharing=self.local_world, state_shards=self.world if self.strategy == "fsdp" else 1,
@@ -420,7 +390,7 @@ class Trainer:
         self.preflight(fresh=not resumed)
         self._write_record()
         reset_peak(self.device)
-        window, busy, window_steps = Counts(self.cfg.block_size), 0.0, 0
+        window, busy, window_steps = Counts(self.kind.slots), 0.0, 0
         while self.step < self.total_steps:
             if self._cancelled():
                 self._write_record()
@@ -468,7 +438,7 @@ class Trainer:
                 }
                 if self.rank == 0:
                     self.ctx.metrics(step, values, tokens=self.tokens)
-                window, busy, window_steps = Counts(self.cfg.block_size), 0.0, 0
+                window, busy, window_steps = Counts(self.kind.slots), 0.0, 0
             at_ckpt = step % self.p.checkpoint_every == 0 or step == self.total_steps
             heldout = matched = None
             if self.data.heldout and (at_ckpt or step % self.p.eval_every == 0):

@@ -310,28 +310,40 @@ def heldout_pass(
             steps = walk_steps(
                 Drafts(drafter, target, batch, context, runs, attention), loss_mask.cpu().numpy()
             )
-            view = (
-                target_view(target.lm_head, tf.last_hidden, tf.last_logits, input_ids, loss_mask)
-                if judge
-                else None
-            )
-            w = steps.counts(drafter.block_size)
-            if view is not None:
-                w.add_agreement(agreement_of(view, input_ids))
-            w.tokens = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
-            total = total + w
             names = list(next(row_sources)) if row_sources is not None else []
-            for name in sorted(set(names)):
-                pick = np.asarray([n == name for n in names])
-                sub = steps.counts(drafter.block_size, pick)
-                if view is not None:
-                    sub.add_agreement(
-                        agreement_of(view, input_ids, torch.from_numpy(pick).to(input_ids.device))
-                    )
-                by_source[name] = by_source[name] + sub if name in by_source else sub
+            total = total + tally(steps, target, tf, batch, judge, names, drafter.block_size, by_source)
     finally:
         drafter.train(was_training)
     return total, by_source
+
+
+def tally(
+    steps: Walk,
+    target: Target,
+    tf: TargetPass,
+    batch: Batch,
+    judge: bool,
+    names: list[str],
+    slots: int,
+    by_source: dict[str, Counts],
+) -> Counts:
+    """A batch's walk as counts, with target agreement when `judge`, and its tokens; each row source's
+    share of both added to `by_source` (`names`: each row's source, or none)."""
+    input_ids, attention_mask, loss_mask = batch
+    view = (
+        target_view(target.lm_head, tf.last_hidden, tf.last_logits, input_ids, loss_mask) if judge else None
+    )
+    w = steps.counts(slots)
+    if view is not None:
+        w.add_agreement(agreement_of(view, input_ids))
+    w.tokens = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
+    for name in sorted(set(names)):
+        pick = np.asarray([n == name for n in names])
+        sub = steps.counts(slots, pick)
+        if view is not None:
+            sub.add_agreement(agreement_of(view, input_ids, torch.from_numpy(pick).to(input_ids.device)))
+        by_source[name] = by_source[name] + sub if name in by_source else sub
+    return w
 
 
 def heldout_counts(

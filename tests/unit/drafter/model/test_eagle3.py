@@ -121,7 +121,9 @@ def test_default_layer_ids_are_the_fields() -> None:
     assert default_aux_layer_ids(32) == [2, 16, 29]  # Llama-3.1-8B: vLLM's and speculators' ids
     assert default_aux_layer_ids(36) == [2, 18, 33]  # Qwen3-8B
     assert default_aux_layer_ids(4) == [1, 2, 3]
+    assert default_aux_layer_ids(3) == [1, 2, 3]  # a tiny target: its last three indices
+    assert default_aux_layer_ids(2) == [0, 1, 2]
     with pytest.raises(DrafterConfigError, match="three distinct layers"):
-        default_aux_layer_ids(3)
+        default_aux_layer_ids(1)
     with pytest.raises(DrafterConfigError, match="do not exist"):
         Eagle3Config.from_target(TARGET, draft_vocab_size=16, aux_layer_ids=[2, 4, 9])
