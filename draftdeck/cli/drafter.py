@@ -289,21 +289,35 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
 
 
 def export_drafter(params: ExportParams) -> None:
-    from draftdeck.drafter.export.params import run_export
+    from draftdeck.drafter.export.params import FORMAT_NAMES, run_export
 
     if params.out is None:
-        raise usage_exit("--out is required: the new folder in z-lab's format")
+        raise usage_exit("--out is required: the new folder the drafter is written to")
     report = _run(run_export, params, f"export {params.inputs[0]}", None)
-    dflash = json.loads((Path(params.out) / "config.json").read_text()).get("dflash_config", {})
+    hf = json.loads((Path(params.out) / "config.json").read_text())
+    fmt = report.extra["format"]
+    if fmt == "zlab":
+        dflash = hf.get("dflash_config", {})
+        said = (
+            f"block {dflash.get('block_size')}, target layers {dflash.get('target_layer_ids')}, mask id"
+            f" {dflash.get('mask_token_id')}"
+        )
+    else:
+        taps = hf.get("eagle_aux_hidden_state_layer_ids")
+        said = f"draft vocabulary {hf.get('draft_vocab_size')}, hidden_states {taps}"
     out.print(
-        f"wrote {escape(params.out)}: block {dflash.get('block_size')}, target layers "
-        f"{dflash.get('target_layer_ids')}, mask id {dflash.get('mask_token_id')}",
-        highlight=False,
+        f"wrote {escape(params.out)} in {FORMAT_NAMES[fmt]}: {escape(said)}", highlight=False, soft_wrap=True
     )
-    out.print("As each server's loader reads it (draftdeck/drafter/export/servers.py):", highlight=False)
+    out.print("As each server's loader reads it (draftdeck/drafter/export/):", highlight=False)
     for r in report.extra["served"]:
-        mask = "unknown" if r["mask_token_id"] is None else r["mask_token_id"]
-        line = f"  {r['server']} ({r['source']}): mask id {mask}, {escape(r['mask_from'])}"
+        if fmt == "zlab":
+            mask = "unknown" if r["mask_token_id"] is None else r["mask_token_id"]
+            line = f"  {r['server']} ({r['source']}): mask id {mask}, {escape(r['mask_from'])}"
+        else:
+            taps = (
+                f"taps hidden_states {r['tapped']}" if r["tapped"] else "reads no layer ids from this format"
+            )
+            line = f"  {r['server']}: {taps}"
         out.print(line, highlight=False, soft_wrap=True)
         out.print(f"    {escape(r['flags'])}", highlight=False, soft_wrap=True)
         for problem in r["problems"]:
@@ -315,8 +329,8 @@ def export_drafter(params: ExportParams) -> None:
 def register(app: typer.Typer) -> None:
     app.command("train")(
         job_command(TrainParams, train, required=("out",), extra=[REPORT, REPORT_TO],
-                    doc="Train (or resume) a DFlash drafter on DraftDeck datasets against its frozen"
-                    " target; checkpoints, held-out walked tau (incl. bonus) as it goes.")
+                    doc="Train (or resume) a DFlash or EAGLE-3 drafter on DraftDeck datasets against its"
+                    " frozen target; checkpoints, held-out walked tau (incl. bonus) as it goes.")
     )  # fmt: skip
     app.command("eval")(
         job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],
@@ -336,6 +350,7 @@ def register(app: typer.Typer) -> None:
     )  # fmt: skip
     app.command("export-drafter")(
         job_command(ExportParams, export_drafter, required=("out",),
-                    doc="Export a drafter checkpoint (or a train run's best) to z-lab's DFlash format"
-                    " (config.json with dflash_config + model.safetensors), which vLLM and SGLang load.")
+                    doc="Export a drafter checkpoint (or a train run's best) in a format vLLM and SGLang"
+                    " load: DFlash in z-lab's, EAGLE-3 in speculators' or SGLang's flat one (--format);"
+                    " prints how each server reads it and the flags that launch it.")
     )  # fmt: skip

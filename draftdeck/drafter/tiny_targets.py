@@ -204,7 +204,7 @@ def end_to_end(
     sampled = json.loads((sampled_ctx.out_dir / "eval.json").read_text())["eval"]["methods"]["drafter"]
     real = ev["methods"]["drafter"]
     walked = (ev["walked"]["accepted"], ev["walked"]["steps"])
-    exported = load_zlab(export_drafter(run, work / "export")).state_dict()
+    exported = load_zlab(export_drafter(run, work / "export")[0]).state_dict()
     saved = load_zlab(resolve_checkpoint(run)).state_dict()
     same = exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
     return EndToEnd(

@@ -45,7 +45,9 @@ class PromptLookup:
 
 def untrained_drafter(trained: Any, seed: int = 0) -> Any:
     """A freshly initialised drafter with the trained one's config (same block size, layers, layer
-    ids, mask id): the floor a trained drafter must rise from."""
+    ids, mask id; an EAGLE-3 drafter's draft vocabulary): the floor a trained drafter must rise from."""
     torch.manual_seed(seed)
     fresh = type(trained)(trained.config)
+    if hasattr(trained, "set_vocab"):  # an EAGLE-3 drafter: the same draft vocabulary
+        fresh.set_vocab(trained.d2t.cpu(), trained.t2d.cpu())
     return fresh.to(next(trained.parameters()).device).eval()

@@ -12,7 +12,6 @@ the held-out tau of the same source.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -20,19 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from draftdeck.drafter.eval import suites
-from draftdeck.drafter.eval.baselines import PromptLookup, untrained_drafter
+from draftdeck.drafter.eval.baselines import PromptLookup
+from draftdeck.drafter.eval.drafters import check_pair, load_checkpoint, walked
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import DecodeStats, DFlashSource, DraftSource, Sampling, TargetRunner
+from draftdeck.drafter.eval.spec_decode import DecodeStats, DraftSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import SuiteTallies, Turn, decode_turns, read_suites
 from draftdeck.drafter.eval.tally import Decoded, Tally, decode
 from draftdeck.drafter.eval.versus import Real, decoder_mismatch, run_figures, versus_training
-from draftdeck.drafter.export.format import load_drafter
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
-from draftdeck.drafter.train.walked import heldout_counts
 from draftdeck.errors import UsageError
 from draftdeck.fileio import sha256_file
 from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of
@@ -138,20 +133,6 @@ def _dataset_prompts(folder: Path, limit: int, report: Report, heldout_fraction:
     return out
 
 
-def _check_pair(target: Target, drafter: DFlashDrafter, params: EvalParams) -> None:
-    cfg = drafter.config
-    problems = []
-    if cfg.hidden_size != int(target.config.hidden_size):
-        problems.append(f"hidden size {cfg.hidden_size} vs the target's {target.config.hidden_size}")
-    if cfg.vocab_size != int(target.config.vocab_size):
-        problems.append(f"vocabulary {cfg.vocab_size} vs the target's {target.config.vocab_size}")
-    bad = [i for i in cfg.target_layer_ids if i >= target.num_layers]
-    if bad:
-        problems.append(f"target layers {bad} do not exist (the target has {target.num_layers})")
-    if problems:
-        raise UsageError(f"{params.checkpoint} was not trained for {params.target}: " + "; ".join(problems))
-
-
 def _finite(value: Any) -> Any:
     """JSON has no NaN: a ratio with no denominator is written as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -184,32 +165,6 @@ def _metric_delta(
     delta = {k: float(v - before.get(k, 0)) for k, v in values.items()}
     before.update(values)
     return delta
-
-
-def _walked(
-    drafter: DFlashDrafter, target: Target, prompts: list[list[int]], outputs: list[list[int]], block: int
-) -> tuple[int, int, list[int]]:
-    """(accepted, steps, hist) of the walked estimate over prompt + the target's output, the output
-    being the trained span."""
-    walker = copy.copy(drafter)  # shares the weights; only the block size may differ
-    walker.block_size = block
-    device = target.device
-    batches = []
-    for i in range(0, len(prompts), 16):
-        rows = [(p, o) for p, o in zip(prompts[i : i + 16], outputs[i : i + 16], strict=True) if len(o) > 1]
-        if not rows:
-            continue
-        width = max(len(p) + len(o) for p, o in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        attn = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, (p, o) in enumerate(rows):
-            ids[r, : len(p) + len(o)] = torch.tensor(p + o)
-            attn[r, : len(p) + len(o)] = 1
-            mask[r, len(p) : len(p) + len(o)] = 1
-        batches.append((ids.to(device), attn.to(device), mask.to(device)))
-    counts = heldout_counts(walker, target, batches, gamma=7.0)
-    return counts.walked_accepted, counts.walked_steps, counts.walked_hist
 
 
 def _served(
@@ -301,9 +256,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     target = Target.load(params.target, device=params.device)
-    drafter = load_drafter(Path(params.checkpoint), device=params.device)
-    _check_pair(target, drafter, params)
-    block = params.block_size or drafter.block_size
+    ck = load_checkpoint(Path(params.checkpoint), device=params.device)
+    check_pair(target, ck, params.checkpoint, params.target)
+    block = params.block_size or ck.block
     report = Report()
     runner = TargetRunner(target, target.eos_ids())
     sampling = (
@@ -312,8 +267,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         else Sampling(seed=params.seed)
     )
     sources: dict[str, DraftSource] = {
-        "drafter": DFlashSource(drafter, target, block),
-        "untrained": DFlashSource(untrained_drafter(drafter, seed=params.seed), target, block),
+        "drafter": ck.source(target, block),
+        "untrained": ck.source(target, block, untrained_seed=params.seed),
         "prompt_lookup": PromptLookup(),
     }
 
@@ -344,12 +299,13 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         raise UsageError(f"{where}: no prompt to evaluate ({report.rows_rejected} rejected)")
     ctx.event("info", f"target: {target.loaded}")
     kwargs = f", template {params.template_kwargs}" if params.template_kwargs else ""
-    ctx.event("info", f"evaluating {what}, block size {block}, mode {params.mode}{kwargs}")
+    drafts = f"block size {block}" if ck.kind == "dflash" else f"EAGLE-3 chains of {block - 1} drafts"
+    ctx.event("info", f"evaluating {what}, {drafts}, mode {params.mode}{kwargs}")
 
     tally = Tally(block, sampling.greedy)
     drafted = tally.methods["drafter"]  # the drafter's counts, what the metric points carry
     # the run's figures are for the drafter's own block size, and its target answered some prompts
-    run = run_figures(Path(params.checkpoint)) if block == drafter.block_size and not params.suites else None
+    run = run_figures(Path(params.checkpoint)) if block == ck.block and not params.suites else None
     same = DecodeStats(block)  # the drafter on those prompts
     by_suite = SuiteTallies(block, sampling.greedy) if params.suites else None
     # the drafter per source, when there are several to tell apart
@@ -381,7 +337,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     if n % METRIC_EVERY:  # the last points since the last full stride
         ctx.metrics(n, _metric_delta(drafted, sent, block, by_source), tokens=drafted.tokens)
 
-    w_acc, w_steps, w_hist = _walked(drafter, target, walk_ids, outputs, block)
+    w_acc, w_steps, w_hist = walked(ck, target, walk_ids, outputs, block)
     # the walk covers each output after its first token (the prefill's): the tokens its steps produce
     w_produced = sum(len(o) - 1 for o in outputs if len(o) > 1)
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
@@ -405,7 +361,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "prompts": n,
         "max_new_tokens": params.max_new_tokens,
         "checkpoint": str(params.checkpoint),
-        "drafter": "dflash",  # the drafter's kind
+        "drafter": ck.kind,
         "target": str(params.target),
         # the chat template's settings the prompts were rendered with (thinking on or off): a dimension
         "template_kwargs": dict(params.template_kwargs),

@@ -208,7 +208,10 @@ def eagle3_readings(folder: Path, target_config: Any = None) -> list[Eagle3Readi
         vllm.append(f"vLLM taps hidden_states {list(vllm_ids)}, the drafter was trained on {list(trained)}")
     sglang = list(common)
     if fmt == "speculators":
-        sglang.append("a speculators-format export: SGLang matches midlayer.* names and loads no layer")
+        sglang.append(
+            "a speculators-format export: SGLang matches midlayer.* names and loads no layer (export"
+            " with --format sglang for SGLang)"
+        )
     elif not any(k.startswith("midlayer.") for k in keys):
         sglang.append("no midlayer.* weights: SGLang would load no layer")
     sglang_ids = tuple(int(i) + 1 for i in nested) if nested else ()
@@ -217,3 +220,29 @@ def eagle3_readings(folder: Path, target_config: Any = None) -> list[Eagle3Readi
             f"SGLang taps hidden_states {list(sglang_ids)}, the drafter was trained on {list(trained)}"
         )
     return [Eagle3Reading("vllm", vllm_ids, tuple(vllm)), Eagle3Reading("sglang", sglang_ids, tuple(sglang))]
+
+
+DEFAULT_DRAFTS = 3  # a chain's drafts when a folder does not say how it was trained (speculators' default)
+
+
+def trained_drafts(folder: Path) -> int:
+    """The chain's drafts a checkpoint was trained for (its drafter.json's TTT steps), else 3."""
+    written = Path(folder) / "drafter.json"
+    if not written.is_file():
+        return DEFAULT_DRAFTS
+    return int(json.loads(written.read_text(encoding="utf-8")).get("ttt_steps", DEFAULT_DRAFTS))
+
+
+def launch_flags(server: str, folder: Path, fmt: Eagle3Format, target: str | None, drafts: int) -> str:
+    """The command that serves the export with chains of `drafts` drafts (greedy, top-1)."""
+    model = target or "<target>"
+    if server == "vllm":
+        if fmt == "speculators" and target is None:
+            return f"vllm serve {folder}  (the verifier named in its speculators_config)"
+        spec = f'{{"method": "eagle3", "model": "{folder}", "num_speculative_tokens": {drafts}}}'
+        return f"vllm serve {model} --speculative-config '{spec}'"
+    return (
+        f"python -m sglang.launch_server --model-path {model} --speculative-algorithm EAGLE3"
+        f" --speculative-draft-model-path {folder} --speculative-num-steps {drafts}"
+        f" --speculative-eagle-topk 1 --speculative-num-draft-tokens {drafts + 1}"
+    )

@@ -36,7 +36,7 @@ class TrainParams(JobParams):
         " training-time test (ttt_steps, draft_vocab_size)",
     )
     block_size: int = Field(16, ge=2, le=64, description="DFlash block size B (anchor + B-1 drafted tokens)")
-    layers: int = Field(1, ge=1, le=64, description="Drafter decoder layers")
+    layers: int = Field(1, ge=1, le=64, description="DFlash drafter decoder layers (EAGLE-3's has one)")
     target_layer_ids: list[int] | None = Field(
         None, description="Target layers whose hidden states condition the drafter (default: spread 1..L-3)"
     )
@@ -53,8 +53,8 @@ class TrainParams(JobParams):
         32000,
         ge=1,
         le=10_000_000,
-        description="EAGLE-3: draft vocabulary, the most frequent trained tokens of the inputs (at most"
-        " the target's vocabulary)",
+        description="EAGLE-3: draft vocabulary, the most frequent trained tokens of the training split"
+        " (at most the target's vocabulary)",
     )
     eagle3_layer_ids: list[int] | None = Field(
         None,

@@ -70,7 +70,7 @@ def test_trained_checkpoint_on_the_heldout_split_walked_equals_real(tmp_path: Pa
     )
     assert ctx.alerts == []
 
-    exported = export_drafter(run, tmp_path / "export")
+    exported, _ = export_drafter(run, tmp_path / "export")
     a, b = load_zlab(exported), load_zlab(best)
     assert all(
         torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)

@@ -60,7 +60,8 @@ def test_export_writes_zlab_config_and_weights_atomically(tmp_path: Path) -> Non
     with torch.no_grad():
         assert torch.equal(back(**x), drafter(**x))
     # a second export replaces the first whole, and leaves no temporary folder behind
-    again = export_drafter(out, tmp_path / "export")
+    again, fmt = export_drafter(out, tmp_path / "export")
+    assert fmt == "zlab"
     assert again == out and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
