@@ -5,7 +5,8 @@ demo text, prompts it never saw); then four jobs run in this process, each recor
 database exactly as a worker would record it (state history, events, metric points, outputs):
 
     regenerate (the target answers the prompts)  ->  tokenize (its chat template, exact masks)
-      ->  train (a 1-layer DFlash drafter, held-out walked tau as it goes)
+      ->  train (a 1-layer DFlash drafter, or with --drafter eagle3 an EAGLE-3 one, held-out walked
+          tau as it goes)
       ->  eval (real speculative decoding, the untrained drafter and prompt lookup beside it)
 
 Its last line of output is one JSON object with the figures, every tau incl. bonus. Start
@@ -27,6 +28,7 @@ from app.run.job import run_job
 from app.store import records
 from app.store.db import session_scope
 from draftdeck.drafter.tiny import TinyDemo
+from draftdeck.drafter.train.params import TrainParams
 from draftdeck.jobs.params import JobParams
 from draftdeck.kinds import get_kind
 
@@ -148,11 +150,11 @@ def demo(
     seed: int = 0,
     target_arch: str = "qwen3",
     rebuild_world: bool = False,
+    drafter: str = "dflash",
 ) -> None:
     """Run the whole path on the CPU (tiny target, regenerate, tokenize, train, eval) as jobs."""
     from app.settings import get_settings
     from draftdeck.drafter.eval.params import EvalParams
-    from draftdeck.drafter.train.params import TrainParams
     from draftdeck.regenerate.params import RegenerateParams
     from draftdeck.tokenize.job import TokenizeParams
 
@@ -176,11 +178,8 @@ def demo(
     dataset = workdir / "dataset"
     _run("tokenize", TokenizeParams(inputs=[str(workdir / "answers.jsonl")], tokenizer=target,
                                     out=str(dataset)), say)  # fmt: skip
-    train_id, _ = _run("train", TrainParams(
-        inputs=[str(dataset)], target=target, out=str(workdir / "run"), block_size=8, layers=1,
-        anchors_per_seq=8, batch_size=32, lr=3e-3, warmup_ratio=0.05, max_steps=size["train_steps"],
-        device="cpu", seed=seed, heldout_fraction=0.1, checkpoint_every=max(10, size["train_steps"] // 4),
-        eval_every=max(10, size["train_steps"] // 4), log_every=5,
+    train_id, _ = _run("train", demo_train_params(
+        drafter, [str(dataset)], target, workdir / "run", size["train_steps"], seed
     ), say)  # fmt: skip
     say(f"run page: {_page_url(f'/runs/{train_id}')}")
     _run("eval", EvalParams(
@@ -190,6 +189,21 @@ def demo(
     summary = _summary(workdir, train_id)
     say(f"done in {time.monotonic() - started:.0f} s; every tau counts the bonus token (vLLM's convention)")
     typer.echo(json.dumps(summary))
+
+
+def demo_train_params(
+    drafter: str, inputs: list[str], target: str, out: Path, steps: int, seed: int
+) -> TrainParams:
+    """The demo's train job: a 1-layer DFlash drafter drafting blocks of 8, or an EAGLE-3 drafter
+    drafting chains of 7 (as many drafts a step), on the same data, steps and batch."""
+    kind: dict[str, Any] = (
+        {"block_size": 8, "anchors_per_seq": 8} if drafter == "dflash" else {"ttt_steps": 7}
+    )
+    return TrainParams(
+        inputs=inputs, target=target, out=str(out), drafter=drafter, layers=1, batch_size=32, lr=3e-3,
+        warmup_ratio=0.05, max_steps=steps, device="cpu", seed=seed, heldout_fraction=0.1,
+        checkpoint_every=max(10, steps // 4), eval_every=max(10, steps // 4), log_every=5, **kind,
+    )  # fmt: skip
 
 
 def _summary(workdir: Path, train_job: int) -> dict[str, Any]:

@@ -153,6 +153,11 @@ class DemoArch(StrEnum):
     qwen3_5 = "qwen3_5"
 
 
+class DemoDrafter(StrEnum):
+    dflash = "dflash"
+    eagle3 = "eagle3"
+
+
 @service_app.command("demo")
 def demo_command(
     workdir: Annotated[
@@ -171,13 +176,19 @@ def demo_command(
     rebuild_world: Annotated[
         bool, typer.Option(help="build the tiny world again (else one built earlier on this home is reused)")
     ] = False,
+    drafter: Annotated[
+        DemoDrafter, typer.Option(help="the drafter trained: DFlash (blocks of 8) or EAGLE-3 (chains of 7)")
+    ] = DemoDrafter.dflash,
 ) -> None:
     """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
     as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
     from app.cli.demo import demo
 
     _prepare()
-    demo(workdir, quick=quick, seed=seed, target_arch=target_arch.value, rebuild_world=rebuild_world)
+    demo(
+        workdir, quick=quick, seed=seed, target_arch=target_arch.value, rebuild_world=rebuild_world,
+        drafter=drafter.value,
+    )  # fmt: skip
 
 
 @db_app.command("upgrade")

@@ -79,6 +79,9 @@ CHARTS: list[dict[str, Any]] = [
 def pos_series(job: Job, names: dict[str, MetricSeries]) -> list[list[str]]:
     ks = {int(m[1]) for n in names if (m := re.match(r"^train/pos/(\d+)/total$", n))}
     block = job.params.get("block_size")
+    if job.params.get("drafter") == "eagle3":  # a chain of ttt_steps drafts: slot k is TTT step k - 1
+        steps = job.params.get("ttt_steps")
+        block = steps + 1 if isinstance(steps, int) else None
     if isinstance(block, int) and 1 < block <= 64:
         ks |= set(range(1, block))
     return [[f"train/pos/{k}/acc", f"k = {k}"] for k in sorted(ks)]

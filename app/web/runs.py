@@ -31,6 +31,7 @@ from app.web import sse
 from app.web.deps import SessionDep
 from app.web.job_views import regenerate_with_target
 from app.web.render import render
+from app.web.run_compare import side_by_side
 from app.web.run_views import (
     latest,
     run_charts,
@@ -83,6 +84,7 @@ def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
         differing=differing,
         latest=latest,
         regenerate_link=regenerate_with_target(runs[0]),
+        side=side_by_side(views) if len(views) > 1 else [],
     )
 
 

@@ -95,6 +95,35 @@ def test_runs_table_filters_and_compare_highlights_differences(client: TestClien
     assert client.get("/runs/compare", headers={"accept": "text/html"}).status_code == 400
 
 
+def test_compare_puts_a_dflash_and_an_eagle3_run_side_by_side(client: TestClient) -> None:
+    with _session() as s:
+        d = make_run(s, _jobs_dir(), steps=60, status="succeeded", params={"drafter": "dflash"})
+        e = make_run(
+            s, _jobs_dir(), steps=60, status="succeeded",
+            params={"drafter": "eagle3", "ttt_steps": 3, "block_size": 16},  # DFlash's, unused: the default
+        )  # fmt: skip
+        make_eval(s, _jobs_dir(), d, 50, real_tau=2.25, data_tau=2.4, target_tau=2.3, tokens_per_step=2.2)
+        make_eval(s, _jobs_dir(), e, 50, real_tau=1.75, data_tau=1.8, target_tau=1.76)
+    page = client.get(f"/runs/compare?ids={d}&ids={e}", headers={"accept": "text/html"}).text
+    table = page.split('id="compare-table"', 1)[1].split("</table>", 1)[0]
+
+    def cells(label: str) -> list[str]:  # the row's cells, in run order, as text
+        row = table.split(f'<th scope="row">{label}', 1)[1].split("</tr>", 1)[0]
+        return [" ".join(c.split("<", 1)[0].split()) for c in row.split('<td class="num">')[1:]]
+
+    assert cells("Drafter") == ["DFlash, blocks of 4 (3 drafts)", "EAGLE-3, chains of 3 drafts"]
+    assert cells("Real τ") == ["2.250", "1.750"]  # each run's eval, both in vLLM's convention
+    assert cells("Tokens per verify step") == ["2.200", "\N{EN DASH}"]  # not measured: a dash
+    assert cells("Training steps") == ["59", "59"]
+    assert all(c[0].isdigit() for c in cells("τ walked, judged by the target"))
+    assert "Every τ counts the bonus token" in page
+    single = client.get(f"/runs/{e}", headers={"accept": "text/html"}).text
+    assert 'id="compare-table"' not in single
+    cfg = json.loads(single.split("data-config='", 1)[1].split("'", 1)[0])
+    pos = [n for n, _ in next(c for c in cfg["charts"] if c["id"] == "pos")["series"]]
+    assert pos == ["train/pos/1/acc", "train/pos/2/acc", "train/pos/3/acc"]  # TTT steps 0..2
+
+
 def test_data_route_validates_and_times_itself(client: TestClient) -> None:
     with _session() as s:
         run = make_run(s, _jobs_dir(), steps=200, status="succeeded")
