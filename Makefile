@@ -35,7 +35,8 @@ test: $(STAMP) services lint typecheck  ## everything CI runs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q  # the documentation site (docs/): broken links, pages or issue codes fail
 	@# Two processes: Playwright's sync API keeps an event loop running in the main thread for the
 	@# whole session, and code under test that calls asyncio.run (regeneration, SSE) cannot run then.
-	$(BIN)/pytest -q -p no:cacheprovider -m "not browser"
+	@# The first in parallel (a test file per worker: its module fixtures built once), at most 4.
+	$(BIN)/pytest -q -p no:cacheprovider -m "not browser" -n auto --maxprocesses 4 --dist loadfile
 	$(BIN)/pytest -q -p no:cacheprovider -m browser
 
 coverage: $(STAMP) services  ## the tests under coverage, with its report (apart from `make test`: tracing doubles the time of the Python-heavy tests)

@@ -64,7 +64,7 @@ class Client:
         chosen, how = resolve_server(server)
         base = chosen.rstrip("/")
         if how is not None:
-            err.print(f"server {base}, {how}", highlight=False)
+            err.print(f"server {base}, {how}", highlight=False, soft_wrap=True)
         token = os.environ.get("DRAFTDECK_TOKEN")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base = base

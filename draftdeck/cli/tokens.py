@@ -189,9 +189,11 @@ def cache_command(
         for f in files:
             f.unlink(missing_ok=True)
         console.print(f"removed {count(len(files), 'tables file')} ({binary_size(total)}) from {folder}",
-                      highlight=False)  # fmt: skip
+                      highlight=False, soft_wrap=True)  # fmt: skip
         return
-    console.print(f"{folder}: {count(len(files), 'tables file')}, {binary_size(total)}", highlight=False)
+    console.print(
+        f"{folder}: {count(len(files), 'tables file')}, {binary_size(total)}", highlight=False, soft_wrap=True
+    )
     for f in files:
         used = datetime.fromtimestamp(f.stat().st_mtime).strftime("%Y-%m-%d %H:%M")
         console.print(f"  {f.name}  {binary_size(f.stat().st_size):>10}  last used {used}", highlight=False)

@@ -66,8 +66,10 @@ def redis_url() -> Iterator[str]:
     import redis
 
     _require_services()
-    # One Redis database per test run keeps queues of parallel runs apart.
-    db = 8 + (os.getpid() % 7)
+    # One Redis database per test process keeps queues of parallel runs apart: each pytest-xdist
+    # worker (gw0, gw1, ...) its own, a run without workers one by its process id
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    db = 8 + (int(worker[2:]) if worker.startswith("gw") else os.getpid()) % 8
     url = f"{REDIS}/{db}"
     client = redis.Redis.from_url(url)
     client.flushdb()

@@ -19,6 +19,7 @@ from tests.conftest import REPO_ROOT
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.timeout(900)  # the quick demo alone takes 2-4 minutes here; beside another test worker, more
 def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home: Path) -> None:
     work = dd_home / "demo"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
