@@ -139,7 +139,8 @@ def main() -> None:
         f" every tau incl. bonus"
         f" ({time.monotonic() - started:.0f} s)\n"
     )
-    head = ("drafter", "budget", "steps", "train s/step", "train s", "run wall s", "peak MiB", "walked tau (target)",
+    head = ("drafter", "budget", "steps", "train s/step", "train s", "run wall s", "peak MiB",
+            "walked tau (target)",
             "real tau", "walked/real", "eval walk = real", "spec/target tok/s", "untrained tau",
             "prompt lookup tau", "lossless")  # fmt: skip
     print("| " + " | ".join(head) + " |")
@@ -147,7 +148,8 @@ def main() -> None:
     for r in rows:
         speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
         print(
-            f"| {r['drafter']} | {r['budget']} | {r['steps']} | {r['s_step']:.3f} | {r['train_s']:.0f} | {r['wall_s']:.0f}"
+            f"| {r['drafter']} | {r['budget']} | {r['steps']} | {r['s_step']:.3f} | {r['train_s']:.0f}"
+            f" | {r['wall_s']:.0f}"
             f" | {r['peak']:.0f} | {r['walked']:.3f} | {r['real']:.3f} | {r['walked'] / r['real'] - 1:+.1%}"
             f" | {r['eval_walked'] / r['real'] - 1:+.1%} | {speed} | {r['untrained']:.3f} | {r['lookup']:.3f}"
             f" | {r['lossless']} |"
