@@ -123,6 +123,18 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     assert config["dflash_config"]["block_size"] == 8 and (exported / "model.safetensors").is_file()
 
 
+def test_the_demos_eagle3_run_drafts_as_many_tokens_a_step_on_the_same_budget() -> None:
+    from app.cli.demo import demo_train_params
+
+    dflash, eagle3 = (
+        demo_train_params(k, ["ds"], "target", Path("run"), 100, 0) for k in ("dflash", "eagle3")
+    )
+    assert (dflash.drafter, eagle3.drafter) == ("dflash", "eagle3")
+    assert eagle3.ttt_steps == dflash.block_size - 1 == 7  # chains of 7 beside blocks of 8
+    same = ("batch_size", "lr", "max_steps", "seed", "heldout_fraction", "checkpoint_every", "eval_every")
+    assert {k: getattr(eagle3, k) for k in same} == {k: getattr(dflash, k) for k in same}
+
+
 def test_a_world_built_earlier_is_reused(dd_home: Path) -> None:
     from app.cli.demo import QUICK, demo_world
     from app.settings import get_settings

@@ -104,7 +104,7 @@ def test_real_decoding_is_lossless_and_equals_the_walk(trained: dict[str, Any]) 
     root = trained["root"]
     params = EvalParams(
         checkpoint=str(root / "run"), target=str(trained["target"]), inputs=[str(trained["ds"])],
-        out=str(root / "eval"), max_prompts=6, max_new_tokens=20, heldout_fraction=0.15, device="cpu",
+        out=str(root / "eval"), max_prompts=6, max_new_tokens=28, heldout_fraction=0.15, device="cpu",
     )  # fmt: skip
     ev = run_eval(params, LocalContext(root / "ectx")).extra["eval"]
     assert ev["drafter"] == "eagle3" and ev["block_size"] == STEPS + 1
@@ -112,6 +112,19 @@ def test_real_decoding_is_lossless_and_equals_the_walk(trained: dict[str, Any]) 
     real = ev["methods"]["drafter"]["tau_incl_bonus_pooled"]
     assert real == pytest.approx(ev["walked"]["tau_incl_bonus"], abs=1e-9)  # the walk is that decoding
     assert real > 2.0 and real > ev["methods"]["untrained"]["tau_incl_bonus_pooled"] + 0.5
+    # the run's held-out figures for this checkpoint beside real decoding on the prompts its target answered
+    # (decoded as long as the rows' answers, 28 tokens: the run's target answered its prompts as long)
+    training = ev["training"]
+    assert training["target_judged_tau_incl_bonus"] == pytest.approx(
+        training["real_tau_incl_bonus"], rel=0.05
+    )
+    sampled = run_eval(
+        params.model_copy(update={"mode": "sampled", "temperature": 1.0, "out": str(root / "eval-sampled")}),
+        LocalContext(root / "ectx-sampled"),
+    ).extra["eval"]
+    methods = sampled["methods"]  # the target samples, drafts accepted by the speculative-sampling rule
+    assert sampled["lossless"] is None and sampled["training"] is None
+    assert methods["drafter"]["tau_incl_bonus_pooled"] > methods["untrained"]["tau_incl_bonus_pooled"]
 
 
 @pytest.mark.parametrize("fmt", ["auto", "sglang"])
