@@ -72,7 +72,8 @@ KINDS: dict[str, JobKind] = {
         JobKind("tokenize", "cpu", TokenizeParams, "draftdeck.tokenize.job:run",
                 "Tokenize with the target's chat template into Arrow shards with exact loss masks"),
         JobKind("train", "gpu", TrainParams, "draftdeck.drafter.train.run:run_train",
-                "Train a DFlash drafter on tokenized datasets against its frozen target (resumable)"),
+                "Train a DFlash or EAGLE-3 drafter on tokenized datasets against its frozen target"
+                " (resumable)"),
         JobKind("eval", "gpu", EvalParams, "draftdeck.drafter.eval.evaluate:run_eval",
                 "Real speculative decoding of a drafter checkpoint: tau incl. bonus, baselines, lossless"),
         JobKind("export-drafter", "cpu", ExportParams, "draftdeck.drafter.export.params:run_export",

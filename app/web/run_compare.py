@@ -19,9 +19,11 @@ def _latest(names: dict[str, MetricSeries], num: str, den: str, offset: float = 
 
 
 def drafter_label(params: dict[str, Any]) -> str:
+    """The drafter a train job trains, from its parameters (run.json's `drafter` is its config)."""
     if params.get("drafter") == "eagle3":
         return f"EAGLE-3, chains of {params.get('ttt_steps', 7)} drafts"
-    return f"DFlash, blocks of {params.get('block_size', 16)} ({params.get('block_size', 16) - 1} drafts)"
+    block = int(params.get("block_size") or 16)
+    return f"DFlash, blocks of {block} ({block - 1} drafts)"
 
 
 def _positions(names: dict[str, MetricSeries]) -> list[float | None]:
@@ -61,7 +63,7 @@ def side_by_side(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cols.append(
             {
                 "job": v["job"],
-                "drafter": drafter_label(v["params"]),
+                "drafter": drafter_label(v["job"].params),
                 "tau_target": _latest(
                     names, "heldout/target_walked/accepted", "heldout/target_walked/steps", 1.0
                 ),

@@ -21,6 +21,7 @@ from app.store.run_figures import (
     run_out,
     truth,
 )
+from app.web.run_compare import drafter_label
 
 MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
 
@@ -162,6 +163,7 @@ def run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dict
     hist_step, hist = histogram(names)
     return {
         "job": job,
+        "drafter": drafter_label(job.params),
         "terminal": job.status in TERMINAL,
         "out": str(run_out(job)),
         "checkpoints": ckpts,

@@ -105,7 +105,15 @@ def make_run(
     assert job.id is not None
     out = jobs_dir / str(job.id)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps(defined | {"world_size": 1, "mask_token_id": 151669}))
+    # run.json as the trainer writes it: `drafter` is the drafter's config, its kind said for EAGLE-3
+    config = (
+        {"kind": "eagle3", "ttt_steps": defined.get("ttt_steps", 7)}
+        if defined.get("drafter") == "eagle3"
+        else {"block_size": defined["block_size"]}
+    )
+    (out / "run.json").write_text(
+        json.dumps(defined | {"world_size": 1, "mask_token_id": 151669, "drafter": config})
+    )
     rng = random.Random(seed)
     batch: list[MetricPoint] = []
     for step in range(steps):

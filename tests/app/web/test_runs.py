@@ -119,6 +119,7 @@ def test_compare_puts_a_dflash_and_an_eagle3_run_side_by_side(client: TestClient
     assert "Every τ counts the bonus token" in page
     single = client.get(f"/runs/{e}", headers={"accept": "text/html"}).text
     assert 'id="compare-table"' not in single
+    assert '<p class="subtitle">EAGLE-3, chains of 3 drafts · <a href="/runs">' in single
     cfg = json.loads(single.split("data-config='", 1)[1].split("'", 1)[0])
     pos = [n for n, _ in next(c for c in cfg["charts"] if c["id"] == "pos")["series"]]
     assert pos == ["train/pos/1/acc", "train/pos/2/acc", "train/pos/3/acc"]  # TTT steps 0..2
