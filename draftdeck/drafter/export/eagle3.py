@@ -23,81 +23,20 @@ norm flags explicitly false (vLLM takes `norm_before_residual` as true when abse
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import torch
+from typing import Any
 
 from draftdeck.drafter.export.format import CONFIG, WEIGHTS, CheckpointError, write_folder
-from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
-
-Eagle3Format = Literal["speculators", "sglang"]
-FORMATS: tuple[Eagle3Format, ...] = ("speculators", "sglang")
-LAYER_PREFIX = {"speculators": "layers.0.", "sglang": "midlayer."}
-NORM_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
-
-
-def _layer_config(cfg: Eagle3Config) -> dict[str, Any]:
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": 1,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": dict(cfg.rope_parameters),
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
-        "attention_bias": False,
-        "mlp_bias": False,
-        "tie_word_embeddings": False,
-    }
-
-
-def eagle3_config(cfg: Eagle3Config, fmt: Eagle3Format, verifier: str | None = None) -> dict[str, Any]:
-    """The config.json of `fmt` (module doc); `verifier`: the target's path or hub name for
-    speculators' `speculators_config` (what `vllm serve <dir>` loads as the target)."""
-    if fmt == "speculators":
-        return {
-            "speculators_model_type": "eagle3",
-            "architectures": ["Eagle3Speculator"],
-            "transformer_layer_config": _layer_config(cfg),
-            "draft_vocab_size": cfg.draft_vocab_size,
-            "target_hidden_size": cfg.target_hidden_size,
-            "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),
-            **{flag: False for flag in NORM_FLAGS},
-            "speculators_config": {
-                "algorithm": "eagle3",
-                "default_proposal_method": "greedy",
-                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                "verifier": {"name_or_path": verifier, "architectures": []},
-            },
-        }
-    return {
-        **_layer_config(cfg),
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "target_hidden_size": cfg.target_hidden_size,
-        "norm_before_residual": False,
-        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layer_ids),  # vLLM's, read first
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in cfg.aux_layer_ids]},  # SGLang's
-    }
-
-
-def eagle3_state(drafter: Eagle3Drafter, fmt: Eagle3Format) -> dict[str, torch.Tensor]:
-    """The drafter's weights under `fmt`'s names (ours are the flat format's)."""
-    prefix = LAYER_PREFIX[fmt]
-    return {
-        (prefix + k.removeprefix("midlayer.") if k.startswith("midlayer.") else k): v
-        for k, v in drafter.state_dict().items()
-    }
+from draftdeck.drafter.model.config import DrafterConfigError
+from draftdeck.drafter.model.eagle3 import Eagle3Drafter
+from draftdeck.drafter.model.eagle3_formats import (
+    LAYER_PREFIX,
+    Eagle3Format,
+    config_from_hf,
+    eagle3_config,
+    eagle3_state,
+)
 
 
 def save_eagle3(
@@ -109,39 +48,6 @@ def save_eagle3(
     return write_folder(Path(out_dir), eagle3_state(drafter, fmt), config)
 
 
-def _config_back(hf: Mapping[str, Any]) -> tuple[Eagle3Config, Eagle3Format]:
-    """Our config from either format's config.json, and which format it is."""
-    if hf.get("speculators_model_type") == "eagle3":
-        layer, ids, fmt = (
-            hf["transformer_layer_config"],
-            list(hf["eagle_aux_hidden_state_layer_ids"]),
-            "speculators",
-        )
-    elif "LlamaForCausalLMEagle3" in (hf.get("architectures") or []):
-        layer, fmt = hf, "sglang"
-        ids = [i + 1 for i in hf["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
-    else:
-        raise CheckpointError("config.json is neither a speculators EAGLE-3 config nor a flat one")
-    cfg = Eagle3Config(
-        hidden_size=int(layer["hidden_size"]),
-        target_hidden_size=int(hf.get("target_hidden_size") or layer["hidden_size"]),
-        vocab_size=int(layer["vocab_size"]),
-        draft_vocab_size=int(hf["draft_vocab_size"]),
-        num_attention_heads=int(layer["num_attention_heads"]),
-        num_key_value_heads=int(layer["num_key_value_heads"]),
-        head_dim=int(layer["head_dim"]),
-        intermediate_size=int(layer["intermediate_size"]),
-        num_target_layers=max(ids) + 3,  # not in either format: enough for the ids to exist
-        aux_layer_ids=tuple(int(i) for i in ids),
-        rms_norm_eps=float(layer["rms_norm_eps"]),
-        rope_theta=float(layer["rope_theta"]),
-        max_position_embeddings=int(layer["max_position_embeddings"]),
-        hidden_act=str(layer.get("hidden_act", "silu")),
-        rope_parameters=dict(layer.get("rope_parameters") or {}),
-    )
-    return cfg, fmt  # type: ignore[return-value]
-
-
 def load_eagle3(folder: Path) -> Eagle3Drafter:
     """Read an export of either format back into our drafter: every key matched, none left over."""
     from safetensors.torch import load_file
@@ -149,9 +55,9 @@ def load_eagle3(folder: Path) -> Eagle3Drafter:
     folder = Path(folder)
     try:
         hf = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
-        cfg, fmt = _config_back(hf)
+        cfg, fmt = config_from_hf(hf)
         state = load_file(str(folder / WEIGHTS))
-    except (OSError, KeyError, TypeError, ValueError) as e:
+    except (OSError, KeyError, TypeError, ValueError, DrafterConfigError) as e:
         raise CheckpointError(f"{folder}: not a readable EAGLE-3 export: {e!r}") from e
     prefix = LAYER_PREFIX[fmt]
     ours = {
@@ -183,7 +89,7 @@ def eagle3_readings(folder: Path, target_config: Any = None) -> list[Eagle3Readi
     hf = json.loads((folder / CONFIG).read_text(encoding="utf-8"))
     with safe_open(str(folder / WEIGHTS), "pt") as f:
         keys = set(f.keys())
-    cfg, fmt = _config_back(hf)
+    cfg, fmt = config_from_hf(hf)
     layer = hf.get("transformer_layer_config", hf)
     common = []
     if "d2t" not in keys:

@@ -184,7 +184,8 @@ def export_drafter(
         if fmt not in ("auto", "zlab"):
             raise UsageError(f"format {fmt}: a DFlash drafter exports in z-lab's format (auto)")
         return save_zlab(drafter, out_dir), "zlab"
-    from draftdeck.drafter.export.eagle3 import FORMATS, save_eagle3
+    from draftdeck.drafter.export.eagle3 import save_eagle3
+    from draftdeck.drafter.model.eagle3_formats import FORMATS
 
     chosen = "speculators" if fmt == "auto" else fmt
     if chosen not in FORMATS:

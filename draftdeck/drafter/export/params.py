@@ -84,7 +84,8 @@ def _readings(folder: Path, fmt: str, target: str | None, drafts: int) -> list[d
         from draftdeck.drafter.export.servers import read_export
 
         return [asdict(r) | {"problems": list(r.problems)} for r in read_export(folder, target)]
-    from draftdeck.drafter.export.eagle3 import Eagle3Format, eagle3_readings, launch_flags
+    from draftdeck.drafter.export.eagle3 import eagle3_readings, launch_flags
+    from draftdeck.drafter.model.eagle3_formats import Eagle3Format
 
     target_config = None
     if target is not None:

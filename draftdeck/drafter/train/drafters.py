@@ -279,7 +279,7 @@ class Eagle3Kind:
     def config_files(self) -> dict[str, bytes]:
         """The flat format's config.json (the checkpoint's weights are that format's: an export reads
         it as SGLang would), and ours with the training's shape."""
-        from draftdeck.drafter.export.eagle3 import eagle3_config
+        from draftdeck.drafter.model.eagle3_formats import eagle3_config
 
         return {"config.json": _json(eagle3_config(self.cfg, "sglang")), DRAFTER_JSON: _json(self.describe())}
 

@@ -33,7 +33,7 @@ class TrainParams(JobParams):
         title="Drafter kind",
         description="dflash = a block drafted in parallel from the target's context (block_size, layers);"
         " eagle3 = one layer drafting a chain token by token over a draft vocabulary, trained by"
-        " training-time test (ttt_steps, draft_vocab_size)",
+        " unrolling it over its own drafts, TTT (ttt_steps, draft_vocab_size)",
     )
     block_size: int = Field(16, ge=2, le=64, description="DFlash block size B (anchor + B-1 drafted tokens)")
     layers: int = Field(1, ge=1, le=64, description="DFlash drafter decoder layers (EAGLE-3's has one)")
@@ -44,7 +44,7 @@ class TrainParams(JobParams):
         None, ge=0, description="Spare token id for masked slots (default: resolved)"
     )
     ttt_steps: int = Field(
-        7, ge=1, le=32, description="EAGLE-3: training-time-test steps (the chain's drafts trained)"
+        7, ge=1, le=32, description="EAGLE-3: TTT steps (training time test: the chain's drafts trained)"
     )
     step_decay: float = Field(
         0.8, gt=0, le=1, description="EAGLE-3: weight of TTT step k is step_decay^k (EAGLE, SpecForge: 0.8)"

@@ -12,8 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftdeck.drafter.export.eagle3 import FORMATS, eagle3_readings, load_eagle3, save_eagle3
+from draftdeck.drafter.export.eagle3 import eagle3_readings, load_eagle3, save_eagle3
 from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
+from draftdeck.drafter.model.eagle3_formats import FORMATS
 
 TARGET = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
           "intermediate_size": 48, "num_hidden_layers": 8, "vocab_size": 64,
@@ -119,6 +120,11 @@ def test_speculators_own_class_loads_the_export_and_drafts_the_same_tokens(tmp_p
     with torch.no_grad():
         hidden = drafter.ttt(aux, target.embed(ids), steps)
     for k, h in enumerate(hidden):
-        ours = drafter.logits(h)[0].argmax(-1)
         inside = t - (k + 1)  # past the row each pads its own way
-        assert torch.equal(theirs[k, :inside], ours[:inside]), k
+        logits = drafter.logits(h)[0][:inside]
+        ours, other = logits.argmax(-1), theirs[k, :inside]
+        # the same draft, or (an untrained drafter's near-tie, summed in another order) one whose
+        # logit is ours' within float error
+        gap = logits.gather(-1, ours[:, None])[:, 0] - logits.gather(-1, other[:, None])[:, 0]
+        assert bool(((ours == other) | (gap < 1e-5)).all()), (k, ours.tolist(), other.tolist(), gap.tolist())
+        assert int((ours != other).sum()) <= 1, (k, ours.tolist(), other.tolist())
