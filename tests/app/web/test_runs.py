@@ -281,12 +281,13 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     says so beside a speed-up below 1, and says nothing when drafting pays."""
     from app.store.models import Job
 
-    def eval_job(speedup: float) -> int:
+    def eval_job(speedup: float, drafter_kind: str = "dflash") -> int:
         drafter = {"tau_incl_bonus_pooled": 2.4, "tau_incl_bonus_per_response_mean": 2.3,
                    "acceptance_rate": 0.35, "tokens_per_s": 40.0, "speedup_vs_target_only": speedup,
                    "lossless": True, "tokens_per_step": 2.25}  # fmt: skip
         ev = {
             "block_size": 4,
+            "drafter": drafter_kind,
             "mode": "greedy",
             "methods": {"drafter": drafter},
             "walked": {"tau_incl_bonus": None},
@@ -310,8 +311,10 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     note = slow.split('id="speedup-note">', 1)[1].split("</p>", 1)[0]
     assert "Drafter drafts run at 0.68\u00d7 the target alone's speed." in note
     assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
-    fast = client.get(f"/jobs/{eval_job(1.7)}", headers={"accept": "text/html"}).text
+    assert "block 4, greedy; each τ in two conventions" in slow
+    fast = client.get(f"/jobs/{eval_job(1.7, 'eagle3')}", headers={"accept": "text/html"}).text
     assert "1.70x" in fast and 'id="speedup-note"' not in fast
+    assert "EAGLE-3, chains of 3 drafts, greedy; each τ in two conventions" in fast  # what was drafted
 
 
 def test_parameter_values_read_as_text_not_json() -> None:
