@@ -112,6 +112,17 @@ class VocabShard(WholeVocab):
         return (ids - self.start).clamp(0, max(self.stop - self.start - 1, 0)), mine
 
     # --- over the rows -----------------------------------------------------------------------
+    def calls(self, n: int, device: torch.device) -> int:
+        """The head or embedding calls every rank makes, each of which is a collective: the most any
+        rank needs (`n` on this one); with the same rows, `n` itself."""
+        import torch.distributed as dist
+
+        if self.shared:
+            return n
+        most = torch.tensor([n], device=device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX)
+        return int(most)
+
     def gather_rows(self, x: torch.Tensor, fill: float = 0) -> tuple[torch.Tensor, int]:
         """(every rank's rows of `x` (n, ...) one after the other, each rank's padded with `fill` to
         the most any rank has: (N * m, ...), m); with the same rows: `x` itself and its length."""

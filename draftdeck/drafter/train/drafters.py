@@ -23,6 +23,7 @@ from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter, ttt_labels
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import TrainData, collate
 from draftdeck.drafter.train.eagle3_objective import target_draft_view, ttt_loss
@@ -36,6 +37,7 @@ from draftdeck.drafter.train.objective import (
 )
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.ranks import Ranks
+from draftdeck.drafter.train.sharding import Sharding
 from draftdeck.drafter.train.truth import Batch
 from draftdeck.drafter.train.walked import heldout_pass
 from draftdeck.errors import UsageError
@@ -57,6 +59,7 @@ class MicroBatch:
 
 class DrafterKind(Protocol):
     name: str
+    shards_state: bool  # under fsdp, the drafter's weights, gradients and AdamW state are split
     slots: int  # `Counts` slots: 1 + the drafts a step proposes at most
     layer_ids: list[int]  # the target layers read (`Target`'s ids: hidden_states[i + 1])
 
@@ -66,6 +69,7 @@ class DrafterKind(Protocol):
     def model(self) -> nn.Module: ...
 
     def describe(self) -> dict[str, Any]: ...
+    def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str: ...
     def loss_formula(self) -> str: ...
     def micro_batch(
         self, examples: list[Any], generators: list[torch.Generator], pad_id: int, device: torch.device
@@ -99,6 +103,7 @@ class DFlashKind:
     (`objective.dflash_backward`)."""
 
     name = "dflash"
+    shards_state = True
 
     def __init__(self, params: TrainParams, target: Target):
         self.p = params
@@ -113,6 +118,11 @@ class DFlashKind:
 
     def describe(self) -> dict[str, Any]:
         return self.cfg.to_dict()
+
+    def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
+        """Wrap the drafter for `strategy` (`sharding.shard`); the reason stands."""
+        sharding.shard(self.model, strategy, device, world)
+        return why
 
     def loss_formula(self) -> str:
         return loss_formula(self.p.mix)
@@ -190,6 +200,7 @@ class Eagle3Kind:
     checkpoint: its d2t and t2d buffers, checked on resume)."""
 
     name = "eagle3"
+    shards_state = False
 
     def __init__(self, params: TrainParams, target: Target, data: TrainData):
         from draftdeck.shards.tools import vocab_of_counts
@@ -214,6 +225,13 @@ class Eagle3Kind:
             "step_decay": self.p.step_decay,
             "draft_vocab_coverage": self.coverage,
         }
+
+    def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
+        """The one-layer drafter stays whole on every rank (its gradients summed after each step's
+        backward, `reduce_gradients`); under fsdp the trainer shards the target."""
+        if strategy == "none":
+            return why
+        return f"{why}; the EAGLE-3 drafter (one layer) is whole on every rank, its gradients summed"
 
     def loss_formula(self) -> str:
         ce, kl = self.p.mix

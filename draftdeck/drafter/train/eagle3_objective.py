@@ -21,6 +21,7 @@ whole distribution (q is 0 outside the draft vocabulary, where min(p, q) is 0).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftdeck.drafter.model.eagle3 import Eagle3Drafter, ahead, ttt_labels
-from draftdeck.drafter.model.head import rows_per_chunk
+from draftdeck.drafter.model.head import LOGITS_CHUNK_BYTES, rows_per_chunk
+from draftdeck.drafter.model.vocab_parallel import ShardedHead
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.objective import Mix, leading_runs
 
@@ -47,17 +49,22 @@ class TargetDraftView:
 
 
 @torch.no_grad()
-def target_draft_view(head: nn.Module, last_hidden: torch.Tensor, draft_ids: torch.Tensor) -> TargetDraftView:
+def target_draft_view(
+    head: nn.Module, last_hidden: torch.Tensor, draft_ids: torch.Tensor, chunk_bytes: int = LOGITS_CHUNK_BYTES
+) -> TargetDraftView:
     """`TargetDraftView` of the target's final hidden states (bsz, T, H), a chunk of whole-vocabulary
-    logits at a time."""
+    logits at a time (`chunk_bytes` of float32 logits)."""
     bsz, t, h = last_hidden.shape
     flat = last_hidden.reshape(-1, h)
     n = draft_ids.shape[0]
     logp = torch.empty(flat.shape[0], n, dtype=torch.float32, device=flat.device)
     p = torch.empty_like(logp)
     greedy = torch.empty(flat.shape[0], dtype=torch.long, device=flat.device)
-    rows = rows_per_chunk(int(getattr(head, "out_features", 0)) or 1)
-    for s in range(0, flat.shape[0], rows):
+    rows = rows_per_chunk(int(getattr(head, "out_features", 0)) or 1, chunk_bytes)
+    chunks = math.ceil(flat.shape[0] / rows)
+    if isinstance(head, ShardedHead):  # each call a collective: every rank makes as many (some empty)
+        chunks = head.shard.calls(chunks, flat.device)
+    for s in range(0, chunks * rows, rows):
         logits = head(flat[s : s + rows]).float()
         greedy[s : s + rows] = logits.argmax(-1)
         lse = torch.logsumexp(logits, dim=-1, keepdim=True)

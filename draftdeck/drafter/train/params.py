@@ -122,7 +122,8 @@ class TrainParams(JobParams):
         description="How ranks hold the drafter: none = one process; ddp = whole on every rank,"
         " gradients all-reduced per layer; fsdp = weights, gradients and AdamW state split across"
         " ranks (FSDP2), and the target's decoder layers; auto = none on one rank, else ddp when it"
-        " fits the device, fsdp when not",
+        " fits the device, fsdp when not. An EAGLE-3 drafter (one layer) stays whole on every rank:"
+        " fsdp shards its target",
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when present, else cpu")
     checkpoint_every: int = Field(500, ge=1, le=10_000_000, description="Steps between checkpoints")
@@ -202,11 +203,6 @@ class TrainParams(JobParams):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
-        if self.drafter == "eagle3" and self.sharding == "fsdp":
-            raise ValueError(
-                "sharding fsdp shards DFlash drafters: an EAGLE-3 drafter (one layer) trains replicated"
-                " (sharding ddp or auto)"
-            )
         return self
 
 

@@ -103,13 +103,7 @@ class Trainer:
             for p in self.drafter.parameters():
                 dist.broadcast(p.data, src=0)
         self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits())
-        if self.kind.name == "eagle3" and self.strategy != "none":  # params refuse fsdp
-            self.strategy, why = (
-                "ddp",
-                "an EAGLE-3 drafter (one layer) is replicated; gradients summed per step",
-            )
-        else:
-            sharding.shard(self.kind.model, self.strategy, self.device, world)  # type: ignore[arg-type]
+        why = self.kind.shard(self.strategy, why, self.device, world)
         held = "whole on every rank"
         if self.strategy == "fsdp":
             held = sharding.shard_target(self.target, self.device, rank, world)
@@ -139,6 +133,10 @@ class Trainer:
             "why": why,
             "target": held,
         }
+
+    def _state_shards(self) -> int:
+        """Ranks the drafter's gradients and AdamW state are split over."""
+        return self.world if self.strategy == "fsdp" and self.kind.shards_state else 1
 
     def _ddp_fits(self) -> bool | None:
         """For `--sharding auto` on N ranks: whether the planner fits a replicated drafter on this
@@ -315,7 +313,7 @@ class Trainer:
         rows = self.data.heldout[: self.p.heldout_max_rows][share.rank :: share.world]
         k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
         srcs = [self.data.source(r) for r in rows]
-        wrapped = self.strategy if self.kind.name == "dflash" else "none"  # EAGLE-3's is not wrapped
+        wrapped = self.strategy if self.kind.shards_state else "none"  # a replicated drafter: itself
         self.eval_drafter = sharding.eval_copy(self.drafter, wrapped, self.device)
         try:
             first, by_first = self._pass([self.data.example(r) for r in rows[:k]], srcs[:k], self.judge)
@@ -383,7 +381,7 @@ class Trainer:
             self.kind.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
             self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
             weights=params_bytes(self.target.model),
-            sharing=self.local_world, state_shards=self.world if self.strategy == "fsdp" else 1,
+            sharing=self.local_world, state_shards=self._state_shards(),
             ctx=self.ctx if self.rank == 0 else None,
             enforce=self.p.memory_check,
         )  # fmt: skip

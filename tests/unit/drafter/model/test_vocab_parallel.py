@@ -20,6 +20,7 @@ from draftdeck.drafter.model.vocab_parallel import (
     embed_rows,
     shard_vocab,
 )
+from draftdeck.drafter.train.eagle3_objective import target_draft_view
 
 VOCAB, HIDDEN = 37, 16  # 19 ids on rank 0, 18 on rank 1
 MIX = (0.5, 2.0)
@@ -69,6 +70,13 @@ def _rank(rank: int, world: int, store: str) -> None:
         _same(_loss(s_head, mine), _loss(head, mine))
         assert torch.equal(head_argmax(s_head, mine[0]), head(mine[0]).argmax(-1))
         torch.testing.assert_close(s_head(mine[0]), head(mine[0]))
+        # EAGLE-3's view of the target over a draft vocabulary: 3 rows a chunk, so the ranks need
+        # different numbers of chunks, and each makes as many head calls (some empty)
+        drafts = torch.tensor([0, 5, 20, 36])
+        got = target_draft_view(s_head, mine[0][None], drafts, chunk_bytes=4 * VOCAB * 3)
+        want = target_draft_view(head, mine[0][None], drafts, chunk_bytes=4 * VOCAB * 3)
+        for a, b in ((got.logp, want.logp), (got.p, want.p), (got.greedy, want.greedy)):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     ids = torch.randint(0, VOCAB, (2, 3 + rank), generator=torch.Generator().manual_seed(rank))
     torch.testing.assert_close(embed_rows(s_emb, ids), emb(ids))
 

@@ -145,9 +145,11 @@ def test_both_export_formats_read_back_as_the_trained_drafter(trained: dict[str,
     assert all(torch.equal(saved[k], back[k]) for k in saved)
 
 
-def test_two_ranks_train_as_one_rank(trained: dict[str, Any], tmp_path: Path) -> None:
-    """Replicated over 2 gloo ranks (each half the batch, gradients summed): the same losses, counts
-    and weights as one rank at the same global batch."""
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_ranks_train_as_one_rank(trained: dict[str, Any], tmp_path: Path, sharding: str) -> None:
+    """Over 2 gloo ranks (each half the batch; the drafter whole on each, its gradients summed; under
+    fsdp the target's layers sharded and its head and embedding split by vocabulary): the same
+    losses, counts and weights as one rank at the same global batch."""
     from safetensors.torch import load_file
 
     from draftdeck.drafter.train.run import train
