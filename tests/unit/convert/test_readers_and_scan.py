@@ -36,10 +36,11 @@ def _jsonl(rows: list[dict]) -> bytes:
             json.dumps(ROWS[0], indent=2).encode() + b"\n" + json.dumps(ROWS[1], indent=2).encode(),
             "json",
         ),
-        ("a.jsonl.gz", gzip.compress(_jsonl(ROWS)), "jsonl"),
+        ("a.jsonl.gz", gzip.compress(_jsonl(ROWS), mtime=0), "jsonl"),  # mtime 0: the same bytes each time
         ("a.json.zst", zstandard.ZstdCompressor().compress(json.dumps(ROWS).encode()), "json-array"),
         ("bare.json", _jsonl(ROWS), "jsonl"),  # JSONL content under a .json name
     ],
+    ids=lambda v: v if isinstance(v, str) else "bytes",  # test ids: the same on every xdist worker
 )
 def test_every_container_yields_the_same_rows(tmp_path: Path, name: str, data: bytes, container: str) -> None:
     path = tmp_path / name
