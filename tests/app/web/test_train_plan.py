@@ -34,6 +34,8 @@ def test_the_form_plans_a_train_job_from_the_target_config(client: TestClient, m
     assert '<th scope="row">per rank</th>' in shown.text and "<strong>ddp</strong>" in shown.text
     assert "fits" not in shown.text.split("</table>")[0]  # no GPU here: terms, no verdict
     assert "give the target" in client.get("/jobs/new/plan").text
+    eagle3 = client.get("/jobs/new/plan", params={"target": str(target), "drafter": "eagle3"}).text
+    assert "the plan models DFlash drafters" in eagle3 and 'id="plan-table"' not in eagle3  # no DFlash plan
     outside = client.get("/jobs/new/plan", params={"target": "/etc"})
     assert "/etc: outside the data roots" in outside.text, outside.text
     assert "<script" not in client.get("/jobs/new/plan", params={"target": "<script>x</script>"}).text
