@@ -1,7 +1,7 @@
 """What the trainer does differently per drafter kind (`TrainParams.drafter`): the model and how ranks
 hold it, a micro-batch, the loss's weight sum, forward and backward, the held-out pass, the
-checkpoint's config files, and what a resumed checkpoint must agree with. Everything else (data order, ranks, optimizer, counts,
-truth checks, reporting) is the trainer's, the same for every kind.
+checkpoint's config files, and what a resumed checkpoint must agree with. Everything else (data
+order, ranks, optimizer, counts, truth checks, reporting) is the trainer's, the same for every kind.
 
 Both kinds count in `Counts` slots: DFlash's block slot k drafts the k-th token after the anchor;
 EAGLE-3's TTT step k is slot k + 1 (the (k + 1)-th draft of the chain), so every chart, alert and
