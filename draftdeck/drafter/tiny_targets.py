@@ -169,7 +169,8 @@ def end_to_end(
 
     from draftdeck.drafter.eval.evaluate import run_eval
     from draftdeck.drafter.eval.params import EvalParams
-    from draftdeck.drafter.export.format import export_drafter, load_zlab, resolve_checkpoint
+    from draftdeck.drafter.export.drafters import export_drafter
+    from draftdeck.drafter.export.format import load_zlab, resolve_checkpoint
     from draftdeck.drafter.model.target import Target
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.drafter.train.run import train

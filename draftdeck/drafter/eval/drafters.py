@@ -16,8 +16,9 @@ import torch
 from draftdeck.drafter.eval.baselines import untrained_drafter
 from draftdeck.drafter.eval.eagle3_source import Eagle3Source
 from draftdeck.drafter.eval.spec_decode import DFlashSource, DraftSource
+from draftdeck.drafter.export.drafters import load_drafter
 from draftdeck.drafter.export.eagle3 import trained_drafts
-from draftdeck.drafter.export.format import load_drafter, resolve_checkpoint
+from draftdeck.drafter.export.format import resolve_checkpoint
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.eagle3 import Eagle3Drafter
 from draftdeck.drafter.model.target import Target

@@ -46,8 +46,9 @@ class ExportParams(JobParams):
 def run_export(params: ExportParams, ctx: RunContext) -> Report:
     """Export; the report counts the one checkpoint in and out, lists the two files written, and warns
     `served_config` where vLLM or SGLang would read the config otherwise than it was trained."""
+    from draftdeck.drafter.export.drafters import export_drafter
     from draftdeck.drafter.export.eagle3 import trained_drafts
-    from draftdeck.drafter.export.format import export_drafter, resolve_checkpoint
+    from draftdeck.drafter.export.format import resolve_checkpoint
     from draftdeck.fileio import sha256_file
     from draftdeck.quality import Output, Report
 

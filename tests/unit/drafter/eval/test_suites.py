@@ -21,7 +21,7 @@ from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.spec_decode import DFlashSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import ALL, decode_turns
 from draftdeck.drafter.eval.tally import Decoded, decode
-from draftdeck.drafter.export.format import load_drafter
+from draftdeck.drafter.export.drafters import load_drafter
 from draftdeck.errors import InputError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.export.format import CheckpointError, export_drafter, load_zlab, save_zlab
+from draftdeck.drafter.export.drafters import export_drafter
+from draftdeck.drafter.export.format import CheckpointError, load_zlab, save_zlab
 from draftdeck.drafter.model.dflash import DFlashDrafter
 from tests.conftest import PROBES
 from tests.support.drafter import tiny_drafter_config, tiny_target
