@@ -74,7 +74,10 @@ def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path: Path, 
     assert ("TTT steps" in said[0]) == (drafter == "eagle3")
     series = got["series"]
     peaks = series["train/peak_memory_mib"] + series["heldout/peak_memory_mib"]
-    assert len(peaks) == 3 and 0 < max(v for _, v in peaks) * 2**20 <= peak
+    # Linux's VmHWM is the larger of the recorded high-water mark (updated when pages are unmapped)
+    # and the RSS now, so a read during the run may exceed a later one by what was freed since
+    # without unmapping (0.01 % in one CI run): the run's figure is the peak to within 1 %.
+    assert len(peaks) == 3 and 0 < max(v for _, v in peaks) * 2**20 <= 1.01 * peak
     for name in ("train/tokens_per_s", "train/step_seconds", "heldout/seconds"):  # time beside time
         assert series[name] and all(v > 0 for _, v in series[name]), name
     assert len(series["train/step_seconds"]) == 2 and len(series["heldout/seconds"]) == 1
