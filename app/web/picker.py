@@ -101,13 +101,10 @@ def resolve_preview(request: Request, settings: SettingsDep, kind: str, field: s
     return render(request, "partials/path_preview.html", resolved=resolved)
 
 
-PLAN_FIELDS = ("layers", "block_size", "seq_length", "batch_size", "eval_batch_size", "anchors_per_seq",
-               "anchors_per_forward", "gradient_checkpointing", "loss", "devices")  # fmt: skip
+PLAN_FIELDS = ("drafter", "layers", "block_size", "ttt_steps", "draft_vocab_size", "seq_length", "batch_size",
+               "eval_batch_size", "anchors_per_seq", "anchors_per_forward", "gradient_checkpointing", "loss",
+               "devices")  # fmt: skip
 PLAN_SEQ_LENGTH = 4096  # the rows' length the panel plans for when seq_length is unset
-EAGLE3_PLAN = (
-    "the plan models DFlash drafters; an EAGLE-3 run estimates its peak before step 1 (its training-time"
-    " test keeps every step's attention over the row) and refuses what cannot fit"
-)
 
 
 @router.get("/jobs/new/plan", response_class=HTMLResponse)
@@ -123,8 +120,6 @@ def train_plan(request: Request, settings: SettingsDep) -> HTMLResponse:
 
     form = request.query_params
     target = (form.get("target") or "").strip()
-    if form.get("drafter") == "eagle3":  # not a DFlash plan under an EAGLE-3 form: say what there is
-        return render(request, "partials/train_plan.html", error=EAGLE3_PLAN)
     if not target:
         return render(request, "partials/train_plan.html", error="give the target to see what the run needs")
     typed = {k: form.get(k) for k in PLAN_FIELDS if form.get(k) not in (None, "")}

@@ -265,17 +265,24 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
     if as_json:
         print(to_json(result))
         return
-    world = result.shape.world
+    world, shape = result.shape.world, result.shape
+    if result.drafter == "eagle3":
+        kind = (
+            f"EAGLE-3 drafter (1 layer, {shape.ttt_steps} TTT steps, {result.draft_vocab_size:,} draft ids)"
+        )
+        per_row = f"{shape.ttt_steps} TTT steps over every position"
+    else:
+        kind = f"DFlash drafter ({result.drafter_layers} layer{'s' if result.drafter_layers > 1 else ''})"
+        per_row = f"{params.anchors_per_seq} anchors"
     out.print(
-        f"target {result.target}: {short_count(result.target_params)} parameters; drafter "
-        f"{result.drafter_layers} layer{'s' if result.drafter_layers > 1 else ''}: "
+        f"target {result.target}: {short_count(result.target_params)} parameters; {kind}: "
         f"{short_count(result.trainable_params)} trainable",
         highlight=False,
     )
     out.print(
         f"{world} rank{'s' if world > 1 else ''} ({params.nodes} x {params.devices}) of "
         f"{params.device_memory}, {params.dtype}; rows of {params.seq_length:,} tokens, batch "
-        f"{params.batch_size}, held-out batch {params.eval_batch_size}, {params.anchors_per_seq} anchors",
+        f"{params.batch_size}, held-out batch {params.eval_batch_size}, {per_row}",
         highlight=False,
     )
     rows = describe(result)

@@ -221,8 +221,12 @@ class PlanParams(JobParams):
     dtype: Literal["bf16", "float32"] = Field(
         "bf16", description="Compute dtype: bf16 as a GPU run trains, float32 as a CPU run"
     )
+    drafter: Literal["dflash", "eagle3"] = _train_field("drafter")
     layers: int = _train_field("layers")
     block_size: int = _train_field("block_size")
+    ttt_steps: int = _train_field("ttt_steps")
+    draft_vocab_size: int = _train_field("draft_vocab_size")
+    eagle3_layer_ids: list[int] | None = _train_field("eagle3_layer_ids")
     seq_length: int = Field(4096, ge=2, le=1_000_000, description="Tokens of the longest row trained")
     batch_size: int = Field(1, ge=1, le=4096, description="Sequences per micro-batch per device")
     eval_batch_size: int = _train_field("eval_batch_size")

@@ -23,6 +23,15 @@ float32 (a CPU run)):
 - runtime: what a process holds before any tensor (CUDA context and allocator slack on a GPU; the
   interpreter and the libraries on the CPU).
 
+An EAGLE-3 drafter (`drafter="eagle3"`, one layer over a draft vocabulary) stays whole on every
+rank under either sharding, its gradients summed parameter by parameter
+(`draftdeck.drafter.train.drafters.Eagle3Kind`): its weights, master copy, gradients and AdamW
+state are never divided; fsdp shards the target alone. Its working set is training-time test's
+(`draftdeck.drafter.train.memory.estimate_eagle3`: every TTT step's attention tile over the row and
+its draft-vocabulary logits, kept for the backward), the target's view over the draft vocabulary
+standing as its LM-head term; its communication, one parameter's float32 gradient in flight and
+under fsdp the split head's gathered rows and logits of one call of that view.
+
 `tests/unit/drafter/train/test_plan.py` checks the parameter counts by hand arithmetic;
 `benchmarks/train_sharded.py` measures the per-rank peak against this figure.
 """
@@ -41,8 +50,10 @@ import torch
 from draftdeck.causal_lm import causal_lm_config
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
+from draftdeck.drafter.model.head import rows_per_chunk
 from draftdeck.drafter.train.device import capacity_bytes
-from draftdeck.drafter.train.memory import Shapes, estimate
+from draftdeck.drafter.train.memory import MemoryEstimate, Shapes, estimate, estimate_eagle3
 from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
@@ -82,6 +93,10 @@ class Shape:
     element_size: int = 2  # 2: bf16 (a GPU run), 4: float32 (a CPU run)
     world: int = 1
     target_layer_ids: tuple[int, ...] | None = None
+    drafter: str = "dflash"  # or "eagle3": its own shape below
+    ttt_steps: int = 7
+    draft_vocab_size: int = 32000  # at most the target's vocabulary
+    eagle3_layer_ids: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -115,6 +130,8 @@ class Plan:
     target_params: int
     trainable_params: int
     drafter_layers: int
+    drafter: str  # "dflash" or "eagle3"
+    draft_vocab_size: int | None  # EAGLE-3's draft vocabulary (capped at the target's); DFlash: None
     shape: Shape
     capacity: int | None
     strategies: dict[str, StrategyPlan] = field(default_factory=dict)
@@ -126,7 +143,8 @@ class Plan:
 
         if self.shape.world == 1:
             return choose_sharding("auto", 1)
-        return choose_sharding("auto", self.shape.world, self.strategies["ddp"].fits)
+        fits = None if self.capacity is None else self.strategies["ddp"].fits
+        return choose_sharding("auto", self.shape.world, fits)
 
     def to_dict(self) -> dict[str, Any]:
         name, why = self.auto
@@ -134,6 +152,8 @@ class Plan:
             "target": self.target,
             "target_params": self.target_params,
             "trainable_params": self.trainable_params,
+            "drafter": self.drafter,
+            "draft_vocab_size": self.draft_vocab_size,
             "world": self.shape.world,
             "device_memory_bytes": self.capacity,
             "strategies": {k: v.to_dict() for k, v in self.strategies.items()},
@@ -158,11 +178,11 @@ class _Models:
     """The target and the drafter as the plan counts them (built on the meta device)."""
 
     config: Any  # the target's language-model config
-    cfg: DrafterConfig
+    cfg: DrafterConfig | Eagle3Config
     drafter: Any
     target_params: int
     trainable: int
-    layer: int  # the largest drafter layer's parameters
+    layer: int  # the largest drafter layer's parameters (EAGLE-3: its largest parameter's)
     target_layers: int  # the target's decoder layers' parameters
     target_layer: int  # ... the largest one's
     target_vocab: int  # its embedding's and LM head's (once when tied): split by vocabulary under fsdp
@@ -180,17 +200,30 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
 
     target_params, target = _meta_count(lambda: AutoModelForCausalLM.from_config(config))
     config = config.get_text_config()  # a checkpoint with a vision tower: its language model's
-    cfg = DrafterConfig.from_target(
-        config, layers=shape.layers, block_size=shape.block_size, mask_token_id=0,
-        target_layer_ids=list(shape.target_layer_ids) if shape.target_layer_ids else None,
-    )  # fmt: skip
-    n, drafter = _meta_count(lambda: DFlashDrafter(cfg))
-    layer = max(sum(p.numel() for p in lay.parameters()) for lay in drafter.layers)
+    cfg: DrafterConfig | Eagle3Config
+    if shape.drafter == "eagle3":
+        cfg = Eagle3Config.from_target(
+            config, draft_vocab_size=min(shape.draft_vocab_size, int(config.vocab_size)),
+            aux_layer_ids=list(shape.eagle3_layer_ids) if shape.eagle3_layer_ids else None,
+        )  # fmt: skip
+        n, drafter = _meta_count(lambda: Eagle3Drafter(cfg))  # type: ignore[arg-type]
+        layer = max(p.numel() for p in drafter.parameters())  # summed over ranks one at a time
+    else:
+        cfg = DrafterConfig.from_target(
+            config, layers=shape.layers, block_size=shape.block_size, mask_token_id=0,
+            target_layer_ids=list(shape.target_layer_ids) if shape.target_layer_ids else None,
+        )  # fmt: skip
+        n, drafter = _meta_count(lambda: DFlashDrafter(cfg))  # type: ignore[arg-type]
+        layer = max(sum(p.numel() for p in lay.parameters()) for lay in drafter.layers)
     per_layer = [sum(p.numel() for p in lay.parameters()) for lay in target_layers(target)]
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
     vocab = emb.weight.numel() + (0 if head.weight is emb.weight else head.weight.numel())
     models = _Models(config, cfg, drafter, target_params, n, layer, sum(per_layer), max(per_layer), vocab)
-    result = Plan(type(target).__name__, target_params, n, shape.layers, shape, capacity)
+    layers = 1 if shape.drafter == "eagle3" else shape.layers
+    draft_vocab = cfg.draft_vocab_size if isinstance(cfg, Eagle3Config) else None
+    result = Plan(
+        type(target).__name__, target_params, n, layers, shape.drafter, draft_vocab, shape, capacity
+    )
     for name in STRATEGIES if shape.world > 1 else ("none",):
         terms, phase = _terms(name, models, shape)
         largest = _largest_batch(name, models, shape, capacity)
@@ -201,38 +234,47 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
 def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
     """The per-rank terms, and the phase whose working set they count."""
     e, world, n, layer = shape.element_size, shape.world, m.trainable, m.layer
-    shards = world if name == "fsdp" else 1
-    working = estimate(
-        m.cfg, m.config, m.drafter,
-        Shapes(
-            batch_size=shape.batch_size, eval_batch_size=shape.eval_batch_size, longest=shape.seq_length,
-            anchors_per_forward=min(shape.anchors_per_forward, shape.anchors_per_seq),
-            block_size=shape.block_size, backend="flex" if e == 2 else "blocked",
-            gradient_checkpointing=shape.gradient_checkpointing, element_size=e, kl=shape.kl,
-        ),
-        held=0, capacity=None,
-    )  # fmt: skip
+    eagle3 = isinstance(m.cfg, Eagle3Config)
+    shards = world if name == "fsdp" and not eagle3 else 1  # an EAGLE-3 drafter is never split
+    working = _working(m, shape)
     work = working.parts
-    if name == "fsdp":
+    if name == "fsdp" and not eagle3:
         weights = 2 * layer * e  # two layers gathered at a time
         slots = shape.batch_size * min(shape.anchors_per_forward, shape.anchors_per_seq) * shape.block_size
         gathered = world * slots * m.config.hidden_size * 4 * (3 if shape.kl else 2)  # the split head's rows
         buffers = 2 * layer * 4 + gathered  # one layer's float32 gradients, reduce-scattered
     else:
         weights = n * e if e == 2 else n * 4
-        buffers = layer * 4 if name == "ddp" else 0
+        buffers = layer * 4 if name == "ddp" or (eagle3 and name == "fsdp") else 0
+        if eagle3 and name == "fsdp":  # one call of the target's view: every rank's rows and logits
+            vocab = int(m.config.vocab_size)
+            buffers += world * rows_per_chunk(vocab) * (m.config.hidden_size + 2 * vocab) * e
     terms = {
         "target weights": _target_weights(name, m, world) * e,
         "drafter weights": weights,
-        "master copy": (n * 4 // shards) if (e == 2 or name == "fsdp") else 0,
+        "master copy": (n * 4 // shards) if (e == 2 or shards > 1) else 0,
         "gradients": n * 4 // shards,
         "optimizer state": n * 8 // shards,
-        "activations": sum(v for k, v in work.items() if k not in ("optimizer", "LM head")),
-        "LM-head chunk": work.get("LM head", 0),
+        "activations": sum(v for k, v in work.items() if k not in ("optimizer", "LM head", "target's view")),
+        "LM-head chunk": work.get("LM head", work.get("target's view", 0)),
         "communication buffers": buffers,
         "runtime": RUNTIME_BYTES[e],
     }
     return terms, working.phase
+
+
+def _working(m: _Models, shape: Shape) -> MemoryEstimate:
+    """The larger of a training micro-batch's and a held-out batch's working set, at `seq_length`."""
+    e = shape.element_size
+    shapes = Shapes(
+        batch_size=shape.batch_size, eval_batch_size=shape.eval_batch_size, longest=shape.seq_length,
+        anchors_per_forward=min(shape.anchors_per_forward, shape.anchors_per_seq),
+        block_size=shape.block_size, backend="flex" if e == 2 else "blocked",
+        gradient_checkpointing=shape.gradient_checkpointing, element_size=e, kl=shape.kl,
+    )  # fmt: skip
+    if isinstance(m.cfg, Eagle3Config):
+        return estimate_eagle3(m.cfg, m.config, m.drafter, shapes, shape.ttt_steps, held=0, capacity=None)
+    return estimate(m.cfg, m.config, m.drafter, shapes, held=0, capacity=None)
 
 
 def _target_weights(name: str, m: _Models, world: int) -> int:
@@ -287,6 +329,8 @@ def shape_of(
         gradient_checkpointing=params.gradient_checkpointing, kl=params.loss != "ce",
         element_size=element_size, world=world,
         target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
+        drafter=params.drafter, ttt_steps=params.ttt_steps, draft_vocab_size=params.draft_vocab_size,
+        eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
     )  # fmt: skip
 
 

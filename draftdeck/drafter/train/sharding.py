@@ -59,7 +59,9 @@ def choose_sharding(requested: str, world: int, ddp_fits: bool | None = None) ->
     if requested != "auto":
         return requested, "asked for"  # type: ignore[return-value]
     if ddp_fits is False:
-        return "fsdp", "a whole drafter with its AdamW state per rank does not fit the device: sharded"
+        return "fsdp", "the whole target and drafter with its AdamW state do not fit on one device: sharded"
+    if ddp_fits is None:
+        return "ddp", "the device's size is unknown, so replicated; draftdeck plan --device-memory checks it"
     return "ddp", "the whole drafter and its AdamW state fit on every rank: replicated, less communication"
 
 

@@ -141,7 +141,7 @@ class Trainer:
     def _ddp_fits(self) -> bool | None:
         """For `--sharding auto` on N ranks: whether the planner fits a replicated drafter on this
         device (draftdeck.drafter.train.plan); None when not asked or the device's size is unknown."""
-        if self.p.sharding != "auto" or self.world == 1 or self.kind.name != "dflash":
+        if self.p.sharding != "auto" or self.world == 1:
             return None
         heldout = min(len(self.data.heldout), self.p.heldout_max_rows)
         return ddp_fits(

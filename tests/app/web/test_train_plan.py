@@ -34,8 +34,13 @@ def test_the_form_plans_a_train_job_from_the_target_config(client: TestClient, m
     assert '<th scope="row">per rank</th>' in shown.text and "<strong>ddp</strong>" in shown.text
     assert "fits" not in shown.text.split("</table>")[0]  # no GPU here: terms, no verdict
     assert "give the target" in client.get("/jobs/new/plan").text
-    eagle3 = client.get("/jobs/new/plan", params={"target": str(target), "drafter": "eagle3"}).text
-    assert "the plan models DFlash drafters" in eagle3 and 'id="plan-table"' not in eagle3  # no DFlash plan
+    assert "DFlash drafter: 1.05B trainable" in shown.text
+    # an EAGLE-3 form gets EAGLE-3's plan: one layer over the draft vocabulary, its own count
+    eagle3 = client.get(
+        "/jobs/new/plan", params={"target": str(target), "drafter": "eagle3", "draft_vocab_size": "16000"}
+    ).text
+    assert "EAGLE-3 drafter, 7 TTT steps over 16,000 draft ids" in eagle3 and 'id="plan-table"' in eagle3
+    assert "EAGLE-3 drafter" not in shown.text and "334.0M trainable" in eagle3  # test_plan counts it
     outside = client.get("/jobs/new/plan", params={"target": "/etc"})
     assert "/etc: outside the data roots" in outside.text, outside.text
     assert "<script" not in client.get("/jobs/new/plan", params={"target": "<script>x</script>"}).text

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,72 @@ def test_device_memory_reads_binary_sizes(text: str) -> None:
     from draftdeck.units import parse_size
 
     assert parse_size(text) == 80 * GiB and parse_size("80GB") == 80 * 10**9
+
+
+def _eagle3(hidden: int, heads: int, kv: int, head_dim: int, mlp: int, draft_vocab: int) -> int:
+    """EAGLE-3: fc from three target layers, one Llama layer whose q/k/v read 2H (the normed embedding
+    beside the hidden state), its MLP, four norms, the head over the draft vocabulary; the embedding
+    is the target's (frozen, not the drafter's)."""
+    qkv = 2 * hidden * (heads + 2 * kv) * head_dim
+    return (
+        3 * hidden * hidden
+        + qkv
+        + heads * head_dim * hidden
+        + 3 * hidden * mlp
+        + 4 * hidden
+        + draft_vocab * hidden
+    )
+
+
+def _tiny(tmp_path: Path) -> Path:
+    """Qwen3-8B's config at a tiny size: 2 layers of 64, a 512-token vocabulary."""
+    config = json.loads((CONFIGS / "qwen3-8b.json").read_text())
+    config.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=512, bos_token_id=0,
+                  eos_token_id=1)  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path / "config.json"
+
+
+def test_an_eagle3_drafter_is_whole_per_rank_and_a_27b_target_needs_sharding(tmp_path: Path) -> None:
+    """Qwen3-8B with 16,000 draft ids; the Qwen3.6-27B-class hybrid with the default 32,000: the
+    target and a whole EAGLE-3 drafter with its TTT working set (7 steps over 4,096-token rows) do not
+    fit one 80 GiB device, the sharded target does; the drafter's state is whole on every rank."""
+    qwen = plan(
+        target_config(CONFIGS / "qwen3-8b.json"), Shape(drafter="eagle3", draft_vocab_size=16_000), None
+    )
+    assert qwen.trainable_params == _eagle3(4096, 32, 8, 128, 12_288, 16_000) == 333_987_840
+    assert (qwen.drafter, qwen.drafter_layers, qwen.draft_vocab_size) == ("eagle3", 1, 16_000)
+    big = plan(target_config(_tiny(tmp_path)), Shape(drafter="eagle3"), None)
+    assert big.draft_vocab_size == 512  # capped at the target's vocabulary
+    config = target_config(CONFIGS / "qwen3.6-27b-class.json")
+    p = plan(config, Shape(drafter="eagle3", world=8, eval_batch_size=2), 80 * GiB)
+    n = p.trainable_params
+    assert n == _eagle3(5120, 24, 4, 256, 17_408, 32_000) == 625_233_920
+    ddp, fsdp = p.strategies["ddp"], p.strategies["fsdp"]
+    assert not ddp.fits and fsdp.fits and p.auto[0] == "fsdp"
+    for s in (ddp, fsdp):  # bf16 compute copy, float32 master, gradients and two moments, per rank
+        assert [s.terms[k] for k in ("drafter weights", "master copy", "gradients", "optimizer state")] == [
+            n * 2, n * 4, n * 4, n * 8,
+        ]  # fmt: skip
+    assert fsdp.terms["target weights"] < ddp.terms["target weights"] / 6  # the target is what fsdp splits
+    assert ddp.terms["activations"] == fsdp.terms["activations"] > 20 * GiB  # 7 steps' tiles over the row
+    # the target's view over the draft ids stands as the head's term: log-probs and probs per position
+    assert ddp.terms["LM-head chunk"] == 4096 * 2 * 4 * 32_000
+    dflash = plan(config, Shape(world=8, eval_batch_size=2), 80 * GiB)
+    assert dflash.strategies["ddp"].fits  # the same target with a 1-layer DFlash drafter replicates
+
+
+def test_a_train_run_asks_the_planner_for_either_kind(tmp_path: Path) -> None:
+    """`--sharding auto` on N ranks: the trainer's question (`ddp_fits`) for an EAGLE-3 run plans an
+    EAGLE-3 drafter (a tiny target fits this machine)."""
+    import torch
+
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.plan import ddp_fits, shape_of
+
+    params = TrainParams(inputs=["x"], target="t", drafter="eagle3", ttt_steps=3, draft_vocab_size=100)
+    shape = shape_of(params, seq_length=256, element_size=4, world=2)
+    assert (shape.drafter, shape.ttt_steps, shape.draft_vocab_size) == ("eagle3", 3, 100)
+    config = target_config(_tiny(tmp_path))
+    assert ddp_fits(config, params, 256, torch.device("cpu"), 2, heldout_rows=4) is True
