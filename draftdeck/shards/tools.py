@@ -67,6 +67,64 @@ def vocab_of_counts(counts: np.ndarray, top: int) -> DraftVocab:
     )
 
 
+def read_draft_vocab(path: Path, counts: np.ndarray) -> DraftVocab:
+    """A draft vocabulary from a file: ours (`write_draft_vocab`'s .npz or .json), SpecForge's
+    `vocab_mapping.pt` (a dict of d2t and t2d tensors) or an EAGLE-3 checkpoint's or flat export's
+    `model.safetensors` (its d2t and t2d: a warm start's mapping), checked against the target's
+    vocabulary (the length of `counts`, its trained-token counts, which also give the coverage).
+    InputError names the file and what is wrong."""
+    path = Path(path)
+    if path.suffix not in VOCAB_SUFFIXES:
+        raise UsageError(
+            f"{path}: a draft vocabulary is draftdeck vocab's .npz or .json, SpecForge's vocab_mapping.pt,"
+            " or an EAGLE-3 checkpoint's model.safetensors"
+        )
+    try:
+        loaded = _load_vocab_file(path)
+    except (OSError, ValueError, RuntimeError, EOFError) as exc:  # unreadable, not JSON, not a pickle
+        raise InputError(f"{path}: cannot read a draft vocabulary ({exc})") from exc
+    if not isinstance(loaded, dict):
+        raise InputError(f"{path}: a mapping of d2t and t2d expected, not {type(loaded).__name__}")
+    arrays = {k: np.asarray(loaded[k]) for k in ("d2t", "t2d") if k in loaded}
+    missing = [k for k in ("d2t", "t2d") if k not in arrays]
+    if missing:
+        raise InputError(f"{path}: no {' or '.join(missing)} (a draft vocabulary holds d2t and t2d)")
+    d2t, t2d = arrays["d2t"].astype(np.int64).reshape(-1), arrays["t2d"].reshape(-1)
+    if len(t2d) != len(counts):
+        raise InputError(f"{path}: t2d has {len(t2d):,} entries; the target's vocabulary has {len(counts):,}")
+    t2d = t2d.astype(bool)
+    ids = np.arange(len(d2t), dtype=np.int64) + d2t
+    if not len(ids) or int(t2d.sum()) != len(ids):
+        raise InputError(
+            f"{path}: t2d marks {int(t2d.sum()):,} ids; d2t has {len(ids):,} (they must agree, >= 1)"
+        )
+    if ids[0] < 0 or ids[-1] >= len(t2d) or np.any(np.diff(ids) <= 0) or not t2d[ids].all():
+        raise InputError(f"{path}: draft id + d2t is not the increasing list of the ids t2d marks")
+    total = int(counts.sum())
+    return DraftVocab(
+        ids, counts[ids].astype(np.int64), d2t, t2d, float(counts[ids].sum()) / total if total else 0.0
+    )
+
+
+VOCAB_SUFFIXES = (".npz", ".json", ".pt", ".safetensors")
+
+
+def _load_vocab_file(path: Path) -> object:
+    if path.suffix == ".safetensors":  # a checkpoint or flat export: its two mapping tensors alone
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="np") as f:
+            return {k: f.get_tensor(k) for k in ("d2t", "t2d") if k in f.keys()}  # noqa: SIM118
+    if path.suffix == ".npz":
+        with np.load(path) as z:
+            return {k: z[k] for k in z.files}
+    if path.suffix == ".json":
+        return json.loads(path.read_bytes())
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def write_draft_vocab(vocab: DraftVocab, out: Path) -> None:
     if out.suffix == ".json":
         body = {

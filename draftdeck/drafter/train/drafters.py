@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -41,6 +43,7 @@ from draftdeck.drafter.train.sharding import Sharding
 from draftdeck.drafter.train.truth import Batch
 from draftdeck.drafter.train.walked import heldout_pass
 from draftdeck.errors import UsageError
+from draftdeck.shards.tools import DraftVocab, read_draft_vocab, vocab_of_counts
 
 DRAFTER_JSON = "drafter.json"
 
@@ -196,18 +199,15 @@ def _valid(m: MicroBatch) -> torch.Tensor:
 
 class Eagle3Kind:
     """An EAGLE-3 drafter: training-time test over every position of every row, its draft vocabulary
-    the training split's `draft_vocab_size` most frequent trained tokens (stored with every
-    checkpoint: its d2t and t2d buffers, checked on resume)."""
+    the training split's `draft_vocab_size` most frequent trained tokens or `draft_vocab`'s file
+    (stored with every checkpoint: its d2t and t2d buffers, checked on resume)."""
 
     name = "eagle3"
     shards_state = False
 
     def __init__(self, params: TrainParams, target: Target, data: TrainData):
-        from draftdeck.shards.tools import vocab_of_counts
-
         self.p = params
-        vocab_size = int(target.config.vocab_size)
-        vocab = vocab_of_counts(data.trained_token_counts(vocab_size), params.draft_vocab_size)
+        vocab = _draft_vocab(params, data.trained_token_counts(int(target.config.vocab_size)))
         self.cfg = Eagle3Config.from_target(
             target.config, draft_vocab_size=len(vocab.ids), aux_layer_ids=params.eagle3_layer_ids
         )
@@ -224,6 +224,7 @@ class Eagle3Kind:
             "ttt_steps": self.p.ttt_steps,
             "step_decay": self.p.step_decay,
             "draft_vocab_coverage": self.coverage,
+            "draft_vocab_from": self.p.draft_vocab or "the training split's trained tokens",
         }
 
     def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
@@ -311,5 +312,20 @@ class Eagle3Kind:
                 raise UsageError(
                     f"the checkpoint's draft vocabulary ({name}: {differ}) is not the one the inputs give"
                     " now: its LM head's rows are the checkpoint's ids; resume with the data it started"
-                    " on, or train into a new run folder"
+                    " on, pin its mapping (draft_vocab: the checkpoint's model.safetensors), or train"
+                    " into a new run folder"
                 )
+
+
+def _draft_vocab(params: TrainParams, counts: np.ndarray) -> DraftVocab:
+    """The run's draft vocabulary: `draft_vocab`'s file, else the training split's `draft_vocab_size`
+    most frequent trained tokens (`counts`, which give the coverage either way)."""
+    if params.draft_vocab is None:
+        return vocab_of_counts(counts, params.draft_vocab_size)
+    vocab = read_draft_vocab(Path(params.draft_vocab), counts)
+    if "draft_vocab_size" in params.model_fields_set and params.draft_vocab_size != len(vocab.ids):
+        raise UsageError(
+            f"draft_vocab_size {params.draft_vocab_size:,} but {params.draft_vocab} holds {len(vocab.ids):,}"
+            " draft ids: give one of them"
+        )
+    return vocab

@@ -56,6 +56,11 @@ class TrainParams(JobParams):
         description="EAGLE-3: draft vocabulary, the most frequent trained tokens of the training split"
         " (at most the target's vocabulary)",
     )
+    draft_vocab: str | None = Field(
+        None,
+        description="EAGLE-3: the draft vocabulary from a file, not counted: draftdeck vocab's .npz or .json,"
+        " SpecForge's vocab_mapping.pt, or a checkpoint's model.safetensors (one mapping across runs)",
+    )
     eagle3_layer_ids: list[int] | None = Field(
         None,
         description="EAGLE-3: the three tapped hidden_states indices, HF's (= vLLM's) convention"
@@ -173,7 +178,7 @@ class TrainParams(JobParams):
         " stops before step 1)",
     )
 
-    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "draft_vocab")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
     essentials: ClassVar[tuple[str, ...]] = (
         "drafter",
@@ -203,6 +208,10 @@ class TrainParams(JobParams):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
+        eagle3_only = [k for k in ("draft_vocab", "eagle3_layer_ids") if getattr(self, k) is not None]
+        if self.drafter != "eagle3" and eagle3_only:  # not silently ignored
+            what = "an EAGLE-3 option" if len(eagle3_only) == 1 else "EAGLE-3 options"
+            raise ValueError(f"{', '.join(eagle3_only)}: {what} (give drafter eagle3)")
         return self
 
 

@@ -11,6 +11,9 @@ from draftdeck.errors import UsageError
 
 # what a resumed run must share with the run its folder holds
 DEFINING = ("drafter", "seed", "gamma", "anchors_per_seq", "seq_length", "global_batch", "manifest_sha256")
+# what the drafter's record says of the data rather than of the drafter: an EAGLE-3 draft vocabulary's
+# coverage and source (the mapping itself is checked exactly on resume, `Eagle3Kind.check_resume`)
+MEASURED = ("draft_vocab_coverage", "draft_vocab_from")
 
 
 @dataclass
@@ -51,8 +54,12 @@ class RunRecord:
             return
         old, new = json.loads(path.read_text(encoding="utf-8")), self.to_dict()
         for key in DEFINING:
-            if old.get(key) != new[key]:
+            if _defining(old.get(key)) != _defining(new[key]):
                 raise UsageError(
                     f"{path.parent} holds a run with another {key} ({old.get(key)!r}, now {new[key]!r}):"
                     " use a new out folder"
                 )
+
+
+def _defining(value: Any) -> Any:
+    return {k: v for k, v in value.items() if k not in MEASURED} if isinstance(value, dict) else value

@@ -97,8 +97,28 @@ def test_resume_refuses_a_checkpoint_with_another_draft_vocabulary(
     state["d2t"] = moved - torch.arange(len(moved))
     save_file(state, str(latest / "model.safetensors"))
     params = trained["params"].model_copy(update={"out": str(run), "max_steps": 31})
-    with pytest.raises(UsageError, match="draft vocabulary"):
+    with pytest.raises(UsageError, match=r"draft vocabulary .* pin its mapping"):
         run_train(params, LocalContext(tmp_path / "ctx"))
+    # the remedy the error names: the checkpoint's own mapping pinned, the run resumes on it
+    pinned = params.model_copy(update={"draft_vocab": str(latest / "model.safetensors")})
+    with pytest.raises(UsageError, match=r"draft_vocab_size 19 but .* holds 20"):
+        run_train(pinned.model_copy(update={"draft_vocab_size": 19}), LocalContext(tmp_path / "ctx"))
+    run_train(pinned, LocalContext(tmp_path / "ctx"))
+    newest = max((run / "checkpoints").glob("step-*"))
+    assert newest.name != latest.name  # a step further
+    resumed = load_drafter(newest)
+    assert isinstance(resumed, Eagle3Drafter) and torch.equal(resumed.t2d, state["t2d"])
+    said = json.loads((run / "run.json").read_text())["drafter"]["draft_vocab_from"]
+    assert said.endswith("model.safetensors")
+
+
+def test_eagle3_options_are_refused_on_a_dflash_run() -> None:
+    """Not ignored: a DFlash run given a draft vocabulary or tapped layers says they are EAGLE-3's."""
+    with pytest.raises(ValueError, match="draft_vocab: an EAGLE-3 option"):
+        TrainParams(inputs=["x"], target="t", draft_vocab="v.npz")
+    with pytest.raises(ValueError, match="draft_vocab, eagle3_layer_ids: EAGLE-3 options"):
+        TrainParams(inputs=["x"], target="t", draft_vocab="v.npz", eagle3_layer_ids=[1, 2, 3])
+    TrainParams(inputs=["x"], target="t", drafter="eagle3", draft_vocab="v.npz")
 
 
 def test_real_decoding_is_lossless_and_equals_the_walk(trained: dict[str, Any]) -> None:

@@ -1,0 +1,77 @@
+"""A draft vocabulary read from a file (`draftdeck vocab`'s, SpecForge's, a checkpoint's) is the
+mapping written, checked against the target's vocabulary; a bad file is refused naming it and why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from draftdeck.errors import InputError, UsageError
+from draftdeck.shards.tools import read_draft_vocab, vocab_of_counts, write_draft_vocab
+
+COUNTS = np.array([0, 9, 3, 7, 0, 5, 1, 8, 2, 0, 4, 6], dtype=np.int64)  # a 12-id target
+
+
+def _written(tmp_path: Path, suffix: str) -> Path:
+    vocab = vocab_of_counts(COUNTS, 5)
+    path = tmp_path / f"vocab{suffix}"
+    tensors = {"d2t": torch.from_numpy(vocab.d2t), "t2d": torch.from_numpy(vocab.t2d)}
+    if suffix == ".pt":  # SpecForge's vocab_mapping.pt
+        torch.save(tensors, path)
+    elif suffix == ".safetensors":  # a checkpoint: the drafter's weights beside the mapping
+        save_file({**tensors, "fc.weight": torch.zeros(2, 2)}, str(path))
+    else:
+        write_draft_vocab(vocab, path)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".json", ".pt", ".safetensors"])
+def test_every_format_reads_back_the_mapping_written(tmp_path: Path, suffix: str) -> None:
+    want = vocab_of_counts(COUNTS, 5)
+    other = COUNTS[::-1].copy()  # the run's own counts: they give the coverage, not the ids
+    got = read_draft_vocab(_written(tmp_path, suffix), other)
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.d2t, want.d2t)
+    assert np.array_equal(got.t2d, want.t2d) and got.t2d.dtype == bool
+    assert list(got.ids) == [1, 3, 5, 7, 11]
+    assert got.coverage == pytest.approx(other[want.ids].sum() / other.sum())
+    assert np.array_equal(got.counts, other[want.ids])
+
+
+def _json(tmp_path: Path, name: str, **body: object) -> Path:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(body))
+    return path
+
+
+def test_a_bad_file_is_refused_naming_it_and_why(tmp_path: Path) -> None:
+    v = vocab_of_counts(COUNTS, 5)
+    d2t, t2d = v.d2t.tolist(), v.t2d.tolist()
+    cases = {
+        "t2d has 13 entries; the target's vocabulary has 12": _json(
+            tmp_path, "long", d2t=d2t, t2d=[*t2d, False]
+        ),
+        "t2d marks 5 ids; d2t has 4": _json(tmp_path, "short", d2t=d2t[:4], t2d=t2d),
+        "no t2d": _json(tmp_path, "half", d2t=d2t),
+        "not the increasing list": _json(
+            tmp_path, "moved", d2t=[d2t[0] + 1, *d2t[1:]], t2d=t2d
+        ),  # ids 2, 3, ...
+    }
+    for reason, path in cases.items():
+        with pytest.raises(InputError, match=reason) as e:
+            read_draft_vocab(path, COUNTS)
+        assert str(path) in str(e.value)
+    garbled = tmp_path / "garbled.npz"
+    garbled.write_bytes(b"not a zip")
+    with pytest.raises(InputError, match=r"garbled\.npz: cannot read a draft vocabulary"):
+        read_draft_vocab(garbled, COUNTS)
+    listed = tmp_path / "listed.json"
+    listed.write_text("[1, 2]")
+    with pytest.raises(InputError, match="a mapping of d2t and t2d expected, not list"):
+        read_draft_vocab(listed, COUNTS)
+    with pytest.raises(UsageError, match=r"vocab\.txt: a draft vocabulary is draftdeck vocab's"):
+        read_draft_vocab(tmp_path / "vocab.txt", COUNTS)
