@@ -4,6 +4,7 @@ estimates (walked τ) sit beside real speculative decoding, never instead of it.
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 from app.store.models import MetricSeries
@@ -24,6 +25,20 @@ def drafter_label(params: dict[str, Any]) -> str:
         return f"EAGLE-3, chains of {params.get('ttt_steps', 7)} drafts"
     block = int(params.get("block_size") or 16)
     return f"DFlash, blocks of {block} ({block - 1} drafts)"
+
+
+def vocabulary_note(run: dict[str, Any]) -> str | None:
+    """What an EAGLE-3 run drafts over, from run.json's `drafter`: its draft ids, the share of the
+    training split's trained tokens they cover (a ceiling on acceptance), and where the mapping came
+    from; None for a run without one (DFlash drafts over the target's whole vocabulary)."""
+    d = run.get("drafter")
+    if not isinstance(d, dict) or d.get("kind") != "eagle3" or d.get("draft_vocab_size") is None:
+        return None
+    note = f"{int(d['draft_vocab_size']):,} draft ids"
+    if isinstance(d.get("draft_vocab_coverage"), int | float):
+        note += f", {100 * d['draft_vocab_coverage']:.1f} % of trained tokens"
+    source = d.get("draft_vocab_from")  # a file's path; None: counted over the training split
+    return note + (f", from {PurePath(source).name}" if isinstance(source, str) else "")
 
 
 def _positions(names: dict[str, MetricSeries]) -> list[float | None]:
@@ -64,6 +79,7 @@ def side_by_side(views: list[dict[str, Any]]) -> list[dict[str, Any]]:
             {
                 "job": v["job"],
                 "drafter": drafter_label(v["job"].params),
+                "vocabulary": vocabulary_note(v["params"]) or "the target's whole vocabulary",
                 "tau_target": _latest(
                     names, "heldout/target_walked/accepted", "heldout/target_walked/steps", 1.0
                 ),

@@ -21,7 +21,7 @@ from app.store.run_figures import (
     run_out,
     truth,
 )
-from app.web.run_compare import drafter_label
+from app.web.run_compare import drafter_label, vocabulary_note
 
 MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
 
@@ -164,6 +164,7 @@ def run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dict
     return {
         "job": job,
         "drafter": drafter_label(job.params),
+        "vocabulary": vocabulary_note(params),
         "terminal": job.status in TERMINAL,
         "out": str(run_out(job)),
         "checkpoints": ckpts,

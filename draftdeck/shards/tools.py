@@ -71,14 +71,17 @@ def read_draft_vocab(path: Path, counts: np.ndarray) -> DraftVocab:
     """A draft vocabulary from a file: ours (`write_draft_vocab`'s .npz or .json), SpecForge's
     `vocab_mapping.pt` (a dict of d2t and t2d tensors) or an EAGLE-3 checkpoint's or flat export's
     `model.safetensors` (its d2t and t2d: a warm start's mapping), checked against the target's
-    vocabulary (the length of `counts`, its trained-token counts, which also give the coverage).
-    InputError names the file and what is wrong."""
+    vocabulary (the length of `counts`, its trained-token counts, which also give the coverage; a
+    shorter t2d, over the tokenizer, is the target's with the rest unmarked). InputError names the
+    file and what is wrong."""
     path = Path(path)
     if path.suffix not in VOCAB_SUFFIXES:
         raise UsageError(
             f"{path}: a draft vocabulary is draftdeck vocab's .npz or .json, SpecForge's vocab_mapping.pt,"
             " or an EAGLE-3 checkpoint's model.safetensors"
         )
+    if not path.is_file():
+        raise InputError(f"{path}: no such file (a draft vocabulary: draftdeck vocab --out writes one)")
     try:
         loaded = _load_vocab_file(path)
     except (OSError, ValueError, RuntimeError, EOFError) as exc:  # unreadable, not JSON, not a pickle
@@ -90,9 +93,11 @@ def read_draft_vocab(path: Path, counts: np.ndarray) -> DraftVocab:
     if missing:
         raise InputError(f"{path}: no {' or '.join(missing)} (a draft vocabulary holds d2t and t2d)")
     d2t, t2d = arrays["d2t"].astype(np.int64).reshape(-1), arrays["t2d"].reshape(-1)
-    if len(t2d) != len(counts):
+    if len(t2d) > len(counts):
         raise InputError(f"{path}: t2d has {len(t2d):,} entries; the target's vocabulary has {len(counts):,}")
-    t2d = t2d.astype(bool)
+    # `draftdeck vocab` counts over the tokenizer, which a target's embedding often pads beyond (Qwen3:
+    # 151,669 tokens, 151,936 rows): ids past the file's are never drafted
+    t2d = np.pad(t2d.astype(bool), (0, len(counts) - len(t2d)))
     ids = np.arange(len(d2t), dtype=np.int64) + d2t
     if not len(ids) or int(t2d.sum()) != len(ids):
         raise InputError(

@@ -106,11 +106,9 @@ def make_run(
     out = jobs_dir / str(job.id)
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     # run.json as the trainer writes it: `drafter` is the drafter's config, its kind said for EAGLE-3
-    config = (
-        {"kind": "eagle3", "ttt_steps": defined.get("ttt_steps", 7)}
-        if defined.get("drafter") == "eagle3"
-        else {"block_size": defined["block_size"]}
-    )
+    eagle3 = {"kind": "eagle3", "ttt_steps": defined.get("ttt_steps", 7), "draft_vocab_size": 32000,
+              "draft_vocab_coverage": 0.973, "draft_vocab_from": defined.get("draft_vocab")}  # fmt: skip
+    config = eagle3 if defined.get("drafter") == "eagle3" else {"block_size": defined["block_size"]}
     (out / "run.json").write_text(
         json.dumps(defined | {"world_size": 1, "mask_token_id": 151669, "drafter": config})
     )

@@ -37,7 +37,7 @@ from draftdeck.drafter.train.objective import (
     pad_anchors,
     sample_anchors_per_row,
 )
-from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.params import DEFAULT_DRAFT_VOCAB, TrainParams
 from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.sharding import Sharding
 from draftdeck.drafter.train.truth import Batch
@@ -72,6 +72,7 @@ class DrafterKind(Protocol):
     def model(self) -> nn.Module: ...
 
     def describe(self) -> dict[str, Any]: ...
+    def summary(self) -> str: ...  # the job log's line: what the run trains
     def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str: ...
     def loss_formula(self) -> str: ...
     def micro_batch(
@@ -121,6 +122,10 @@ class DFlashKind:
 
     def describe(self) -> dict[str, Any]:
         return self.cfg.to_dict()
+
+    def summary(self) -> str:
+        layers = self.cfg.layers
+        return f"drafter: DFlash, {layers} layer{'s' if layers > 1 else ''}, blocks of {self.cfg.block_size}"
 
     def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
         """Wrap the drafter for `strategy` (`sharding.shard`); the reason stands."""
@@ -224,8 +229,15 @@ class Eagle3Kind:
             "ttt_steps": self.p.ttt_steps,
             "step_decay": self.p.step_decay,
             "draft_vocab_coverage": self.coverage,
-            "draft_vocab_from": self.p.draft_vocab or "the training split's trained tokens",
+            "draft_vocab_from": self.p.draft_vocab,  # None: counted over the training split
         }
+
+    def summary(self) -> str:
+        source = self.p.draft_vocab or "the training split"
+        return (
+            f"drafter: EAGLE-3, {self.p.ttt_steps} TTT steps over {self.cfg.draft_vocab_size:,} draft ids"
+            f" from {source}, covering {self.coverage:.1%} of the training split's trained tokens"
+        )
 
     def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
         """The one-layer drafter stays whole on every rank (its gradients summed after each step's
@@ -321,9 +333,9 @@ def _draft_vocab(params: TrainParams, counts: np.ndarray) -> DraftVocab:
     """The run's draft vocabulary: `draft_vocab`'s file, else the training split's `draft_vocab_size`
     most frequent trained tokens (`counts`, which give the coverage either way)."""
     if params.draft_vocab is None:
-        return vocab_of_counts(counts, params.draft_vocab_size)
+        return vocab_of_counts(counts, params.draft_vocab_size or DEFAULT_DRAFT_VOCAB)
     vocab = read_draft_vocab(Path(params.draft_vocab), counts)
-    if "draft_vocab_size" in params.model_fields_set and params.draft_vocab_size != len(vocab.ids):
+    if params.draft_vocab_size is not None and params.draft_vocab_size != len(vocab.ids):
         raise UsageError(
             f"draft_vocab_size {params.draft_vocab_size:,} but {params.draft_vocab} holds {len(vocab.ids):,}"
             " draft ids: give one of them"

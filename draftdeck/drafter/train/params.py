@@ -17,6 +17,9 @@ OFF_TARGET_RATIO = 1.25
 OFF_TARGET_TOLERANCE = 0.10
 
 
+DEFAULT_DRAFT_VOCAB = 32000  # EAGLE's, SpecForge's and speculators' default
+
+
 class TrainParams(JobParams):
     """What a `train` run needs; every field is bounded and described for forms and the API."""
 
@@ -49,12 +52,12 @@ class TrainParams(JobParams):
     step_decay: float = Field(
         0.8, gt=0, le=1, description="EAGLE-3: weight of TTT step k is step_decay^k (EAGLE, SpecForge: 0.8)"
     )
-    draft_vocab_size: int = Field(
-        32000,
+    draft_vocab_size: int | None = Field(
+        None,
         ge=1,
         le=10_000_000,
         description="EAGLE-3: draft vocabulary, the most frequent trained tokens of the training split"
-        " (at most the target's vocabulary)",
+        f" (default {DEFAULT_DRAFT_VOCAB:,}, at most the target's vocabulary; with draft_vocab, the file's)",
     )
     draft_vocab: str | None = Field(
         None,
@@ -234,7 +237,7 @@ class PlanParams(JobParams):
     layers: int = _train_field("layers")
     block_size: int = _train_field("block_size")
     ttt_steps: int = _train_field("ttt_steps")
-    draft_vocab_size: int = _train_field("draft_vocab_size")
+    draft_vocab_size: int | None = _train_field("draft_vocab_size")
     eagle3_layer_ids: list[int] | None = _train_field("eagle3_layer_ids")
     seq_length: int = Field(4096, ge=2, le=1_000_000, description="Tokens of the longest row trained")
     batch_size: int = Field(1, ge=1, le=4096, description="Sequences per micro-batch per device")

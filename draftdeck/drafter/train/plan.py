@@ -54,7 +54,7 @@ from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
 from draftdeck.drafter.model.head import rows_per_chunk
 from draftdeck.drafter.train.device import capacity_bytes
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes, estimate, estimate_eagle3
-from draftdeck.drafter.train.params import PlanParams, TrainParams
+from draftdeck.drafter.train.params import DEFAULT_DRAFT_VOCAB, PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
 from draftdeck.units import binary_size, parse_size
@@ -95,7 +95,7 @@ class Shape:
     target_layer_ids: tuple[int, ...] | None = None
     drafter: str = "dflash"  # or "eagle3": its own shape below
     ttt_steps: int = 7
-    draft_vocab_size: int = 32000  # at most the target's vocabulary
+    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # at most the target's vocabulary
     eagle3_layer_ids: tuple[int, ...] | None = None
 
 
@@ -329,7 +329,8 @@ def shape_of(
         gradient_checkpointing=params.gradient_checkpointing, kl=params.loss != "ce",
         element_size=element_size, world=world,
         target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
-        drafter=params.drafter, ttt_steps=params.ttt_steps, draft_vocab_size=params.draft_vocab_size,
+        drafter=params.drafter, ttt_steps=params.ttt_steps,
+        draft_vocab_size=params.draft_vocab_size or DEFAULT_DRAFT_VOCAB,
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
     )  # fmt: skip
 

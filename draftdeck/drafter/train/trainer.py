@@ -365,6 +365,7 @@ class Trainer:
         resumed = self.resume()
         if self.rank == 0:
             self.ctx.event("info", f"target: {self.target.loaded}, {self.target.num_layers} layers")
+            self.ctx.event("info", self.kind.summary())
         if self.data.truncated_rows and self.rank == 0:
             self.ctx.event(
                 "warning",

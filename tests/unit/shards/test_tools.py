@@ -42,6 +42,15 @@ def test_every_format_reads_back_the_mapping_written(tmp_path: Path, suffix: str
     assert np.array_equal(got.counts, other[want.ids])
 
 
+def test_a_vocabulary_over_the_tokenizer_fits_a_target_whose_embedding_is_padded(tmp_path: Path) -> None:
+    """`draftdeck vocab` counts over the tokenizer (10 ids here); the target's embedding has 12 rows:
+    the two past the tokenizer are never drafted."""
+    vocab = vocab_of_counts(COUNTS[:10], 4)
+    write_draft_vocab(vocab, tmp_path / "v.npz")
+    got = read_draft_vocab(tmp_path / "v.npz", COUNTS)
+    assert len(got.t2d) == 12 and not got.t2d[10:].any() and np.array_equal(got.ids, vocab.ids)
+
+
 def _json(tmp_path: Path, name: str, **body: object) -> Path:
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(body))
@@ -57,11 +66,12 @@ def test_a_bad_file_is_refused_naming_it_and_why(tmp_path: Path) -> None:
         ),
         "t2d marks 5 ids; d2t has 4": _json(tmp_path, "short", d2t=d2t[:4], t2d=t2d),
         "no t2d": _json(tmp_path, "half", d2t=d2t),
+        "no such file": tmp_path / "absent.npz",
         "not the increasing list": _json(
             tmp_path, "moved", d2t=[d2t[0] + 1, *d2t[1:]], t2d=t2d
         ),  # ids 2, 3, ...
     }
-    for reason, path in cases.items():
+    for reason, path in cases.items():  # each names the file
         with pytest.raises(InputError, match=reason) as e:
             read_draft_vocab(path, COUNTS)
         assert str(path) in str(e.value)

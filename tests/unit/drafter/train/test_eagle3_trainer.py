@@ -63,6 +63,11 @@ def test_an_eagle3_run_trains_and_records_its_kind(trained: dict[str, Any]) -> N
     run = json.loads((root / "run/run.json").read_text())
     assert run["drafter"]["kind"] == "eagle3" and run["drafter"]["ttt_steps"] == STEPS
     assert "TTT steps" in run["loss"]
+    said = [m for _, m, _, _ in ctx.events if m.startswith("drafter: ")]
+    assert said == [
+        f"drafter: EAGLE-3, {STEPS} TTT steps over 20 draft ids from the training split, covering"
+        f" {run['drafter']['draft_vocab_coverage']:.1%} of the training split's trained tokens"
+    ]
     assert run["memory"]["phase"] in ("training step", "held-out pass")
     assert trained["report"].rows_in == run["data"]["rows_in"]
 
@@ -100,10 +105,16 @@ def test_resume_refuses_a_checkpoint_with_another_draft_vocabulary(
     with pytest.raises(UsageError, match=r"draft vocabulary .* pin its mapping"):
         run_train(params, LocalContext(tmp_path / "ctx"))
     # the remedy the error names: the checkpoint's own mapping pinned, the run resumes on it
-    pinned = params.model_copy(update={"draft_vocab": str(latest / "model.safetensors")})
+    pinned = params.model_copy(
+        update={"draft_vocab": str(latest / "model.safetensors"), "draft_vocab_size": None}
+    )
     with pytest.raises(UsageError, match=r"draft_vocab_size 19 but .* holds 20"):
         run_train(pinned.model_copy(update={"draft_vocab_size": 19}), LocalContext(tmp_path / "ctx"))
-    run_train(pinned, LocalContext(tmp_path / "ctx"))
+    ctx = LocalContext(tmp_path / "ctx")
+    run_train(pinned, ctx)
+    assert any(
+        m.startswith("drafter: EAGLE-3, 3 TTT steps over 20 draft ids from /") for _, m, _, _ in ctx.events
+    )
     newest = max((run / "checkpoints").glob("step-*"))
     assert newest.name != latest.name  # a step further
     resumed = load_drafter(newest)

@@ -80,6 +80,7 @@ def test_loss_falls_and_walked_tau_rises_above_two(prepared: tuple[Path, Path], 
     run = json.loads((tmp_path / "run/run.json").read_text())
     assert run["drafter"]["block_size"] == 4 and run["drafter"]["target_layer_ids"] == [0, 1]
     assert run["drafter"]["mask_token_source"] == "unused_embedding_row"
+    assert "drafter: DFlash, 1 layer, blocks of 4" in [m for _, m, _, _ in ctx.events]
     assert run["world_size"] == 1 and run["steps_done"] == 60 and len(run["manifest_sha256"]) == 1
     assert report.rows_in == 64 == report.rows_out and report.extra["heldout_rows"] > 0
     assert report.outputs[0].path.endswith("step-00000060/model.safetensors")
