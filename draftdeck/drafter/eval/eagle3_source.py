@@ -27,7 +27,7 @@ class Eagle3Source:
         self.drafter = drafter.eval()
         self.target = target
         # `spec_decode` reads `hidden_states[i + 1]` for a layer id i: the tapped index minus one
-        self.layer_ids: list[int] | None = [i - 1 for i in drafter.config.aux_layer_ids]
+        self.layer_ids: list[int] | None = drafter.config.target_layer_ids
         self.past: StepKV | None = None
         self.cached = 0
         self.pending: list[torch.Tensor] = []

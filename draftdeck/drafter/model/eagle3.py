@@ -126,6 +126,11 @@ class Eagle3Config:
             rope_parameters=rope,
         )
 
+    @property
+    def target_layer_ids(self) -> list[int]:
+        """The tapped `hidden_states` indices as `Target`'s layer ids (index i + 1 for id i)."""
+        return [i - 1 for i in self.aux_layer_ids]
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["aux_layer_ids"] = list(self.aux_layer_ids)

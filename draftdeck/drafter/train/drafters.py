@@ -29,7 +29,7 @@ from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import TrainData, collate
 from draftdeck.drafter.train.eagle3_objective import target_draft_view, ttt_loss
-from draftdeck.drafter.train.eagle3_walked import eagle3_heldout_pass, tapped_layer_ids
+from draftdeck.drafter.train.eagle3_walked import eagle3_heldout_pass
 from draftdeck.drafter.train.objective import (
     dflash_backward,
     label_weight_sum,
@@ -220,7 +220,7 @@ class Eagle3Kind:
         self.model.set_vocab(torch.from_numpy(vocab.d2t), torch.from_numpy(vocab.t2d))
         self.coverage = vocab.coverage
         self.slots = params.ttt_steps + 1
-        self.layer_ids = tapped_layer_ids(self.model)
+        self.layer_ids = self.cfg.target_layer_ids
 
     def describe(self) -> dict[str, Any]:
         return {

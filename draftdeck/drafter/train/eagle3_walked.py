@@ -28,11 +28,6 @@ from draftdeck.drafter.train.truth import Batch
 from draftdeck.drafter.train.walked import known_runs, tally, walk_steps
 
 
-def tapped_layer_ids(drafter: Eagle3Drafter) -> list[int]:
-    """The drafter's tapped `hidden_states` indices as `Target`'s layer ids (index i + 1 for id i)."""
-    return [i - 1 for i in drafter.config.aux_layer_ids]
-
-
 def runs_at_anchors(runs: torch.Tensor) -> np.ndarray:
     """TTT runs (bsz, T) at t as the walk reads them: at the anchor t + 1 (-1 at position 0)."""
     at = torch.full_like(runs, -1)
@@ -67,7 +62,7 @@ def eagle3_heldout_pass(
     try:
         for batch in batches:
             input_ids, attention_mask, loss_mask = batch
-            tf = target.teacher_forced(input_ids, attention_mask, tapped_layer_ids(drafter))
+            tf = target.teacher_forced(input_ids, attention_mask, drafter.config.target_layer_ids)
             view = target_draft_view(target.lm_head, tf.last_hidden, draft_ids)
             res = ttt_loss(
                 drafter, tf.context.to(dtype), target.embed(input_ids).to(dtype), input_ids, loss_mask,
