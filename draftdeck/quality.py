@@ -65,6 +65,7 @@ CODES: dict[str, IssueCode] = _codes(
     ("json_error", Action.REJECT, "the row is not valid JSON"),
     ("encoding_error", Action.REJECT, "the row is not valid UTF-8"),
     ("oversize_row", Action.REJECT, "the row is larger than the configured limit"),
+    ("too_deep", Action.REJECT, "the row nests arrays and objects more than 1,024 levels deep"),
     ("not_an_object", Action.REJECT, "the row is valid JSON but not an object"),
     ("unknown_format", Action.REJECT, "no known chat shape matches the row's keys"),
     ("format_mismatch", Action.REJECT, "the row is not of the shape --from forces"),

@@ -2,7 +2,8 @@
 
 Every reader yields :class:`RawRow` values one at a time and never holds a whole file in memory:
 JSONL (blank lines, CRLF, a BOM and a missing final newline are fine), JSON arrays of any size
-(parsed incrementally), single or concatenated JSON objects, each plain, gzip or zstd compressed.
+(each item framed, then parsed alone), single or concatenated JSON objects, each plain, gzip or zstd
+compressed. No record costs more memory than the row limit, however it is nested (MAX_DEPTH).
 A row that cannot be parsed is yielded too, with an issue code and a reason, so the caller can
 count it: nothing is skipped silently.
 """
@@ -18,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import ijson
 import orjson
 
 from draftdeck.errors import InputError
+from draftdeck.formats.split import MAX_DEPTH, json_records
 from draftdeck.progress import Progress, no_progress
 
 DEFAULT_MAX_ROW_BYTES = 64 * 1024 * 1024
@@ -135,6 +136,11 @@ def _classify_error(data: bytes, exc: Exception) -> tuple[str, str]:
     except UnicodeDecodeError as uexc:
         return "encoding_error", f"not valid UTF-8 at byte {uexc.start}"
     msg = str(exc).split(": line ")[0]
+    if msg.startswith("depth limit exceeded"):
+        return (
+            "too_deep",
+            f"nested more than {MAX_DEPTH:,} levels deep (arrays and objects within each other)",
+        )
     return "json_error", f"invalid JSON: {msg}"
 
 
@@ -199,37 +205,36 @@ class RowReader:
         return _jsonl_rows(self.name, lines, self.max_row_bytes)
 
     def _incremental(self) -> Iterator[RawRow]:
-        source = (
-            _PrefixedReader(self._consumed, self._opened.stream) if self._consumed else self._opened.stream
-        )
-        if self.container == "json-array":
-            items = ijson.items(source, "item", use_float=True)
-        else:
-            items = ijson.items(source, "", use_float=True, multiple_values=True)
-        index = 0
-        while True:
-            try:
-                value = next(items)
-            except StopIteration:
-                return
-            except (ijson.JSONError, ijson.IncompleteJSONError) as exc:
-                reason = f"invalid JSON after record {index}: {str(exc).strip()[:200]}"
-                code = "encoding_error" if "utf" in str(exc).lower() else "json_error"
-                yield RawRow(self.name, index, None, None, 0, code, reason)
-                return
-            except UnicodeDecodeError as exc:
+        """The records of a JSON array (its items) or of concatenated JSON values, each framed first
+        (draftdeck.formats.split: nothing is built for a record over the limit) and parsed alone."""
+        head = self._consumed[3:] if self._consumed.startswith(_BOM) else self._consumed
+        source = _PrefixedReader(head, self._opened.stream) if head else self._opened.stream
+        level = 1 if self.container == "json-array" else 0
+        for index, piece in enumerate(json_records(source, level, self.max_row_bytes)):  # type: ignore[arg-type]
+            if piece.reason is not None:
                 yield RawRow(
                     self.name,
                     index,
                     None,
                     None,
-                    0,
-                    "encoding_error",
-                    f"not valid UTF-8 after record {index}: {exc.reason}",
+                    piece.size,
+                    "json_error",
+                    f"invalid JSON after record {index}: {piece.reason}",
                 )
-                return
-            yield RawRow(self.name, index, None, value, 0)
-            index += 1
+            elif piece.size > self.max_row_bytes:
+                why = f"record of {piece.size:,} bytes exceeds the limit of {self.max_row_bytes:,} bytes"
+                yield RawRow(self.name, index, None, None, piece.size, "oversize_row", why)
+            else:
+                yield _parsed(self.name, index, None, piece.data)
+
+
+def _parsed(name: str, index: int, line: int | None, data: bytes) -> RawRow:
+    """One record's bytes as a RawRow: its value, or why it is none (too deep, not JSON, not UTF-8)."""
+    try:
+        return RawRow(name, index, line, orjson.loads(data), len(data))
+    except orjson.JSONDecodeError as exc:
+        code, reason = _classify_error(data, exc)
+        return RawRow(name, index, line, None, len(data), code, reason)
 
 
 def _jsonl_rows(
@@ -254,15 +259,10 @@ def _jsonl_rows(
             continue
         if not line or line.isspace():  # blank (isspace: no copy of the line, unlike strip)
             continue
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            code, reason = _classify_error(line, exc)
-            if not line.endswith(b"\n") and code == "json_error":
-                reason += " (the last line is truncated)"
-            yield RawRow(name, index, lineno, None, len(line), code, reason)
-        else:
-            yield RawRow(name, index, lineno, value, len(line))
+        row = _parsed(name, index, lineno, line)
+        if row.error == "json_error" and not line.endswith(b"\n"):
+            row.reason = f"{row.reason} (the last line is truncated)"
+        yield row
         index += 1
 
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from draftdeck.errors import InputError
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow, RowReader
 
@@ -93,8 +95,16 @@ class TableRowReader:
     an answer "42" stays text), so the shapes are detected by column name as for JSON rows
     (other names: the row is unknown_format, counted and named)."""
 
-    def __init__(self, path: Path, container: str, *, display_name: str | None = None):
+    def __init__(
+        self,
+        path: Path,
+        container: str,
+        *,
+        display_name: str | None = None,
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    ):
         self.path = path
+        self.max_row_bytes = max_row_bytes
         self.name = display_name or str(path)
         self.container = container
         self.compression: str | None = None
@@ -110,7 +120,9 @@ class TableRowReader:
                 self._source = pq.ParquetFile(path)
                 self._rows_total = self._source.metadata.num_rows
             elif container in ("csv", "tsv"):
-                self._source = _open_delimited(path, container)
+                from draftdeck.formats.delimited import DelimitedFile
+
+                self._source = DelimitedFile(path, container, max_row_bytes)
             else:
                 mm = pa.memory_map(str(path), "r")
                 self._source = pa.ipc.open_file(mm) if container == "arrow-file" else pa.ipc.open_stream(mm)
@@ -119,7 +131,10 @@ class TableRowReader:
 
     @property
     def bytes_read(self) -> int:
-        """Bytes as an estimate from rows done (columnar files are not read front to back)."""
+        """Bytes as an estimate from rows done (columnar files are not read front to back); a CSV file's
+        bytes read, while it is being read."""
+        if self.size and self._rows_total is None and self.container in ("csv", "tsv"):
+            return min(self.size, self._source.bytes_read)
         if not self.size or not self._rows_total:
             return 0
         return min(self.size, self.size * self._rows_done // self._rows_total)
@@ -140,19 +155,35 @@ class TableRowReader:
             yield from self._source
 
     def __iter__(self) -> Iterator[RawRow]:
+        if self.container in ("csv", "tsv"):
+            for row in self._source.rows(self.name):
+                self._rows_done += 1
+                yield row
+            self._rows_total = self._rows_done  # read to its end: every byte was read
+            return
+        yield from self._columnar()
+
+    def _columnar(self) -> Iterator[RawRow]:
         import pyarrow as pa
 
         index = 0
         own = self._is_own()
+        limit = self.max_row_bytes
         try:
             for batch in self._batches():
                 for start in range(0, batch.num_rows, BATCH_ROWS):
-                    for value in batch.slice(start, BATCH_ROWS).to_pylist():
-                        yield RawRow(self.name, index, None, _own_row(value) if own else value, 0)
+                    part = batch.slice(start, BATCH_ROWS)
+                    sizes = (
+                        [part.slice(i, 1).nbytes for i in range(part.num_rows)] if part.nbytes > limit else []
+                    )
+                    for i, value in enumerate(part.to_pylist() if not sizes else _within(part, sizes, limit)):
+                        if value is None:
+                            why = f"row of {sizes[i]:,} bytes exceeds the limit of {limit:,} bytes"
+                            yield RawRow(self.name, index, None, None, sizes[i], "oversize_row", why)
+                        else:
+                            yield RawRow(self.name, index, None, _own_row(value) if own else value, 0)
                         index += 1
                         self._rows_done += 1
-            if self._rows_total is None:  # read to its end (CSV): every byte was read
-                self._rows_total = self._rows_done
         except (pa.ArrowInvalid, OSError) as exc:
             yield RawRow(
                 self.name, index, None, None, 0, "json_error", f"unreadable {self.container} data: {exc}"
@@ -169,25 +200,10 @@ class TableRowReader:
         self.close()
 
 
-def _open_delimited(path: Path, kind: str) -> Any:
-    """A streaming reader of a CSV or TSV file (gzip or zstd by its suffix) with every column text."""
-    import csv
-    import io
-
-    import pyarrow as pa
-    import pyarrow.csv as pcsv
-
-    delimiter = "," if kind == "csv" else "\t"
-    with pa.input_stream(str(path)) as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="") as text:
-        header = next(csv.reader(text, delimiter=delimiter))
-    if len(set(header)) != len(header) or not all(header):
-        raise InputError(f"{path}: the header row {header!r} must name every column once")
-    return pcsv.open_csv(
-        pa.input_stream(str(path)),
-        parse_options=pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True),
-        convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(header, pa.string()),
-                                            strings_can_be_null=False),
-    )  # fmt: skip
+def _within(part: pa.RecordBatch, sizes: list[int], limit: int) -> Iterator[dict[str, Any] | None]:
+    """The rows of `part` as values, None for each row over `limit` bytes (never made into Python)."""
+    for i, size in enumerate(sizes):
+        yield None if size > limit else part.slice(i, 1).to_pylist()[0]
 
 
 def _own_row(value: dict[str, Any]) -> dict[str, Any]:
@@ -196,8 +212,8 @@ def _own_row(value: dict[str, Any]) -> dict[str, Any]:
     meta = value.get("meta")
     if isinstance(meta, str):
         try:
-            row.update(json.loads(meta))
-        except ValueError:
+            row.update(orjson.loads(meta))
+        except orjson.JSONDecodeError:
             row["meta"] = meta
     row["messages"] = value.get("messages")
     tools = value.get("tools")
@@ -272,5 +288,5 @@ def open_reader(
     JSON readers."""
     container = sniff_table(path) if path.is_file() else None
     if container is not None:
-        return TableRowReader(path, container, display_name=display_name)
+        return TableRowReader(path, container, display_name=display_name, max_row_bytes=max_row_bytes)
     return RowReader(path, display_name=display_name, max_row_bytes=max_row_bytes)

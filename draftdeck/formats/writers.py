@@ -245,7 +245,7 @@ def encode_line(row: dict[str, Any]) -> bytes:
     """One JSONL row as bytes, with its newline (json for integers beyond 64 bits)."""
     try:
         return orjson.dumps(row, option=orjson.OPT_APPEND_NEWLINE)
-    except orjson.JSONEncodeError:  # integers beyond 64 bits (JSON arrays are parsed by ijson)
+    except orjson.JSONEncodeError:  # integers beyond 64 bits (a Parquet or Arrow file's)
         return json.dumps(row, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
