@@ -1,13 +1,18 @@
-"""Atomic file writes and checksums: a file is visible only when complete."""
+"""Atomic file writes and checksums (a file is visible only when complete), and reading PyTorch files
+without running what they hold."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
+import pickle
+import zipfile
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+from draftdeck.errors import InputError
 
 
 @contextmanager
@@ -43,3 +48,27 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def load_torch(path: Path, remedy: str, allow: Sequence[Any] = ()) -> Any:
+    """`torch.load` of a file that runs nothing it holds: tensors, numbers, strings and containers
+    (plus the types in `allow`). A PyTorch file is a pickle, and a pickle may name any function to call
+    when read; a run folder or a downloaded file may have been made to. A file that names anything else
+    is refused with its name, what it named and `remedy` (what the user can do instead)."""
+    import torch
+
+    try:
+        with torch.serialization.safe_globals(list(allow)):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        try:
+            named = ", ".join(torch.serialization.get_unsafe_globals_in_checkpoint(path)[:5])
+        except (OSError, RuntimeError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile):
+            named = ""
+        what = f" ({named})" if named else ""
+        raise InputError(
+            f"{path}: refused: it asks to run code when read{what}, and DraftDeck reads only tensors and"
+            f" plain data from a file; {remedy}"
+        ) from None
+    except (OSError, RuntimeError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: cannot read it as a PyTorch file ({exc}); {remedy}") from None

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from draftdeck.errors import InputError
 from draftdeck.fileio import atomic_output
 from draftdeck.provenance import Answered
 
@@ -134,12 +135,15 @@ class Stats:
 
     @classmethod
     def load_state(cls, path: Path) -> Stats:
-        with np.load(path, allow_pickle=False) as z:
-            stats = cls(len(z["token_counts"]))
-            stats.lengths = z["lengths"].copy()
-            stats.fractions = z["fractions"].copy()
-            stats.token_counts = z["token_counts"].copy()
-            meta = json.loads(z["meta"].tobytes().decode("utf-8"))
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                stats = cls(len(z["token_counts"]))
+                stats.lengths = z["lengths"].copy()
+                stats.fractions = z["fractions"].copy()
+                stats.token_counts = z["token_counts"].copy()
+                meta = json.loads(z["meta"].tobytes().decode("utf-8"))
+        except (OSError, ValueError, KeyError, EOFError) as exc:  # numpy refuses pickled object arrays
+            raise InputError(f"{path}: not the statistics file a tokenize chunk writes ({exc})") from None
         stats.rows, stats.tokens, stats.trained = meta["rows"], meta["tokens"], meta["trained"]
         stats.sources = meta["sources"]
         stats.mix_sources = meta.get("mix_sources") or {}  # a state saved before it: no mix source

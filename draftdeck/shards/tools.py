@@ -22,7 +22,7 @@ import numpy as np
 import orjson
 
 from draftdeck.errors import InputError, UsageError
-from draftdeck.fileio import atomic_output
+from draftdeck.fileio import atomic_output, load_torch
 from draftdeck.shards.stats import TOKEN_COUNTS
 from draftdeck.shards.store import ShardDataset
 
@@ -41,7 +41,10 @@ def trained_token_counts(dataset: Path) -> np.ndarray:
     path = Path(dataset) / TOKEN_COUNTS
     if not path.is_file():
         raise InputError(f"{dataset} has no {TOKEN_COUNTS} (not written by `draftdeck tokenize`?)")
-    return np.load(path).astype(np.int64)
+    try:
+        return np.load(path).astype(np.int64)
+    except (OSError, ValueError) as exc:  # a pickled object array is refused by numpy: named here
+        raise InputError(f"{path}: not the token counts `draftdeck tokenize` writes ({exc})") from None
 
 
 def draft_vocab(dataset: Path, top: int) -> DraftVocab:
@@ -125,9 +128,7 @@ def _load_vocab_file(path: Path) -> object:
             return {k: z[k] for k in z.files}
     if path.suffix == ".json":
         return json.loads(path.read_bytes())
-    import torch
-
-    return torch.load(path, map_location="cpu", weights_only=True)
+    return load_torch(path, "write the mapping again with `draftdeck vocab --out FILE.npz`")
 
 
 def write_draft_vocab(vocab: DraftVocab, out: Path) -> None:

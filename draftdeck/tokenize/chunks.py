@@ -5,7 +5,7 @@ Three steps, each a plain function (no Celery, no SQL: ``app/run/chunks.py`` run
 1. :func:`plan_chunks` reads the inputs ONCE, in order, through the conversion reader (the same
    reading as ``draftdeck tokenize``: detection, checks, duplicate and placeholder detection, which
    need the whole input in order), and writes the kept conversations, template-ready, into chunk
-   files of ``chunk_rows`` conversations each (``input-00000.pkl`` ...) plus ``plan.json`` (the
+   files of ``chunk_rows`` conversations each (``input-00000.jsonl`` ...) plus ``plan.json`` (the
    reading stage's report and the chunk list). There is always at least one chunk (maybe empty).
 2. :func:`tokenize_chunk` renders, encodes, masks and checks one chunk (exactly the rows'
    processing of the in-process run) and writes its rows as ONE shard ``chunk-0000i.arrow`` in the
@@ -20,9 +20,9 @@ Three steps, each a plain function (no Celery, no SQL: ``app/run/chunks.py`` run
 The rows, their order and their data are those of the in-process run for the same input and
 options, and so is the cut between shards: the final step rewrites the chunk shards (one per
 non-empty chunk) as shards of ``shard_rows`` output rows (:func:`recut`), unless they are cut so
-already. Chunk files are pickles of :class:`~draftdeck.tokenize.rows.Item` (what
-the process pool sends its workers): they are written and read only by DraftDeck, in its own job
-folder.
+already. Chunk files are JSON lines, one :class:`~draftdeck.tokenize.rows.Item` each (what the
+process pool sends its workers), never pickles: they lie in a job folder under a path the user chose,
+where anyone who can write there could plant one, and reading a pickle runs what it holds.
 
 Fast encoder: every chunk checks all rows of its first batch and then one row in ``verify_every``
 against the HF tokenizer. A mismatch re-runs that chunk on the HF tokenizer and leaves a marker
@@ -37,13 +37,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
 import pyarrow as pa
 
 from draftdeck.errors import AccountingError, UsageError
@@ -71,7 +71,7 @@ class RerunChunks(Exception):
 
 
 def input_name(index: int) -> str:
-    return f"input-{index:05d}.pkl"
+    return f"input-{index:05d}.jsonl"
 
 
 def shard_name(index: int) -> str:
@@ -179,7 +179,7 @@ class _ChunkFiles:
 
     def add(self, item: Item) -> None:
         assert self._f is not None
-        pickle.dump(item, self._f, protocol=pickle.HIGHEST_PROTOCOL)
+        self._f.write(item_line(item))
         self.count += 1
 
     def finish(self) -> None:
@@ -195,13 +195,33 @@ class _ChunkFiles:
             self._ctx = self._f = None
 
 
+_ITEM_FIELDS = tuple(Item.__dataclass_fields__)
+_TUPLES = ("warnings", "untrained")
+
+
+def item_line(item: Item) -> bytes:
+    """One Item as a JSON line (its answer ids' message indexes become keys of text)."""
+    try:
+        return orjson.dumps(
+            [getattr(item, name) for name in _ITEM_FIELDS],
+            option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE,
+        )
+    except orjson.JSONEncodeError as exc:
+        raise UsageError(f"{item.file}, row {item.row}: a value that JSON cannot hold ({exc})") from None
+
+
 def read_items(path: Path) -> Iterator[Item]:
+    """The Items of a chunk file; a line that is not one is refused, naming the file and the line."""
     with open(path, "rb") as f:
-        while True:
+        for n, line in enumerate(f, 1):
             try:
-                yield pickle.load(f)  # DraftDeck's own chunk file, in its job folder
-            except EOFError:
-                return
+                values = dict(zip(_ITEM_FIELDS, orjson.loads(line), strict=True))
+                for name in _TUPLES:
+                    values[name] = tuple(values[name])
+                values["answer_ids"] = {int(k): v for k, v in values["answer_ids"].items()}
+                yield Item(**values)
+            except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as exc:
+                raise UsageError(f"{path}, line {n}: not a chunk file's conversation ({exc})") from None
 
 
 # -- 2. one chunk ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dflash.model import DFlashDraftModel
 def main(folder: str, inputs: str, out: str) -> None:
     model, info = DFlashDraftModel.from_pretrained(folder, output_loading_info=True, dtype=torch.float32)
     model.eval()
-    x = torch.load(inputs)
+    x = torch.load(inputs, weights_only=True)
     with torch.no_grad():
         hidden = model(
             position_ids=x["position_ids"],

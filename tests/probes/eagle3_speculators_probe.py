@@ -20,7 +20,7 @@ def main(folder: str, inputs: str, out: str) -> None:
     saved = load_file(f"{folder}/model.safetensors")
     held = model.state_dict()
     ignored = {"verifier_norm.weight", "verifier_lm_head.weight"}  # the verifier's, loaded apart
-    x = torch.load(inputs)
+    x = torch.load(inputs, weights_only=True)
     with torch.no_grad():  # the embedding is the verifier's, loaded from the folder the config names
         drafts = model(
             hidden_states=x["aux"],

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from draftdeck.errors import DraftDeckError
-from draftdeck.fileio import atomic_output
+from draftdeck.errors import DraftDeckError, InputError
+from draftdeck.fileio import atomic_output, load_torch
 
 
 class CheckpointWriteError(DraftDeckError):
@@ -75,6 +75,22 @@ def torch_writer(obj: Any) -> Any:
         f.write(buf.getvalue())
 
     return write
+
+
+def load_training_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's training.pt (optimizer, scheduler, RNG states), read without running code: the
+    types it holds are tensors and plain data, and numpy's RNG state (an array, its dtype)."""
+    from numpy._core.multiarray import _reconstruct
+
+    allow = [_reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType]
+    remedy = (
+        "resume only from run folders you trust; to train on, start the run again with a new --out (its"
+        " model.safetensors holds the weights, read without code)"
+    )
+    state = load_torch(path, remedy, allow)
+    if not isinstance(state, dict) or not {"optimizer", "scheduler", "rng"} <= state.keys():
+        raise InputError(f"{path}: not a training state DraftDeck writes (optimizer, scheduler, rng)")
+    return state
 
 
 def rng_state() -> dict[str, Any]:

@@ -29,6 +29,7 @@ from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.checkpoint import (
     CheckpointStore,
     bytes_writer,
+    load_training_state,
     rng_state,
     set_rng_state,
     torch_writer,
@@ -209,7 +210,7 @@ class Trainer:
             return False
         from safetensors.torch import load_file
 
-        training = torch.load(latest / "training.pt", map_location="cpu", weights_only=False)
+        training = load_training_state(latest / "training.pt")
         model = load_file(str(latest / "model.safetensors"), device="cpu")
         self.kind.check_resume(model)
         sharding.load_state(self.drafter, self.opt, model, training["optimizer"])

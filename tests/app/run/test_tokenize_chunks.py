@@ -9,16 +9,19 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sqlmodel import select
 
 from app.run.submit import request_cancel
 from app.run.sweeper import mark_lost_jobs
-from draftdeck.errors import JobFailed
+from draftdeck.errors import InputError, JobFailed, UsageError
+from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardDataset
-from draftdeck.tokenize.chunks import tokenize_files_chunked
+from draftdeck.tokenize.chunks import tokenize_chunk, tokenize_files_chunked
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
 from tests.support.chunks import JOB_LIMITS, assert_same_dataset, write_chat_input
+from tests.support.planted import Payload, plant_pickle
 from tests.support.tokenize import small_dir  # noqa: F401
 
 
@@ -317,3 +320,21 @@ def test_chunks_recorded_but_never_enqueued_do_not_keep_the_job_alive(
         )  # type: ignore[call-overload,arg-type]
         session.commit()
         assert mark_lost_jobs(session, 30) == [job_id]
+
+
+def test_planted_chunk_files_run_nothing_and_are_refused_by_name(tmp_path: Path, small_dir: Path) -> None:
+    """Chunk files lie in a job folder under a path the user chose: they are JSON lines, never pickles,
+    so a pickle planted there is refused naming the file (and so is a statistics file holding a pickled
+    object array); nothing it asks for runs."""
+    marker = tmp_path / "ran"
+    opts = TokenizeOptions(small_dir, seq_length=96)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    planted = plant_pickle(parts / "input-00000.jsonl", marker)
+    with pytest.raises(UsageError, match=r"input-00000\.jsonl, line 1: not a chunk file's conversation"):
+        tokenize_chunk(planted, 0, tmp_path / "ds", parts, opts)
+    stats = parts / "stats-00000.npz"
+    np.savez(stats, token_counts=np.array([Payload(marker)], dtype=object))
+    with pytest.raises(InputError, match=r"stats-00000\.npz: not the statistics file"):
+        Stats.load_state(stats)
+    assert not marker.exists()

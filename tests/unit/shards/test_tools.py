@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 from draftdeck.errors import InputError, UsageError
 from draftdeck.shards.tools import read_draft_vocab, vocab_of_counts, write_draft_vocab
+from tests.support.planted import Payload, plant_torch
 
 COUNTS = np.array([0, 9, 3, 7, 0, 5, 1, 8, 2, 0, 4, 6], dtype=np.int64)  # a 12-id target
 
@@ -85,3 +86,18 @@ def test_a_bad_file_is_refused_naming_it_and_why(tmp_path: Path) -> None:
         read_draft_vocab(listed, COUNTS)
     with pytest.raises(UsageError, match=r"vocab\.txt: a draft vocabulary is draftdeck vocab's"):
         read_draft_vocab(tmp_path / "vocab.txt", COUNTS)
+
+
+def test_a_planted_file_runs_nothing_and_is_refused_by_name(tmp_path: Path) -> None:
+    """SpecForge's vocab_mapping.pt is a pickle: one made to call a function is refused, the call never
+    made; an .npz holding a pickled object array likewise (numpy refuses it, named here)."""
+    marker = tmp_path / "ran"
+    v = vocab_of_counts(COUNTS, 5)
+    pt = plant_torch(tmp_path / "vocab_mapping.pt", marker, d2t=torch.from_numpy(v.d2t))
+    with pytest.raises(InputError, match=r"vocab_mapping\.pt: refused: it asks to run code .*posix\.mkdir"):
+        read_draft_vocab(pt, COUNTS)
+    npz = tmp_path / "objects.npz"
+    np.savez(npz, d2t=np.array([Payload(marker)], dtype=object), t2d=v.t2d)
+    with pytest.raises(InputError, match=r"objects\.npz: cannot read a draft vocabulary .*allow_pickle"):
+        read_draft_vocab(npz, COUNTS)
+    assert not marker.exists()

@@ -116,7 +116,7 @@ def test_speculators_own_class_loads_the_export_and_drafts_the_same_tokens(tmp_p
     assert report["class"] == "Eagle3DraftModel" and report["unexpected_keys"] == []
     assert report["mismatched_keys"] == [] and set(report["missing_keys"]) <= {"embed_tokens.weight"}
     assert report["layer_ids"] == [2, 4, 5] and report["d2t"] == drafter.d2t.tolist()
-    theirs = torch.load(tmp_path / "out.pt")["drafts"]  # (steps, T) draft ids
+    theirs = torch.load(tmp_path / "out.pt", weights_only=True)["drafts"]  # (steps, T) draft ids
     with torch.no_grad():
         hidden = drafter.ttt(aux, target.embed(ids), steps)
     for k, h in enumerate(hidden):

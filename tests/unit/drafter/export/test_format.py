@@ -105,7 +105,7 @@ def test_export_loads_into_the_dflash_package_with_identical_outputs(tmp_path: P
     assert report["block_size"] == drafter.block_size
     assert report["target_layer_ids"] == list(drafter.target_layer_ids)
     assert report["mask_token_id"] == drafter.mask_token_id
-    theirs = torch.load(tmp_path / "out.pt")["hidden"]
+    theirs = torch.load(tmp_path / "out.pt", weights_only=True)["hidden"]
     with torch.no_grad():
         ours = drafter(**x)
     assert theirs.shape == ours.shape

@@ -17,14 +17,15 @@ import pytest
 import torch
 
 from draftdeck.drafter.train import trainer as trainer_mod
-from draftdeck.drafter.train.checkpoint import CheckpointWriteError
+from draftdeck.drafter.train.checkpoint import CheckpointWriteError, load_training_state
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import run_train, train
 from draftdeck.drafter.train.trainer import TrainingDiverged
-from draftdeck.errors import Cancelled, UsageError
+from draftdeck.errors import Cancelled, InputError, UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.conftest import REPO_ROOT
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
+from tests.support.planted import plant_torch
 
 torch.set_num_threads(1)
 
@@ -257,6 +258,22 @@ def test_kill_9_then_resume_continues_steps_and_matches_an_uninterrupted_run(
     whole_walked = dict(whole.series("heldout/walked/accepted"))
     assert resumed.series("heldout/walked/accepted")
     assert all(whole_walked[s] == v for s, v in resumed.series("heldout/walked/accepted"))
+
+
+def test_a_planted_training_state_runs_nothing_and_the_resume_is_refused_by_name(
+    prepared, tmp_path: Path
+) -> None:
+    """A run folder travels (a shared disk, a download): its training.pt made to call a function on load
+    is refused when the run resumes, naming the file and what it asked for; the call is never made."""
+    kw: dict[str, Any] = dict(max_steps=2, checkpoint_every=2, eval_every=2, log_every=1)
+    train(_params(prepared, tmp_path / "run", **kw), LocalContext(tmp_path / "c1"))
+    state = tmp_path / "run/checkpoints/step-00000002/training.pt"
+    assert {"optimizer", "scheduler", "rng"} <= load_training_state(state).keys()  # the real one reads
+    marker = tmp_path / "ran"
+    plant_torch(state, marker, optimizer={}, scheduler={}, rng={})
+    with pytest.raises(InputError, match=r"step-00000002/training\.pt: refused: it asks to run code"):
+        train(_params(prepared, tmp_path / "run", **{**kw, "max_steps": 4}), LocalContext(tmp_path / "c2"))
+    assert not marker.exists()
 
 
 def test_each_epoch_visits_every_row_at_most_once_and_resumes_mid_epoch(prepared, tmp_path: Path) -> None:
