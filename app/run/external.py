@@ -23,6 +23,8 @@ from typing import Any
 from sqlalchemy import update
 from sqlmodel import Session, col, select
 
+from app.run import report_items
+from app.run.report_items import ReportItem
 from app.settings import get_settings
 from app.store import metrics, records, state
 from app.store.models import Job, JobStatus
@@ -32,8 +34,6 @@ from draftdeck.jobs.context import MetricPoint
 from draftdeck.kinds import get_kind
 
 QUEUE = "external"
-MIRRORED = ("run.json", "checkpoints/index.json")  # run folder files the run page reads
-MAX_FILE_BYTES = 8 * 2**20
 ENDS = {"succeeded": JobStatus.SUCCEEDED, "failed": JobStatus.FAILED, "cancelled": JobStatus.CANCELLED}
 
 
@@ -55,6 +55,9 @@ def register(
     if not key or len(key) > 128:
         raise UsageError("key: 1 to 128 characters")
     train = get_kind("train").params.model_validate(params)  # its parameters, checked as a train job's
+    # Its paths are where it runs; the pages read some (a dataset's manifest): within the data roots, as
+    # every path that arrives over HTTP (a shared filesystem is one: DRAFTDECK_DATA_ROOTS names it).
+    train = train.confined(get_settings().roots, here=False)
     latest = session.exec(select(Job).where(Job.external_key == key).order_by(col(Job.id).desc())).first()
     if latest is not None and latest.status == JobStatus.RUNNING:
         records.add_event(session, latest.id or 0, "info", f"reporter reconnected from {host}")
@@ -83,23 +86,23 @@ def register(
     return refreshed
 
 
-def apply(session: Session, job_id: int, items: list[dict[str, Any]]) -> Ack:
-    """Apply the items of a report past the job's last applied one, in order; refresh its beat."""
+def apply(session: Session, job_id: int, items: list[ReportItem]) -> Ack:
+    """Apply the items of a report past the job's last applied one, in order; refresh its beat. The
+    items are checked already (app/run/report_items.py): whatever is applied, a page can show."""
     job = records.get_job(session, job_id)
     if job is None:
         raise NotExternal(f"no job {job_id}")
     if job.external_key is None:
         raise NotExternal(f"job {job_id} was not launched outside the job system: it takes no reports")
-    for item in sorted(items, key=lambda i: int(i.get("seq", 0))):
+    for item in sorted(items, key=lambda i: i.seq):
         job = records.get_job(session, job_id)
         assert job is not None
         last = job.report_seq or 0
-        seq = int(item.get("seq", 0))
-        if seq <= last:
+        if item.seq <= last:
             continue  # applied already: a batch sent again
-        if seq != last + 1 or job.status != JobStatus.RUNNING:
+        if item.seq != last + 1 or job.status != JobStatus.RUNNING:
             break  # a gap (the missing items come first), or the job has ended
-        _apply_one(session, job, seq, item)
+        _apply_one(session, job, item)
     job = records.get_job(session, job_id)
     assert job is not None
     if job.status == JobStatus.RUNNING:
@@ -107,64 +110,51 @@ def apply(session: Session, job_id: int, items: list[dict[str, Any]]) -> Ack:
     return Ack(job.report_seq or 0, str(job.status), bool(job.cancel_requested))
 
 
-def _apply_one(session: Session, job: Job, seq: int, item: dict[str, Any]) -> None:
+def _apply_one(session: Session, job: Job, item: ReportItem) -> None:
     assert job.id is not None
-    kind = item.get("kind")
-    mark = update(Job).where(col(Job.id) == job.id).values(report_seq=seq)
-    if kind == "end":
+    mark = update(Job).where(col(Job.id) == job.id).values(report_seq=item.seq)
+    if isinstance(item, report_items.End):
         session.execute(mark)  # type: ignore[call-overload]
         _end(session, job, item)
         return
-    if kind == "metrics":
+    if isinstance(item, report_items.Metrics):
         session.execute(mark)  # type: ignore[call-overload]
-        step, tokens = int(item["step"]), item.get("tokens")
         points = [
-            MetricPoint(step, str(name), math.nan if v is None else float(v), tokens)
-            for name, v in (item.get("values") or {}).items()
+            MetricPoint(item.step, name, math.nan if v is None else v, item.tokens)
+            for name, v in item.values.items()
         ]
-        metrics.record_points(session, job.id, points, wall_time=item.get("at"))  # commits, with the mark
+        metrics.record_points(session, job.id, points, wall_time=item.at)  # commits, with the mark
         return
-    if kind == "progress":
-        done, total, unit = int(item["done"]), item.get("total"), str(item.get("unit", "rows"))
-        mark = mark.values(progress_done=done, progress_total=total, progress_unit=unit)
-    elif kind == "event":
+    if isinstance(item, report_items.Progress):
+        mark = mark.values(progress_done=item.done, progress_total=item.total, progress_unit=item.unit)
+    elif isinstance(item, report_items.Event):
         records.add_event(
-            session, job.id, str(item.get("level", "info")), str(item.get("message", "")),
-            code=item.get("code"), count=int(item.get("count", 1)), commit=False,
-        )  # fmt: skip
-    elif kind == "alert":
-        message = f"job {job.id}: {item['message']}"
-        records.raise_alert(session, str(item["alert"]), message, job_id=job.id, commit=False)
-    elif kind == "file":
-        _mirror(job, str(item.get("name")), str(item.get("text", "")))
+            session, job.id, item.level, item.message, code=item.code, count=item.count, commit=False
+        )
+    elif isinstance(item, report_items.Alert):
+        records.raise_alert(session, item.alert, f"job {job.id}: {item.message}", job_id=job.id, commit=False)
     else:
-        raise UsageError(f"report item {seq}: unknown kind {kind!r}")
+        _mirror(job, item.name, item.text)
     session.execute(mark)  # type: ignore[call-overload]
     session.commit()
 
 
 def _mirror(job: Job, name: str, text: str) -> None:
     """Write a run folder file the run page reads into the job's folder (only those, only there)."""
-    if name not in MIRRORED:
-        raise UsageError(f"file {name!r}: a report mirrors only {', '.join(MIRRORED)}")
-    if len(text.encode()) > MAX_FILE_BYTES:
-        raise UsageError(f"file {name}: more than {MAX_FILE_BYTES // 2**20} MiB")
     path = get_settings().jobs_dir / str(job.id) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_output(path, "w") as f:
         f.write(text)
 
 
-def _end(session: Session, job: Job, item: dict[str, Any]) -> None:
+def _end(session: Session, job: Job, item: report_items.End) -> None:
     assert job.id is not None
-    to = ENDS.get(str(item.get("status")))
-    if to is None:
-        raise UsageError(f"end status {item.get('status')!r}: one of {', '.join(ENDS)}")
-    result = item.get("result") if isinstance(item.get("result"), dict) else None
+    to = ENDS[item.status]
+    result = item.result.model_dump(exclude_unset=True) if item.result is not None else None
     if to == JobStatus.SUCCEEDED:
-        reason = f"succeeded: {item.get('message') or 'the run ended'}"
+        reason = f"succeeded: {item.message or 'the run ended'}"
         state.propose(session, job.id, to, reason, result=result)
         return
     if to == JobStatus.CANCELLED:  # stopped where it runs (Ctrl-C, the page's Cancel): the flag says so
         session.execute(update(Job).where(col(Job.id) == job.id).values(cancel_requested=True))  # type: ignore[call-overload]
-    state.propose(session, job.id, to, str(item.get("message") or to.value), result=result)
+    state.propose(session, job.id, to, item.message or to.value, result=result)

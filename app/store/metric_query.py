@@ -29,6 +29,9 @@ MAX_BUDGET = 5000
 MAX_SERIES = 200
 ROWS_PER_BUCKET = 4
 NO_BOUND = 2**62
+# x coordinates are steps, tokens and epoch milliseconds: all below 2^53 (what a chart's doubles hold
+# exactly), so the bucket arithmetic in SQL stays within 64 bits
+MAX_COORDINATE = 2**53
 
 # name -> (numerator series, denominator series, offset): value = offset + sum(num) / sum(den).
 DERIVED: dict[str, tuple[str, str, float]] = {
@@ -127,6 +130,9 @@ def query(
         raise QueryError(f"x axis {axis!r}: use one of {', '.join(AXES)}")
     if not 1 <= budget <= MAX_BUDGET:
         raise QueryError(f"point budget {budget}: must be 1..{MAX_BUDGET}")
+    for bound in (lo, hi):
+        if bound is not None and not 0 <= bound <= MAX_COORDINATE:
+            raise QueryError(f"x bound {bound}: must be 0..{MAX_COORDINATE}")
     if lo is not None and hi is not None and lo > hi:
         raise QueryError(f"x range {lo}..{hi}: the start is after the end")
     if not job_ids or not names:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 from sqlmodel import Session, col, select
 
 from app.run import external, submit
+from app.run.report_items import ExternalRun, Report
 from app.store import records, state
 from app.store.models import Alert, Job, JobEvent, JobOutput
 from app.web.auth import require_api_write
@@ -174,20 +175,6 @@ def retry_job(job_id: int, session: SessionDep, settings: SettingsDep) -> JobCre
     return JobCreated(id=job.id)
 
 
-class ExternalRun(BaseModel):
-    """A train run launched outside the job system, registering to report here (app/run/external.py)."""
-
-    key: str
-    params: dict[str, Any]
-    host: str = "?"
-    run_folder: str = ""
-    world: int = 1
-
-
-class Report(BaseModel):
-    items: list[dict[str, Any]] = []
-
-
 class ReportAck(BaseModel):
     acked: int
     status: str
@@ -210,8 +197,6 @@ def report_run(job_id: int, body: Report, session: SessionDep) -> ReportAck:
         ack = external.apply(session, job_id, body.items)
     except external.NotExternal as exc:
         raise HTTPException(404, str(exc)) from None
-    except (UsageError, ValueError, KeyError, TypeError) as exc:
-        raise HTTPException(400, f"report item: {exc}") from None
     return ReportAck(acked=ack.acked, status=ack.status, cancel=ack.cancel)
 
 

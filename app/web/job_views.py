@@ -17,6 +17,7 @@ from fastapi import HTTPException
 from sqlmodel import Session, col, select
 
 from app.run import liveness
+from app.run.report_items import shown_result
 from app.settings import get_settings
 from app.store import records
 from app.store.models import Alert, Dataset, Job, JobEvent, JobOutput, JobStatus
@@ -281,8 +282,13 @@ def job_context(session: Session, job_id: int) -> dict[str, Any]:
     alerts = session.exec(select(Alert).where(Alert.job_id == job_id).order_by(col(Alert.id))).all()
     # an alert that says the job's error again (empty_output) is folded into the error's notice
     repeats = {f"job {job_id}: {job.error}"} if job.error else set()
+    # a run that reported from elsewhere: its result came over the API, checked as it arrives, and shown
+    # only if it is one (a row stored before the checks is named, never rendered)
+    result, result_problem = shown_result(job.result) if job.external_key else (job.result, None)
     return {
         "job": job,
+        "result": result,
+        "result_problem": result_problem,
         "alerts": alerts,
         "shown_alerts": [a for a in alerts if a.message not in repeats],
         "next_steps": next_steps(job, outputs, datasets, alerts),

@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from sqlmodel import Session, col, select
 
 from app.serving.endpoints import served_views
-from app.store.metric_query import MAX_BUDGET, QueryError, derived_parts, query
+from app.store.metric_query import MAX_BUDGET, MAX_COORDINATE, QueryError, derived_parts, query
 from app.store.metrics import last_ids, points_since, summaries, value_of
 from app.store.models import TERMINAL, Job, MetricSeries
 from app.store.run_figures import (
@@ -140,8 +140,8 @@ def runs_data(
     jobs: list[int] = Query(default=[]),
     names: list[str] = Query(default=[]),
     x: str = "step",
-    lo: int | None = None,
-    hi: int | None = None,
+    lo: Annotated[int | None, Query(ge=0, le=MAX_COORDINATE)] = None,
+    hi: Annotated[int | None, Query(ge=0, le=MAX_COORDINATE)] = None,
     budget: int = 1000,
 ) -> JSONResponse:
     """Chart data: per (job, name) the bucketed line and band, and the cursor to stream from."""

@@ -278,11 +278,12 @@ class JobParams(BaseModel):
             return []
         return [str(v) for v in value] if isinstance(value, list) else [str(value)]
 
-    def confined(self, roots: list[Path]) -> Self:
+    def confined(self, roots: list[Path], *, here: bool = True) -> Self:
         """A copy whose paths are resolved inside `roots` (raises PathNotAllowedError): the server's
-        sandbox for everything that arrives over HTTP."""
+        sandbox for everything that arrives over HTTP. `here=False`: the paths are another machine's (a
+        run that reports from elsewhere), confined the same but not looked for on this one."""
         return self._map_paths(
-            lambda value, must_exist: resolve_in_roots(value, roots, must_exist=must_exist)
+            lambda value, must_exist: resolve_in_roots(value, roots, must_exist=must_exist and here)
         )
 
     def absolute(self) -> Self:

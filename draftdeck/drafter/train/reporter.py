@@ -36,10 +36,15 @@ from draftdeck.jobs.context import RunContext
 
 HEARTBEAT_SECONDS = 5.0
 SEND_EVERY_SECONDS = 1.0
-BATCH_ITEMS = 500
 REGISTER_WAIT_SECONDS = 60.0
 END_WAIT_SECONDS = 60.0
 MIRRORED = ("run.json", "checkpoints/index.json")
+# What one report may carry; the server checks the same bounds (app/run/report_items.py), under its 1 MiB
+# request limit. A batch is cut by bytes as well as items; a larger file is not mirrored (an event says so).
+MAX_BATCH_ITEMS = 500
+BATCH_BYTES = 512 * 1024
+MAX_MIRRORED_BYTES = 768 * 1024
+MAX_MESSAGE_CHARS = 8000
 
 
 class ReportError(DraftDeckError):
@@ -54,6 +59,10 @@ def _post(url: str, body: dict[str, Any], token: str | None, timeout: float = 30
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         data = json.loads(answer.read() or b"{}")
     return data if isinstance(data, dict) else {}
+
+
+def _cut(message: str) -> str:
+    return message if len(message) <= MAX_MESSAGE_CHARS else message[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
 def _refusal(exc: urllib.error.HTTPError) -> str:
@@ -91,6 +100,7 @@ class Reporter:
         self.status = "running"
         self.unreachable_since: float | None = None
         self._mtimes: dict[str, float] = {}
+        self.batch_items = MAX_BATCH_ITEMS
         self._thread = threading.Thread(target=self._send_loop, name="draftdeck-reporter", daemon=True)
         self._thread.start()
         inner.event("info", f"reporting to {self.url}/jobs/{self.job_id}")
@@ -146,17 +156,54 @@ class Reporter:
                 continue
             if self._mtimes.get(name) != mtime:
                 self._mtimes[name] = mtime
-                self._append("file", name=name, text=path.read_text(encoding="utf-8"))
+                text = path.read_text(encoding="utf-8")
+                if len(text) > MAX_MIRRORED_BYTES:
+                    why = f"{name} ({len(text):,} characters) is over {MAX_MIRRORED_BYTES:,}: not mirrored"
+                    self.event("warning", f"{why}; the run page shows the last copy that fit")
+                else:
+                    self._append("file", name=name, text=text)
+
+    def _batch(self) -> list[dict[str, Any]]:
+        """The next items to send: at most `self.batch_items` of them and BATCH_BYTES (at least one)."""
+        with self._lock:
+            batch: list[dict[str, Any]] = []
+            size = 0
+            for item in self.pending[: self.batch_items]:
+                size += len(json.dumps(item))
+                if batch and size > BATCH_BYTES:
+                    break
+                batch.append(item)
+            return batch
+
+    def _too_large(self, batch: list[dict[str, Any]]) -> None:
+        """The server refused a batch as too large (413): send fewer items at a time; a single item it
+        cannot take becomes an event saying so, under the same number, so the items after it apply (the
+        end stays the end, without its result)."""
+        if len(batch) > 1:
+            self.batch_items = max(1, len(batch) // 2)
+            return
+        item = batch[0]
+        said = f"a report item ({item['kind']}) was too large for the server and was not sent"
+        if item["kind"] == "end":
+            why = "its result was too large for the server and was not sent"
+            note = {**item, "result": None, "message": _cut(f"{item['message']} ({why})")}
+        else:
+            note = {"seq": item["seq"], "kind": "event", "at": item.get("at"), "level": "warning"}
+            note["message"] = said
+        with self._lock:
+            self.pending = [note if i["seq"] == item["seq"] else i for i in self.pending]
 
     def _send_once(self) -> bool:
         """Send one batch of what is unacknowledged; False when the server could not be reached."""
-        with self._lock:
-            batch = self.pending[:BATCH_ITEMS]
+        batch = self._batch()
         try:
             ack = _post(f"{self.url}/api/jobs/{self.job_id}/report", {"items": batch}, self.token)
         except urllib.error.HTTPError as exc:
             if exc.code >= 500:
                 return False
+            if exc.code == 413 and batch:
+                self._too_large(batch)
+                return True
             self.status = "refused"  # 4xx: sending again would be refused again
             why = _refusal(exc)
             self.inner.event("warning", f"{self.url} refused the run's report: {why}; it stops reporting")
@@ -167,6 +214,7 @@ class Reporter:
             self.unreachable_since = None
             self.inner.event("info", f"{self.url} answers again: the buffered points are sent")
         acked = int(ack.get("acked", 0))
+        self.batch_items = min(MAX_BATCH_ITEMS, self.batch_items * 2)
         with self._lock:
             self.pending = [i for i in self.pending if i["seq"] > acked]
             self.acked = max(self.acked, acked)
@@ -204,7 +252,7 @@ class Reporter:
 
     def event(self, level: str, message: str, *, code: str | None = None, count: int = 1) -> None:
         self.inner.event(level, message, code=code, count=count)
-        self._append("event", level=level, message=message, code=code, count=count)
+        self._append("event", level=level, message=_cut(message), code=code, count=count)
 
     def metrics(self, step: int, values: Mapping[str, float], *, tokens: int | None = None) -> None:
         self.inner.metrics(step, values, tokens=tokens)
@@ -214,12 +262,12 @@ class Reporter:
 
     def alert(self, kind: str, message: str) -> None:
         self.inner.alert(kind, message)
-        self._append("alert", alert=kind, message=message)
+        self._append("alert", alert=kind, message=_cut(message))
 
     def end(self, status: str, message: str, result: dict[str, Any] | None = None) -> bool:
         """The run's outcome, sent last; True once the server took it (waits up to END_WAIT_SECONDS)."""
         self._mirror_changed()
-        seq = self._append("end", status=status, message=message, result=result)
+        seq = self._append("end", status=status, message=_cut(message), result=result)
         deadline = time.monotonic() + END_WAIT_SECONDS
         while self.acked < seq and self.status == "running" and time.monotonic() < deadline:
             self._wake.set()

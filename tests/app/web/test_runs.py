@@ -145,6 +145,12 @@ def test_data_route_validates_and_times_itself(client: TestClient) -> None:
     assert body["cursor"] == {f"m{run}": newest}
     assert client.get(f"/runs/data?jobs={run}&names=train/loss&x=epoch").status_code == 400
     assert client.get("/runs/data?jobs=999&names=train/loss").status_code == 404
+    # a range no axis has (steps, tokens and epoch ms are within 0..2^53): refused, never an overflow
+    for x in ("step", "tokens", "time"):
+        wide = client.get(f"/runs/data?jobs={run}&names=train/loss&x={x}&lo=-{2**62}&hi={2**62}")
+        assert wide.status_code == 422, (x, wide.status_code)
+        ok = client.get(f"/runs/data?jobs={run}&names=train/loss&x={x}&lo=0&hi={2**53}")
+        assert ok.status_code == 200, (x, ok.text)
 
 
 def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: TestClient) -> None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from draftdeck.drafter.train.reporter import Reporter
+from draftdeck.jobs.context import LocalContext
 from tests.browser.harness import REPO_ROOT, free_port
 from tests.support.datasets import start_web, stop_group
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
@@ -25,7 +27,7 @@ STEPS = 480  # long enough (a few seconds) to be running while its server restar
 
 
 def _serve(home: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    return start_web(home, home, log, port)
+    return start_web(home, home.parent, log, port)  # the run, its data and target: all within the roots
 
 
 def _get(url: str) -> Any:
@@ -140,4 +142,33 @@ def test_a_node_killed_fails_the_run_cleanly_and_a_relaunch_resumes(tmp_path: Pa
         for n in nodes:
             if n.poll() is None:
                 n.kill()
+        stop_group(server)
+
+
+def test_batches_fit_the_server_s_limit_and_an_item_too_large_is_named(tmp_path: Path) -> None:
+    """The server takes 1 MiB a request: a run's report is cut by bytes, not only by items (300 events
+    of 7 KB were one 2 MB batch, answered 413 and taken as final, which silenced the run); an item alone
+    too large becomes a note under its number, and the end still ends the job."""
+    home, port = tmp_path / "home", free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = _serve(home, port, tmp_path / "web.log")
+    try:
+        params = {
+            "inputs": [str(tmp_path / "ds")],
+            "target": str(tmp_path / "t"),
+            "out": str(tmp_path / "run"),
+        }
+        reporter = Reporter(url, tmp_path / "run", params, 1, LocalContext(tmp_path / "ctx"))
+        for i in range(300):
+            reporter.event("info", f"line {i} " + "x" * 7000)
+        result = {"rows_in": 1, "rows_out": 1, "checkpoints": ["/p" * 2000] * 400}  # 1.6 MB
+        assert reporter.end("succeeded", "done", result)
+        job = _get(f"{url}/api/jobs/1")
+        assert job["status"] == "succeeded" and job["result"] is None
+        said = [e["message"] for e in job["events"]]
+        assert sum(m.startswith("line ") for m in said) == 300
+        assert said[-1] == "succeeded: done (its result was too large for the server and was not sent)"
+        # cut by bytes before sending: the end alone was refused as too large (the access log says so)
+        assert (tmp_path / "web.log").read_text().count('/report HTTP/1.1" 413') == 1
+    finally:
         stop_group(server)
