@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import secrets
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
@@ -38,6 +40,13 @@ class Settings(BaseSettings):
     data_roots: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     token: str | None = None
     host: str = "127.0.0.1"
+    # Host names the web app answers to beyond localhost, 127.0.0.1, ::1 and the bind address (a page
+    # on another site resolving its own name to this machine, DNS rebinding, is refused): comma
+    # separated; ".example.com" admits it and its subdomains, "*" every name (app/web/auth.py)
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # what signs the forms' CSRF tokens; by default a random key kept in the home (<home>/secret), which
+    # every process sharing the home reads
+    secret: str | None = None
     port: int = 8000
     heartbeat_seconds: float = 5.0
     lost_after_seconds: float = 30.0
@@ -55,6 +64,13 @@ class Settings(BaseSettings):
     def _split_roots(cls, value: object) -> object:
         if isinstance(value, str):
             return [p for p in value.replace(",", ":").split(":") if p.strip()]
+        return value
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [h.strip().lower() for h in value.split(",") if h.strip()]
         return value
 
     @field_validator("database_url")
@@ -97,6 +113,11 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         return self.redis_url is None
 
+    def secret_key(self) -> bytes:
+        """The key that signs CSRF tokens: DRAFTDECK_SECRET, else a random one made once in the home
+        (readable by its owner only) and read by every process that shares the home."""
+        return self.secret.encode() if self.secret else _home_secret(self.home_dir / "secret")
+
     def check_listen(self, host: str) -> None:
         """Refuse to listen beyond loopback without a token: anything there could launch work."""
         if not is_loopback(host) and not self.token:
@@ -109,6 +130,28 @@ class Settings(BaseSettings):
             d.mkdir(parents=True, exist_ok=True)
         if not self.data_roots:  # the default ./data: created, so the first start has a place for files
             self.roots[0].mkdir(parents=True, exist_ok=True)
+
+
+@lru_cache
+def _home_secret(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # written whole under another name, then linked: a process never reads a half-written key, and when
+    # two make one at once, the first link wins and both read it
+    tmp = path.with_name(f".secret.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_hex(32).encode())
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    return path.read_bytes()
 
 
 @lru_cache

@@ -19,6 +19,10 @@ SHARED = REPO_ROOT.parent / "shared"
 REAL_DATA = SHARED / "datasets" / "real"
 
 
+# Starlette's test client names its server "testserver": a name the web app answers to only when told
+# (app/web/auth.py refuses other hosts, DNS rebinding); servers started by tests are reached on 127.0.0.1
+os.environ["DRAFTDECK_ALLOWED_HOSTS"] = "testserver"
+
 # Every real-data skip says this, so the run's summary can count them (pytest_terminal_summary).
 NO_SHARED = "../shared/datasets/real/ is not beside this checkout"
 

@@ -60,12 +60,22 @@ def _serve(host: str, port: int) -> None:
         address.forget(settings.home_dir)
 
 
-def _prepare(host: str | None = None, port: int | None = None) -> None:
-    """Export the listen address so settings (token checks) see it, then migrate."""
+ALLOWED_HOSTS_HELP = (
+    "comma-separated host names the web app answers to beyond localhost, 127.0.0.1 and the bind address"
+    " (the name in your browser's address bar when you reach this machine by name; .example.com: its"
+    " subdomains too)"
+)
+
+
+def _prepare(host: str | None = None, port: int | None = None, allowed_hosts: str | None = None) -> None:
+    """Export the listen address and host names so settings (token and host checks) see them, then
+    migrate."""
     if host is not None:
         os.environ["DRAFTDECK_HOST"] = host
     if port is not None:
         os.environ["DRAFTDECK_PORT"] = str(port)
+    if allowed_hosts is not None:
+        os.environ["DRAFTDECK_ALLOWED_HOSTS"] = allowed_hosts
     from app.settings import get_settings
     from app.store.db import upgrade
 
@@ -91,9 +101,10 @@ def _die_with_parent() -> None:
 def up(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="port to listen on")] = 8000,
+    allowed_hosts: Annotated[str | None, typer.Option(help=ALLOWED_HOSTS_HELP)] = None,
 ) -> None:
     """Run DraftDeck on embedded defaults: web app + one worker, SQLite and a file broker under ./var."""
-    _prepare(host, port)
+    _prepare(host, port, allowed_hosts)
     from app.settings import get_settings
 
     settings = get_settings()
@@ -126,10 +137,12 @@ def up(
 
 @service_app.command()
 def web(
-    host: Annotated[str, typer.Option()] = "127.0.0.1", port: Annotated[int, typer.Option()] = 8000
+    host: Annotated[str, typer.Option()] = "127.0.0.1",
+    port: Annotated[int, typer.Option()] = 8000,
+    allowed_hosts: Annotated[str | None, typer.Option(help=ALLOWED_HOSTS_HELP)] = None,
 ) -> None:
     """Run only the web app (pair it with `draftdeck worker` processes on any machines)."""
-    _prepare(host, port)
+    _prepare(host, port, allowed_hosts)
     _serve(host, port)
 
 

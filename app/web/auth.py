@@ -8,8 +8,14 @@
   cannot be stopped from here, so the app itself says no).
 - A server bound to loopback and reached over loopback stays open for reads; writes need the token
   whenever one is configured.
-- HTML forms and htmx requests carry a CSRF token that must match the `dd_csrf` cookie
-  (double-submit). JSON API calls must be `application/json`, which a cross-site form cannot send.
+- Every request names a Host this server answers to (:func:`host_allowed`): localhost, 127.0.0.1,
+  ::1, the bind address, the names in DRAFTDECK_ALLOWED_HOSTS, and, when it listens on every interface,
+  any IP address. A page of another site that resolves its own name to this machine (DNS rebinding)
+  sends its own name: 400, before anything is read or done.
+- HTML forms and htmx requests carry a CSRF token signed with the server's secret over a random value in
+  the `dd_csrf` cookie. A page on another port of this host can set that cookie (cookies know no ports)
+  but cannot sign a token for it. JSON API calls must be `application/json`, which a cross-site form
+  cannot send.
 """
 
 from __future__ import annotations
@@ -85,6 +91,34 @@ def beyond_loopback(scope: Scope, settings: Settings) -> bool:
     return any(end is not None and _remote_ip(str(end[0])) for end in ends)
 
 
+def host_allowed(host_header: str, settings: Settings, local: str | None = None) -> bool:
+    """Whether a request's Host header names this server (see the module's rules); `local`: the address
+    the connection arrived at (an address of this machine, whatever the server was told)."""
+    name = host_header.strip().lower()
+    if name.startswith("["):  # [::1]:8000
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.split(":", 1)[0]
+    name = name.rstrip(".")
+    allowed = settings.allowed_hosts
+    if name in ("localhost", "127.0.0.1", "::1", settings.host.lower()) or name.endswith(".localhost"):
+        return True
+    if (
+        "*" in allowed
+        or name in allowed
+        or any(a[:1] == "." and (name.endswith(a) or name == a[1:]) for a in allowed)
+    ):
+        return True
+    try:
+        ip = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    # the machine's own addresses are its names (no rebinding page can send one): the one the connection
+    # arrived at, and any when it listens on every interface
+    arrived = local is not None and local.strip("[]") == str(ip)
+    return arrived or settings.host in ("0.0.0.0", "::") or is_loopback(str(ip))
+
+
 def safe_next(target: str | None) -> str:
     """A same-site path to return to after sign-in (never another host: no open redirect)."""
     if target and target.startswith("/") and not target.startswith(("//", "/\\")) and "\\" not in target:
@@ -104,6 +138,19 @@ class AccessGuard:
             return
         settings = get_settings()
         path = scope.get("path", "")
+        host = Headers(scope=scope).get("host")
+        local = scope.get("server")
+        allowed = host_allowed(host, settings, str(local[0]) if local else None) if host is not None else True
+        if not allowed and path != "/healthz":
+            assert host is not None
+            shown = host[:100].encode("ascii", "backslashreplace").decode()
+            await _deny(
+                send,
+                400,
+                f"this server does not answer to the host name {shown!r}: start it with --allowed-hosts"
+                " NAME (DRAFTDECK_ALLOWED_HOSTS) to serve that name",
+            )
+            return
         if not beyond_loopback(scope, settings) or path == "/healthz":
             await self.app(scope, receive, send)
             return
@@ -162,22 +209,29 @@ def require_api_write(request: Request, settings: Annotated[Settings, Depends(ge
 
 
 def csrf_token(request: Request) -> str:
-    return request.cookies.get(CSRF_COOKIE) or getattr(request.state, "new_csrf", None) or _new_csrf(request)
+    """The token this request's pages put in their forms: the cookie's random value, signed."""
+    nonce = request.cookies.get(CSRF_COOKIE) or getattr(request.state, "new_csrf", None) or _new_csrf(request)
+    return _signed(nonce)
+
+
+def _signed(nonce: str) -> str:
+    key = get_settings().secret_key()
+    return hmac.new(key, b"draftdeck csrf v1 " + nonce.encode(), hashlib.sha256).hexdigest()
 
 
 def _new_csrf(request: Request) -> str:
-    token = secrets.token_urlsafe(24)
-    request.state.new_csrf = token
-    return token
+    nonce = secrets.token_urlsafe(24)
+    request.state.new_csrf = nonce
+    return nonce
 
 
 async def require_csrf(request: Request) -> None:
-    cookie = request.cookies.get(CSRF_COOKIE, "")
+    nonce = request.cookies.get(CSRF_COOKIE, "")
     sent = request.headers.get(CSRF_HEADER, "")
     if not sent:
         form = await request.form()
         sent = str(form.get("csrf", ""))
-    if not cookie or not hmac.compare_digest(cookie.encode(), sent.encode()):
+    if not nonce or not hmac.compare_digest(_signed(nonce).encode(), sent.encode()):
         raise HTTPException(403, "the form's CSRF token is missing or stale: reload the page and try again")
 
 

@@ -20,6 +20,7 @@ import pytest
 
 from tests.browser.harness import CHROMIUM
 from tests.support.datasets import build_chat_dataset, load_tokenizer, web_server, write_dataset
+from tests.support.web import token_in
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
@@ -52,8 +53,7 @@ class Site:
 def _register(url: str, path: Path) -> int:
     jar = CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    opener.open(f"{url}/datasets").read()
-    csrf = next(c.value for c in jar if c.name == "dd_csrf")
+    csrf = token_in(opener.open(f"{url}/datasets").read().decode())
     body = urllib.parse.urlencode({"path": str(path), "csrf": csrf}).encode()
     with opener.open(urllib.request.Request(f"{url}/datasets", data=body, method="POST")) as r:
         final = r.geturl()  # the redirect to /datasets/<id> was followed

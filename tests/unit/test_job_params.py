@@ -13,6 +13,7 @@ from draftdeck.cli import make_app
 from draftdeck.convert.job import ConvertParams
 from draftdeck.kinds import KINDS
 from draftdeck.tokenize.job import TokenizeParams
+from tests.support.web import form_token
 
 CLI_ONLY = {"report", "workers", "report_to"}  # the CLI's own options, not job parameters
 NOT_ON_THE_CLI = {"tokenize": {"chunk_rows"}}  # chunk tasks are the service's
@@ -142,7 +143,7 @@ def test_template_kwargs_take_one_syntax_everywhere(migrated: Path) -> None:
     with TestClient(create_app()) as client:
         page = client.get("/jobs/new?kind=tokenize")
         assert 'name="template_kwargs"' in page.text and "one KEY=VALUE a line" in page.text
-        csrf = client.cookies.get("dd_csrf")
+        csrf = form_token(client)
         form_data = {"kind": "tokenize", "csrf": csrf, "inputs": "a.jsonl", "tokenizer": "tok",
                      "template_kwargs": "enable_thinking"}  # fmt: skip
         r = client.post("/jobs", data=form_data)

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.support.web import form_token
+
 
 @pytest.fixture
 def client(migrated: Path) -> Iterator[TestClient]:
@@ -70,7 +72,7 @@ def test_scan_convert_tokenize_each_page_offers_the_next(client: TestClient, mig
     src.write_text("".join(json.dumps({"messages": c}) + "\n" for c in sample_conversations()))
     tok = data / "tok"
     shutil.copytree(small_bpe_tokenizer(), tok)
-    csrf = client.cookies.get("dd_csrf") or ""
+    csrf = form_token(client)
 
     scan = _start(client, "/jobs/new?kind=scan&inputs=" + str(src), csrf=csrf)
     assert run_job(scan) == "succeeded"
@@ -118,7 +120,7 @@ def _prompt_only_job(client: TestClient, migrated: Path, **form: str) -> tuple[i
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     tok = data / "tok"
     shutil.copytree(small_bpe_tokenizer(), tok)
-    csrf = client.cookies.get("dd_csrf") or ""
+    csrf = form_token(client)
     job = _start(client, f"/jobs/new?kind=tokenize&inputs={prompts}", csrf=csrf, tokenizer=str(tok), **form)
     assert run_job(job, in_process=True) == "failed"
     return job, prompts, tok, csrf
@@ -253,7 +255,7 @@ def test_a_scan_that_would_keep_nothing_is_a_failed_scan(client: TestClient, mig
     prompts = migrated / "data" / "only-prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n"
                                for i in range(3)))  # fmt: skip
-    csrf = client.cookies.get("dd_csrf") or ""
+    csrf = form_token(client)
     job = _start(client, f"/jobs/new?kind=scan&inputs={prompts}", csrf=csrf)
     assert run_job(job, in_process=True) == "failed"
     page = client.get(f"/jobs/{job}").text
@@ -275,7 +277,7 @@ def test_an_unreadable_file_s_proposed_mapping_carries_to_the_convert(
     rows = migrated / "data" / "medical.jsonl"
     rows.write_text("".join(json.dumps({"Question": f"q{i}?", "Response": f"answer number {i}"}) + "\n"
                             for i in range(3)))  # fmt: skip
-    csrf = client.cookies.get("dd_csrf") or ""
+    csrf = form_token(client)
     job = _start(client, f"/jobs/new?kind=scan&inputs={rows}", csrf=csrf)
     assert run_job(job, in_process=True) == "failed"
     page = client.get(f"/jobs/{job}").text

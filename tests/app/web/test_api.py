@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.settings import Settings
+from tests.support.web import form_token
 
 
 @pytest.fixture
@@ -124,7 +125,7 @@ def test_forms_need_the_csrf_token(client: TestClient, migrated: Path) -> None:
     _file(migrated)
     page = client.get("/jobs/new")
     assert page.status_code == 200
-    csrf = client.cookies.get("dd_csrf")
+    csrf = form_token(client)
     assert csrf and f'value="{csrf}"' in page.text
     form = {"kind": "scan", "inputs": "data/a.jsonl"}
     assert client.post("/jobs", data=form).status_code == 403
@@ -135,7 +136,7 @@ def test_forms_need_the_csrf_token(client: TestClient, migrated: Path) -> None:
 
 def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> None:
     client.get("/jobs/new")
-    csrf = client.cookies.get("dd_csrf")
+    csrf = form_token(client)
     r = client.post("/jobs", data={"kind": "scan", "inputs": "<script>alert(1)</script>", "csrf": csrf})
     assert r.status_code == 400
     assert "<script>alert(1)</script>" not in r.text and "&lt;script&gt;" in r.text
@@ -145,7 +146,7 @@ def test_form_errors_are_shown_escaped(client: TestClient, migrated: Path) -> No
 def test_a_refused_form_value_is_kept_and_its_field_marked(client: TestClient, migrated: Path) -> None:
     _file(migrated)
     client.get("/jobs/new?kind=convert")
-    csrf = client.cookies.get("dd_csrf")
+    csrf = form_token(client)
     form = {"kind": "convert", "inputs": "data/a.jsonl", "max_rejected": "2", "csrf": csrf}
     r = client.post("/jobs", data=form)
     assert r.status_code == 400
@@ -269,7 +270,7 @@ def test_a_relative_out_means_one_place_on_the_form_and_the_api(
     assert r.json()["params"]["out"] == str(server_folder / where)  # the answer says where it will go
     client.get("/jobs/new?kind=convert")
     form = {"kind": "convert", "inputs": "data/a.jsonl", "to": "openai", "out": out}
-    r = client.post("/jobs", data={**form, "csrf": client.cookies.get("dd_csrf")}, follow_redirects=False)
+    r = client.post("/jobs", data={**form, "csrf": form_token(client)}, follow_redirects=False)
     assert r.status_code == 303, r.text
     job = client.get(f"/api/jobs/{r.headers['location'].rsplit('/', 1)[1]}").json()
     assert job["params"]["out"] == str(server_folder / where)
@@ -300,7 +301,7 @@ def test_an_optional_choice_starts_unset_in_the_form(client: TestClient, migrate
     assert select is not None
     first = re.search(r"<option ([^>]*)>", select.group(1))
     assert first is not None and 'value=""' in first.group(1) and "selected" in first.group(1)
-    csrf = client.cookies.get("dd_csrf")
+    csrf = form_token(client)
     for given, stored in (("", None), ("sharegpt", "sharegpt")):
         form = {"kind": "scan", "inputs": "data/a.jsonl", "from_format": given, "csrf": csrf}
         r = client.post("/jobs", data=form, follow_redirects=False)

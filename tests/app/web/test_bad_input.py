@@ -15,7 +15,10 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-CSRF = "test-csrf-token"
+from tests.support.web import form_token
+
+CSRF = "test-csrf-cookie"
+TOKENS: dict[int, str] = {}  # a client's form token (app/web/auth.py signs the cookie's value)
 JSON = {"content-type": "application/json"}
 NUMBERS = [2**31, 2**31 - 1, -(2**31) - 1, 2**63, 10**30]
 
@@ -31,6 +34,7 @@ def make_client(home: Path) -> Iterator[TestClient]:
     (home / "data" / "a.jsonl").write_text('{"messages": []}\n')
     with TestClient(create_app(), raise_server_exceptions=False) as c:
         c.cookies.set("dd_csrf", CSRF)
+        TOKENS[id(c)] = form_token(c)  # what the pages sign for that cookie
         yield c
 
 
@@ -60,7 +64,7 @@ def id_requests(c: TestClient) -> Iterator[tuple[str, str]]:
 
 
 def _send(c: TestClient, method: str, url: str, **kwargs: Any) -> Any:
-    headers = {"x-csrf-token": CSRF, **JSON, **kwargs.pop("headers", {})}
+    headers = {"x-csrf-token": TOKENS[id(c)], **JSON, **kwargs.pop("headers", {})}
     return c.request(method, url, headers=headers, **kwargs)
 
 
@@ -93,7 +97,7 @@ def check_text(c: TestClient) -> None:
             r = _send(c, "POST", "/api/jobs", json={"kind": kind, "params": params})
             assert r.status_code == 400 and reason in r.json()["detail"], (name, kind, r.text[:300])
         for url, form in (("/jobs", {"kind": "scan", "inputs": path}), ("/datasets", {"path": path})):
-            r = c.post(url, data={**form, "csrf": CSRF}, follow_redirects=False)
+            r = c.post(url, data={**form, "csrf": TOKENS[id(c)]}, follow_redirects=False)
             assert_4xx(r, f"{name} in the form of {url}")
     # A lone surrogate can only come as a JSON escape (forms and URLs decode bytes, never to one).
     raw = b'{"kind": "scan", "params": {"inputs": ["data/\\ud800.jsonl"]}}'
@@ -140,7 +144,7 @@ def test_a_huge_body_is_413_before_it_is_read(client: TestClient) -> None:
 
     r = client.post("/api/jobs", content=chunks(), headers=JSON)
     assert r.status_code == 413
-    form = client.post("/jobs", data={"kind": "scan", "inputs": "x" * (2 << 20), "csrf": CSRF})
+    form = client.post("/jobs", data={"kind": "scan", "inputs": "x" * (2 << 20), "csrf": TOKENS[id(client)]})
     assert form.status_code == 413
     ok = client.post("/api/jobs", json={"kind": "scan", "params": {"inputs": ["data/a.jsonl"]}})
     assert ok.status_code == 201  # a normal body still reaches the route, replayed intact

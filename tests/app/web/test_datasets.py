@@ -24,6 +24,7 @@ from tests.support.datasets import (
     load_tokenizer,
     write_dataset,
 )
+from tests.support.web import form_token
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,7 @@ def chat(migrated: Path, tokenizer_dir: Path) -> dict[str, Path]:
 
 
 def register(client: Any, path: Path | str) -> Any:
-    return client.post("/datasets", data={"path": str(path), "csrf": client.cookies.get("dd_csrf")},
+    return client.post("/datasets", data={"path": str(path), "csrf": form_token(client)},
                        follow_redirects=False)  # fmt: skip
 
 
@@ -456,11 +457,11 @@ def test_alerts_raised_once_and_acknowledged(client: Any, migrated: Path, tokeni
         alerts = s.exec(select(Alert).where(Alert.dataset == str(empty.resolve()))).all()
     assert [a.kind for a in alerts] == ["empty_output"]
     ack = f"/datasets/{ds_id}/alerts/{alerts[0].id}/ack"
-    r = client.post(ack, data={"csrf": client.cookies.get("dd_csrf")}, follow_redirects=False)
+    r = client.post(ack, data={"csrf": form_token(client)}, follow_redirects=False)
     assert r.status_code == 303
     page = client.get(f"/datasets/{ds_id}")
     assert "acknowledged" in page.text and "Acknowledge</button>" not in page.text
-    r = client.post(f"/datasets/{ds_id}/alerts/99999/ack", data={"csrf": client.cookies.get("dd_csrf")})
+    r = client.post(f"/datasets/{ds_id}/alerts/99999/ack", data={"csrf": form_token(client)})
     assert r.status_code == 404
     # rows with no trained token and heavy truncation
     rows = [{"input_ids": [1, 2, 3], "loss_mask": [0, 0, 0], "truncated": True},
@@ -543,7 +544,7 @@ def test_delete_needs_confirmation_and_stays_inside_roots(client: Any, chat: dic
     from app.store.db import session_scope
     from app.store.models import Dataset
 
-    csrf = client.cookies.get("dd_csrf")
+    csrf = form_token(client)
     ds_id = registered(client, chat["dataset"])
     assert "Type the name" in client.get(f"/datasets/{ds_id}/delete").text
     r = client.post(f"/datasets/{ds_id}/delete", data={"csrf": csrf, "confirm": "wrong", "files": "1"})
@@ -751,7 +752,7 @@ def test_pages_and_migration_on_postgresql(dd_home: Path, tokenizer_dir: Path,
             assert registered(c, made["dataset"]) == ds_id
             assert c.get(f"/datasets/{ds_id}/rows/1").status_code == 200
             assert 'data-kind="empty_output"' in c.get(f"/datasets/{empty_id}").text
-            form = {"csrf": c.cookies.get("dd_csrf"), "confirm": "empty"}
+            form = {"csrf": form_token(c), "confirm": "empty"}
             r = c.post(f"/datasets/{empty_id}/delete", data=form, follow_redirects=False)
             assert r.status_code == 303 and empty.is_dir()
         get_engine().dispose()

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from tests.app.run.test_next_steps import _form_values, _next_step, _start, client  # noqa: F401
 from tests.support.mix import RECIPE, write_sources
+from tests.support.web import form_token
 
 
 def test_a_recipe_from_the_form_to_a_dataset_with_mix_sources(client: TestClient, migrated: Path) -> None:  # noqa: F811
@@ -23,7 +24,7 @@ def test_a_recipe_from_the_form_to_a_dataset_with_mix_sources(client: TestClient
     write_sources(data)
     tok = data / "tok"
     shutil.copytree(small_bpe_tokenizer(), tok)
-    csrf = client.cookies.get("dd_csrf") or ""
+    csrf = form_token(client)
     recipe_text = RECIPE.replace("inputs: [", f"inputs: [{data}/")
     form = client.get("/jobs/new?kind=mix").text
     assert 'name="recipe"' in form and "field-yaml" in form

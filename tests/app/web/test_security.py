@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.conftest import REPO_ROOT
+from tests.support.web import form_token
 
 REMOTE = ("203.0.113.7", 40000)  # TEST-NET-3: a client on another machine
 LOCAL = ("127.0.0.1", 40000)
@@ -65,7 +66,7 @@ def test_a_browser_is_sent_to_sign_in_and_back(exposed: TestClient) -> None:
     assert page.status_code == 200 and 'name="next" value="/datasets?x=1"' in page.text
     for open_url in ("/static/app.css", "/healthz"):
         assert exposed.get(open_url).status_code == 200, open_url
-    csrf = exposed.cookies["dd_csrf"]
+    csrf = form_token(exposed)
     signed = exposed.post(
         "/login", data={"token": TOKEN, "csrf": csrf, "next": "/datasets?x=1"}, follow_redirects=False
     )
@@ -83,7 +84,7 @@ def test_a_browser_is_sent_to_sign_in_and_back(exposed: TestClient) -> None:
 
 def test_a_wrong_token_is_refused_at_sign_in(exposed: TestClient) -> None:
     exposed.get("/login")
-    csrf = exposed.cookies["dd_csrf"]
+    csrf = form_token(exposed)
     r = exposed.post("/login", data={"token": "wrong", "csrf": csrf}, follow_redirects=False)
     assert r.status_code == 401 and "that token is wrong" in r.text
     assert 'id="login-error"' in r.text and "dd_session" not in r.headers.get("set-cookie", "")
@@ -93,7 +94,7 @@ def test_a_wrong_token_is_refused_at_sign_in(exposed: TestClient) -> None:
 
 def test_sign_in_never_redirects_off_site(exposed: TestClient) -> None:
     exposed.get("/login")
-    csrf = exposed.cookies["dd_csrf"]
+    csrf = form_token(exposed)
     for target in ("//evil.example/", "https://evil.example/", "/\\evil.example", "jobs"):
         r = exposed.post(
             "/login", data={"token": TOKEN, "csrf": csrf, "next": target}, follow_redirects=False
@@ -104,6 +105,73 @@ def test_sign_in_never_redirects_off_site(exposed: TestClient) -> None:
 def test_htmx_polls_get_401_and_a_redirect_hint(exposed: TestClient) -> None:
     r = exposed.get("/jobs/table", headers={"hx-request": "true", "accept": "text/html"})
     assert r.status_code == 401 and r.headers["hx-redirect"] == "/login"
+
+
+HOSTS = {
+    # (Host header, what `draftdeck up` on 127.0.0.1 answers)
+    "localhost:8000": 200,
+    "127.0.0.1:8000": 200,
+    "[::1]:8000": 200,
+    "app.localhost": 200,
+    "testserver": 200,  # named in DRAFTDECK_ALLOWED_HOSTS (tests/conftest.py)
+    "rebind.attacker.example:8000": 400,  # DNS rebinding: the page's own name, resolved to this machine
+    "127.0.0.1.attacker.example": 400,
+    "10.0.0.5:8000": 400,  # an address it does not listen on
+    "": 400,
+}
+
+
+@pytest.mark.parametrize("host,status", HOSTS.items())
+def test_the_server_answers_only_host_names_it_was_configured_for(
+    migrated: Path, monkeypatch: pytest.MonkeyPatch, host: str, status: int
+) -> None:
+    """A DNS-rebinding page reads nothing and submits nothing: no dataset sample, no job."""
+    (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    with TestClient(_app(monkeypatch, "127.0.0.1"), client=LOCAL) as c:
+        for method, url in (("GET", "/api/jobs"), ("GET", "/datasets"), ("POST", "/api/jobs")):
+            body = {"kind": "scan", "params": {"inputs": ["data/a.jsonl"]}} if method == "POST" else None
+            r = c.request(method, url, headers={"host": host}, json=body)
+            got = 200 if r.status_code in (200, 201) else r.status_code
+            assert got == status, (host, method, url, r.status_code)
+            if status == 400:
+                assert "--allowed-hosts" in r.json()["detail"]
+        assert c.get("/healthz", headers={"host": host}).status_code == 200  # probes may name anything
+
+
+def test_allowed_hosts_and_every_interface(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DRAFTDECK_ALLOWED_HOSTS", "dash.example.org, .corp.example")
+    with TestClient(_app(monkeypatch, "127.0.0.1"), client=LOCAL) as c:
+        named = {"dash.example.org": 200, "gpu7.corp.example:8000": 200, "corp.example": 200,
+                 "evil.example.org": 400, "notcorp.example": 400}  # fmt: skip
+        for host, status in named.items():
+            assert c.get("/api/jobs", headers={"host": host}).status_code == status, host
+    # listening on every interface: the machine's addresses are names too (no rebinding uses an address)
+    with TestClient(_app(monkeypatch, "0.0.0.0", TOKEN), client=LOCAL) as c:
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        assert c.get("/api/jobs", headers={"host": "10.0.0.5:8000", **auth}).status_code == 200
+        assert c.get("/api/jobs", headers={"host": "gpu-box.lan:8000", **auth}).status_code == 400
+
+
+def test_a_csrf_token_is_the_server_s_signature_not_an_echo(
+    migrated: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page on another port of this host can set the dd_csrf cookie (cookies know no ports) and post a
+    form carrying the same value: refused. The token the server's own page gives works."""
+    (migrated / "data" / "a.jsonl").write_text('{"messages": []}\n')
+    form = {"kind": "scan", "inputs": "data/a.jsonl"}
+    with TestClient(_app(monkeypatch, "127.0.0.1"), client=LOCAL) as c:
+        c.cookies.set("dd_csrf", "chosen-by-the-attacker")
+        forged = c.post("/jobs", data={**form, "csrf": "chosen-by-the-attacker"}, follow_redirects=False)
+        assert forged.status_code == 403 and "CSRF" in forged.text
+        assert (
+            c.post("/jobs", data=form, headers={"x-csrf-token": "chosen-by-the-attacker"}).status_code == 403
+        )
+        token = form_token(c)  # signed for the cookie it carries, with the server's secret
+        assert token != "chosen-by-the-attacker"
+        ok = c.post("/jobs", data={**form, "csrf": token}, follow_redirects=False)
+        assert ok.status_code == 303, ok.text
+    key = migrated / "secret"
+    assert key.stat().st_mode & 0o777 == 0o600  # made once in the home, for its owner only
 
 
 def test_loopback_server_stays_open_for_reads(migrated: Path, monkeypatch: pytest.MonkeyPatch) -> None:

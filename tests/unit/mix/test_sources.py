@@ -23,6 +23,7 @@ from draftdeck.formats.writers import to_openai
 from draftdeck.quality import Report
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardDataset, row_mix_source
+from tests.support.web import form_token
 
 ANSWER = "an answer long enough not to be a placeholder candidate"
 
@@ -162,7 +163,7 @@ def client(migrated: Path) -> Iterator[Any]:
 
 
 def _register(client: Any, path: Path) -> int:
-    r = client.post("/datasets", data={"path": str(path), "csrf": client.cookies.get("dd_csrf")},
+    r = client.post("/datasets", data={"path": str(path), "csrf": form_token(client)},
                     follow_redirects=False)  # fmt: skip
     assert r.status_code == 303, r.text
     return int(r.headers["location"].rsplit("/", 1)[1])
