@@ -153,9 +153,24 @@ BASE_COLUMNS = ("job", "run", "target", "drafter", "prompts", "thinking", "mode"
                 "tokens_per_step", "speedup", "lossless", "served")  # fmt: skip
 
 
+# A spreadsheet runs a cell that starts so as a formula (=HYPERLINK(...), +cmd|...): OWASP's rule for CSV
+# injection puts a quote before such a text cell, which the spreadsheet shows as text
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """`value` as a CSV cell: empty for None, a text cell a spreadsheet would run made inert."""
+    if value is None:
+        return ""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(rows: list[EvalRow], cells: list[str]) -> str:
     """The table as CSV: the page's columns, each tau incl. bonus (vLLM's convention), per-position
-    acceptance as `pos1`, `pos2`, ... (the drafts accepted past position k, over verify steps)."""
+    acceptance as `pos1`, `pos2`, ... (the drafts accepted past position k, over verify steps). Text
+    cells that a spreadsheet would read as a formula start with a quote (:func:`csv_cell`)."""
     width = max((len(r.per_pos) for r in rows), default=0)
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -163,5 +178,5 @@ def to_csv(rows: list[EvalRow], cells: list[str]) -> str:
     for r in rows:
         base = [r.job.id if c == "job" else getattr(r, c) for c in BASE_COLUMNS]
         pos = [*r.per_pos, *[None] * (width - len(r.per_pos))]
-        w.writerow(["" if v is None else v for v in [*base, *pos, *[r.cells.get(c) for c in cells]]])
+        w.writerow([csv_cell(v) for v in [*base, *pos, *[r.cells.get(c) for c in cells]]])
     return buf.getvalue()

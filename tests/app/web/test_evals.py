@@ -100,3 +100,22 @@ def test_the_board_filters_sorts_and_exports_what_it_shows(
             and f"{float(r['mt-bench/coding']):.3f}" == shown[11 + heads.index("coding")]
         )
         assert r["thinking"] == shown[5] and r["where"] == "offline" and r["drafter"] == "dflash"
+
+
+def test_the_csv_neutralises_cells_a_spreadsheet_would_run(
+    results: list[tuple[dict[str, Any], dict[str, Any]]], client: TestClient
+) -> None:
+    """An input file or a target named like a formula is text in the CSV (OWASP's rule: a quote first);
+    numbers, negative ones too, stay numbers."""
+    from app.store.db import get_engine
+
+    params, result = results[0]
+    named = {**params, "inputs": ["/data/=1+1"], "target": "@SUM(A1)"}
+    result = {**result, "eval": {k: v for k, v in result["eval"].items() if k not in ("suites", "target")}}
+    with Session(get_engine(), expire_on_commit=False) as s:
+        s.add(Job(kind="eval", params=named, status="succeeded", queue="gpu", result=result))
+        s.commit()
+    got = list(csv.DictReader(io.StringIO(client.get("/evals.csv").text)))
+    assert (got[0]["prompts"], got[0]["target"]) == ("'=1+1", "'@SUM(A1)")
+    assert not any(v.startswith(("=", "+", "@")) for row in got for v in row.values())
+    assert float(got[0]["tau"]) > 1  # a number stays a number
