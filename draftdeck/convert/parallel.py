@@ -209,7 +209,12 @@ def write_converted(
                 )
                 if whole:  # read in the parent, through the same records
                     records = _with_progress(
-                        prepare_rows(group_rows(reader) if grouping else reader, name, options, to),
+                        prepare_rows(
+                            group_rows(reader, options.max_row_bytes) if grouping else reader,
+                            name,
+                            options,
+                            to,
+                        ),
                         reader,
                         done_before,
                         total,

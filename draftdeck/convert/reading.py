@@ -74,7 +74,7 @@ def read_conversations(
             reader = open_file(f, max_row_bytes=opts.max_row_bytes)
             with reader:
                 name = reader.name
-                for i, row in enumerate(group_rows(reader) if grouping else reader):
+                for i, row in enumerate(group_rows(reader, opts.max_row_bytes) if grouping else reader):
                     if i % PROGRESS_EVERY_ROWS == 0:
                         progress(done_before + reader.bytes_read, total, "bytes")
                     report.rows_in += 1

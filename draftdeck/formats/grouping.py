@@ -11,7 +11,9 @@ ends (a session's lines may interleave with a sidechain's), then yielded in file
 - each later row of it is yielded as an accounted rejection, ``merged_event`` naming the row that
   carries it (``abandoned_branch`` for a session line off the kept path);
 - metadata rows (a session's summary lines, an event stream's state changes) as ``session_metadata``;
-- rows of another kind in the same file (and unreadable ones) as they came.
+- rows of another kind in the same file (and unreadable ones) as they came;
+- every row of a conversation whose rows together pass the row limit as ``oversize_row`` (the limit is
+  on a conversation, whatever the rows it is made of).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 from draftdeck.formats import agent_session, event_stream
 from draftdeck.formats.common import ParseOptions
-from draftdeck.formats.readers import RawRow, RowReader
+from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow, RowReader
 
 
 def kind_of(value: Any) -> str | None:
@@ -52,8 +54,9 @@ def groups(options: ParseOptions) -> bool:
     return not options.columns and (options.from_format is None or options.from_format in GROUPED)
 
 
-def group_rows(rows: Iterable[RawRow]) -> Iterator[RawRow]:
-    """`rows` of one file, with a session log's or event stream's rows grouped into conversations."""
+def group_rows(rows: Iterable[RawRow], limit: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[RawRow]:
+    """`rows` of one file, with a session log's or event stream's rows grouped into conversations of at
+    most `limit` bytes."""
     it = iter(rows)
     head: list[RawRow] = []
     kind = None
@@ -68,9 +71,9 @@ def group_rows(rows: Iterable[RawRow]) -> Iterator[RawRow]:
         return
     held = [*head, *it]
     if kind == agent_session.FAMILY:
-        yield from _sessions(held)
+        yield from _sessions(held, limit)
     else:
-        yield from _stream(held)
+        yield from _stream(held, limit)
 
 
 def _folded(row: RawRow, code: str, reason: str) -> RawRow:
@@ -81,19 +84,27 @@ def _where(row: RawRow) -> str:
     return f"line {row.line}" if row.line is not None else f"record {row.index}"
 
 
-def _sessions(held: list[RawRow]) -> Iterator[RawRow]:
+def _oversize(
+    held: list[RawRow], rows: Iterable[int], first: RawRow, size: int, limit: int
+) -> dict[int, RawRow]:
+    """Every row of a conversation over the limit, rejected as oversize_row (the conversation is lost)."""
+    why = f"part of the conversation at {_where(first)}: its {size:,} bytes exceed the limit of {limit:,}"
+    return {pos: _folded(held[pos], "oversize_row", why) for pos in rows}
+
+
+def _sessions(held: list[RawRow], limit: int) -> Iterator[RawRow]:
     turns = agent_session.turn_lines([(pos, row.value) for pos, row in enumerate(held) if row.error is None])
     values = dict(turns)
     verdicts: dict[int, RawRow] = {}
     for group in agent_session.chains(turns):
         path = agent_session.main_path(group, values)
         first = held[path[0]]
+        size = sum(held[p].nbytes for p in group)
+        if size > limit:
+            verdicts.update(_oversize(held, group, first, size, limit))
+            continue
         verdicts[path[0]] = RawRow(
-            first.file,
-            first.index,
-            first.line,
-            {agent_session.KEY: [values[p] for p in path]},
-            sum(held[p].nbytes for p in group),
+            first.file, first.index, first.line, {agent_session.KEY: [values[p] for p in path]}, size
         )
         on_path = set(path)
         for pos in group:
@@ -115,7 +126,7 @@ def _sessions(held: list[RawRow]) -> Iterator[RawRow]:
             yield row
 
 
-def _stream(held: list[RawRow]) -> Iterator[RawRow]:
+def _stream(held: list[RawRow], limit: int) -> Iterator[RawRow]:
     """A file of events (or of [action, observation] pairs, a row each): one conversation."""
 
     def events_of(row: RawRow) -> list[Any]:
@@ -127,12 +138,15 @@ def _stream(held: list[RawRow]) -> Iterator[RawRow]:
     events = {pos: events_of(row) for pos, row in enumerate(held)}
     turns = [pos for pos, evs in events.items() if any(event_stream.is_turn(e) for e in evs)]
     first = held[turns[0]] if turns else None
+    size = sum(held[p].nbytes for p, evs in events.items() if evs)
+    over = _oversize(held, turns, first, size, limit) if first is not None and size > limit else {}
     for pos, row in enumerate(held):
-        if not events[pos]:
+        if pos in over:
+            yield over[pos]
+        elif not events[pos]:
             yield row
         elif first is not None and pos == turns[0]:
             value = {event_stream.KEY: [e for p in turns for e in events[p] if event_stream.is_turn(e)]}
-            size = sum(held[p].nbytes for p, evs in events.items() if evs)
             yield RawRow(row.file, row.index, row.line, value, size)
         elif pos in turns:
             assert first is not None

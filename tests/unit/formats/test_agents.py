@@ -74,6 +74,21 @@ def test_a_session_log_is_its_conversations_with_every_line_counted() -> None:
     assert side.meta["sidechain"] is True and side.source.line == 15
 
 
+def test_a_conversation_over_the_row_limit_is_rejected_whole_whatever_its_rows() -> None:
+    """The row limit is on a conversation: a session (or an event stream) made of many small lines is
+    held to it too; every line of one over it is rejected, and the other conversation is kept."""
+    whole, _ = _read(AGENTS / "session.jsonl")
+    assert sorted(c.source.line for c in whole if c.source) == [2, 15]
+    convs, report = _read(AGENTS / "session.jsonl", max_row_bytes=3000)
+    assert [c.source.line for c in convs if c.source] == [15]  # the sidechain fits, the main one does not
+    # the main session's 11 lines (its abandoned branch too); the sidechain's 3 later lines merge as before
+    assert dict(report.rejected) == {"oversize_row": 11, "merged_event": 3, "session_metadata": 3}
+    why = report.examples["oversize_row"][0].reason
+    assert why.startswith("part of the conversation at line 2: its ") and "exceed the limit of 3,000" in why
+    [], stream = _read(AGENTS / "events.json", max_row_bytes=500)
+    assert stream.rejected["oversize_row"] == 9 and stream.rejected["session_metadata"] == 3
+
+
 def test_an_event_stream_is_one_conversation_with_the_model_s_own_calls() -> None:
     [conv], report = _read(AGENTS / "events.json")
     assert (report.rows_in, dict(report.formats)) == (12, {"event_stream": 1})
