@@ -11,11 +11,9 @@ from tests.conftest import REPO_ROOT
 
 
 def _check(site: Path) -> subprocess.CompletedProcess[str]:
-    config = site / "mkdocs.yml"
-    return subprocess.run(
-        ["make", "-s", "-C", str(REPO_ROOT), "docs-check", f"MKDOCS_CONFIG={config}", f"SITE_DIR={site / 'out'}"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    command = ["make", "-s", "-C", str(REPO_ROOT), "docs-check"]
+    where = [f"MKDOCS_CONFIG={site / 'mkdocs.yml'}", f"SITE_DIR={site / 'out'}"]
+    return subprocess.run([*command, *where], capture_output=True, text=True, timeout=300)
 
 
 def test_a_broken_anchor_fails_the_docs_check_and_the_docs_pass(tmp_path: Path) -> None:
