@@ -54,8 +54,8 @@ def _world(
 ) -> tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor]:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
     from draftdeck.drafter.model.config import DrafterConfig
-    from draftdeck.drafter.model.dflash import DFlashDrafter
     from draftdeck.drafter.model.target import Target
 
     torch.manual_seed(seed)
@@ -105,7 +105,7 @@ def _plant(
 def _train_step(
     drafter: Any, target: Any, batch: tuple[torch.Tensor, ...], anchors: int
 ) -> Callable[[], None]:
-    from draftdeck.drafter.train.objective import dflash_backward, label_weight_sum, sample_anchors
+    from draftdeck.drafter.kinds.dflash.objective import dflash_backward, label_weight_sum, sample_anchors
     from draftdeck.drafter.train.params import TrainParams
 
     ids, att, lm = batch
@@ -132,9 +132,9 @@ def _train_step(
 @torch.no_grad()
 def _every_anchor_pass(drafter: Any, target: Any, batch: tuple[torch.Tensor, ...]) -> Any:
     """The held-out pass before issue 33: every eligible anchor drafted, every slot through the head."""
+    from draftdeck.drafter.kinds.dflash.memory import HELDOUT_ANCHORS_PER_CHUNK as CHUNK
+    from draftdeck.drafter.kinds.dflash.objective import all_anchors, block_loss, build_blocks, drafter_hidden
     from draftdeck.drafter.train.counts import Counts
-    from draftdeck.drafter.train.memory import HELDOUT_ANCHORS_PER_CHUNK as CHUNK
-    from draftdeck.drafter.train.objective import all_anchors, block_loss, build_blocks, drafter_hidden
     from draftdeck.drafter.train.walked import walk
 
     ids, att, lm = batch
@@ -179,7 +179,7 @@ def main() -> None:
     args = ap.parse_args()
     sample = args.heldout_anchors or max(1, args.anchors // 8)
 
-    from draftdeck.drafter.train.walked import heldout_pass
+    from draftdeck.drafter.kinds.dflash.walked import heldout_pass
 
     t0 = time.perf_counter()
     drafter, target, ids, att, lm = _world(args.rows, args.seq, args.hidden, args.max_run)

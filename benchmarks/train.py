@@ -47,7 +47,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from draftdeck.drafter.train.objective import build_blocks, sample_anchors, slot_weights
+    from draftdeck.drafter.kinds.dflash.objective import build_blocks, sample_anchors, slot_weights
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.drafter.train.trainer import Trainer
     from draftdeck.jobs.context import LocalContext

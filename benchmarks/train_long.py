@@ -50,16 +50,16 @@ def run_case(
 ) -> dict[str, float]:
     from torch import nn
 
-    from draftdeck.drafter.model.attention import resolve_backend
-    from draftdeck.drafter.model.config import DrafterConfig
-    from draftdeck.drafter.model.dflash import DFlashDrafter
-    from draftdeck.drafter.train.device import in_use_bytes, peak_bytes, reset_peak
-    from draftdeck.drafter.train.objective import (
+    from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+    from draftdeck.drafter.kinds.dflash.objective import (
         dflash_backward,
         dflash_loss,
         label_weight_sum,
         sample_anchors,
     )
+    from draftdeck.drafter.model.attention import resolve_backend
+    from draftdeck.drafter.model.config import DrafterConfig
+    from draftdeck.drafter.train.device import in_use_bytes, peak_bytes, reset_peak
     from draftdeck.drafter.train.params import TrainParams
 
     torch.manual_seed(0)

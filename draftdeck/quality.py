@@ -148,7 +148,7 @@ CODES: dict[str, IssueCode] = _codes(
     ("prompt_too_long", Action.REJECT, "the prompt is longer than the target's context window"),
     ("malformed_answer", Action.REJECT, "the server's answer is not a valid chat completion"),
     ("server_error", Action.REJECT, "the server kept failing on this row after every retry"),
-    # export-drafter (draftdeck.drafter.export.servers): the config read as each server's loader reads it
+    # export-drafter (each drafter kind's export): the config read as each server's loader reads it
     (
         "served_config",
         Action.WARN,

@@ -27,6 +27,7 @@ import typer
 from app.run.job import run_job
 from app.store import records
 from app.store.db import session_scope
+from draftdeck.drafter.kinds import get_kind as get_drafter_kind
 from draftdeck.drafter.tiny import TinyDemo
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.jobs.params import JobParams
@@ -194,11 +195,9 @@ def demo(
 def demo_train_params(
     drafter: str, inputs: list[str], target: str, out: Path, steps: int, seed: int
 ) -> TrainParams:
-    """The demo's train job: a 1-layer DFlash drafter drafting blocks of 8, or an EAGLE-3 drafter
-    drafting chains of 7 (as many drafts a step), on the same data, steps and batch."""
-    kind: dict[str, Any] = (
-        {"block_size": 8, "anchors_per_seq": 8} if drafter == "dflash" else {"ttt_steps": 7}
-    )
+    """The demo's train job: a 1-layer drafter of the kind asked for, drafting 7 tokens a step (DFlash
+    blocks of 8, EAGLE-3 chains of 7: its kind's `demo` options), on the same data, steps and batch."""
+    kind: dict[str, Any] = dict(get_drafter_kind(drafter).demo)
     return TrainParams(
         inputs=inputs, target=target, out=str(out), drafter=drafter, layers=1, batch_size=32, lr=3e-3,
         warmup_ratio=0.05, max_steps=steps, device="cpu", seed=seed, heldout_fraction=0.1,

@@ -25,6 +25,7 @@ from app.cli.jobs import jobs_app
 from draftdeck import cli as core
 from draftdeck.cli.common import out, usage_exit
 from draftdeck.cli.options import plain_help
+from draftdeck.drafter.kinds import NAMES as DRAFTER_KINDS
 
 service_app = typer.Typer(no_args_is_help=True, add_completion=False, help=core.HELP, rich_markup_mode=None)
 db_app = typer.Typer(no_args_is_help=True, help="Database migrations.", rich_markup_mode=None)
@@ -166,9 +167,7 @@ class DemoArch(StrEnum):
     qwen3_5 = "qwen3_5"
 
 
-class DemoDrafter(StrEnum):
-    dflash = "dflash"
-    eagle3 = "eagle3"
+DemoDrafter = StrEnum("DemoDrafter", {name: name for name in DRAFTER_KINDS})  # type: ignore[misc]
 
 
 @service_app.command("demo")
@@ -190,8 +189,9 @@ def demo_command(
         bool, typer.Option(help="build the tiny world again (else one built earlier on this home is reused)")
     ] = False,
     drafter: Annotated[
-        DemoDrafter, typer.Option(help="the drafter trained: DFlash (blocks of 8) or EAGLE-3 (chains of 7)")
-    ] = DemoDrafter.dflash,
+        DemoDrafter,
+        typer.Option(help="the drafter kind trained, drafting 7 tokens a step (DFlash blocks of 8)"),
+    ] = DemoDrafter("dflash"),
 ) -> None:
     """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
     as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""

@@ -20,6 +20,8 @@ from app.store.models import Alert
 from app.web.auth import csrf_token
 from app.web.dataset_views import source_place
 from app.web.job_views import form_words, inputs_changed_since, job_duration, job_inputs, yaml_text
+from draftdeck.drafter.kinds import NAMES as DRAFTER_KINDS
+from draftdeck.drafter.kinds import get_kind as get_drafter_kind
 from draftdeck.mix.composition import composition
 from draftdeck.paths import resolve_user_path
 from draftdeck.quality import CHOSEN, FOLDED
@@ -104,6 +106,16 @@ def retry_helps(job: Any) -> bool:
 
 
 templates.env.globals["retry_helps"] = retry_helps
+
+
+def drafting(kind: object, block: object) -> str:
+    """What an eval's verify steps drafted, in words (eval.json's `drafter` and `block_size`)."""
+    name = kind if isinstance(kind, str) and kind in DRAFTER_KINDS else "dflash"
+    return get_drafter_kind(name).drafting(block) if isinstance(block, int) else ""
+
+
+templates.env.globals["drafting"] = drafting
+templates.env.globals["planned_drafter"] = lambda plan: get_drafter_kind(plan.drafter).planned(plan)[0]
 
 
 templates.env.globals["source_place"] = source_place

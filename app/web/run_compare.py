@@ -1,4 +1,4 @@
-"""The compare view's side-by-side table: runs of any drafter kind (DFlash, EAGLE-3) on the same axes,
+"""The compare view's side-by-side table: runs of any drafter kinds on the same axes,
 each figure labelled with its convention. Every τ counts the bonus token, as vLLM does; the training
 estimates (walked τ) sit beside real speculative decoding, never instead of it."""
 
@@ -8,6 +8,7 @@ from pathlib import PurePath
 from typing import Any
 
 from app.store.models import MetricSeries
+from draftdeck.drafter.kinds import NAMES, DrafterKind, get_kind
 
 MAX_POSITIONS = 8  # per-position acceptance shown for the first drafts; the charts have them all
 
@@ -19,12 +20,16 @@ def _latest(names: dict[str, MetricSeries], num: str, den: str, offset: float = 
     return offset + a.last_value / b.last_value
 
 
+def drafter_kind(params: dict[str, Any]) -> DrafterKind:
+    """The drafter kind a train job trains (a job from before kinds were named trained DFlash)."""
+    name = params.get("drafter")
+    return get_kind(name if isinstance(name, str) and name in NAMES else "dflash")
+
+
 def drafter_label(params: dict[str, Any]) -> str:
     """The drafter a train job trains, from its parameters (run.json's `drafter` is its config)."""
-    if params.get("drafter") == "eagle3":
-        return f"EAGLE-3, chains of {params.get('ttt_steps', 7)} drafts"
-    block = int(params.get("block_size") or 16)
-    return f"DFlash, blocks of {block} ({block - 1} drafts)"
+    kind = drafter_kind(params)
+    return kind.drafting(kind.slots(params))
 
 
 def vocabulary_note(run: dict[str, Any]) -> str | None:

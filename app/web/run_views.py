@@ -21,7 +21,7 @@ from app.store.run_figures import (
     run_out,
     truth,
 )
-from app.web.run_compare import drafter_label, vocabulary_note
+from app.web.run_compare import drafter_kind, drafter_label, vocabulary_note
 
 MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
 
@@ -79,11 +79,11 @@ CHARTS: list[dict[str, Any]] = [
 
 def pos_series(job: Job, names: dict[str, MetricSeries]) -> list[list[str]]:
     ks = {int(m[1]) for n in names if (m := re.match(r"^train/pos/(\d+)/total$", n))}
-    block = job.params.get("block_size")
-    if job.params.get("drafter") == "eagle3":  # a chain of ttt_steps drafts: slot k is TTT step k - 1
-        steps = job.params.get("ttt_steps")
-        block = steps + 1 if isinstance(steps, int) else None
-    if isinstance(block, int) and 1 < block <= 64:
+    try:
+        block = drafter_kind(job.params).slots(job.params)  # 1 + the drafts a step proposes
+    except (TypeError, ValueError):  # parameters of no shape this version reads: the series alone
+        block = 0
+    if 1 < block <= 64:
         ks |= set(range(1, block))
     return [[f"train/pos/{k}/acc", f"k = {k}"] for k in sorted(ks)]
 

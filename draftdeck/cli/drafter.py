@@ -256,6 +256,7 @@ def _num(value: float | None, spec: str) -> str:
 
 
 def plan(params: PlanParams, *, as_json: bool) -> None:
+    from draftdeck.drafter.kinds import get_kind
     from draftdeck.drafter.train.plan import describe, plan_for, to_json
 
     try:
@@ -265,15 +266,8 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
     if as_json:
         print(to_json(result))
         return
-    world, shape = result.shape.world, result.shape
-    if result.drafter == "eagle3":
-        kind = (
-            f"EAGLE-3 drafter (1 layer, {shape.ttt_steps} TTT steps, {result.draft_vocab_size:,} draft ids)"
-        )
-        per_row = f"{shape.ttt_steps} TTT steps over every position"
-    else:
-        kind = f"DFlash drafter ({result.drafter_layers} layer{'s' if result.drafter_layers > 1 else ''})"
-        per_row = f"{params.anchors_per_seq} anchors"
+    world = result.shape.world
+    kind, per_row = get_kind(result.drafter).planned(result)
     out.print(
         f"target {result.target}: {short_count(result.target_params)} parameters; {kind}: "
         f"{short_count(result.trainable_params)} trainable",
@@ -296,36 +290,23 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
 
 
 def export_drafter(params: ExportParams) -> None:
-    from draftdeck.drafter.export.params import FORMAT_NAMES, run_export
+    from draftdeck.drafter.export.params import run_export
+    from draftdeck.drafter.kinds import get_kind
 
     if params.out is None:
         raise usage_exit("--out is required: the new folder the drafter is written to")
     report = _run(run_export, params, f"export {params.inputs[0]}", None)
     hf = json.loads((Path(params.out) / "config.json").read_text())
-    fmt = report.extra["format"]
-    if fmt == "zlab":
-        dflash = hf.get("dflash_config", {})
-        said = (
-            f"block {dflash.get('block_size')}, target layers {dflash.get('target_layer_ids')}, mask id"
-            f" {dflash.get('mask_token_id')}"
-        )
-    else:
-        taps = hf.get("eagle_aux_hidden_state_layer_ids")
-        said = f"draft vocabulary {hf.get('draft_vocab_size')}, hidden_states {taps}"
+    kind, fmt = get_kind(report.extra["drafter"]), report.extra["format"]
+    said = kind.export_summary(hf)
     out.print(
-        f"wrote {escape(params.out)} in {FORMAT_NAMES[fmt]}: {escape(said)}", highlight=False, soft_wrap=True
+        f"wrote {escape(params.out)} in {kind.format_names[fmt]}: {escape(said)}",
+        highlight=False,
+        soft_wrap=True,
     )
-    out.print("As each server's loader reads it (draftdeck/drafter/export/):", highlight=False)
+    out.print("As each server's loader reads it (draftdeck/drafter/kinds/):", highlight=False)
     for r in report.extra["served"]:
-        if fmt == "zlab":
-            mask = "unknown" if r["mask_token_id"] is None else r["mask_token_id"]
-            line = f"  {r['server']} ({r['source']}): mask id {mask}, {escape(r['mask_from'])}"
-        else:
-            taps = (
-                f"taps hidden_states {r['tapped']}" if r["tapped"] else "reads no layer ids from this format"
-            )
-            line = f"  {r['server']}: {taps}"
-        out.print(line, highlight=False, soft_wrap=True)
+        out.print(f"  {escape(kind.reading_line(r))}", highlight=False, soft_wrap=True)
         out.print(f"    {escape(r['flags'])}", highlight=False, soft_wrap=True)
         for problem in r["problems"]:
             out.print(

@@ -169,8 +169,8 @@ def end_to_end(
 
     from draftdeck.drafter.eval.evaluate import run_eval
     from draftdeck.drafter.eval.params import EvalParams
-    from draftdeck.drafter.export.drafters import export_drafter
-    from draftdeck.drafter.export.format import load_zlab, resolve_checkpoint
+    from draftdeck.drafter.export.drafters import export_drafter, load_drafter
+    from draftdeck.drafter.export.folder import resolve_checkpoint
     from draftdeck.drafter.model.target import Target
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.drafter.train.run import train
@@ -205,8 +205,8 @@ def end_to_end(
     sampled = json.loads((sampled_ctx.out_dir / "eval.json").read_text())["eval"]["methods"]["drafter"]
     real = ev["methods"]["drafter"]
     walked = (ev["walked"]["accepted"], ev["walked"]["steps"])
-    exported = load_zlab(export_drafter(run, work / "export")[0]).state_dict()
-    saved = load_zlab(resolve_checkpoint(run)).state_dict()
+    exported = load_drafter(export_drafter(run, work / "export")[0]).state_dict()
+    saved = load_drafter(resolve_checkpoint(run)).state_dict()
     same = exported.keys() == saved.keys() and all(torch.equal(exported[k], saved[k]) for k in saved)
     return EndToEnd(
         arch=arch,

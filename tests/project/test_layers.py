@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 
+KINDS = "draftdeck.drafter.kinds"  # the drafter kinds' registry; each kind a package under it
+
 
 def _loaded_after(imports: str) -> set[str]:
     code = f"import sys\n{imports}\nprint('\\n'.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
@@ -55,6 +57,8 @@ def _imports_between(inside: str) -> dict[str, dict[str, str]]:
 
     def unit(module: str) -> str | None:
         parts = module.split(".")
+        if module.startswith(KINDS + "."):  # each kind's package is a unit, apart from the registry
+            return ".".join(parts[: KINDS.count(".") + 2])
         return ".".join(parts[:depth]) if len(parts) >= depth and module.startswith(inside + ".") else None
 
     edges: dict[str, dict[str, str]] = {}
@@ -109,6 +113,41 @@ def test_the_cycle_check_sees_a_cycle() -> None:
         "c -> a (c.py), and a reaches c back",
     ]
     assert _cycles({"a": {"b": "a.py"}, "b": {"c": "b.py"}}) == []
+
+
+def kind_imports(source: str) -> list[int]:
+    """The lines of `source` that import a drafter kind's package (not the registry itself)."""
+    packages = {
+        p.name for p in (REPO_ROOT / KINDS.replace(".", "/")).iterdir() if (p / "__init__.py").is_file()
+    }
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(n.startswith(KINDS + ".") and n.split(".")[3] in packages for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_stage_imports_a_drafter_kind_s_package() -> None:
+    """The stages (train, eval, export, plan, the CLI, app/) know the drafter kinds through their
+    registry (draftdeck.drafter.kinds) by name; only the kinds' own packages import one another."""
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for tree in ("draftdeck", "app", "workers")
+        for path in sorted((REPO_ROOT / tree).rglob("*.py"))
+        if not path.is_relative_to(REPO_ROOT / KINDS.replace(".", "/"))
+        for line in kind_imports(path.read_text())
+    ]
+    assert found == []
+    assert kind_imports("from draftdeck.drafter.kinds import get_kind") == []  # the registry: allowed
+    assert kind_imports("from draftdeck.drafter.kinds.dflash.model import DFlashDrafter") == [1]
+    assert kind_imports("import draftdeck.drafter.kinds.eagle3") == [1]
+    assert kind_imports("from draftdeck.drafter.kinds import dflash") == [1]
 
 
 def test_only_the_cli_and_app_import_the_table_of_kinds() -> None:

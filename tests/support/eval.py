@@ -113,9 +113,9 @@ def quick_trained_drafter(
     helper's objective, output tokens trained: a checkpoint with tau between 1 and B for tests."""
     import torch
 
+    from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+    from draftdeck.drafter.kinds.dflash.objective import dflash_loss, sample_anchors
     from draftdeck.drafter.model.config import DrafterConfig
-    from draftdeck.drafter.model.dflash import DFlashDrafter
-    from draftdeck.drafter.train.objective import dflash_loss, sample_anchors
 
     torch.manual_seed(seed)
     cfg = DrafterConfig.from_target(target.config, tokenizer=target.tokenizer, block_size=block_size)
@@ -146,7 +146,7 @@ def trained_checkpoint(world: TinyWorld, out: Path, *, max_new: int = 16, steps:
     """A block-4 drafter trained `steps` steps on the target's own greedy answers (`max_new` tokens) to
     the world's prompts, saved in z-lab's format at `out`."""
     from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
-    from draftdeck.drafter.export.format import save_zlab
+    from draftdeck.drafter.kinds.dflash.export import save_zlab
 
     runner = TargetRunner(world.target, [world.eos_id])
     texts = [(ids, generate_plain(runner, ids, max_new).output_ids) for ids in world.prompt_ids]

@@ -3,12 +3,11 @@
 - prompt-lookup decoding: copy what followed the latest earlier occurrence of the context's last
   n-gram (n from `max_ngram` down to `min_ngram`); on a tiny target's repetitive text this alone
   reaches tau 3-4, so a demo drafter has to beat it to mean anything;
-- the untrained drafter: the same architecture freshly initialised (tau ~ 1 incl. bonus).
+- the untrained drafter: the same architecture freshly initialised (tau ~ 1 incl. bonus): each kind
+  makes its own (`DrafterKind.untrained`).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 
@@ -41,13 +40,3 @@ class PromptLookup:
                     if follow:
                         return follow
         return []
-
-
-def untrained_drafter(trained: Any, seed: int = 0) -> Any:
-    """A freshly initialised drafter with the trained one's config (same block size, layers, layer
-    ids, mask id; an EAGLE-3 drafter's draft vocabulary): the floor a trained drafter must rise from."""
-    torch.manual_seed(seed)
-    fresh = type(trained)(trained.config)
-    if hasattr(trained, "set_vocab"):  # an EAGLE-3 drafter: the same draft vocabulary
-        fresh.set_vocab(trained.d2t.cpu(), trained.t2d.cpu())
-    return fresh.to(next(trained.parameters()).device).eval()

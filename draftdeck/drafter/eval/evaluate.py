@@ -299,8 +299,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         raise UsageError(f"{where}: no prompt to evaluate ({report.rows_rejected} rejected)")
     ctx.event("info", f"target: {target.loaded}")
     kwargs = f", template {params.template_kwargs}" if params.template_kwargs else ""
-    drafts = f"block size {block}" if ck.kind == "dflash" else f"EAGLE-3 chains of {block - 1} drafts"
-    ctx.event("info", f"evaluating {what}, {drafts}, mode {params.mode}{kwargs}")
+    ctx.event("info", f"evaluating {what}, {ck.kind.drafting(block)}, mode {params.mode}{kwargs}")
 
     tally = Tally(block, sampling.greedy)
     drafted = tally.methods["drafter"]  # the drafter's counts, what the metric points carry
@@ -361,7 +360,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "prompts": n,
         "max_new_tokens": params.max_new_tokens,
         "checkpoint": str(params.checkpoint),
-        "drafter": ck.kind,
+        "drafter": ck.kind.name,
         "target": str(params.target),
         # the chat template's settings the prompts were rendered with (thinking on or off): a dimension
         "template_kwargs": dict(params.template_kwargs),

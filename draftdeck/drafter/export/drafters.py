@@ -1,52 +1,39 @@
-"""A drafter folder of either kind: loaded by what its config.json says (DFlash's `dflash_config`, else
-one of EAGLE-3's two formats) and exported in a format of its kind. Above both formats' modules
-(`format` for z-lab's DFlash, `eagle3` for EAGLE-3's), which know nothing of each other."""
+"""A drafter folder of any kind: loaded by the kind its config.json names (draftdeck.drafter.kinds) and
+exported in a format of that kind."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
-import torch
-
-from draftdeck.drafter.export.eagle3 import load_eagle3, save_eagle3
-from draftdeck.drafter.export.format import CONFIG, CheckpointError, load_zlab, resolve_checkpoint, save_zlab
-from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.model.eagle3 import Eagle3Drafter
-from draftdeck.drafter.model.eagle3_formats import FORMATS
+from draftdeck.drafter.export.folder import read_config, resolve_checkpoint
+from draftdeck.drafter.kinds import DrafterKind, kind_of_config
 from draftdeck.errors import UsageError
 
 
-def load_drafter(checkpoint: Path, *, device: str | torch.device = "cpu") -> DFlashDrafter | Eagle3Drafter:
-    """A drafter from a checkpoint, an export, or a train run folder (its best checkpoint): DFlash
-    (a `dflash_config`) or EAGLE-3 (either format `draftdeck.drafter.export.eagle3` writes)."""
+def folder_kind(folder: Path) -> DrafterKind:
+    """The kind of the drafter in a checkpoint or export folder."""
+    return kind_of_config(read_config(folder), Path(folder) / "config.json")
+
+
+def load_drafter(checkpoint: Path, *, device: Any = "cpu") -> Any:
+    """A drafter from a checkpoint, an export, or a train run folder (its best checkpoint), of the kind
+    its config.json names, in eval mode on `device`."""
     folder = resolve_checkpoint(checkpoint)
-    if is_dflash(folder):
-        return load_zlab(folder, device=device)
-    return load_eagle3(folder).to(device).eval()
-
-
-def is_dflash(folder: Path) -> bool:
-    """Whether a drafter folder's config.json is DFlash's (else it is read as EAGLE-3's)."""
-    try:
-        hf = json.loads((Path(folder) / CONFIG).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{folder / CONFIG}: cannot read: {e}") from e
-    return isinstance(hf, dict) and "dflash_config" in hf
+    return folder_kind(folder).load(folder, device)
 
 
 def export_drafter(
     checkpoint_dir: Path, out_dir: Path, fmt: str = "auto", verifier: str | None = None
 ) -> tuple[Path, str]:
-    """Export a checkpoint (or a train run's best) to `out_dir` (atomically): a DFlash drafter in
-    z-lab's format; an EAGLE-3 drafter in `fmt`, speculators' (auto) or SGLang's flat one, `verifier`
-    the target named in speculators' config. Returns the folder and the format written."""
-    drafter = load_drafter(checkpoint_dir)
-    if isinstance(drafter, DFlashDrafter):
-        if fmt not in ("auto", "zlab"):
-            raise UsageError(f"format {fmt}: a DFlash drafter exports in z-lab's format (auto)")
-        return save_zlab(drafter, out_dir), "zlab"
-    chosen = "speculators" if fmt == "auto" else fmt
-    if chosen not in FORMATS:
-        raise UsageError(f"format {fmt}: an EAGLE-3 drafter exports as {' or '.join(FORMATS)}")
-    return save_eagle3(drafter, out_dir, chosen, verifier), chosen  # type: ignore[arg-type]
+    """Export a checkpoint (or a train run's best) to `out_dir` (atomically) in `fmt`, one of its kind's
+    formats (auto: its first), `verifier` the target named where a format names one. Returns the folder
+    and the format written."""
+    folder = resolve_checkpoint(checkpoint_dir)
+    kind = folder_kind(folder)
+    chosen = kind.formats[0] if fmt == "auto" else fmt
+    if chosen not in kind.formats:
+        raise UsageError(
+            f"format {fmt}: a {kind.title} drafter exports as {' or '.join(kind.formats)} (auto)"
+        )
+    return kind.export(kind.load(folder), out_dir, chosen, verifier), chosen

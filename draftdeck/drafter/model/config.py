@@ -303,8 +303,8 @@ class DrafterConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The HF `config.json` z-lab's `DFlashDraftModel` reads (a Qwen3 config plus `dflash_config`),
-        with what vLLM's and SGLang's loaders read besides (draftdeck/drafter/export/servers.py says which
-        key each reads, and where): `target_hidden_size`, `num_target_layers` and `block_size` in
+        with what vLLM's and SGLang's loaders read besides (the DFlash kind's servers.py says which key
+        each reads, and where): `target_hidden_size`, `num_target_layers` and `block_size` in
         both places, and the mask as an id and, where one names it, as text."""
         dflash: dict[str, Any] = {
             "block_size": self.block_size,

@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from draftdeck.drafter.kinds import DrafterName
 from draftdeck.jobs.params import JobParams, inputs_field
 from draftdeck.units import parse_size
 
@@ -31,7 +32,7 @@ class TrainParams(JobParams):
         description="Run folder: checkpoints/, run.json; a run resumes when it holds checkpoints"
         " (default: the job's folder)",
     )
-    drafter: Literal["dflash", "eagle3"] = Field(
+    drafter: DrafterName = Field(
         "dflash",
         title="Drafter kind",
         description="dflash = a block drafted in parallel from the target's context (block_size, layers);"
@@ -233,7 +234,7 @@ class PlanParams(JobParams):
     dtype: Literal["bf16", "float32"] = Field(
         "bf16", description="Compute dtype: bf16 as a GPU run trains, float32 as a CPU run"
     )
-    drafter: Literal["dflash", "eagle3"] = _train_field("drafter")
+    drafter: DrafterName = _train_field("drafter")
     layers: int = _train_field("layers")
     block_size: int = _train_field("block_size")
     ttt_steps: int = _train_field("ttt_steps")

@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,9 @@ from typing import Any
 import torch
 
 from draftdeck.causal_lm import causal_lm_config
-from draftdeck.drafter.model.config import DrafterConfig
-from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
-from draftdeck.drafter.model.head import rows_per_chunk
+from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.train.device import capacity_bytes
-from draftdeck.drafter.train.memory import MemoryEstimate, Shapes, estimate, estimate_eagle3
+from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
 from draftdeck.drafter.train.params import DEFAULT_DRAFT_VOCAB, PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
@@ -174,21 +172,34 @@ def target_config(path: str | Path) -> Any:
 
 
 @dataclass(frozen=True)
+class PlannedDrafter:
+    """A drafter as the plan counts it (its kind's `plan`, built on the meta device)."""
+
+    cfg: Any
+    model: Any
+    trainable: int  # its trainable parameters
+    layer: int  # the largest unit gathered or reduced at a time: a layer (EAGLE-3: its largest parameter)
+    layers: int  # decoder layers
+    draft_vocab_size: int | None  # a draft vocabulary's size (capped at the target's); None: the target's
+    shards_state: bool  # under fsdp its weights, gradients and AdamW state are split over the ranks
+    working: Callable[[Shapes], MemoryEstimate]  # a training micro-batch's and a held-out batch's peak
+    fsdp_head: Callable[[Shape, int], int]  # bytes in flight for the target's head under fsdp, on N ranks
+
+
+@dataclass(frozen=True)
 class _Models:
     """The target and the drafter as the plan counts them (built on the meta device)."""
 
     config: Any  # the target's language-model config
-    cfg: DrafterConfig | Eagle3Config
-    drafter: Any
+    drafter: PlannedDrafter
     target_params: int
-    trainable: int
-    layer: int  # the largest drafter layer's parameters (EAGLE-3: its largest parameter's)
     target_layers: int  # the target's decoder layers' parameters
     target_layer: int  # ... the largest one's
     target_vocab: int  # its embedding's and LM head's (once when tied): split by vocabulary under fsdp
 
 
-def _meta_count(build: Any) -> tuple[int, Any]:
+def meta_count(build: Callable[[], Any]) -> tuple[int, Any]:
+    """(parameters, module) of `build()` on the meta device: shapes, no weights."""
     with torch.device("meta"):
         module = build()
     return sum(p.numel() for p in module.parameters()), module
@@ -198,32 +209,17 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
     """Every strategy's per-rank terms for `shape` on devices of `capacity` bytes (None: unknown)."""
     from transformers import AutoModelForCausalLM
 
-    target_params, target = _meta_count(lambda: AutoModelForCausalLM.from_config(config))
+    target_params, target = meta_count(lambda: AutoModelForCausalLM.from_config(config))
     config = config.get_text_config()  # a checkpoint with a vision tower: its language model's
-    cfg: DrafterConfig | Eagle3Config
-    if shape.drafter == "eagle3":
-        cfg = Eagle3Config.from_target(
-            config, draft_vocab_size=min(shape.draft_vocab_size, int(config.vocab_size)),
-            aux_layer_ids=list(shape.eagle3_layer_ids) if shape.eagle3_layer_ids else None,
-        )  # fmt: skip
-        n, drafter = _meta_count(lambda: Eagle3Drafter(cfg))  # type: ignore[arg-type]
-        layer = max(p.numel() for p in drafter.parameters())  # summed over ranks one at a time
-    else:
-        cfg = DrafterConfig.from_target(
-            config, layers=shape.layers, block_size=shape.block_size, mask_token_id=0,
-            target_layer_ids=list(shape.target_layer_ids) if shape.target_layer_ids else None,
-        )  # fmt: skip
-        n, drafter = _meta_count(lambda: DFlashDrafter(cfg))  # type: ignore[arg-type]
-        layer = max(sum(p.numel() for p in lay.parameters()) for lay in drafter.layers)
+    drafter: PlannedDrafter = get_kind(shape.drafter).plan(shape, config)
     per_layer = [sum(p.numel() for p in lay.parameters()) for lay in target_layers(target)]
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
     vocab = emb.weight.numel() + (0 if head.weight is emb.weight else head.weight.numel())
-    models = _Models(config, cfg, drafter, target_params, n, layer, sum(per_layer), max(per_layer), vocab)
-    layers = 1 if shape.drafter == "eagle3" else shape.layers
-    draft_vocab = cfg.draft_vocab_size if isinstance(cfg, Eagle3Config) else None
+    models = _Models(config, drafter, target_params, sum(per_layer), max(per_layer), vocab)
     result = Plan(
-        type(target).__name__, target_params, n, layers, shape.drafter, draft_vocab, shape, capacity
-    )
+        type(target).__name__, target_params, drafter.trainable, drafter.layers, shape.drafter,
+        drafter.draft_vocab_size, shape, capacity,
+    )  # fmt: skip
     for name in STRATEGIES if shape.world > 1 else ("none",):
         terms, phase = _terms(name, models, shape)
         largest = _largest_batch(name, models, shape, capacity)
@@ -233,22 +229,20 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
 
 def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
     """The per-rank terms, and the phase whose working set they count."""
-    e, world, n, layer = shape.element_size, shape.world, m.trainable, m.layer
-    eagle3 = isinstance(m.cfg, Eagle3Config)
-    shards = world if name == "fsdp" and not eagle3 else 1  # an EAGLE-3 drafter is never split
-    working = _working(m, shape)
+    d = m.drafter
+    e, world, n, layer = shape.element_size, shape.world, d.trainable, d.layer
+    split = name == "fsdp" and d.shards_state  # a drafter whole on every rank is never split
+    shards = world if split else 1
+    working = d.working(_shapes(shape))
     work = working.parts
-    if name == "fsdp" and not eagle3:
+    if split:
         weights = 2 * layer * e  # two layers gathered at a time
-        slots = shape.batch_size * min(shape.anchors_per_forward, shape.anchors_per_seq) * shape.block_size
-        gathered = world * slots * m.config.hidden_size * 4 * (3 if shape.kl else 2)  # the split head's rows
-        buffers = 2 * layer * 4 + gathered  # one layer's float32 gradients, reduce-scattered
+        buffers = 2 * layer * 4 + d.fsdp_head(shape, world)  # one layer's float32 gradients, reduce-scattered
     else:
         weights = n * e if e == 2 else n * 4
-        buffers = layer * 4 if name == "ddp" or (eagle3 and name == "fsdp") else 0
-        if eagle3 and name == "fsdp":  # one call of the target's view: every rank's rows and logits
-            vocab = int(m.config.vocab_size)
-            buffers += world * rows_per_chunk(vocab) * (m.config.hidden_size + 2 * vocab) * e
+        buffers = layer * 4 if name in ("ddp", "fsdp") else 0
+        if name == "fsdp":  # the target is split: its head's calls gather every rank's rows
+            buffers += d.fsdp_head(shape, world)
     terms = {
         "target weights": _target_weights(name, m, world) * e,
         "drafter weights": weights,
@@ -263,18 +257,15 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
     return terms, working.phase
 
 
-def _working(m: _Models, shape: Shape) -> MemoryEstimate:
-    """The larger of a training micro-batch's and a held-out batch's working set, at `seq_length`."""
+def _shapes(shape: Shape) -> Shapes:
+    """The working set's shapes at `seq_length` (draftdeck.drafter.train.memory)."""
     e = shape.element_size
-    shapes = Shapes(
+    return Shapes(
         batch_size=shape.batch_size, eval_batch_size=shape.eval_batch_size, longest=shape.seq_length,
         anchors_per_forward=min(shape.anchors_per_forward, shape.anchors_per_seq),
         block_size=shape.block_size, backend="flex" if e == 2 else "blocked",
         gradient_checkpointing=shape.gradient_checkpointing, element_size=e, kl=shape.kl,
     )  # fmt: skip
-    if isinstance(m.cfg, Eagle3Config):
-        return estimate_eagle3(m.cfg, m.config, m.drafter, shapes, shape.ttt_steps, held=0, capacity=None)
-    return estimate(m.cfg, m.config, m.drafter, shapes, held=0, capacity=None)
 
 
 def _target_weights(name: str, m: _Models, world: int) -> int:

@@ -30,12 +30,12 @@ across ranks (no collective may run inside it).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.model.vocab_parallel import shard_vocab
 from draftdeck.errors import UsageError
@@ -65,8 +65,9 @@ def choose_sharding(requested: str, world: int, ddp_fits: bool | None = None) ->
     return "ddp", "the whole drafter and its AdamW state fit on every rank: replicated, less communication"
 
 
-def shard(drafter: DFlashDrafter, strategy: Sharding, device: torch.device, world: int) -> None:
-    """Wrap `drafter` in place for `strategy` over `world` ranks (none: nothing to do)."""
+def shard(drafter: Any, strategy: Sharding, device: torch.device, world: int) -> None:
+    """Wrap `drafter` in place for `strategy` over `world` ranks (none: nothing to do): each of its
+    `decoder_layers`, then the whole (a kind whose drafter shards its state has them)."""
     if strategy == "none":
         return
     from torch.distributed._composable.replicate_with_fsdp import replicate
@@ -156,7 +157,9 @@ def load_state(drafter: nn.Module, opt: torch.optim.Optimizer, model: dict, opti
         opt.load_state_dict(optim)
 
 
-def eval_copy(drafter: nn.Module, strategy: Sharding, device: torch.device) -> nn.Module:
+def eval_copy(
+    drafter: nn.Module, strategy: Sharding, device: torch.device, fresh: Callable[[], nn.Module]
+) -> nn.Module:
     """The drafter for the held-out pass: itself unsharded; else a whole copy on every rank
     (a collective), so that ranks with different numbers of held-out batches never wait on each
     other."""
@@ -165,7 +168,7 @@ def eval_copy(drafter: nn.Module, strategy: Sharding, device: torch.device) -> n
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     state = get_model_state_dict(drafter, options=_options(cpu_offload=False))
-    copy = DFlashDrafter(drafter.config).to(device)  # type: ignore[arg-type]
+    copy = fresh().to(device)  # `fresh`: an unsharded drafter of the same config
     copy.load_state_dict(state)
     copy.eval()
     return copy

@@ -315,7 +315,7 @@ class Trainer:
         k = len(self.answered_refs)  # this rank's rows whose prompts the target answered: a prefix of rows
         srcs = [self.data.source(r) for r in rows]
         wrapped = self.strategy if self.kind.shards_state else "none"  # a replicated drafter: itself
-        self.eval_drafter = sharding.eval_copy(self.drafter, wrapped, self.device)
+        self.eval_drafter = sharding.eval_copy(self.drafter, wrapped, self.device, self.kind.fresh)
         try:
             first, by_first = self._pass([self.data.example(r) for r in rows[:k]], srcs[:k], self.judge)
             rest, by_rest = self._pass([self.data.example(r) for r in rows[k:]], srcs[k:], self.judge)
@@ -380,7 +380,7 @@ class Trainer:
                 "info", f"resumed from step {self.step} (epoch {self.pos.epoch}, row {self.pos.index})"
             )
         self.record.memory = check_memory(  # before step 1: refuses what cannot fit
-            self.kind.cfg, self.target.config, self.drafter, self.p, self.data.longest_used, self.device,
+            self.kind, self.target.config, self.p, self.data.longest_used, self.device,
             self.attention, heldout_rows=min(len(self.data.heldout), self.p.heldout_max_rows),
             weights=params_bytes(self.target.model),
             sharing=self.local_world, state_shards=self._state_shards(),

@@ -323,7 +323,7 @@ def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     note = slow.split('id="speedup-note">', 1)[1].split("</p>", 1)[0]
     assert "Drafter drafts run at 0.68\u00d7 the target alone's speed." in note
     assert "tiny target on a CPU" in note and "τ is the figure that carries over" in note
-    assert "block 4, greedy; each τ in two conventions" in slow
+    assert "DFlash, blocks of 4 (3 drafts), greedy; each τ in two conventions" in slow
     fast = client.get(f"/jobs/{eval_job(1.7, 'eagle3')}", headers={"accept": "text/html"}).text
     assert "1.70x" in fast and 'id="speedup-note"' not in fast
     assert "EAGLE-3, chains of 3 drafts, greedy; each τ in two conventions" in fast  # what was drafted

@@ -34,7 +34,7 @@ def test_the_form_plans_a_train_job_from_the_target_config(client: TestClient, m
     assert '<th scope="row">per rank</th>' in shown.text and "<strong>ddp</strong>" in shown.text
     assert "fits" not in shown.text.split("</table>")[0]  # no GPU here: terms, no verdict
     assert "give the target" in client.get("/jobs/new/plan").text
-    assert "DFlash drafter: 1.05B trainable" in shown.text
+    assert "DFlash drafter (5 layers): 1.05B trainable" in shown.text
     # an EAGLE-3 form gets EAGLE-3's plan: one layer over the draft vocabulary, its own count
     eagle3 = client.get(
         "/jobs/new/plan", params={"target": str(target), "drafter": "eagle3", "draft_vocab_size": "16000"}

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from draftdeck.drafter.eval.spec_decode import (
-    DFlashSource,
     ReferenceDrafts,
     TargetRunner,
     generate_plain,
     generate_speculative,
 )
-from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.tiny_targets import tiny_causal_lm
 from tests.support.drafter import tiny_drafter_config

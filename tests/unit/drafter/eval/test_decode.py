@@ -10,9 +10,8 @@ from collections import Counter
 import pytest
 import torch
 
-from draftdeck.drafter.eval.baselines import PromptLookup, untrained_drafter
+from draftdeck.drafter.eval.baselines import PromptLookup
 from draftdeck.drafter.eval.spec_decode import (
-    DFlashSource,
     ReferenceDrafts,
     Sampling,
     TargetRunner,
@@ -20,8 +19,10 @@ from draftdeck.drafter.eval.spec_decode import (
     generate_speculative,
     sampling_probs,
 )
+from draftdeck.drafter.kinds import get_kind
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.drafter.model.config import DrafterConfig
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from tests.support.drafter import tiny_target
 from tests.support.eval import TinyWorld, build_world, chi2_bound
 
@@ -99,7 +100,7 @@ def test_prompt_lookup_copies_repetitive_text(world: TinyWorld, runner: TargetRu
 
 
 def test_untrained_drafter_tau_is_about_one(world: TinyWorld, runner: TargetRunner) -> None:
-    fresh = untrained_drafter(_drafter(world, 8), seed=11)
+    fresh = get_kind("dflash").untrained(_drafter(world, 8), seed=11)
     gens = [
         generate_speculative(runner, DFlashSource(fresh, world.target), ids, MAX_NEW, 8)
         for ids in world.prompt_ids

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from draftdeck.drafter.eval.eagle3_source import Eagle3Source
 from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain, generate_speculative
-from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
-from draftdeck.drafter.train.eagle3_objective import ttt_loss
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter
+from draftdeck.drafter.kinds.eagle3.objective import ttt_loss
+from draftdeck.drafter.kinds.eagle3.source import Eagle3Source
 from draftdeck.drafter.train.walked import walk
 from tests.support.drafter import cycle_batch, tiny_target
 

@@ -15,6 +15,7 @@ from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.spec_decode import TargetRunner
 from draftdeck.drafter.eval.versus import Real, RunFigures, decoder_mismatch, versus_training
+from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.conftest import PROBES
@@ -230,8 +231,8 @@ def test_zlabs_own_decoder_gives_the_same_outputs_and_steps(
     per prompt and the same verify steps; z-lab's acceptance lengths are DraftDeck's produced tokens."""
     import subprocess
 
-    from draftdeck.drafter.eval.spec_decode import DecodeStats, DFlashSource, generate_speculative
-    from draftdeck.drafter.export.format import load_zlab
+    from draftdeck.drafter.eval.spec_decode import DecodeStats, generate_speculative
+    from draftdeck.drafter.kinds.dflash.export import load_zlab
     from tests.support.eval import dflash_venv
 
     venv = dflash_venv()

@@ -18,10 +18,11 @@ from draftdeck.chat.templates import QWEN35_STYLE
 from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import DFlashSource, Sampling, TargetRunner
+from draftdeck.drafter.eval.spec_decode import Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import ALL, decode_turns
 from draftdeck.drafter.eval.tally import Decoded, decode
 from draftdeck.drafter.export.drafters import load_drafter
+from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.errors import InputError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report

@@ -14,7 +14,8 @@ from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
 from draftdeck.drafter.export.drafters import export_drafter
-from draftdeck.drafter.export.format import load_zlab, resolve_checkpoint
+from draftdeck.drafter.export.folder import resolve_checkpoint
+from draftdeck.drafter.kinds.dflash.export import load_zlab
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import train
 from draftdeck.jobs.context import LocalContext

@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftdeck.drafter.export.eagle3 import eagle3_readings, load_eagle3, save_eagle3
-from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
-from draftdeck.drafter.model.eagle3_formats import FORMATS
+from draftdeck.drafter.kinds.eagle3.export import eagle3_readings, load_eagle3, save_eagle3
+from draftdeck.drafter.kinds.eagle3.formats import FORMATS
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter
 
 TARGET = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
           "intermediate_size": 48, "num_hidden_layers": 8, "vocab_size": 64,

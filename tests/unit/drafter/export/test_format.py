@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from draftdeck.drafter.export.drafters import export_drafter
-from draftdeck.drafter.export.format import CheckpointError, load_zlab, save_zlab
-from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.export.folder import CheckpointError
+from draftdeck.drafter.kinds.dflash.export import load_zlab, save_zlab
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from tests.conftest import PROBES
 from tests.support.drafter import tiny_drafter_config, tiny_target
 from tests.support.eval import dflash_venv

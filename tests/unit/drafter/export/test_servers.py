@@ -1,4 +1,4 @@
-"""The export read back as vLLM's and SGLang's DFlash loaders read it (draftdeck/drafter/export/servers.py):
+"""The export read back as vLLM's and SGLang's DFlash loaders read it (kinds/dflash/servers.py):
 the mask id each fills the block with, the layers it taps, the draft-token setting and the flags.
 SGLang resolves a mask by its text through the target's tokenizer, adding it when missing: that step
 runs here on the real tokenizer, and the id it gives must be the one the drafter was trained with."""
@@ -12,11 +12,11 @@ import torch
 from transformers import AutoTokenizer
 
 from draftdeck.causal_lm import read_model_config
-from draftdeck.drafter.export.format import load_zlab, save_zlab
 from draftdeck.drafter.export.params import ExportParams, run_export
-from draftdeck.drafter.export.servers import read_export
+from draftdeck.drafter.kinds.dflash.export import load_zlab, save_zlab
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.servers import read_export
 from draftdeck.drafter.model.config import DrafterConfig
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.jobs.context import LocalContext
 from tests.support.drafter import saved_target
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.model.config import DrafterConfig, DrafterConfigError, default_target_layer_ids
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.target import Target
 from tests.support.drafter import saved_target, tiny_drafter_config, tiny_target
 

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from draftdeck.drafter.model import eagle3
-from draftdeck.drafter.model.config import DrafterConfigError
-from draftdeck.drafter.model.eagle3 import (
+from draftdeck.drafter.kinds.eagle3 import model as eagle3
+from draftdeck.drafter.kinds.eagle3.model import (
     Eagle3Config,
     Eagle3Drafter,
     default_aux_layer_ids,
     ttt_attention,
     ttt_labels,
 )
+from draftdeck.drafter.model.config import DrafterConfigError
 from draftdeck.shards.stats import TOKEN_COUNTS
 from draftdeck.shards.tools import draft_vocab
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftdeck.drafter.export.format import config_from_hf
+from draftdeck.drafter.kinds.dflash.export import config_from_hf
 from draftdeck.drafter.model.config import DrafterConfig, DrafterConfigError
 from draftdeck.drafter.model.layers import RotaryEmbedding
 from draftdeck.drafter.tiny_targets import tiny_causal_lm

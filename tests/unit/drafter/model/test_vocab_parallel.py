@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from draftdeck.drafter.kinds.eagle3.objective import target_draft_view
 from draftdeck.drafter.model.head import head_argmax, head_loss
 from draftdeck.drafter.model.vocab_parallel import (
     ShardedEmbedding,
@@ -20,7 +21,6 @@ from draftdeck.drafter.model.vocab_parallel import (
     embed_rows,
     shard_vocab,
 )
-from draftdeck.drafter.train.eagle3_objective import target_draft_view
 
 VOCAB, HIDDEN = 37, 16  # 19 ids on rank 0, 18 on rank 1
 MIX = (0.5, 2.0)

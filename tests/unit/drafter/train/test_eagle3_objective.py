@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter, ttt_labels
-from draftdeck.drafter.train.eagle3_objective import draft_index, target_draft_view, ttt_loss
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter, ttt_labels
+from draftdeck.drafter.kinds.eagle3.objective import draft_index, target_draft_view, ttt_loss
 from tests.support.drafter import cycle_batch, tiny_target
 
 torch.set_num_threads(1)

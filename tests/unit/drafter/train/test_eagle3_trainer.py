@@ -15,10 +15,10 @@ import torch
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.export.drafters import load_drafter
-from draftdeck.drafter.export.eagle3 import load_eagle3
-from draftdeck.drafter.export.format import resolve_checkpoint
+from draftdeck.drafter.export.folder import resolve_checkpoint
 from draftdeck.drafter.export.params import ExportParams, run_export
-from draftdeck.drafter.model.eagle3 import Eagle3Drafter
+from draftdeck.drafter.kinds.eagle3.export import load_eagle3
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter
 from draftdeck.drafter.train.data import TrainData
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import run_train

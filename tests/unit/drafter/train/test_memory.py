@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.model.dflash import DFlashDrafter
+from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.train.device import DeviceError
 from draftdeck.drafter.train.memory import check_memory
 from draftdeck.drafter.train.params import TrainParams
 from tests.conftest import REPO_ROOT
-from tests.support.drafter import tiny_drafter_config, tiny_target
+from tests.support.drafter import tiny_target
 
 # The run, in a process of its own: a long-lived test process reuses heap that earlier tests freed,
 # so its peak RSS would not grow by what the run allocates.
@@ -90,11 +90,10 @@ def test_the_estimate_is_within_30_percent_of_the_measured_peak(tmp_path: Path, 
 def test_a_run_that_cannot_fit_is_refused_naming_what_to_lower() -> None:
     """Rows of 100M tokens on this machine: refused before step 1, with the figures and the knobs."""
     target = tiny_target()
-    cfg = tiny_drafter_config(target, block_size=16)
-    drafter = DFlashDrafter(cfg)
-    params = TrainParams(inputs=["unused"], target="unused", device="cpu")
+    params = TrainParams(inputs=["unused"], target="unused", device="cpu", block_size=16, mask_token_id=299)
+    kind = get_kind("dflash").trainer(params, target, None)  # DFlash's part of a run reads no data
     cpu = torch.device("cpu")
-    args = (cfg, target.config, drafter, params, 100_000_000, cpu, "blocked")
+    args = (kind, target.config, params, 100_000_000, cpu, "blocked")
     with pytest.raises(DeviceError) as caught:
         check_memory(*args, heldout_rows=8)
     message = str(caught.value)
@@ -102,5 +101,5 @@ def test_a_run_that_cannot_fit_is_refused_naming_what_to_lower() -> None:
     for knob in ("batch_size", "anchors_per_forward", "seq_length", "gradient_checkpointing", "memory_check"):
         assert knob in message
     assert check_memory(*args, heldout_rows=8, enforce=False)["total_bytes"] > 10 * 2**30  # type: ignore[operator]
-    fits = check_memory(cfg, target.config, drafter, params, 512, cpu, "blocked", heldout_rows=8)
+    fits = check_memory(kind, target.config, params, 512, cpu, "blocked", heldout_rows=8)
     assert 0 < fits["total_bytes"] < fits["capacity_bytes"]  # type: ignore[operator]

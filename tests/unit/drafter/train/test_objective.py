@@ -8,8 +8,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.train.objective import (
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.objective import (
     all_anchors,
     block_loss,
     build_blocks,

@@ -10,13 +10,18 @@ import pytest
 import torch
 from torch import nn
 
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.objective import (
+    dflash_backward,
+    dflash_loss,
+    label_weight_sum,
+    sample_anchors,
+)
+from draftdeck.drafter.kinds.dflash.walked import heldout_counts
 from draftdeck.drafter.model import attention as attn
 from draftdeck.drafter.model.attention import BlockLayout, resolve_backend
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.head import head_loss
 from draftdeck.drafter.train.data import collate
-from draftdeck.drafter.train.objective import dflash_backward, dflash_loss, label_weight_sum, sample_anchors
-from draftdeck.drafter.train.walked import heldout_counts
 from tests.support.drafter import tiny_drafter_config, tiny_target
 
 torch.set_num_threads(1)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from draftdeck.drafter.model.dflash import DFlashDrafter
-from draftdeck.drafter.train.objective import all_anchors, block_loss, build_blocks, drafter_hidden
-from draftdeck.drafter.train.walked import Drafts, first_slots, heldout_counts, spans, walk, walk_steps
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.objective import all_anchors, block_loss, build_blocks, drafter_hidden
+from draftdeck.drafter.kinds.dflash.walked import Drafts, first_slots, heldout_counts
+from draftdeck.drafter.train.walked import spans, walk, walk_steps
 from tests.support.drafter import tiny_drafter_config, tiny_target
 
 torch.set_num_threads(1)

@@ -16,7 +16,7 @@ The block is ``[anchor token, MASK x (B-1)]`` embedded with the target's embeddi
 With no `attention_mask` every query sees every key (inference: the context is everything committed
 before the anchor and the block is bidirectional); training passes a mask that confines each
 flattened block to its own slots and to context strictly before its anchor
-(`draftdeck.drafter.train.objective`).
+(`draftdeck.drafter.kinds.dflash.objective`).
 
 State-dict keys (identical to z-lab's): ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``,
 ``layers.{i}.input_layernorm.weight``, ``layers.{i}.post_attention_layernorm.weight``,

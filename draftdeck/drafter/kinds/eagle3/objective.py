@@ -1,6 +1,6 @@
 """EAGLE-3's training objective (training-time test over the draft vocabulary) and its counts.
 
-Step k at position t (`draftdeck.drafter.model.eagle3.ttt_labels`) predicts x[t + k + 2], counted
+Step k at position t (`draftdeck.drafter.kinds.eagle3.model.ttt_labels`) predicts x[t + k + 2], counted
 where the shifted loss mask is 1. The drafter's distribution q over its N draft ids is scored
 against:
 
@@ -28,11 +28,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from draftdeck.drafter.model.eagle3 import Eagle3Drafter, ahead, ttt_labels
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter, ahead, ttt_labels
 from draftdeck.drafter.model.head import LOGITS_CHUNK_BYTES, rows_per_chunk
 from draftdeck.drafter.model.vocab_parallel import ShardedHead
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.objective import Mix, leading_runs
+from draftdeck.drafter.train.losses import Mix, leading_runs
 
 DEFAULT_DECAY = 0.8
 

@@ -27,16 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.export.format import CONFIG, WEIGHTS, CheckpointError, write_folder
-from draftdeck.drafter.model.config import DrafterConfigError
-from draftdeck.drafter.model.eagle3 import Eagle3Drafter
-from draftdeck.drafter.model.eagle3_formats import (
+from draftdeck.drafter.export.folder import CONFIG, WEIGHTS, CheckpointError, write_folder
+from draftdeck.drafter.kinds.eagle3.formats import (
     LAYER_PREFIX,
     Eagle3Format,
     config_from_hf,
     eagle3_config,
     eagle3_state,
 )
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter
+from draftdeck.drafter.model.config import DrafterConfigError
 
 
 def save_eagle3(

@@ -1,5 +1,5 @@
 """An EAGLE-3 drafter's two on-disk formats as servers read them (the module doc of
-`draftdeck.drafter.export.eagle3` says which server reads which): their config.json, both ways, and
+`draftdeck.drafter.kinds.eagle3.export` says which server reads which): their config.json, both ways, and
 their weights' names. The trainer writes its checkpoints in the flat one, export either."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import torch
 
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter
 from draftdeck.drafter.model.config import DrafterConfigError
-from draftdeck.drafter.model.eagle3 import Eagle3Config, Eagle3Drafter
 
 Eagle3Format = Literal["speculators", "sglang"]
 FORMATS: tuple[Eagle3Format, ...] = ("speculators", "sglang")

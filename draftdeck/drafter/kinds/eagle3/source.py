@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from draftdeck.drafter.model.eagle3 import Eagle3Drafter, StepKV
+from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter, StepKV
 from draftdeck.drafter.model.target import Target
 
 

@@ -27,11 +27,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.model.attention import Backend, BlockLayout
-from draftdeck.drafter.model.dflash import DFlashDrafter
 from draftdeck.drafter.model.head import head_loss
 from draftdeck.drafter.model.vocab_parallel import embed_rows
 from draftdeck.drafter.train.counts import Counts
+from draftdeck.drafter.train.losses import CE_ONLY, Mix, leading_runs
 
 
 def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -183,10 +184,6 @@ class BlockResult:
     predictions: torch.Tensor
 
 
-Mix = tuple[float, float]  # (ce_weight, kl_weight) of each slot's loss
-CE_ONLY: Mix = (1.0, 0.0)
-
-
 def loss_formula(mix: Mix) -> str:
     """The objective in words, as run.json records it."""
     parts = [
@@ -248,13 +245,6 @@ def block_loss(
         counts.accept_sum, counts.draft_prob_sum = sums[0], sums[1]
         counts.accept_total = list(counts.total)
     return BlockResult(loss, counts, runs, predictions)
-
-
-def leading_runs(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """(bsz, A): number of consecutive correct slots from slot 1 (an uncounted slot ends the run);
-    -1 for padded anchors."""
-    run = correct[:, :, 1:].long().cumprod(dim=2).sum(dim=2)
-    return torch.where(valid, run, torch.full_like(run, -1))
 
 
 def counts_of(batch: BlockBatch, correct: torch.Tensor, loss: torch.Tensor, w: torch.Tensor) -> Counts:

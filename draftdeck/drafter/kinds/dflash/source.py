@@ -1,0 +1,68 @@
+"""A DFlash drafter as a draft source of real speculative decoding (`spec_decode.DraftSource`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from draftdeck.drafter.eval.spec_decode import crop_to
+from draftdeck.drafter.model.target import Target
+
+
+class DFlashSource:
+    """A DFlash drafter (z-lab's forward signature: `position_ids`, `noise_embedding`,
+    `target_hidden`, `past_key_values`, `use_cache`; attributes `target_layer_ids`, `mask_token_id`)
+    proposing argmax tokens through the target's embedding and LM head.
+
+    The drafter's KV cache holds the projected context of every committed position; each call adds
+    the newly observed positions, runs the block `[anchor, MASK x (B-1)]`, and crops the block back out.
+
+    The block is always full (B = `block_size`, the drafter's own by default) even when fewer drafts
+    are wanted near `max_new_tokens`: attention inside a block is bidirectional, so a shorter block
+    would give other proposals than the ones the drafter was trained (and walked) with."""
+
+    def __init__(self, drafter: Any, target: Target, block_size: int | None = None):
+        self.drafter = drafter.eval()
+        self.layer_ids: list[int] | None = list(drafter.target_layer_ids)
+        self.mask_token_id = int(drafter.mask_token_id)
+        self.target = target
+        self.block_size = int(block_size or drafter.block_size)
+        self.cache = DynamicCache()
+        self.cached = 0
+        self.pending: list[torch.Tensor] = []
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        self.cache = DynamicCache()
+        self.cached = 0
+        self.pending = []
+
+    def observe(self, features: torch.Tensor | None) -> None:
+        if features is None:
+            raise ValueError("a DFlash drafter needs the target's context features")
+        self.pending.append(features)
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        want, k = k, max(k, self.block_size - 1)
+        anchor_pos = len(committed) - 1
+        ctx = torch.cat(self.pending, dim=0)[None]
+        if self.cached + ctx.shape[1] != anchor_pos:
+            covered = self.cached + ctx.shape[1]
+            raise RuntimeError(f"drafter context covers {covered} positions, the anchor is at {anchor_pos}")
+        device = ctx.device
+        block = torch.tensor([[committed[-1]] + [self.mask_token_id] * k], dtype=torch.long, device=device)
+        positions = torch.arange(self.cached, anchor_pos + k + 1, device=device)[None]
+        hidden = self.drafter(
+            position_ids=positions,
+            noise_embedding=self.target.embed(block),
+            target_hidden=ctx,
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        crop_to(self.cache, anchor_pos)
+        self.cached = anchor_pos
+        self.pending = []
+        logits = self.drafter.compute_logits(hidden[0, 1 : want + 1], self.target.lm_head)
+        return [int(t) for t in logits.argmax(dim=-1).tolist()]
