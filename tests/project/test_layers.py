@@ -57,7 +57,11 @@ def _imports_between(inside: str) -> dict[str, dict[str, str]]:
 
     def unit(module: str) -> str | None:
         parts = module.split(".")
-        if module.startswith(KINDS + "."):  # each kind's package is a unit, apart from the registry
+        if inside.startswith("draftdeck.drafter") and module.startswith(KINDS + "."):
+            # each kind's package is a unit, apart from the registry, whose part its options are (the
+            # train job's parameters are made of them; they import nothing but the registry's base)
+            if len(parts) > KINDS.count(".") + 2 and parts[KINDS.count(".") + 2] == "options":
+                return KINDS
             return ".".join(parts[: KINDS.count(".") + 2])
         return ".".join(parts[:depth]) if len(parts) >= depth and module.startswith(inside + ".") else None
 

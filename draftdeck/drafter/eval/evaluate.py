@@ -271,6 +271,12 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "untrained": ck.source(target, block, untrained_seed=params.seed),
         "prompt_lookup": PromptLookup(),
     }
+    if params.confidence_threshold is not None:
+        if not ck.kind.confidence:
+            raise UsageError(f"confidence_threshold: a {ck.kind.title} drafter has no confidence head")
+        sources["drafter_scheduled"] = ck.kind.source(
+            ck.drafter, target, block, threshold=params.confidence_threshold
+        )
 
     def decode_nth(ids: list[int], n: int) -> Decoded:
         s = Sampling(sampling.temperature, sampling.top_p, sampling.seed + n)

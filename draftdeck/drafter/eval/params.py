@@ -69,6 +69,14 @@ class EvalParams(JobParams):
         le=128,
         description="Verify block size B (anchor + B-1 drafts); the drafter's own block size when not given.",
     )
+    confidence_threshold: float | None = Field(
+        default=None,
+        gt=0.0,
+        lt=1.0,
+        description="A drafter with a confidence head (DSpark): decode also with each block stopped where the"
+        " product of its drafts' confidences falls below this (confidence-scheduled verification, vLLM"
+        " PR #47808), reported as drafter_scheduled beside drafter.",
+    )
     seed: int = Field(default=0, ge=0, description="Seed of sampling and of the untrained baseline drafter.")
     device: str = Field(
         default="cpu",

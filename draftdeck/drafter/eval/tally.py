@@ -68,8 +68,9 @@ class Tally:
         """Count one decoded prompt; `where` names it in a lossless break (prompt, file, line)."""
         self.prompts += 1
         self.plain.add(d.plain)
-        for name, gen in d.methods.items():
-            self.methods[name].add(gen)
+        for name, gen in d.methods.items():  # a method beyond METHODS (a scheduled drafter) joins here
+            self.methods.setdefault(name, DecodeStats(self.block)).add(gen)
+            self.differs.setdefault(name, None)
             if self.greedy and self.differs[name] is None and gen.output_ids != d.plain.output_ids:
                 self.differs[name] = {
                     **where,

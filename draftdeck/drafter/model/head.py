@@ -42,8 +42,8 @@ class HeadOut:
     target's distribution p against the drafter's q), `accept` (sum over the vocabulary of min(p, q):
     the probability that speculative sampling at temperature 1 accepts the drafted token) and
     `draft_prob` (p of the drafter's argmax: what a greedy drafter, DraftDeck's and vLLM's, gets
-    accepted by a target sampling at temperature 1) and `target_pred` (the target's argmax). All but
-    `total` are detached."""
+    accepted by a target sampling at temperature 1) and `target_pred` (the target's argmax); `extra`,
+    what a drafter's own heads add to each slot's loss. All but `total` are detached."""
 
     total: torch.Tensor
     ce: torch.Tensor
@@ -52,6 +52,7 @@ class HeadOut:
     accept: torch.Tensor | None = None
     target_pred: torch.Tensor | None = None
     draft_prob: torch.Tensor | None = None
+    extra: torch.Tensor | None = None  # per slot, a drafter's own heads' loss (in `total` already)
 
 
 def head_loss(
@@ -64,10 +65,13 @@ def head_loss(
     mix: tuple[float, float] = (1.0, 0.0),
     chunked: bool = True,
     chunk_bytes: int = LOGITS_CHUNK_BYTES,
+    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> HeadOut:
     """The drafter's loss through the target's head for `hidden` (N, H): cross-entropy against
     `labels`, and with `teacher` (N, H: the target's final hidden states before each slot's token)
     the forward KL from the target's distribution, mixed by `mix` = (ce_weight, kl_weight).
+    `low_rank` = (u, W2), (N, r) and (V, r): a drafter's own term added to its logits, u W2^T (DSpark's
+    Markov bias), with gradients for both (the target's head has none).
 
     `head` is an `nn.Linear` (the chunked path: a chunk of logits alive at a time; with a teacher,
     three chunks of a third of the slots) or any module mapping (N, H) -> (N, V), which goes the
@@ -76,20 +80,26 @@ def head_loss(
     if kl_w and teacher is None:
         raise ValueError("a KL loss needs the target's hidden states (teacher)")
     if isinstance(head, ShardedHead):  # a collective: every rank calls it, with or without rows
+        if low_rank is not None:
+            raise ValueError("a drafter's own logit term beside a head split by vocabulary is not supported")
         return _sharded_loss(head, hidden, labels, weights, teacher, mix, chunk_bytes)
+    u, w2 = low_rank if low_rank is not None else (None, None)
     if chunked and isinstance(head, nn.Linear) and hidden.shape[0]:
         # with a teacher three (rows, V) tensors are alive at once: a third of the rows keeps the peak
         rows = rows_per_chunk(head.out_features, chunk_bytes // (3 if teacher is not None else 1))
         if not torch.is_grad_enabled():  # the held-out walk: counts only
             out, _ = _chunked(
-                hidden, head.weight, head.bias, labels, weights, rows, (False,) * 3, teacher, mix
-            )
+                hidden, head.weight, head.bias, labels, weights, rows, (False,) * 3, teacher, mix,
+                low_rank=low_rank,
+            )  # fmt: skip
             return out
         total, ce, pred, kl, accept, tpred, dprob = _ChunkedLinearLoss.apply(
-            hidden, head.weight, head.bias, labels, weights, rows, teacher, mix
+            hidden, head.weight, head.bias, labels, weights, rows, teacher, mix, None, u, w2
         )
         return HeadOut(total, ce, pred, *((kl, accept, tpred, dprob) if teacher is not None else (None,) * 4))
     logits = head(hidden).float()
+    if u is not None and w2 is not None:
+        logits = logits + F.linear(u.to(w2.dtype), w2).float()
     ce = F.cross_entropy(logits, labels, reduction="none")
     if teacher is None:
         return HeadOut((weights * ce_w * ce).sum(), ce.detach(), logits.argmax(-1))
@@ -122,13 +132,22 @@ class _ChunkedLinearLoss(torch.autograd.Function):
         teacher: torch.Tensor | None,
         mix: tuple[float, float],
         sharded: ShardedHead | None = None,
+        u: torch.Tensor | None = None,
+        w2: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, ...]:
         grads = ctx.needs_input_grad
         need = (grads[0], grads[1], bias is not None and grads[2])
+        low_rank = (u, w2) if u is not None and w2 is not None else None
+        ctx.low_rank_dtypes = None if low_rank is None else (u.dtype, w2.dtype)  # type: ignore[union-attr]
         if sharded is not None:  # the frozen target's slice: no gradient for it
             out, ctx.grads = _over_shard(sharded, hidden, labels, weights, rows, grads[0], teacher, mix)
+            ctx.low_rank_grads = (None, None)
         else:
-            out, ctx.grads = _chunked(hidden, weight, bias, labels, weights, rows, need, teacher, mix)
+            out, grads_all = _chunked(
+                hidden, weight, bias, labels, weights, rows, need, teacher, mix,
+                low_rank=low_rank, need_low_rank=(grads[9], grads[10]),
+            )  # fmt: skip
+            ctx.grads, ctx.low_rank_grads = grads_all[:3], grads_all[3:]
         parts = [out.ce, out.pred]
         if teacher is not None:
             assert out.kl is not None and out.accept is not None and out.target_pred is not None
@@ -143,6 +162,7 @@ class _ChunkedLinearLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> Any:  # type: ignore[override]
         grad_h, grad_w, grad_b = ctx.grads  # freed with the graph
+        grad_u, grad_w2 = ctx.low_rank_grads
         scale = grad_loss.float()
         return (
             None if grad_h is None else grad_h * scale.to(grad_h.dtype),
@@ -154,6 +174,8 @@ class _ChunkedLinearLoss(torch.autograd.Function):
             None,
             None,
             None,
+            None if grad_u is None else (grad_u * scale).to(ctx.low_rank_dtypes[0]),
+            None if grad_w2 is None else (grad_w2 * scale).to(ctx.low_rank_dtypes[1]),
         )
 
 
@@ -168,9 +190,13 @@ def _chunked(
     teacher: torch.Tensor | None = None,
     mix: tuple[float, float] = (1.0, 0.0),
     vocab: WholeVocab | None = None,
-) -> tuple[HeadOut, tuple[Any, Any, Any]]:
+    *,
+    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
+    need_low_rank: tuple[bool, bool] = (False, False),
+) -> tuple[HeadOut, tuple[Any, ...]]:
     """The loss, its per-slot parts and the gradients `need` names (hidden, weight, bias), chunk by
-    chunk. The gradient of the loss with respect to the drafter's logits is, per slot,
+    chunk, then those of `low_rank` = (u, W2) that `need_low_rank` names (its term u W2^T is added to
+    the logits). The gradient of the loss with respect to the drafter's logits is, per slot,
     w * (ce_weight * (q - onehot(label)) + kl_weight * (q - p)). With `vocab` a `VocabShard`,
     `weight` is its slice and the gradient with respect to `hidden` this slice's part."""
     vocab = vocab or WholeVocab()
@@ -187,10 +213,16 @@ def _chunked(
     grad_h = torch.empty_like(hidden) if need_h else None
     grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_w else None
     grad_b = torch.zeros_like(bias, dtype=torch.float32) if need_b and bias is not None else None
+    u, w2 = low_rank if low_rank is not None else (None, None)
+    grad_u = torch.empty_like(u) if u is not None and need_low_rank[0] else None
+    grad_w2 = torch.zeros_like(w2, dtype=torch.float32) if w2 is not None and need_low_rank[1] else None
+    need_any = need_h or need_w or need_b or grad_u is not None or grad_w2 is not None
     with torch.no_grad():
         for s in range(0, n, rows):
             h = hidden[s : s + rows]
             logits = F.linear(h, weight, bias).float()
+            if u is not None and w2 is not None:  # a drafter's own term (DSpark's Markov bias)
+                logits += F.linear(u[s : s + rows].to(w2.dtype), w2).float()
             lab = labels[s : s + rows]
             lse = vocab.lse(logits)
             ce[s : s + rows] = lse - vocab.pick(logits, lab)
@@ -207,13 +239,13 @@ def _chunked(
                 # KL(p || q) = sum p (log p - logits) + lse: one row dot product (no more chunks)
                 kl[s : s + rows] = vocab.sum(_rowdot(p, logp.sub_(logits))) + lse
                 del logp
-            if p is None and not (need_h or need_w or need_b):
+            if p is None and not need_any:
                 continue
             q = logits.sub_(lse[:, None]).exp_()  # the softmax q, in place of the logits
             if p is not None:
                 assert accept is not None
                 accept[s : s + rows] = vocab.sum(torch.minimum(p, q).sum(-1))
-            if not (need_h or need_w or need_b):
+            if not need_any:
                 continue
             g = q
             if ce_w + kl_w != 1.0:
@@ -229,9 +261,13 @@ def _chunked(
                 grad_w += g.t() @ h.float()
             if grad_b is not None:
                 grad_b += g.sum(0)
+            if grad_u is not None and w2 is not None:
+                grad_u[s : s + rows] = (g.to(w2.dtype) @ w2).to(grad_u.dtype)
+            if grad_w2 is not None and u is not None:
+                grad_w2 += g.t() @ u[s : s + rows].float()
         per_slot = ce_w * ce if kl is None else ce_w * ce + kl_w * kl
         total = (weights.float() * per_slot).sum()
-    return HeadOut(total, ce, pred, kl, accept, tpred, dprob), (grad_h, grad_w, grad_b)
+    return HeadOut(total, ce, pred, kl, accept, tpred, dprob), (grad_h, grad_w, grad_b, grad_u, grad_w2)
 
 
 def _sharded_loss(
@@ -269,7 +305,7 @@ def _over_shard(
     labels_all = shard.gather_rows(labels)[0]
     weights_all = shard.gather_rows(weights)[0]  # padding rows weigh 0: no loss, no gradient
     teacher_all = None if teacher is None else shard.gather_rows(teacher)[0]
-    out, (grad_h, _, _) = _chunked(
+    out, (grad_h, *_) = _chunked(
         every,
         head.weight,
         None,
@@ -309,6 +345,23 @@ def head_argmax(head: nn.Module, hidden: torch.Tensor, chunk_bytes: int = LOGITS
     for s in range(0, hidden.shape[0], rows):
         out[s : s + rows] = head(hidden[s : s + rows]).argmax(-1)
     return out
+
+
+def head_topk(
+    head: nn.Module, hidden: torch.Tensor, k: int, chunk_bytes: int = LOGITS_CHUNK_BYTES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, k) the head's k largest logits for `hidden` (N, H) and their ids, a chunk of logits alive at
+    a time (DFlash2's candidates, which its selector reranks)."""
+    if isinstance(head, ShardedHead):
+        raise ValueError("top-k candidates over a head split by vocabulary are not supported")
+    vocab = head.out_features if isinstance(head, nn.Linear) else None
+    rows = rows_per_chunk(vocab, chunk_bytes) if vocab else max(1, hidden.shape[0])
+    values = torch.empty(hidden.shape[0], k, dtype=torch.float32, device=hidden.device)
+    ids = torch.empty(hidden.shape[0], k, dtype=torch.long, device=hidden.device)
+    for s in range(0, hidden.shape[0], rows):
+        top = head(hidden[s : s + rows]).float().topk(k, dim=-1)
+        values[s : s + rows], ids[s : s + rows] = top.values, top.indices
+    return values, ids
 
 
 def _rowdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from draftdeck.drafter.kinds import DrafterName
+from draftdeck.drafter.kinds import NAMES, DrafterName, Options, get_kind
 from draftdeck.jobs.params import JobParams, inputs_field
 from draftdeck.units import parse_size
 
@@ -18,11 +18,8 @@ OFF_TARGET_RATIO = 1.25
 OFF_TARGET_TOLERANCE = 0.10
 
 
-DEFAULT_DRAFT_VOCAB = 32000  # EAGLE's, SpecForge's and speculators' default
-
-
-class TrainParams(JobParams):
-    """What a `train` run needs; every field is bounded and described for forms and the API."""
+class TrainRun(JobParams):
+    """What every `train` run needs, whatever its drafter kind."""
 
     inputs: list[str] = inputs_field("Dataset folders (DraftDeck shards) to train on")
     target: str = Field(description="Local HF folder of the target model (a causal LM) and its tokenizer")
@@ -35,42 +32,8 @@ class TrainParams(JobParams):
     drafter: DrafterName = Field(
         "dflash",
         title="Drafter kind",
-        description="dflash = a block drafted in parallel from the target's context (block_size, layers);"
-        " eagle3 = one layer drafting a chain token by token over a draft vocabulary, trained by"
-        " unrolling it over its own drafts, TTT (ttt_steps, draft_vocab_size)",
+        description="; ".join(f"{name} = {get_kind(name).summary}" for name in NAMES),
     )
-    block_size: int = Field(16, ge=2, le=64, description="DFlash block size B (anchor + B-1 drafted tokens)")
-    layers: int = Field(1, ge=1, le=64, description="DFlash drafter decoder layers (EAGLE-3's has one)")
-    target_layer_ids: list[int] | None = Field(
-        None, description="Target layers whose hidden states condition the drafter (default: spread 1..L-3)"
-    )
-    mask_token_id: int | None = Field(
-        None, ge=0, description="Spare token id for masked slots (default: resolved)"
-    )
-    ttt_steps: int = Field(
-        7, ge=1, le=32, description="EAGLE-3: TTT steps (training time test: the chain's drafts trained)"
-    )
-    step_decay: float = Field(
-        0.8, gt=0, le=1, description="EAGLE-3: weight of TTT step k is step_decay^k (EAGLE, SpecForge: 0.8)"
-    )
-    draft_vocab_size: int | None = Field(
-        None,
-        ge=1,
-        le=10_000_000,
-        description="EAGLE-3: draft vocabulary, the most frequent trained tokens of the training split"
-        f" (default {DEFAULT_DRAFT_VOCAB:,}, at most the target's vocabulary; with draft_vocab, the file's)",
-    )
-    draft_vocab: str | None = Field(
-        None,
-        description="EAGLE-3: the draft vocabulary from a file, not counted: draftdeck vocab's .npz or .json,"
-        " SpecForge's vocab_mapping.pt, or a checkpoint's model.safetensors (one mapping across runs)",
-    )
-    eagle3_layer_ids: list[int] | None = Field(
-        None,
-        description="EAGLE-3: the three tapped hidden_states indices, HF's (= vLLM's) convention"
-        " (default: 2, L//2, L-3 as the field)",
-    )
-    gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
     # ce+kl: measured best on the target's own sampled answers without losing on its greedy ones
     # (benchmarks/truth.py --losses, README); kl alone loses greedy tau on the target's greedy answers
     loss: Literal["ce", "kl", "ce+kl"] = Field(
@@ -81,14 +44,6 @@ class TrainParams(JobParams):
     )
     ce_weight: float = Field(1.0, gt=0, le=100, description="Weight of the cross-entropy part (ce, ce+kl)")
     kl_weight: float = Field(1.0, gt=0, le=100, description="Weight of the KL part (kl, ce+kl)")
-    anchors_per_seq: int = Field(512, ge=1, le=8192, description="Random anchors (blocks) per sequence")
-    anchors_per_forward: int = Field(
-        32,
-        ge=1,
-        le=8192,
-        description="Anchors per drafter forward and backward in training (more anchors go in several,"
-        " for the same loss and gradients): lower it to trade time for memory on long rows",
-    )
     attention: Literal["auto", "flex", "blocked", "dense"] = Field(
         "auto",
         description="Training attention over the blocks: auto = flex (compiled) on a GPU, blocked"
@@ -144,14 +99,6 @@ class TrainParams(JobParams):
     heldout_fraction: float = Field(0.02, ge=0, lt=1, description="Fraction of conversations held out")
     heldout_max_rows: int = Field(256, ge=1, le=1_000_000, description="Held-out rows used per evaluation")
     eval_batch_size: int = Field(8, ge=1, le=4096, description="Sequences per held-out batch")
-    heldout_anchors: int = Field(
-        64,
-        ge=1,
-        le=8192,
-        description="Anchors per held-out row whose every slot is read (the held-out loss, per-slot"
-        " accuracy, expected acceptance, anchor-mean), seeded per row; the walked tau reads the blocks"
-        " it reaches at every anchor",
-    )
     truth_rows: int = Field(
         64,
         ge=0,
@@ -182,7 +129,13 @@ class TrainParams(JobParams):
         " stops before step 1)",
     )
 
-    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "draft_vocab")
+
+class TrainParams(Options, TrainRun):
+    """What a `train` run needs: the fields every run has, then every drafter kind's options
+    (draftdeck.drafter.kinds.Options, each kind's options.py); every field bounded and described for
+    forms and the API. A kind's options given to a run of another kind are refused, not ignored."""
+
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", *Options.kind_paths())
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
     essentials: ClassVar[tuple[str, ...]] = (
         "drafter",
@@ -212,10 +165,16 @@ class TrainParams(JobParams):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
-        eagle3_only = [k for k in ("draft_vocab", "eagle3_layer_ids") if getattr(self, k) is not None]
-        if self.drafter != "eagle3" and eagle3_only:  # not silently ignored
-            what = "an EAGLE-3 option" if len(eagle3_only) == 1 else "EAGLE-3 options"
-            raise ValueError(f"{', '.join(eagle3_only)}: {what} (give drafter eagle3)")
+        read = get_kind(self.drafter).options
+        for group in Options.groups():
+            if group in read:
+                continue
+            given = [n for n, f in group.model_fields.items() if getattr(self, n) != f.get_default()]
+            if given:  # not silently ignored
+                article = "an" if group.title[:1] in "AEIOU" else "a"
+                what = f"{article} {group.title} option" if len(given) == 1 else f"{group.title} options"
+                kinds = " or ".join(n for n in NAMES if group in get_kind(n).options)
+                raise ValueError(f"{', '.join(given)}: {what} (give drafter {kinds})")
         return self
 
 

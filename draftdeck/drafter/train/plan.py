@@ -52,7 +52,7 @@ from draftdeck.causal_lm import causal_lm_config
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.train.device import capacity_bytes
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
-from draftdeck.drafter.train.params import DEFAULT_DRAFT_VOCAB, PlanParams, TrainParams
+from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
 from draftdeck.units import binary_size, parse_size
@@ -93,7 +93,7 @@ class Shape:
     target_layer_ids: tuple[int, ...] | None = None
     drafter: str = "dflash"  # or "eagle3": its own shape below
     ttt_steps: int = 7
-    draft_vocab_size: int = DEFAULT_DRAFT_VOCAB  # at most the target's vocabulary
+    draft_vocab_size: int | None = None  # None: the kind's default (at most the target's vocabulary)
     eagle3_layer_ids: tuple[int, ...] | None = None
 
 
@@ -321,7 +321,7 @@ def shape_of(
         element_size=element_size, world=world,
         target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
         drafter=params.drafter, ttt_steps=params.ttt_steps,
-        draft_vocab_size=params.draft_vocab_size or DEFAULT_DRAFT_VOCAB,
+        draft_vocab_size=params.draft_vocab_size,
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
     )  # fmt: skip
 

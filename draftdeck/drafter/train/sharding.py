@@ -89,7 +89,7 @@ def shard(drafter: Any, strategy: Sharding, device: torch.device, world: int) ->
         for name in LAYER_METHODS:
             register_fsdp_forward_method(layer, name)
     wrap(drafter, mesh=mesh, mp_policy=mp)
-    for name in ROOT_METHODS:
+    for name in (*ROOT_METHODS, *getattr(drafter, "fsdp_methods", ())):  # a kind's heads read root weights
         register_fsdp_forward_method(drafter, name)
     for module in (*drafter.decoder_layers, drafter):  # each sharded module reduces its own gradients
         module.set_gradient_divide_factor(1.0)  # type: ignore[operator]

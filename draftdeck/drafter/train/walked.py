@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
-from draftdeck.drafter.model.head import head_argmax
 from draftdeck.drafter.model.target import Target, TargetPass
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.truth import Batch, agreement_of, target_view
@@ -88,17 +86,6 @@ def known_runs(runs: np.ndarray) -> RunsAt:
 def walk(runs: np.ndarray, loss_mask: np.ndarray, block_size: int) -> Counts:
     """The walked counts over `runs` (bsz, T), known at every eligible anchor."""
     return walk_steps(known_runs(runs), loss_mask).counts(block_size)
-
-
-def leading_runs_read(
-    head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, counted: torch.Tensor
-) -> torch.Tensor:
-    """(m,) each block's leading run of drafts equal to `labels` from slot 1 (an uncounted slot ends
-    it), every counted slot of `hidden` (m, B, H) through the head in one call."""
-    correct = torch.zeros_like(counted)
-    draft = head_argmax(head, hidden[counted])
-    correct[counted] = draft == labels[counted]
-    return correct[:, 1:].long().cumprod(dim=1).sum(dim=1)
 
 
 def row_generators(input_ids: torch.Tensor, lengths: Sequence[int], seed: int) -> list[torch.Generator]:

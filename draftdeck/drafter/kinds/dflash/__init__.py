@@ -10,12 +10,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.kinds import DrafterKind, size_problems
+from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, size_problems
+from draftdeck.drafter.kinds.dflash.options import DFlashOptions
 
 
 class DFlash(DrafterKind):
     name = "dflash"
     title = "DFlash"
+    summary = "a block drafted in parallel from the target's context (block_size, layers)"
+    options: tuple[type[KindOptions], ...] = (DFlashOptions,)
     formats = ("zlab",)
     format_names = {"zlab": "z-lab's DFlash format"}
     demo = {"block_size": 8, "anchors_per_seq": 8}
@@ -33,7 +36,6 @@ class DFlash(DrafterKind):
 
     def plan(self, shape: Any, target_config: Any) -> Any:
         from draftdeck.drafter.kinds.dflash.memory import estimate
-        from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
         from draftdeck.drafter.model.config import DrafterConfig
         from draftdeck.drafter.train.plan import PlannedDrafter, meta_count
 
@@ -41,7 +43,7 @@ class DFlash(DrafterKind):
             target_config, layers=shape.layers, block_size=shape.block_size, mask_token_id=0,
             target_layer_ids=list(shape.target_layer_ids) if shape.target_layer_ids else None,
         )  # fmt: skip
-        n, model = meta_count(lambda: DFlashDrafter(cfg))
+        n, model = meta_count(lambda: self.plan_model(cfg))
         layer = max(sum(p.numel() for p in lay.parameters()) for lay in model.layers)
         hidden = int(target_config.hidden_size)
 
@@ -54,6 +56,12 @@ class DFlash(DrafterKind):
 
         return PlannedDrafter(cfg, model, n, layer, shape.layers, None, True, working, head)
 
+    def plan_model(self, shape: Any) -> Any:
+        """The drafter the plan counts, of a DFlash shape (`DrafterConfig`)."""
+        from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+
+        return DFlashDrafter(shape)
+
     def planned(self, plan: Any) -> tuple[str, str]:
         layers = plan.drafter_layers
         return (
@@ -62,7 +70,12 @@ class DFlash(DrafterKind):
         )
 
     def owns(self, config: Mapping[str, Any]) -> bool:
-        return isinstance(config.get("dflash_config"), Mapping)
+        """z-lab's format: a `dflash_config` (the family's speculators-format exports carry one too, and
+        name their kind)."""
+        return isinstance(config.get("dflash_config"), Mapping) and config.get("speculators_model_type") in (
+            None,
+            "dflash",
+        )
 
     def load(self, folder: Path, device: Any = "cpu") -> Any:
         from draftdeck.drafter.kinds.dflash.export import load_zlab
@@ -74,7 +87,7 @@ class DFlash(DrafterKind):
 
         return config_from_hf(config).block_size
 
-    def source(self, drafter: Any, target: Any, block: int) -> Any:
+    def source(self, drafter: Any, target: Any, block: int, threshold: float = 0.0) -> Any:
         from draftdeck.drafter.kinds.dflash.source import DFlashSource
 
         return DFlashSource(drafter, target, block)
@@ -91,7 +104,7 @@ class DFlash(DrafterKind):
         from draftdeck.drafter.kinds.dflash.walked import heldout_counts
 
         walker = copy.copy(drafter)  # shares the weights; only the block size may differ
-        walker.block_size = block
+        walker.block_size = block - drafter.shift  # the verify block less the drafts from the anchor
         return heldout_counts(walker, target, batches, gamma=7.0)
 
     def pair_problems(self, drafter: Any, target: Any) -> list[str]:

@@ -27,6 +27,7 @@ The rotary inverse frequencies are a non-persistent buffer, as in HF.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -36,6 +37,7 @@ from torch.utils.checkpoint import checkpoint
 
 from draftdeck.drafter.model.attention import BlockLayout
 from draftdeck.drafter.model.config import DrafterConfig
+from draftdeck.drafter.model.head import HeadOut, head_argmax, head_loss
 from draftdeck.drafter.model.layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
 
 
@@ -134,6 +136,13 @@ class DecoderLayer(nn.Module):
         of the layer, not of its attention, so that a sharded layer gathers its weights for it."""
         return self.self_attn.keys_values(context, position_embeddings)
 
+    def sublayer(
+        self, name: str, x: torch.Tensor, run: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """The attention's or the MLP's output for its normed input `x` (`name`: "attention" or "mlp"):
+        `run(x)`; DFlash2 wraps each in a local convolution over the block's slots."""
+        return run(x)
+
     def block_forward(
         self,
         hidden_states: torch.Tensor,
@@ -141,10 +150,11 @@ class DecoderLayer(nn.Module):
         layout: BlockLayout,
         context_kv: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
-        h = hidden_states + self.self_attn.block_attention(
-            self.input_layernorm(hidden_states), position_embeddings, layout, context_kv
-        )
-        return h + self.mlp(self.post_attention_layernorm(h))
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            return self.self_attn.block_attention(x, position_embeddings, layout, context_kv)
+
+        h = hidden_states + self.sublayer("attention", self.input_layernorm(hidden_states), attend)
+        return h + self.sublayer("mlp", self.post_attention_layernorm(h), self.mlp)
 
     def forward(
         self,
@@ -154,14 +164,11 @@ class DecoderLayer(nn.Module):
         attention_mask: torch.Tensor | None,
         past_key_values: Any = None,
     ) -> torch.Tensor:
-        h = hidden_states + self.self_attn(
-            self.input_layernorm(hidden_states),
-            target_hidden,
-            position_embeddings,
-            attention_mask,
-            past_key_values,
-        )
-        return h + self.mlp(self.post_attention_layernorm(h))
+        def attend(x: torch.Tensor) -> torch.Tensor:
+            return self.self_attn(x, target_hidden, position_embeddings, attention_mask, past_key_values)
+
+        h = hidden_states + self.sublayer("attention", self.input_layernorm(hidden_states), attend)
+        return h + self.sublayer("mlp", self.post_attention_layernorm(h), self.mlp)
 
 
 class DFlashDrafter(nn.Module):
@@ -179,7 +186,7 @@ class DFlashDrafter(nn.Module):
         self.mask_token_id = config.mask_token_id
         # training only: recompute each layer's activations in the backward (memory for time)
         self.gradient_checkpointing = False
-        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.layers)])
+        self.layers = nn.ModuleList([self.decoder_layer(config, i) for i in range(config.layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
         self.fc = nn.Linear(config.context_size, config.hidden_size, bias=False)
@@ -226,6 +233,63 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             hidden = layer(hidden, context, pos, attention_mask, cache)
         return self.norm(hidden)
+
+    def decoder_layer(self, config: DrafterConfig, index: int) -> DecoderLayer:
+        """One decoder layer (DFlash2's wraps its sublayers in convolutions)."""
+        return DecoderLayer(config, index)
+
+    # -- what the DFlash family's kinds change (DSpark, DFlash2 override these) -------------------------
+    sample_from_anchor = False  # slot j drafts the token j + 1 after the anchor (else j after it)
+    fsdp_methods: tuple[str, ...] = ()  # methods that read the drafter's own heads' weights (sharding)
+
+    @property
+    def shift(self) -> int:
+        return int(self.sample_from_anchor)
+
+    @property
+    def slots(self) -> int:
+        """The verify block its drafts are counted in: the anchor, then B - 1 (or B) drafts."""
+        return self.block_size + self.shift
+
+    def block_features(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor | None:
+        """What the drafter's own heads read per slot of whole blocks: `hidden` (..., slots, H) the
+        verify block's final hidden states, `previous` (..., slots) each slot's previous token; None
+        when it has no heads (DFlash). Computed over whole blocks: a head may carry a state from slot
+        to slot (DSpark's recurrent Markov head)."""
+        return None
+
+    def slot_loss(
+        self,
+        head: nn.Module,
+        hidden: torch.Tensor,
+        previous: torch.Tensor,
+        features: torch.Tensor | None,
+        labels: torch.Tensor,
+        weights: torch.Tensor,
+        *,
+        teacher: torch.Tensor | None = None,
+        mix: tuple[float, float] = (1.0, 0.0),
+        chunked: bool = True,
+    ) -> HeadOut:
+        """Each counted slot's loss and draft from its final hidden state (N, H) through the target's
+        `head`; `previous` (N,) each slot's previous token and `features` (N, F) its row of
+        `block_features`, which DFlash does not read."""
+        return head_loss(head, hidden, labels, weights, teacher=teacher, mix=mix, chunked=chunked)
+
+    def slot_choice(
+        self, head: nn.Module, hidden: torch.Tensor, previous: torch.Tensor, features: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(N,) each slot's draft, its previous token known (the walk's teacher-forced drafts)."""
+        return head_argmax(head, hidden)
+
+    def choose_drafts(
+        self, head: nn.Module, hidden: torch.Tensor, anchor: int, want: int, threshold: float = 0.0
+    ) -> list[int]:
+        """Up to `want` drafts of one block whose final hidden states are `hidden` (B, H), in order
+        (decoding: each draft's previous token is the one drafted before it); `threshold`: a drafter
+        with a confidence head stops where it falls below (DFlash has none)."""
+        first = 1 - self.shift  # drafting from the anchor: its own slot drafts too
+        return [int(t) for t in head_argmax(head, hidden[first : first + want]).tolist()]
 
     @property
     def decoder_layers(self) -> list[DecoderLayer]:

@@ -11,6 +11,13 @@ KL part (``mix`` = (ce_weight, kl_weight)), each slot's loss is ce_weight * CE +
 KL(p || q), p the target's next-token distribution at the slot's position p + k (teacher-forced on the
 row: its head on its final hidden state at p + k - 1), q the drafter's.
 
+The DFlash family shares this objective. A drafter that drafts from the anchor (`sample_from_anchor`,
+DSpark's default) predicts ``ids[p + j + 1]`` at slot j: its B drafts are counted as slots 1..B of a
+verify block of B + 1 (`BlockBatch.slots`), slot 0 again the anchor. A drafter may add its own terms to
+the target head's logits and loss, and choose its drafts otherwise than by the head's argmax: its
+`slot_loss` and `slot_choice` (DSpark's Markov bias and confidence head, DFlash2's candidate selector),
+which see each slot's previous token (the anchor for the first draft; teacher-forced, the data's).
+
 The A anchors of a batch go through one drafter forward: (bsz, A * B) queries against
 [T context keys ; A * B block keys], block-sparse (`draftdeck.drafter.model.attention.BlockLayout`: flex
 attention, the project's blocked kernel, or dense SDPA as the reference); the loss goes through the
@@ -104,7 +111,7 @@ def label_weight_sum(
 class BlockBatch:
     """The drafter's inputs and the labels for A blocks per row. Shapes: anchors/valid (bsz, A);
     block_ids (bsz, A*B); position_ids (bsz, T + A*B); `layout`: who sees whom (its `dense_mask()`
-    is (bsz, 1, A*B, T + A*B)); labels/label_valid (bsz, A, B)."""
+    is (bsz, 1, A*B, T + A*B)); labels/label_valid (bsz, A, B + shift)."""
 
     block_size: int
     anchors: torch.Tensor
@@ -114,6 +121,17 @@ class BlockBatch:
     layout: BlockLayout
     labels: torch.Tensor
     label_valid: torch.Tensor
+    shift: int = 0  # 1: slot j of the block drafts the token at p + j + 1 (drafting from the anchor)
+
+    @property
+    def slots(self) -> int:
+        """Slots of the verify block the drafts are counted in: the anchor, then the drafts."""
+        return self.block_size + self.shift
+
+    def previous(self) -> torch.Tensor:
+        """(bsz, A, slots) each slot's previous token (the anchor for the first draft): what a
+        drafter's own heads condition a draft on, teacher-forced."""
+        return torch.cat([self.labels[:, :, :1], self.labels[:, :, :-1]], dim=2)
 
 
 def build_blocks(
@@ -125,6 +143,7 @@ def build_blocks(
     block_size: int,
     mask_token_id: int,
     backend: Backend = "blocked",
+    shift: int = 0,
 ) -> BlockBatch:
     bsz, t = input_ids.shape
     a, b = anchors.shape[1], block_size
@@ -134,14 +153,17 @@ def build_blocks(
     )  # (bsz, A, B): absolute position of each slot
     block_ids = torch.full((bsz, a, b), mask_token_id, dtype=input_ids.dtype, device=dev)
     block_ids[:, :, 0] = input_ids.gather(1, anchors)
-    safe = slot_pos.clamp(max=t - 1).view(bsz, -1)
-    labels = input_ids.gather(1, safe).view(bsz, a, b)
-    label_valid = counted_slots(loss_mask, anchors, valid, block_size)
+    label_pos = anchors[:, :, None] + torch.arange(b + shift, device=dev)  # the verify block's slots
+    safe = label_pos.clamp(max=t - 1).view(bsz, -1)
+    labels = input_ids.gather(1, safe).view(bsz, a, b + shift)
+    label_valid = counted_slots(loss_mask, anchors, valid, b + shift)
     key_ok = None if attention_mask is None else attention_mask.bool()
     layout = BlockLayout(anchors, key_ok, t, b, backend)  # context strictly before the anchor
     keys = torch.arange(t, device=dev)
     position_ids = torch.cat([keys.expand(bsz, t), slot_pos.view(bsz, -1)], dim=1)
-    return BlockBatch(b, anchors, valid, block_ids.view(bsz, -1), position_ids, layout, labels, label_valid)
+    return BlockBatch(
+        b, anchors, valid, block_ids.view(bsz, -1), position_ids, layout, labels, label_valid, shift
+    )
 
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # DFlashDrafter.context_kv: per layer (k, v)
@@ -154,8 +176,10 @@ def drafter_hidden(
     batch: BlockBatch,
     context_kv: ContextKV | None = None,
 ) -> torch.Tensor:
-    """The drafter's final hidden states for every slot: (bsz, A, B, H). With `context_kv` (the
-    context's keys and values, computed once for several groups of anchors) only the blocks run."""
+    """The drafter's final hidden states for every slot of the verify block: (bsz, A, B + shift, H)
+    (a drafter that drafts from the anchor: its slot j at slot j + 1, slot 0 zeros, never read). With
+    `context_kv` (the context's keys and values, computed once for several groups of anchors) only the
+    blocks run."""
     noise = embed_rows(embedding, batch.block_ids)
     if context_kv is not None:
         t = batch.layout.context_len
@@ -169,7 +193,8 @@ def drafter_hidden(
             target_hidden=context,
         )
     bsz, a = batch.anchors.shape
-    return h.view(bsz, a, batch.block_size, -1)
+    h = h.view(bsz, a, batch.block_size, -1)
+    return torch.cat([h.new_zeros(bsz, a, batch.shift, h.shape[-1]), h], dim=2) if batch.shift else h
 
 
 @dataclass
@@ -212,31 +237,44 @@ def block_loss(
     chunked_head: bool = True,
     teacher: torch.Tensor | None = None,
     mix: Mix = CE_ONLY,
+    drafter: nn.Module | None = None,
 ) -> BlockResult:
     """Weighted loss over counted slots (logits only for those, in chunks), per-slot and anchor-mean
     counts. With `teacher` (the target's final hidden states, (bsz, T, H)) the KL part of `mix` is
-    computed, and the expected acceptance per slot counted.
+    computed, and the expected acceptance per slot counted. With `drafter`, its `slot_loss` gives each
+    slot's loss and draft (its own heads' terms beside the target head's).
 
     `logits_fn` maps (N, H) -> (N, V): the target's LM head (or any stand-in in tests; an
     `nn.Linear` goes through `draftdeck.drafter.model.head`'s chunks unless `chunked_head` is False, the
     reference). The loss is sum w * CE / `normalizer` (default: this batch's sum w; the trainer
     passes the global sum over micro-batches and ranks, and sums the gradients over ranks)."""
-    b = batch.block_size
+    b = batch.slots
     sel = batch.label_valid
     labels = batch.labels[sel]
     w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
     rows = teacher_rows(teacher, batch) if teacher is not None else None
-    out = head_loss(logits_fn, hidden[sel], labels, w, teacher=rows, mix=mix, chunked=chunked_head)
+    if drafter is not None:
+        previous = batch.previous()
+        features = drafter.block_features(hidden, previous)  # type: ignore[operator]
+        out = drafter.slot_loss(  # type: ignore[operator]
+            logits_fn, hidden[sel], previous[sel], None if features is None else features[sel], labels, w,
+            teacher=rows, mix=mix, chunked=chunked_head,
+        )  # fmt: skip
+    else:
+        out = head_loss(logits_fn, hidden[sel], labels, w, teacher=rows, mix=mix, chunked=chunked_head)
     pred_sel = out.pred
     wsum = w.sum()
     denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)
     loss = out.total / denom if sel.any() else hidden.sum() * 0.0
-    predictions = batch.block_ids.view(sel.shape).clone()
+    predictions = batch.labels.clone()
+    predictions[:, :, 1:] = 0
     predictions[sel] = pred_sel
     correct = torch.zeros_like(sel)
     correct[sel] = pred_sel == labels
     runs = leading_runs(correct, batch.valid)
     per_slot = out.ce if out.kl is None else mix[0] * out.ce + mix[1] * out.kl
+    if out.extra is not None:  # the drafter's own heads' loss per slot
+        per_slot = per_slot + out.extra
     counts = counts_of(batch, correct, per_slot, w)
     if out.accept is not None and out.draft_prob is not None:
         per = torch.zeros((2, *sel.shape), dtype=torch.float32, device=sel.device)
@@ -248,7 +286,7 @@ def block_loss(
 
 
 def counts_of(batch: BlockBatch, correct: torch.Tensor, loss: torch.Tensor, w: torch.Tensor) -> Counts:
-    b = batch.block_size
+    b = batch.slots
     sel = batch.label_valid
     runs = leading_runs(correct, batch.valid)[batch.valid]
     c = Counts(b)
@@ -288,12 +326,14 @@ def dflash_loss(
         raise ValueError(f"gamma {gamma} must be a positive number")
     core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # a wrapper's `module`
     batch = build_blocks(
-        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention
-    )
+        input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention,
+        core.shift,
+    )  # fmt: skip
     hidden = drafter_hidden(drafter, embedding, context, batch, context_kv)
     return block_loss(
-        lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head, teacher=teacher, mix=mix
-    )
+        lm_head, hidden, batch, gamma, normalizer, chunked_head=chunked_head, teacher=teacher, mix=mix,
+        drafter=drafter,
+    )  # fmt: skip
 
 
 def dflash_backward(
@@ -326,7 +366,7 @@ def dflash_backward(
     positions = torch.arange(t, device=input_ids.device).expand(bsz, t)
     shared = drafter.context_kv(context, positions)
     leaves = [(k.detach().requires_grad_(), v.detach().requires_grad_()) for k, v in shared]
-    counts = Counts(drafter.block_size)
+    counts = Counts(drafter.slots)
     per = max(1, anchors_per_forward)
     for s in range(0, max(anchors.shape[1], 1), per):
         res = dflash_loss(

@@ -12,9 +12,10 @@ from draftdeck.drafter.model.target import Target
 
 
 class DFlashSource:
-    """A DFlash drafter (z-lab's forward signature: `position_ids`, `noise_embedding`,
+    """A DFlash-family drafter (z-lab's forward signature: `position_ids`, `noise_embedding`,
     `target_hidden`, `past_key_values`, `use_cache`; attributes `target_layer_ids`, `mask_token_id`)
-    proposing argmax tokens through the target's embedding and LM head.
+    proposing its drafts through the target's embedding and LM head (the argmax, or what its own heads
+    choose: `choose_drafts`).
 
     The drafter's KV cache holds the projected context of every committed position; each call adds
     the newly observed positions, runs the block `[anchor, MASK x (B-1)]`, and crops the block back out.
@@ -23,12 +24,16 @@ class DFlashSource:
     are wanted near `max_new_tokens`: attention inside a block is bidirectional, so a shorter block
     would give other proposals than the ones the drafter was trained (and walked) with."""
 
-    def __init__(self, drafter: Any, target: Target, block_size: int | None = None):
+    def __init__(
+        self, drafter: Any, target: Target, block_size: int | None = None, *, threshold: float = 0.0
+    ):
         self.drafter = drafter.eval()
+        self.threshold = threshold  # a confidence head's cut (DSpark): the block stops below it
         self.layer_ids: list[int] | None = list(drafter.target_layer_ids)
         self.mask_token_id = int(drafter.mask_token_id)
         self.target = target
-        self.block_size = int(block_size or drafter.block_size)
+        # the verify block: the anchor and its drafts (a drafter that drafts from the anchor: B of them)
+        self.block_size = int(block_size or drafter.slots)
         self.cache = DynamicCache()
         self.cached = 0
         self.pending: list[torch.Tensor] = []
@@ -45,7 +50,8 @@ class DFlashSource:
 
     @torch.inference_mode()
     def propose(self, committed: list[int], k: int) -> list[int]:
-        want, k = k, max(k, self.block_size - 1)
+        shift = self.drafter.shift
+        want, k = k, max(k, self.block_size - 1) - shift  # k: the block's masked slots
         anchor_pos = len(committed) - 1
         ctx = torch.cat(self.pending, dim=0)[None]
         if self.cached + ctx.shape[1] != anchor_pos:
@@ -64,5 +70,7 @@ class DFlashSource:
         crop_to(self.cache, anchor_pos)
         self.cached = anchor_pos
         self.pending = []
-        logits = self.drafter.compute_logits(hidden[0, 1 : want + 1], self.target.lm_head)
-        return [int(t) for t in logits.argmax(dim=-1).tolist()]
+        drafts: list[int] = self.drafter.choose_drafts(
+            self.target.lm_head, hidden[0], committed[-1], want, threshold=self.threshold
+        )
+        return drafts

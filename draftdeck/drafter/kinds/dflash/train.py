@@ -38,19 +38,27 @@ class DFlashKind:
 
     name = "dflash"
     shards_state = True
+    teacher_always = False  # the target's distribution read at every slot even without a KL loss
 
     def __init__(self, params: TrainParams, target: Target):
         self.p = params
-        self.cfg = DrafterConfig.from_target(
-            target.config, tokenizer=target.tokenizer, layers=params.layers, block_size=params.block_size,
-            target_layer_ids=params.target_layer_ids, mask_token_id=params.mask_token_id,
+        self.cfg = self.config_of(
+            DrafterConfig.from_target(
+                target.config, tokenizer=target.tokenizer, layers=params.layers, block_size=params.block_size,
+                target_layer_ids=params.target_layer_ids, mask_token_id=params.mask_token_id,
+            )
         )  # fmt: skip
-        self.model = DFlashDrafter(self.cfg)
+        self.model = self.fresh()
         self.model.gradient_checkpointing = params.gradient_checkpointing
-        self.slots = self.cfg.block_size
+        self.slots = self.model.slots
         self.layer_ids = list(self.cfg.target_layer_ids)
 
-    def fresh(self) -> nn.Module:
+    def config_of(self, shape: DrafterConfig) -> DrafterConfig:
+        """The drafter's config from the DFlash shape the target and options give (a kind that extends
+        DFlash adds its own)."""
+        return shape
+
+    def fresh(self) -> DFlashDrafter:
         return DFlashDrafter(self.cfg)
 
     def describe(self) -> dict[str, Any]:
@@ -93,13 +101,13 @@ class DFlashKind:
         return out
 
     def weight_sum(self, m: MicroBatch) -> float:
-        return float(label_weight_sum(m.lm, _anchors(m), _valid(m), self.cfg.block_size, self.p.gamma))
+        return float(label_weight_sum(m.lm, _anchors(m), _valid(m), self.slots, self.p.gamma))
 
     def backward(
         self, model: nn.Module, target: Target, m: MicroBatch, normalizer: float, attention: Backend
     ) -> Counts:
         mix, teacher = self.p.mix, None
-        if mix[1]:  # the KL needs the target's final hidden states: the same one forward
+        if mix[1] or self.teacher_always:  # the target's final hidden states: the same one forward
             tf = target.teacher_forced(m.ids, m.att, self.layer_ids)
             context, teacher = tf.context, tf.last_hidden
         else:

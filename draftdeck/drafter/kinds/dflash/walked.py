@@ -32,6 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from torch import nn
 
 from draftdeck.drafter.kinds.dflash.memory import HELDOUT_ANCHORS_PER_CHUNK
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
@@ -44,12 +45,31 @@ from draftdeck.drafter.kinds.dflash.objective import (
     sample_anchors_per_row,
 )
 from draftdeck.drafter.model.attention import Backend
-from draftdeck.drafter.model.head import head_argmax
 from draftdeck.drafter.model.target import Target, TargetPass
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.losses import CE_ONLY, Mix
 from draftdeck.drafter.train.truth import Batch
-from draftdeck.drafter.train.walked import drafted_runs, leading_runs_read, row_generators, tally, walk_steps
+from draftdeck.drafter.train.walked import drafted_runs, row_generators, tally, walk_steps
+
+
+def leading_runs_read(
+    drafter: DFlashDrafter,
+    head: nn.Module,
+    hidden: torch.Tensor,
+    previous: torch.Tensor,
+    labels: torch.Tensor,
+    counted: torch.Tensor,
+) -> torch.Tensor:
+    """(m,) each block's leading run of drafts equal to `labels` from slot 1 (an uncounted slot ends
+    it): every counted slot of `hidden` (m, slots, H) drafted at once, its previous token the data's
+    (while the run lasts, the one decoding drafted)."""
+    correct = torch.zeros_like(counted)
+    features = drafter.block_features(hidden, previous)
+    chosen = drafter.slot_choice(
+        head, hidden[counted], previous[counted], None if features is None else features[counted]
+    )
+    correct[counted] = chosen == labels[counted]
+    return correct[:, 1:].long().cumprod(dim=1).sum(dim=1)
 
 
 def _sample(batch: Batch, anchors: torch.Tensor, per_row: int | None, seed: int) -> torch.Tensor:
@@ -96,23 +116,34 @@ def first_slots(
     anchors, valid = all_anchors(loss_mask)
     sampled = _sample(batch, anchors, per_row, seed) & valid
     runs = torch.full(input_ids.shape, -1, dtype=torch.long, device=input_ids.device)
-    counts = Counts(drafter.block_size)
+    counts = Counts(drafter.slots)
     rows = torch.arange(bsz, device=input_ids.device)[:, None]
     for i in range(0, anchors.shape[1], anchors_per_chunk):
         part = slice(i, i + anchors_per_chunk)
         a, v, s = anchors[:, part], valid[:, part], sampled[:, part]
         blocks = build_blocks(
-            input_ids, loss_mask, attention_mask, a, v, drafter.block_size, drafter.mask_token_id, attention
-        )
+            input_ids, loss_mask, attention_mask, a, v, drafter.block_size, drafter.mask_token_id, attention,
+            drafter.shift,
+        )  # fmt: skip
         hidden = drafter_hidden(drafter, target.embedding, hidden_states, blocks, kv)
         if s.any():
             only = replace(blocks, valid=s, label_valid=blocks.label_valid & s[:, :, None])
-            res = block_loss(target.lm_head, hidden, only, gamma, teacher=tf.last_hidden, mix=mix)
+            res = block_loss(
+                target.lm_head, hidden, only, gamma, teacher=tf.last_hidden, mix=mix, drafter=drafter
+            )
             counts = counts + res.counts
             runs[rows.expand_as(a)[s], a[s]] = res.runs[s]
         rest = v & ~s  # an eligible anchor's slot 1 is always counted
         if rest.any():
-            right = head_argmax(target.lm_head, hidden[rest][:, 1]) == blocks.labels[rest][:, 1]
+            previous = blocks.previous()[rest]
+            features = drafter.block_features(hidden[rest], previous)
+            first = drafter.slot_choice(
+                target.lm_head,
+                hidden[rest][:, 1],
+                previous[:, 1],
+                None if features is None else features[:, 1],
+            )
+            right = first == blocks.labels[rest][:, 1]
             runs[rows.expand_as(a)[rest], a[rest]] = torch.where(right, UNKNOWN, 0)
     return runs, counts
 
@@ -158,19 +189,14 @@ class Drafts:
         anchors[r, s], valid[r, s] = torch.from_numpy(cols).to(dev), True
         d = self.drafter
         blocks = build_blocks(
-            input_ids,
-            loss_mask,
-            attention_mask,
-            anchors,
-            valid,
-            d.block_size,
-            d.mask_token_id,
-            self.attention,
-        )
+            input_ids, loss_mask, attention_mask, anchors, valid, d.block_size, d.mask_token_id,
+            self.attention, d.shift,
+        )  # fmt: skip
         hidden = drafter_hidden(d, self.target.embedding, self.context[0], blocks, self.context[1])
         runs = leading_runs_read(
-            self.target.lm_head, hidden[r, s], blocks.labels[r, s], blocks.label_valid[r, s]
-        )
+            d, self.target.lm_head, hidden[r, s], blocks.previous()[r, s], blocks.labels[r, s],
+            blocks.label_valid[r, s],
+        )  # fmt: skip
         self.drafted += int(flat.size)
         out = np.empty(flat.size, dtype=np.int64)
         out[order] = runs.cpu().numpy()
@@ -199,7 +225,7 @@ def heldout_pass(
     per source too."""
     was_training = drafter.training
     drafter.eval()
-    total = Counts(drafter.block_size)
+    total = Counts(drafter.slots)
     by_source: dict[str, Counts] = {}
     row_sources = iter(sources) if sources is not None else None
     try:
@@ -219,7 +245,7 @@ def heldout_pass(
                 Drafts(drafter, target, batch, context, runs, attention), loss_mask.cpu().numpy()
             )
             names = list(next(row_sources)) if row_sources is not None else []
-            total = total + tally(steps, target, tf, batch, judge, names, drafter.block_size, by_source)
+            total = total + tally(steps, target, tf, batch, judge, names, drafter.slots, by_source)
     finally:
         drafter.train(was_training)
     return total, by_source

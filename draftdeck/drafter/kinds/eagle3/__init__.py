@@ -11,12 +11,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
-from draftdeck.drafter.kinds import DrafterKind, size_problems
+from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, size_problems
+from draftdeck.drafter.kinds.eagle3.options import DEFAULT_DRAFT_VOCAB, Eagle3Options
 
 
 class Eagle3(DrafterKind):
     name = "eagle3"
     title = "EAGLE-3"
+    summary = (
+        "one layer drafting a chain token by token over a draft vocabulary, trained by unrolling it over its"
+        " own drafts, TTT (ttt_steps, draft_vocab_size)"
+    )
+    options: tuple[type[KindOptions], ...] = (Eagle3Options,)
     chain = True
     demo = {"ttt_steps": 7}
     formats = ("speculators", "sglang")
@@ -47,7 +53,7 @@ class Eagle3(DrafterKind):
 
         vocab = int(target_config.vocab_size)
         cfg = Eagle3Config.from_target(
-            target_config, draft_vocab_size=min(shape.draft_vocab_size, vocab),
+            target_config, draft_vocab_size=min(shape.draft_vocab_size or DEFAULT_DRAFT_VOCAB, vocab),
             aux_layer_ids=list(shape.eagle3_layer_ids) if shape.eagle3_layer_ids else None,
         )  # fmt: skip
         n, model = meta_count(lambda: Eagle3Drafter(cfg))
@@ -83,7 +89,7 @@ class Eagle3(DrafterKind):
 
         return trained_drafts(folder) + 1
 
-    def source(self, drafter: Any, target: Any, block: int) -> Any:
+    def source(self, drafter: Any, target: Any, block: int, threshold: float = 0.0) -> Any:
         from draftdeck.drafter.kinds.eagle3.source import Eagle3Source
 
         return Eagle3Source(drafter, target)

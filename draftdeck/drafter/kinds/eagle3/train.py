@@ -13,6 +13,7 @@ from torch import nn
 from draftdeck.drafter.kinds.eagle3.memory import estimate_eagle3
 from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter, ttt_labels
 from draftdeck.drafter.kinds.eagle3.objective import target_draft_view, ttt_loss
+from draftdeck.drafter.kinds.eagle3.options import DEFAULT_DRAFT_VOCAB
 from draftdeck.drafter.kinds.eagle3.walked import eagle3_heldout_pass
 from draftdeck.drafter.model.attention import Backend
 from draftdeck.drafter.model.target import Target
@@ -20,7 +21,7 @@ from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import TrainData, collate
 from draftdeck.drafter.train.drafters import DRAFTER_JSON, MicroBatch, config_json
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
-from draftdeck.drafter.train.params import DEFAULT_DRAFT_VOCAB, TrainParams
+from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.sharding import Sharding
 from draftdeck.drafter.train.truth import Batch

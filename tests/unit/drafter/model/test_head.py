@@ -90,3 +90,35 @@ def test_expected_acceptance_is_one_for_equal_distributions_and_a_kl_needs_its_t
         head_loss(head, hidden, labels, weights, mix=(1.0, 1.0))
     plain = head_loss(head, hidden, labels, weights)
     assert plain.kl is None and plain.accept is None
+
+
+@pytest.mark.parametrize("mix", [(1.0, 0.0), (0.5, 2.0)])
+def test_a_drafter_s_low_rank_term_chunked_equals_the_dense_logits(mix: tuple[float, float]) -> None:
+    """DSpark's Markov bias u W2^T added to the target head's logits: the chunked path's loss, parts
+    and gradients (for the hidden states, u and W2; none for the frozen head) are the reference's, and
+    the reference is the plain loss over (head(h) + u W2^T)."""
+    head, hidden, teacher, labels, weights = _case(1)
+    head.requires_grad_(False)
+    g = torch.Generator().manual_seed(5)
+    u = torch.randn(37, 4, generator=g, requires_grad=True)
+    w2 = torch.randn(50, 4, generator=g, requires_grad=True)
+    got = []
+    for chunked in (False, True):
+        for t in (hidden, u, w2):
+            t.grad = None
+        out = head_loss(head, hidden, labels, weights, teacher=teacher, mix=mix, chunked=chunked,
+                        chunk_bytes=4 * 50 * 6, low_rank=(u, w2))  # fmt: skip
+        (out.total * 0.5).backward()
+        got.append((out, [t.grad.clone() for t in (hidden, u, w2)]))  # type: ignore[union-attr]
+    (ref, ref_grads), (new, new_grads) = got
+    for name in ("total", "ce", "accept"):
+        torch.testing.assert_close(
+            getattr(new, name).detach(), getattr(ref, name).detach(), rtol=1e-5, atol=1e-5
+        )
+    assert torch.equal(new.pred, ref.pred)
+    for a, b in zip(ref_grads, new_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    logits = hidden @ head.weight.T + head.bias + u @ w2.T  # by hand: the biased logits' CE
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    torch.testing.assert_close(ref.ce, ce.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(ref.pred, logits.argmax(-1))
