@@ -1,0 +1,110 @@
+"""A DSpark drafter's folder in speculators' format (`speculators_model_type: dspark`, architectures
+`DSparkSpeculator`), which speculators 0.9.0's `DSparkDraftModel` loads key for key and vLLM serves
+(`method: dspark`, PR #46995); the checkpoint's config.json is already in it. What each server reads
+of it, and the flags that launch it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftdeck.drafter.export.folder import CheckpointError, read_config, write_folder
+from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_weights, speculators_config
+from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
+
+KIND = "dspark"
+ARCHITECTURES = ["DSparkSpeculator"]
+
+
+def config_json(cfg: DSparkConfig, verifier: str | None = None) -> dict[str, Any]:
+    fields = {
+        "sample_from_anchor": cfg.sample_from_anchor,
+        "sliding_window_non_causal": False,
+        "markov_rank": cfg.markov_rank,
+        "markov_head_type": cfg.markov_head_type,
+        "enable_confidence_head": cfg.confidence_head,
+        "confidence_head_with_markov": cfg.confidence_with_markov,
+    }
+    drafts = cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1
+    return speculators_config(cfg, KIND, ARCHITECTURES, fields, verifier, drafts=drafts)
+
+
+def config_of(hf: dict[str, Any]) -> DSparkConfig:
+    try:
+        return DSparkConfig(
+            **drafter_fields(hf),
+            markov_rank=int(hf.get("markov_rank", 256)),
+            markov_head_type=str(hf.get("markov_head_type", "vanilla")),
+            confidence_head=bool(hf.get("enable_confidence_head", True)),
+            confidence_with_markov=bool(hf.get("confidence_head_with_markov", True)),
+            sample_from_anchor=bool(hf.get("sample_from_anchor", True)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json is not a complete DSpark config: {e!r}") from e
+
+
+def save_dspark(drafter: DSparkDrafter, out: Path, verifier: str | None = None) -> Path:
+    return write_folder(Path(out), drafter.state_dict(), config_json(drafter.dspark, verifier))
+
+
+def load_dspark(folder: Path, device: Any = "cpu") -> DSparkDrafter:
+    drafter = DSparkDrafter(config_of(read_config(Path(folder))))
+    load_weights(drafter, Path(folder), "DSpark")
+    return drafter.to(device).eval()
+
+
+def served(folder: Path, target: str | None, block: int) -> list[dict[str, Any]]:
+    """vLLM's and SGLang's reading of an export: the drafts a step proposes and the flags."""
+    hf = read_config(folder)
+    cfg = config_of(hf)
+    drafts = block - 1
+    model = target or "<target>"
+    problems = []
+    if (hf.get("speculators_config") or {}).get("verifier", {}).get("name_or_path") is None:
+        problems.append(
+            "no verifier named: `vllm serve <dir>` alone cannot find the target (export with --target)"
+        )
+    spec = f'{{"method": "dspark", "model": "{folder}", "num_speculative_tokens": {drafts}}}'
+    return [
+        {
+            "server": "vllm",
+            "drafts": drafts,
+            "flags": f"vllm serve {model} --speculative-config '{spec}'",
+            "problems": problems,
+        },
+        {
+            "server": "sglang",
+            "drafts": drafts,
+            "flags": f"python -m sglang.launch_server --model-path {model} --speculative-algorithm DSPARK"
+            f" --speculative-draft-model-path {folder} --speculative-num-draft-tokens {block}",
+            "problems": []
+            if cfg.sample_from_anchor
+            else ["sample_from_anchor false: SGLang's DSPARK drafts from the anchor, this drafter after it"],
+        },
+    ]
+
+
+def warm_start(drafter: DSparkDrafter, checkpoint: Path) -> str:
+    """The DFlash backbone's weights of a DFlash checkpoint or run of the same shape, into `drafter`
+    (its heads start fresh). Returns what was loaded, for the job's log."""
+    from draftdeck.drafter.export.folder import resolve_checkpoint
+    from draftdeck.drafter.kinds.dflash.export import load_zlab
+
+    folder = resolve_checkpoint(Path(checkpoint))
+    hf = read_config(folder)
+    if "dflash_config" not in hf or hf.get("speculators_model_type") not in (None, "dflash"):
+        raise CheckpointError(f"{folder}: init_from takes a DFlash checkpoint or run (this is another kind)")
+    source = load_zlab(folder).state_dict()
+    own = drafter.state_dict()
+    differ = [k for k, v in source.items() if k not in own or own[k].shape != v.shape]
+    if differ:
+        raise CheckpointError(
+            f"{folder}: its DFlash drafter is of another shape than this run's ({', '.join(differ[:4])}):"
+            " same target, layers and tapped layers needed"
+        )
+    with torch.no_grad():
+        for k, v in source.items():
+            own[k].copy_(v)
+    return f"warm start: the DFlash layers of {folder} ({len(source)} tensors); the heads start fresh"
