@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, size_problems
 from draftdeck.drafter.kinds.dflash.options import DFlashOptions
+from draftdeck.drafter.kinds.dflash2.options import DFlash2Options
+from draftdeck.drafter.kinds.dspark.options import DSparkOptions
 from draftdeck.drafter.kinds.eagle3.options import Eagle3Options
 from draftdeck.errors import UsageError
 
@@ -29,11 +31,13 @@ __all__ = ["NAMES", "DrafterKind", "DrafterName", "KindOptions", "Options", "get
 PACKAGES: dict[str, str] = {
     "dflash": "draftdeck.drafter.kinds.dflash",
     "eagle3": "draftdeck.drafter.kinds.eagle3",
+    "dflash2": "draftdeck.drafter.kinds.dflash2",
+    "dspark": "draftdeck.drafter.kinds.dspark",
 }
 NAMES: tuple[str, ...] = tuple(PACKAGES)
 
 
-class Options(DFlashOptions, Eagle3Options):
+class Options(DFlashOptions, Eagle3Options, DFlash2Options, DSparkOptions):
     """Every kind's options, as the train job's parameters take them (a kind's line here too)."""
 
 

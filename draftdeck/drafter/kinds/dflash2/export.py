@@ -1,0 +1,81 @@
+"""A DFlash2 drafter's folder in speculators' format (`speculators_model_type: dflash2`, architectures
+`DFlash2DraftModel`, which vLLM picks DFlash2 by, PR #52816; SGLang PR #35371), which speculators
+0.9.0's `DFlash2DraftModel` loads key for key; the checkpoint's config.json is already in it. What each
+server reads of it, and the flags that launch it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from draftdeck.drafter.export.folder import CheckpointError, read_config, write_folder
+from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_weights, speculators_config
+from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
+
+KIND = "dflash2"
+ARCHITECTURES = ["DFlash2DraftModel"]
+
+
+def config_json(cfg: DFlash2Config, verifier: str | None = None) -> dict[str, Any]:
+    fields = {
+        "sample_from_anchor": cfg.sample_from_anchor,
+        "sliding_window_non_causal": True,
+        "conv_kernel_size": cfg.conv_kernel_size,
+        "conv_group_size": cfg.conv_group_size,
+        "selector_rank": cfg.selector_rank,
+        "selector_top_k": cfg.selector_top_k,
+    }
+    drafts = cfg.block_size if cfg.sample_from_anchor else cfg.block_size - 1
+    return speculators_config(cfg, KIND, ARCHITECTURES, fields, verifier, drafts=drafts)
+
+
+def config_of(hf: dict[str, Any]) -> DFlash2Config:
+    try:
+        return DFlash2Config(
+            **drafter_fields(hf),
+            conv_kernel_size=int(hf.get("conv_kernel_size", 2)),
+            conv_group_size=int(hf.get("conv_group_size", 16)),
+            selector_rank=int(hf.get("selector_rank", 256)),
+            selector_top_k=int(hf.get("selector_top_k", 16)),
+            sample_from_anchor=bool(hf.get("sample_from_anchor", False)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json is not a complete DFlash2 config: {e!r}") from e
+
+
+def save_dflash2(drafter: DFlash2Drafter, out: Path, verifier: str | None = None) -> Path:
+    return write_folder(Path(out), drafter.state_dict(), config_json(drafter.dflash2, verifier))
+
+
+def load_dflash2(folder: Path, device: Any = "cpu") -> DFlash2Drafter:
+    drafter = DFlash2Drafter(config_of(read_config(Path(folder))))
+    load_weights(drafter, Path(folder), "DFlash2")
+    return drafter.to(device).eval()
+
+
+def served(folder: Path, target: str | None, block: int) -> list[dict[str, Any]]:
+    """vLLM's and SGLang's reading of an export: the drafts a step proposes and the flags."""
+    hf = read_config(folder)
+    drafts = block - 1
+    model = target or "<target>"
+    problems = []
+    if (hf.get("speculators_config") or {}).get("verifier", {}).get("name_or_path") is None:
+        problems.append(
+            "no verifier named: `vllm serve <dir>` alone cannot find the target (export with --target)"
+        )
+    spec = f'{{"method": "dflash", "model": "{folder}", "num_speculative_tokens": {drafts}}}'
+    return [
+        {
+            "server": "vllm",
+            "drafts": drafts,
+            "flags": f"vllm serve {model} --speculative-config '{spec}'  (DFlash2 by its architectures)",
+            "problems": problems,
+        },
+        {
+            "server": "sglang",
+            "drafts": drafts,
+            "flags": f"python -m sglang.launch_server --model-path {model} --speculative-algorithm DFLASH"
+            f" --speculative-draft-model-path {folder} --speculative-num-draft-tokens {block}",
+            "problems": [],
+        },
+    ]
