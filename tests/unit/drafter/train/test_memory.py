@@ -35,7 +35,8 @@ target, ds = build_world(root, seq=1024, rows=24, hidden=512, layers=2, heads=8,
 kind = ({"drafter": "eagle3", "ttt_steps": 4, "draft_vocab_size": 4096} if sys.argv[2] == "eagle3"
         else {"block_size": 16, "anchors_per_seq": 256})
 params = TrainParams(
-    inputs=[str(ds)], target=str(target), out=str(root / "run"), batch_size=1, max_steps=2, log_every=1, eval_every=2, heldout_fraction=0.1, heldout_max_rows=2,
+    inputs=[str(ds)], target=str(target), out=str(root / "run"), batch_size=1, max_steps=2,
+    log_every=1, eval_every=2, heldout_fraction=0.1, heldout_max_rows=2,
     truth_rows=2, truth_max_new_tokens=8, seq_length=960, device="cpu", **kind,
 )
 ctx = LocalContext(root / "ctx")
