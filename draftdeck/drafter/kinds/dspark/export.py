@@ -98,7 +98,9 @@ def warm_start(drafter: DSparkDrafter, checkpoint: Path) -> str:
         raise CheckpointError(f"{folder}: init_from takes a DFlash checkpoint or run (this is another kind)")
     source = load_zlab(folder).state_dict()
     own = drafter.state_dict()
+    backbone = {k for k in own if not k.startswith(("markov_head.", "confidence_head."))}
     differ = [k for k, v in source.items() if k not in own or own[k].shape != v.shape]
+    differ += sorted(backbone - set(source))  # a layer it lacks would start fresh unsaid
     if differ:
         raise CheckpointError(
             f"{folder}: its DFlash drafter is of another shape than this run's ({', '.join(differ[:4])}):"

@@ -139,3 +139,29 @@ def test_a_kinds_options_reach_its_runs_and_are_refused_by_name_for_another_kind
     assert get_kind("dspark").slots({"block_size": 7}) == 8
     assert get_kind("dspark").slots({"block_size": 7, "sample_from_anchor": False}) == 7
     assert get_kind("dflash2").slots({"block_size": 7}) == 7
+
+
+def test_dspark_warm_starts_from_a_dflash_checkpoint_of_the_same_shape_and_refuses_others(
+    target,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    from draftdeck.drafter.export.folder import CheckpointError
+    from draftdeck.drafter.kinds.dflash.export import save_zlab
+    from draftdeck.drafter.kinds.dspark.export import save_dspark, warm_start
+
+    shape = tiny_drafter_config(target, block_size=4)
+    dflash = _randomized(DFlashDrafter(shape), seed=9)
+    save_zlab(dflash, tmp_path / "dflash")  # type: ignore[arg-type]
+    dspark = DSparkDrafter(DSparkConfig(**asdict(shape), markov_rank=8))
+    heads = {k: v.clone() for k, v in dspark.state_dict().items() if k.startswith(("markov", "confidence"))}
+    said = warm_start(dspark, tmp_path / "dflash")
+    assert "warm start" in said and str(tmp_path / "dflash") in said
+    own = dspark.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in dflash.state_dict().items())
+    assert all(torch.equal(own[k], v) for k, v in heads.items())  # the heads start fresh
+    save_dspark(dspark, tmp_path / "dspark")
+    with pytest.raises(CheckpointError, match="another kind"):
+        warm_start(dspark, tmp_path / "dspark")
+    wider = DSparkDrafter(DSparkConfig(**asdict(tiny_drafter_config(target, layers=2)), markov_rank=8))
+    with pytest.raises(CheckpointError, match="another shape"):
+        warm_start(wider, tmp_path / "dflash")
