@@ -1,17 +1,17 @@
 # ruff: noqa: E402 - imports follow the sys.path fix
-"""DFlash beside EAGLE-3 on the demo world, on this CPU: the same data, the same training wall time.
+"""Every drafter kind on the demo world, on this CPU: the same data, the same steps, the same training time.
 
-    python benchmarks/drafters.py [--quick] [--workdir DIR]
+    python benchmarks/drafters.py [--quick] [--workdir DIR] [--kinds dflash,eagle3,dflash2,dspark]
 
 Steps, as a user runs them: build the demo world (its target, seed 0), answer its prompts with the
-target (`regenerate --local`, greedy) and tokenize them; train a DFlash drafter exactly as `draftdeck
-demo` does; time a few EAGLE-3 steps (`draftdeck demo --drafter eagle3`'s settings: chains of 7, as
-many drafts as DFlash's blocks of 8) and train it for the steps that take DFlash's training time;
-then as many steps as DFlash (the demo's EAGLE-3 run); evaluate each checkpoint with real speculative
-decoding on the same held-out prompts. One table, one
-run: training s/step and time, peak memory, the held-out walked tau judged by the target (its own
-answers), real tau, the walk's gap to real decoding on the same outputs, and speculative / target-only
-tokens/s. Every tau counts the bonus token (vLLM's counters).
+target (`regenerate --local`, greedy) and tokenize them; train each kind exactly as `draftdeck demo
+--drafter KIND` does (1 layer, 7 drafts a step: DFlash and DFlash2 blocks of 8, DSpark blocks of 7
+drafting from the anchor, EAGLE-3 chains of 7) for the same steps; then each kind again for the steps
+that take DFlash's training time (from its own s/step); evaluate every checkpoint with real speculative
+decoding on the same held-out prompts, greedy and sampled at T = 1, DSpark also with its blocks stopped
+by its confidence head. One table, one run: training s/step and time, peak memory, the held-out walked
+tau judged by the target (its own answers), real tau greedy and at T = 1, the walk's gap to real
+decoding, and speculative / target-only tokens/s. Every tau counts the bonus token (vLLM's counters).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import torch
 from app.cli.demo import demo_train_params
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
+from draftdeck.drafter.kinds import NAMES, get_kind
 from draftdeck.drafter.tiny import build_tiny_demo
 from draftdeck.drafter.train.run import run_train
 from draftdeck.jobs.context import LocalContext
@@ -41,7 +42,8 @@ from draftdeck.tokenize.job import run as run_tokenize
 
 FULL = {"target_steps": 600, "prompts": 1000, "max_new": 128, "train_steps": 400, "eval_prompts": 100}
 QUICK = {"target_steps": 200, "prompts": 160, "max_new": 96, "train_steps": 100, "eval_prompts": 32}
-PROBE_STEPS = 10  # EAGLE-3 steps timed to match DFlash's training time: the second window of 5 (warm)
+REFERENCE = "dflash"  # the kind whose training time the others get
+THRESHOLD = 0.5  # DSpark's confidence cut: a block stops where the product of its confidences falls below
 
 
 def _last(ctx: LocalContext, name: str) -> float:
@@ -68,19 +70,22 @@ def train(root: Path, kind: str, dataset: Path, target: Path, steps: int) -> tup
     return run, ctx, time.perf_counter() - started
 
 
-def evaluate(root: Path, run: Path, dataset: Path, target: Path, size: dict) -> dict:
+def evaluate(root: Path, run: Path, dataset: Path, target: Path, size: dict, **mode: object) -> dict:
+    name = f"eval-{run.name}-{mode.get('mode', 'greedy')}"
     report = run_eval(EvalParams(
-        inputs=[str(dataset)], target=str(target), checkpoint=str(run), out=str(root / f"eval-{run.name}"),
+        inputs=[str(dataset)], target=str(target), checkpoint=str(run), out=str(root / name),
         max_new_tokens=size["max_new"], max_prompts=size["eval_prompts"], heldout_fraction=0.1, seed=0,
-    ), LocalContext(root / "ctx" / f"eval-{run.name}"))  # fmt: skip
+        **mode,
+    ), LocalContext(root / "ctx" / name))  # fmt: skip
     return report.extra["eval"]
 
 
-def row(kind: str, budget: str, ctx: LocalContext, wall: float, ev: dict) -> dict:
+def row(kind: str, budget: str, ctx: LocalContext, wall: float, greedy: dict, sampled: dict) -> dict:
     steps = ctx.series("train/loss")[-1][0]
-    drafter = ev["methods"]["drafter"]
+    drafter = greedy["methods"]["drafter"]
+    demo = demo_train_params(kind, ["-"], "-", Path("-"), 1, 0)
     return {
-        "drafter": "DFlash, blocks of 8" if kind == "dflash" else "EAGLE-3, chains of 7",
+        "drafter": get_kind(kind).drafting(get_kind(kind).slots(demo.model_dump())),
         "budget": budget,
         "steps": steps,
         "s_step": _train_seconds(ctx) / steps,
@@ -90,19 +95,48 @@ def row(kind: str, budget: str, ctx: LocalContext, wall: float, ev: dict) -> dic
         "walked": 1
         + _last(ctx, "heldout/target_walked/accepted") / _last(ctx, "heldout/target_walked/steps"),
         "real": drafter["tau_incl_bonus_pooled"],
-        "eval_walked": ev["walked"]["tau_incl_bonus"],
+        "sampled": sampled["methods"]["drafter"]["tau_incl_bonus_pooled"],
+        "eval_walked": greedy["walked"]["tau_incl_bonus"],
         "speedup": drafter.get("speedup_vs_target_only"),
-        "untrained": ev["methods"]["untrained"]["tau_incl_bonus_pooled"],
-        "lookup": ev["methods"]["prompt_lookup"]["tau_incl_bonus_pooled"],
-        "lossless": ev["lossless"],
+        "untrained": greedy["methods"]["untrained"]["tau_incl_bonus_pooled"],
+        "lookup": greedy["methods"]["prompt_lookup"]["tau_incl_bonus_pooled"],
+        "lossless": greedy["lossless"],
+        "scheduled": greedy["methods"].get("drafter_scheduled"),
+        "scheduled_sampled": sampled["methods"].get("drafter_scheduled"),
     }
+
+
+def _line(r: dict) -> str:
+    speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+    return (
+        f"| {r['drafter']} | {r['budget']} | {r['steps']} | {r['s_step']:.3f} | {r['train_s']:.0f}"
+        f" | {r['wall_s']:.0f} | {r['peak']:.0f} | {r['walked']:.3f} | {r['real']:.3f} | {r['sampled']:.3f}"
+        f" | {r['walked'] / r['real'] - 1:+.1%} | {r['eval_walked'] / r['real'] - 1:+.1%} | {speed}"
+        f" | {r['untrained']:.3f} | {r['lookup']:.3f} | {r['lossless']} |"
+    )
+
+
+def _scheduled(r: dict) -> str | None:
+    """DSpark's confidence-scheduled decoding beside its full blocks (the same checkpoint)."""
+    s, t = r["scheduled"], r["scheduled_sampled"]
+    if s is None:
+        return None
+    c = s["counts"]
+    return (
+        f"| {r['drafter']}, stopped by confidence < {THRESHOLD} | {r['budget']} | {r['steps']} | | | | |"
+        f" | {s['tau_incl_bonus_pooled']:.3f} | {t['tau_incl_bonus_pooled']:.3f} | | |"
+        f" {s.get('speedup_vs_target_only', float('nan')):.2f}x ({c['proposed'] / c['verify_steps']:.2f}"
+        f" drafts a step) | | | {s.get('lossless')} |"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the quick demo's world and run")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the world and runs here")
+    ap.add_argument("--kinds", default=",".join(NAMES), help="the kinds compared (DFlash always: the clock)")
     args = ap.parse_args()
+    kinds = [REFERENCE] + [k for k in args.kinds.split(",") if k and k != REFERENCE]
     size = QUICK if args.quick else FULL
     torch.set_num_threads(2)
     started = time.monotonic()
@@ -119,49 +153,54 @@ def main() -> None:
             ), LocalContext(root / "ctx" / "regen"))  # fmt: skip
             run_tokenize(TokenizeParams(inputs=[str(answers)], tokenizer=str(target), out=str(dataset)),
                          LocalContext(root / "ctx" / "tok"))  # fmt: skip
-        rows = []
-        d_run, d_ctx, d_wall = train(root, "dflash", dataset, target, size["train_steps"])
-        _, probe, _ = train(root, "eagle3", dataset, target, PROBE_STEPS)
-        e_steps = max(1, round(_train_seconds(d_ctx) / _last(probe, "train/step_seconds")))
-        e_run, e_ctx, e_wall = train(root, "eagle3", dataset, target, e_steps)
-        rows.append(row("dflash", "-", d_ctx, d_wall, evaluate(root, d_run, dataset, target, size)))
-        rows.append(
-            row("eagle3", "DFlash's time", e_ctx, e_wall, evaluate(root, e_run, dataset, target, size))
-        )
-        if e_steps != size["train_steps"]:  # and as many steps as DFlash: `draftdeck demo --drafter eagle3`
-            s_run, s_ctx, s_wall = train(root, "eagle3", dataset, target, size["train_steps"])
-            rows.append(
-                row("eagle3", "DFlash's steps", s_ctx, s_wall, evaluate(root, s_run, dataset, target, size))
-            )
+
+        def measured(kind: str, steps: int, budget: str) -> dict:
+            run, ctx, wall = train(root, kind, dataset, target, steps)
+            confident = get_kind(kind).confidence  # the demo's drafters have their kind's default heads
+            threshold = {"confidence_threshold": THRESHOLD} if confident else {}
+            greedy = evaluate(root, run, dataset, target, size, **threshold)
+            sampled = evaluate(root, run, dataset, target, size, mode="sampled", temperature=1.0, **threshold)
+            return row(kind, budget, ctx, wall, greedy, sampled)
+
+        same_steps = {k: measured(k, size["train_steps"], "same steps") for k in kinds}
+        clock = same_steps[REFERENCE]["train_s"]
+        same_time = {}
+        for k in kinds[1:]:  # as many steps as take DFlash's training time, at the kind's own s/step
+            steps = max(1, round(clock / same_steps[k]["s_step"]))
+            if abs(steps - size["train_steps"]) > 0.05 * size["train_steps"]:
+                same_time[k] = measured(k, steps, "DFlash's time")
     print(
-        f"\nDFlash and EAGLE-3 on the demo world ({size['prompts']} prompts, {size['eval_prompts']} eval"
-        f" prompts), the same training time (then EAGLE-3 for as many steps), 1 layer each, batch 32;"
-        f" every tau incl. bonus"
-        f" ({time.monotonic() - started:.0f} s)\n"
+        f"\nDrafter kinds on the demo world ({size['prompts']} prompts, {size['eval_prompts']} eval prompts),"
+        f" {size['train_steps']} steps each, then each for DFlash's training time; 1 layer, batch 32,"
+        f" 7 drafts a step; every tau incl. bonus ({time.monotonic() - started:.0f} s)\n"
     )
     head = ("drafter", "budget", "steps", "train s/step", "train s", "run wall s", "peak MiB",
-            "walked tau (target)",
-            "real tau", "walked/real", "eval walk = real", "spec/target tok/s", "untrained tau",
-            "prompt lookup tau", "lossless")  # fmt: skip
+            "walked tau (target)", "real tau greedy", "real tau T=1", "walked/real", "eval walk = real",
+            "spec/target tok/s", "untrained tau", "prompt lookup tau", "lossless")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
-    for r in rows:
-        speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+    for k in kinds:
+        for r in (same_steps[k], same_time.get(k)):
+            if r is None:
+                continue
+            print(_line(r))
+            if (scheduled := _scheduled(r)) is not None:
+                print(scheduled)
+    d = same_steps[REFERENCE]
+    print("\nAgainst DFlash at the same steps (real tau greedy, T = 1; train s/step; peak memory):")
+    for k in kinds[1:]:
+        r = same_steps[k]
         print(
-            f"| {r['drafter']} | {r['budget']} | {r['steps']} | {r['s_step']:.3f} | {r['train_s']:.0f}"
-            f" | {r['wall_s']:.0f}"
-            f" | {r['peak']:.0f} | {r['walked']:.3f} | {r['real']:.3f} | {r['walked'] / r['real'] - 1:+.1%}"
-            f" | {r['eval_walked'] / r['real'] - 1:+.1%} | {speed} | {r['untrained']:.3f} | {r['lookup']:.3f}"
-            f" | {r['lossless']} |"
+            f"  {k}: tau {r['real'] / d['real']:.2f}x, {r['sampled'] / d['sampled']:.2f}x;"
+            f" s/step {r['s_step'] / d['s_step']:.2f}x; peak {r['peak'] / d['peak']:.2f}x"
         )
-    d, e = rows[:2]
     print(
-        f"\nEAGLE-3 / DFlash at the same training time: real tau {e['real'] / d['real']:.2f}x,"
-        f" train s/step {e['s_step'] / d['s_step']:.2f}x,"
-        f" peak memory {e['peak'] / d['peak']:.2f}x. walked tau (target): the last held-out pass, walked over"
-        " the target's own greedy answers to held-out prompts. walked/real: against the eval's real tau on"
-        " every eval prompt; eval walk = real: the eval's walk over the outputs it decoded, against its real"
-        " decoding of them (0 % when the walk is that decoding)."
+        "\nwalked tau (target): the last held-out pass, walked over the target's own greedy answers to"
+        " held-out prompts. walked/real: against the eval's real greedy tau on every eval prompt; eval walk ="
+        " real: the eval's walk over the outputs it decoded, against its real decoding of them (0 % when the"
+        " walk is that decoding). DSpark drafts from the anchor: its blocks of 7 draft 7 tokens, as DFlash's"
+        " blocks of 8. Stopped by confidence: the same checkpoint, each block cut where the product of its"
+        " confidence head's probabilities falls below the threshold (vLLM PR #47808)."
     )
 
 

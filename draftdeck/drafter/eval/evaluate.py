@@ -272,8 +272,11 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "prompt_lookup": PromptLookup(),
     }
     if params.confidence_threshold is not None:
-        if not ck.kind.confidence:
-            raise UsageError(f"confidence_threshold: a {ck.kind.title} drafter has no confidence head")
+        if not ck.kind.confident(ck.drafter):
+            raise UsageError(
+                f"confidence_threshold: {params.checkpoint}, a {ck.kind.title} drafter,"
+                " has no confidence head"
+            )
         sources["drafter_scheduled"] = ck.kind.source(
             ck.drafter, target, block, threshold=params.confidence_threshold
         )

@@ -58,7 +58,11 @@ class DrafterKind:
         step proposes."""
         raise NotImplementedError
 
-    confidence: bool = False  # it can stop a block early on its own confidence (`source`'s threshold)
+    confidence: bool = False  # its drafters may stop a block early on their own confidence
+
+    def confident(self, drafter: Any) -> bool:
+        """Whether this drafter has the head `source(threshold=...)` stops a block by."""
+        return self.confidence
 
     def source(self, drafter: Any, target: Any, block: int, threshold: float = 0.0) -> Any:
         """The drafter as a draft source of real decoding (draftdeck.drafter.eval.spec_decode); with a

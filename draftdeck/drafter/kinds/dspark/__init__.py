@@ -29,6 +29,9 @@ class DSpark(DFlash):
     demo = {"block_size": 7, "anchors_per_seq": 8}  # 7 drafts from the anchor: a verify block of 8
     confidence = True  # its confidence head may stop a block early (`source(threshold=...)`)
 
+    def confident(self, drafter: Any) -> bool:
+        return getattr(drafter, "confidence_head", None) is not None  # --no-confidence-head has none
+
     def trainer(self, params: Any, target: Any, data: Any) -> Any:
         from draftdeck.drafter.kinds.dspark.train import DSparkKind
 

@@ -18,6 +18,7 @@ from draftdeck.drafter.export.drafters import export_drafter, load_drafter
 from draftdeck.drafter.export.folder import resolve_checkpoint
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import train
+from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.support.drafter import write_dataset
 from tests.support.eval import build_world
@@ -83,8 +84,10 @@ def test_a_new_kind_trains_decodes_losslessly_as_walked_and_exports(
         assert scheduled["lossless"] is True
         rate = [m["counts"]["proposed"] / m["counts"]["verify_steps"] for m in (scheduled, real)]
         assert rate[0] < rate[1] <= drafts, rate
-    else:
+    else:  # a kind without a confidence head refuses the option by name, never decodes as if it had one
         assert "drafter_scheduled" not in ev["methods"]
+        with pytest.raises(UsageError, match="DFlash2 drafter, has no confidence head"):
+            run_eval(params.model_copy(update={"confidence_threshold": 0.5}), LocalContext(tmp_path / "e2"))
     assert ctx.alerts == []
 
     exported, fmt = export_drafter(run, tmp_path / "export")
