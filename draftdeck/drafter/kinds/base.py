@@ -21,6 +21,8 @@ class DrafterKind:
     chain: bool = False  # drafts one token after another (a chain), not a block in parallel
     # the demo's train options (`draftdeck demo --drafter NAME`): 7 drafts a step for every kind
     demo: Mapping[str, Any] = {}
+    # why `--sharding fsdp` cannot train it (None: it can); auto then never picks fsdp, the plan leaves it out
+    fsdp_refused: str | None = None
 
     # -- train -----------------------------------------------------------------------------------
     def trainer(self, params: Any, target: Any, data: Any) -> Any:

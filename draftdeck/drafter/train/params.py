@@ -165,7 +165,10 @@ class TrainParams(Options, TrainRun):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
-        read = get_kind(self.drafter).options
+        kind = get_kind(self.drafter)
+        if self.sharding == "fsdp" and kind.fsdp_refused:  # refused at submission, not on every rank
+            raise ValueError(f"sharding fsdp: a {kind.title} drafter cannot shard: {kind.fsdp_refused}")
+        read = kind.options
         for group in Options.groups():
             if group in read:
                 continue

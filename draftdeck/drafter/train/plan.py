@@ -142,6 +142,9 @@ class Plan:
         if self.shape.world == 1:
             return choose_sharding("auto", 1)
         fits = None if self.capacity is None else self.strategies["ddp"].fits
+        if fits is False and "fsdp" not in self.strategies:  # the kind cannot shard: no strategy fits
+            refused = get_kind(self.drafter).fsdp_refused
+            return "ddp", f"does not fit replicated, and fsdp cannot train this kind: {refused}"
         return choose_sharding("auto", self.shape.world, fits)
 
     def to_dict(self) -> dict[str, Any]:
@@ -220,7 +223,8 @@ def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
         type(target).__name__, target_params, drafter.trainable, drafter.layers, shape.drafter,
         drafter.draft_vocab_size, shape, capacity,
     )  # fmt: skip
-    for name in STRATEGIES if shape.world > 1 else ("none",):
+    refused = get_kind(shape.drafter).fsdp_refused  # a kind that cannot shard: no fsdp column
+    for name in [s for s in STRATEGIES if s != "fsdp" or not refused] if shape.world > 1 else ["none"]:
         terms, phase = _terms(name, models, shape)
         largest = _largest_batch(name, models, shape, capacity)
         result.strategies[name] = StrategyPlan(terms, capacity, largest, phase)

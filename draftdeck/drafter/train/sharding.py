@@ -47,9 +47,16 @@ LAYER_METHODS = ("context_keys_values", "block_forward")
 ROOT_METHODS = ("context_kv", "block_forward")
 
 
-def choose_sharding(requested: str, world: int, ddp_fits: bool | None = None) -> tuple[Sharding, str]:
+def choose_sharding(
+    requested: str, world: int, ddp_fits: bool | None = None, fsdp_refused: str | None = None
+) -> tuple[Sharding, str]:
     """The strategy a run uses and why. `ddp_fits`: the planner's verdict on a replicated drafter
-    (None: not known, ddp)."""
+    (None: not known, ddp); `fsdp_refused`: why the drafter's kind cannot train under fsdp."""
+    if fsdp_refused and (requested == "fsdp" or (requested == "auto" and world > 1 and ddp_fits is False)):
+        why = "the run does not fit on one device replicated, and " if requested == "auto" else ""
+        raise UsageError(
+            f"sharding fsdp: {why}this drafter kind cannot shard: {fsdp_refused} (use ddp or none)"
+        )
     if world == 1:
         if requested in ("ddp", "fsdp"):
             raise UsageError(f"sharding {requested} needs more than one rank (devices > 1)")

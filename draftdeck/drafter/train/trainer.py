@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.model.attention import resolve_backend
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train import sharding
@@ -103,7 +104,8 @@ class Trainer:
 
             for p in self.drafter.parameters():
                 dist.broadcast(p.data, src=0)
-        self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits())
+        refused = get_kind(params.drafter).fsdp_refused
+        self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits(), refused)
         why = self.kind.shard(self.strategy, why, self.device, world)
         held = "whole on every rank"
         if self.strategy == "fsdp":

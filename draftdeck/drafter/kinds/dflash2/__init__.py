@@ -26,6 +26,9 @@ class DFlash2(DFlash):
     options: tuple[type[KindOptions], ...] = (DFlashOptions, DFlash2Options)
     formats = ("speculators",)
     format_names = {"speculators": "speculators' DFlash2 format"}
+    fsdp_refused = (
+        "its candidate selector reranks the top-k of the target's head, which fsdp splits by vocabulary"
+    )
 
     def trainer(self, params: Any, target: Any, data: Any) -> Any:
         from draftdeck.drafter.kinds.dflash2.train import DFlash2Kind

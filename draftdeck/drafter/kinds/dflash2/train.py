@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-import torch
-
 from draftdeck.drafter.kinds.dflash.objective import loss_formula
 from draftdeck.drafter.kinds.dflash.train import DFlashKind
 from draftdeck.drafter.kinds.dflash2.export import config_json
@@ -17,8 +15,6 @@ from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.drafters import DRAFTER_JSON
 from draftdeck.drafter.train.drafters import config_json as json_bytes
 from draftdeck.drafter.train.params import TrainParams
-from draftdeck.drafter.train.sharding import Sharding
-from draftdeck.errors import UsageError
 
 
 class DFlash2Kind(DFlashKind):
@@ -57,14 +53,6 @@ class DFlash2Kind(DFlashKind):
             f" convolutions of {c.conv_kernel_size} taps over groups of {c.conv_group_size} channels,"
             f" a selector reranking the top {c.selector_top_k} (rank {c.selector_rank})"
         )
-
-    def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
-        if strategy == "fsdp":
-            raise UsageError(
-                "sharding fsdp splits the target's head by vocabulary, which DFlash2's candidate selector"
-                " does not support yet: use sharding ddp or none"
-            )
-        return super().shard(strategy, why, device, world)
 
     def loss_formula(self) -> str:
         base = loss_formula(self.p.mix).replace("dflash:", "dflash2:", 1)

@@ -27,6 +27,7 @@ class DSpark(DFlash):
     formats = ("speculators",)
     format_names = {"speculators": "speculators' DSpark format"}
     demo = {"block_size": 7, "anchors_per_seq": 8}  # 7 drafts from the anchor: a verify block of 8
+    fsdp_refused = "its Markov head biases the target's head, which fsdp splits by vocabulary"
     confidence = True  # its confidence head may stop a block early (`source(threshold=...)`)
 
     def confident(self, drafter: Any) -> bool:

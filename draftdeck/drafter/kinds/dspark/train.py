@@ -8,8 +8,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from draftdeck.drafter.kinds.dflash.objective import loss_formula
 from draftdeck.drafter.kinds.dflash.train import DFlashKind
 from draftdeck.drafter.kinds.dspark.export import config_json, warm_start
@@ -19,8 +17,6 @@ from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.drafters import DRAFTER_JSON
 from draftdeck.drafter.train.drafters import config_json as json_bytes
 from draftdeck.drafter.train.params import TrainParams
-from draftdeck.drafter.train.sharding import Sharding
-from draftdeck.errors import UsageError
 
 
 class DSparkKind(DFlashKind):
@@ -69,14 +65,6 @@ class DSparkKind(DFlashKind):
             f" drafting {drafts} tokens {where}, {' and '.join(heads)}"
             + (f"; {self.started_from}" if self.started_from else "")
         )
-
-    def shard(self, strategy: Sharding, why: str, device: torch.device, world: int) -> str:
-        if strategy == "fsdp":
-            raise UsageError(
-                "sharding fsdp splits the target's head by vocabulary, which DSpark's Markov bias does not"
-                " support yet: use sharding ddp or none"
-            )
-        return super().shard(strategy, why, device, world)
 
     def loss_formula(self) -> str:
         base = loss_formula(self.p.mix).replace("dflash:", "dspark:", 1)

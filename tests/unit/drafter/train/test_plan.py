@@ -164,3 +164,24 @@ def test_a_train_run_asks_the_planner_for_either_kind(tmp_path: Path) -> None:
     assert (shape.drafter, shape.ttt_steps, shape.draft_vocab_size) == ("eagle3", 3, 100)
     config = target_config(_tiny(tmp_path))
     assert ddp_fits(config, params, 256, torch.device("cpu"), 2, heldout_rows=4) is True
+
+
+def test_a_kind_that_cannot_shard_is_planned_without_fsdp_and_refused_it_by_name() -> None:
+    from pydantic import ValidationError
+
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.sharding import choose_sharding
+    from draftdeck.errors import UsageError
+
+    config = target_config(CONFIGS / "qwen3-8b.json")
+    for kind in ("dspark", "dflash2"):
+        p = plan(config, Shape(drafter=kind, world=8, eval_batch_size=2), 80 * GiB)
+        assert list(p.strategies) == ["none", "ddp"] and p.auto[0] == "ddp"
+        tight = plan(config, Shape(drafter=kind, world=8, eval_batch_size=2), 8 * GiB)
+        assert tight.auto == ("ddp", tight.auto[1]) and "fsdp cannot train this kind" in tight.auto[1]
+        with pytest.raises(ValidationError, match="cannot shard"):
+            TrainParams(inputs=["d"], target="t", out="o", drafter=kind, sharding="fsdp")
+    assert "fsdp" in plan(config, Shape(world=8, eval_batch_size=2), 80 * GiB).strategies  # DFlash can
+    with pytest.raises(UsageError, match="does not fit on one device replicated.*Markov"):
+        choose_sharding("auto", 8, False, "its Markov head biases the target's head")
+    assert choose_sharding("auto", 8, True, "its Markov head")[0] == "ddp"
