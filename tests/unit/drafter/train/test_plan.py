@@ -182,6 +182,6 @@ def test_a_kind_that_cannot_shard_is_planned_without_fsdp_and_refused_it_by_name
         with pytest.raises(ValidationError, match="cannot shard"):
             TrainParams(inputs=["d"], target="t", out="o", drafter=kind, sharding="fsdp")
     assert "fsdp" in plan(config, Shape(world=8, eval_batch_size=2), 80 * GiB).strategies  # DFlash can
-    with pytest.raises(UsageError, match="does not fit on one device replicated.*Markov"):
+    with pytest.raises(UsageError, match=r"does not fit on one device replicated.*Markov"):
         choose_sharding("auto", 8, False, "its Markov head biases the target's head")
     assert choose_sharding("auto", 8, True, "its Markov head")[0] == "ddp"
