@@ -9,13 +9,13 @@ speculators has no key for (how the mask id was chosen), so that the config read
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from draftdeck.drafter.export.folder import WEIGHTS, CheckpointError
+from draftdeck.drafter.export.folder import WEIGHTS, CheckpointError, read_config
 from draftdeck.drafter.model.config import DrafterConfig, drafter_rope, rope_theta_of
 
 SPECULATORS_VERSION = "0.9.0"
@@ -120,13 +120,49 @@ def drafter_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def load_weights(drafter: nn.Module, folder: Path, title: str) -> None:
-    """A folder's model.safetensors into `drafter`, every key the drafter's and none missing."""
+def load_folder(folder: Path, build: Callable[[dict[str, Any]], nn.Module], title: str, device: Any) -> Any:
+    """The drafter `build` makes from a folder's config.json, its model.safetensors loaded into it with
+    every key the drafter's and none missing, in eval mode on `device`."""
     from safetensors.torch import load_file
 
+    drafter = build(read_config(Path(folder)))
     result = drafter.load_state_dict(load_file(str(Path(folder) / WEIGHTS)), strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(
             f"{Path(folder) / WEIGHTS}: keys differ from a {title} drafter's: missing"
             f" {sorted(result.missing_keys)}, unexpected {sorted(result.unexpected_keys)}"
         )
+    return drafter.to(device).eval()
+
+
+def served(
+    folder: Path, target: str | None, block: int, *, vllm: str, sglang: str, note: str = "",
+    sglang_problems: Sequence[str] = (),
+) -> list[dict[str, Any]]:  # fmt: skip
+    """vLLM's and SGLang's reading of a speculators-format export of a verify `block` (1 + its drafts):
+    the drafts a step proposes, the launch flags (`vllm`: the speculative config's method; `sglang`: the
+    speculative algorithm; `note`: said after vLLM's flags) and what each would get wrong."""
+    hf = read_config(folder)
+    drafts = block - 1
+    model = target or "<target>"
+    problems = []
+    if (hf.get("speculators_config") or {}).get("verifier", {}).get("name_or_path") is None:
+        problems.append(
+            "no verifier named: `vllm serve <dir>` alone cannot find the target (export with --target)"
+        )
+    spec = f'{{"method": "{vllm}", "model": "{folder}", "num_speculative_tokens": {drafts}}}'
+    return [
+        {
+            "server": "vllm",
+            "drafts": drafts,
+            "flags": f"vllm serve {model} --speculative-config '{spec}'" + (f"  ({note})" if note else ""),
+            "problems": problems,
+        },
+        {
+            "server": "sglang",
+            "drafts": drafts,
+            "flags": f"python -m sglang.launch_server --model-path {model} --speculative-algorithm {sglang}"
+            f" --speculative-draft-model-path {folder} --speculative-num-draft-tokens {block}",
+            "problems": list(sglang_problems),
+        },
+    ]

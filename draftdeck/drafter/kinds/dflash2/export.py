@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.export.folder import CheckpointError, read_config, write_folder
-from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_weights, speculators_config
+from draftdeck.drafter.export.folder import CheckpointError, write_folder
+from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_folder, speculators_config
+from draftdeck.drafter.kinds.dflash.speculators import served as speculators_served
 from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
 
 KIND = "dflash2"
@@ -48,34 +49,12 @@ def save_dflash2(drafter: DFlash2Drafter, out: Path, verifier: str | None = None
 
 
 def load_dflash2(folder: Path, device: Any = "cpu") -> DFlash2Drafter:
-    drafter = DFlash2Drafter(config_of(read_config(Path(folder))))
-    load_weights(drafter, Path(folder), "DFlash2")
-    return drafter.to(device).eval()
+    drafter: DFlash2Drafter = load_folder(folder, lambda hf: DFlash2Drafter(config_of(hf)), "DFlash2", device)
+    return drafter
 
 
 def served(folder: Path, target: str | None, block: int) -> list[dict[str, Any]]:
-    """vLLM's and SGLang's reading of an export: the drafts a step proposes and the flags."""
-    hf = read_config(folder)
-    drafts = block - 1
-    model = target or "<target>"
-    problems = []
-    if (hf.get("speculators_config") or {}).get("verifier", {}).get("name_or_path") is None:
-        problems.append(
-            "no verifier named: `vllm serve <dir>` alone cannot find the target (export with --target)"
-        )
-    spec = f'{{"method": "dflash", "model": "{folder}", "num_speculative_tokens": {drafts}}}'
-    return [
-        {
-            "server": "vllm",
-            "drafts": drafts,
-            "flags": f"vllm serve {model} --speculative-config '{spec}'  (DFlash2 by its architectures)",
-            "problems": problems,
-        },
-        {
-            "server": "sglang",
-            "drafts": drafts,
-            "flags": f"python -m sglang.launch_server --model-path {model} --speculative-algorithm DFLASH"
-            f" --speculative-draft-model-path {folder} --speculative-num-draft-tokens {block}",
-            "problems": [],
-        },
-    ]
+    """vLLM serves it as `dflash`, picking DFlash2 by its architectures; SGLang as DFLASH."""
+    return speculators_served(
+        folder, target, block, vllm="dflash", sglang="DFLASH", note="DFlash2 by its architectures"
+    )

@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from draftdeck.drafter.export.folder import CheckpointError, read_config, write_folder
-from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_weights, speculators_config
+from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_folder, speculators_config
+from draftdeck.drafter.kinds.dflash.speculators import served as speculators_served
 from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
 
 KIND = "dspark"
@@ -50,40 +51,17 @@ def save_dspark(drafter: DSparkDrafter, out: Path, verifier: str | None = None) 
 
 
 def load_dspark(folder: Path, device: Any = "cpu") -> DSparkDrafter:
-    drafter = DSparkDrafter(config_of(read_config(Path(folder))))
-    load_weights(drafter, Path(folder), "DSpark")
-    return drafter.to(device).eval()
+    drafter: DSparkDrafter = load_folder(folder, lambda hf: DSparkDrafter(config_of(hf)), "DSpark", device)
+    return drafter
 
 
 def served(folder: Path, target: str | None, block: int) -> list[dict[str, Any]]:
-    """vLLM's and SGLang's reading of an export: the drafts a step proposes and the flags."""
-    hf = read_config(folder)
-    cfg = config_of(hf)
-    drafts = block - 1
-    model = target or "<target>"
-    problems = []
-    if (hf.get("speculators_config") or {}).get("verifier", {}).get("name_or_path") is None:
-        problems.append(
-            "no verifier named: `vllm serve <dir>` alone cannot find the target (export with --target)"
-        )
-    spec = f'{{"method": "dspark", "model": "{folder}", "num_speculative_tokens": {drafts}}}'
-    return [
-        {
-            "server": "vllm",
-            "drafts": drafts,
-            "flags": f"vllm serve {model} --speculative-config '{spec}'",
-            "problems": problems,
-        },
-        {
-            "server": "sglang",
-            "drafts": drafts,
-            "flags": f"python -m sglang.launch_server --model-path {model} --speculative-algorithm DSPARK"
-            f" --speculative-draft-model-path {folder} --speculative-num-draft-tokens {block}",
-            "problems": []
-            if cfg.sample_from_anchor
-            else ["sample_from_anchor false: SGLang's DSPARK drafts from the anchor, this drafter after it"],
-        },
-    ]
+    """vLLM serves it as `dspark`, SGLang as DSPARK (which drafts from the anchor)."""
+    after = not config_of(read_config(folder)).sample_from_anchor
+    problem = "sample_from_anchor false: SGLang's DSPARK drafts from the anchor, this drafter after it"
+    return speculators_served(
+        folder, target, block, vllm="dspark", sglang="DSPARK", sglang_problems=[problem] if after else []
+    )
 
 
 def warm_start(drafter: DSparkDrafter, checkpoint: Path) -> str:
