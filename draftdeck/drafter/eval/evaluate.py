@@ -370,6 +370,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "max_new_tokens": params.max_new_tokens,
         "checkpoint": str(params.checkpoint),
         "drafter": ck.kind.name,
+        "confidence_threshold": params.confidence_threshold,  # drafter_scheduled's cut, when asked
         "target": str(params.target),
         # the chat template's settings the prompts were rendered with (thinking on or off): a dimension
         "template_kwargs": dict(params.template_kwargs),

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -288,30 +289,40 @@ def test_the_run_page_shows_the_memory_estimate_beside_the_measured_peak_and_the
     assert 'id="plot-mem"' in html
 
 
+def _eval_job(methods: dict[str, Any], drafter_kind: str = "dflash", block: int = 4, **extra: Any) -> int:
+    """A succeeded eval job whose eval.json holds `methods` (the drafter's and any others)."""
+    from app.store.models import Job
+
+    ev = {
+        "block_size": block,
+        "drafter": drafter_kind,
+        "mode": "greedy",
+        "methods": methods,
+        "walked": {"tau_incl_bonus": None},
+        "conventions": "Two counts of one decode: vLLM's and z-lab's.",
+        **extra,
+    }
+    result = {"rows_in": 8, "rows_out": 8, "rejected": {}, "warnings": {}, "eval": ev}
+    with _session() as s:
+        job = Job(kind="eval", params={}, status="succeeded", queue="gpu", result=result)
+        s.add(job)
+        s.commit()
+        assert job.id is not None
+        return job.id
+
+
+def _drafter_figures(speedup: float, tau: float = 2.4, tokens_per_step: float = 2.25) -> dict[str, Any]:
+    return {"tau_incl_bonus_pooled": tau, "tau_incl_bonus_per_response_mean": tau - 0.1,
+            "acceptance_rate": 0.35, "tokens_per_s": 40.0, "speedup_vs_target_only": speedup,
+            "lossless": True, "tokens_per_step": tokens_per_step}  # fmt: skip
+
+
 def test_an_eval_slower_than_target_only_says_why(client: TestClient) -> None:
     """On a CPU with a tiny target, verifying a block costs about what decoding it does: the eval page
     says so beside a speed-up below 1, and says nothing when drafting pays."""
-    from app.store.models import Job
 
     def eval_job(speedup: float, drafter_kind: str = "dflash") -> int:
-        drafter = {"tau_incl_bonus_pooled": 2.4, "tau_incl_bonus_per_response_mean": 2.3,
-                   "acceptance_rate": 0.35, "tokens_per_s": 40.0, "speedup_vs_target_only": speedup,
-                   "lossless": True, "tokens_per_step": 2.25}  # fmt: skip
-        ev = {
-            "block_size": 4,
-            "drafter": drafter_kind,
-            "mode": "greedy",
-            "methods": {"drafter": drafter},
-            "walked": {"tau_incl_bonus": None},
-            "conventions": "Two counts of one decode: vLLM's and z-lab's.",
-        }
-        result = {"rows_in": 8, "rows_out": 8, "rejected": {}, "warnings": {}, "eval": ev}
-        with _session() as s:
-            job = Job(kind="eval", params={}, status="succeeded", queue="gpu", result=result)
-            s.add(job)
-            s.commit()
-            assert job.id is not None
-            return job.id
+        return _eval_job({"drafter": _drafter_figures(speedup)}, drafter_kind)
 
     slow = client.get(f"/jobs/{eval_job(0.68)}", headers={"accept": "text/html"}).text
     assert 'id="eval-methods"' in slow and "0.68x" in slow
@@ -334,3 +345,18 @@ def test_parameter_values_read_as_text_not_json() -> None:
 
     assert param_text({"mask_token": "<|mask|>", "ids": [1, 9, 17]}) == "mask_token=<|mask|>; ids=1, 9, 17"
     assert param_text(True) == "true" and param_text(3e-4) == "0.0003"
+
+
+def test_a_confidence_scheduled_eval_shows_both_ways_and_the_drafts_a_step(client: TestClient) -> None:
+    """DSpark decoded with full blocks and with blocks its confidence head stopped: both rows, the cut
+    and the drafts a step it left, each τ and tokens/s."""
+    scheduled = {**_drafter_figures(1.9, tau=3.1), "counts": {"verify_steps": 100, "proposed": 420}}
+    job = _eval_job(
+        {"drafter": _drafter_figures(1.5, tau=3.6), "drafter_scheduled": scheduled}, "dspark", block=8,
+        confidence_threshold=0.5,
+    )  # fmt: skip
+    page = client.get(f"/jobs/{job}", headers={"accept": "text/html"}).text
+    table = page.split('id="eval-methods"', 1)[1].split("</table>", 1)[0]
+    assert "DSpark, 7 drafts a step, greedy" in page
+    assert "drafter, blocks stopped by confidence" in table and "(below 0.5; 4.20 drafts a step)" in table
+    assert "3.600" in table and "3.100" in table and "1.90x" in table and "1.50x" in table
