@@ -17,16 +17,17 @@ decoding, and speculative / target-only tokens/s. Every tau counts the bonus tok
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import shutil
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import multiprocessing  # after the sys.path fix: it imports `tokenize`, which benchmarks/ shadows
+from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
