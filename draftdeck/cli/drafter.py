@@ -317,8 +317,9 @@ def export_drafter(params: ExportParams) -> None:
 def register(app: typer.Typer) -> None:
     app.command("train")(
         job_command(TrainParams, train, required=("out",), extra=[REPORT, REPORT_TO],
-                    doc="Train (or resume) a DFlash or EAGLE-3 drafter on DraftDeck datasets against its"
-                    " frozen target; checkpoints, held-out walked tau (incl. bonus) as it goes.")
+                    doc="Train (or resume) a drafter (DFlash, EAGLE-3, DFlash2 or DSpark: --drafter) on"
+                    " DraftDeck datasets against its frozen target; checkpoints, held-out walked tau (incl."
+                    " bonus) as it goes.")
     )  # fmt: skip
     app.command("eval")(
         job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],

@@ -25,5 +25,5 @@ class DFlash2Options(KindOptions):
         16, ge=1, le=1024, description="DFlash2: the head's top candidates the selector reranks per draft"
     )
     selector_weight: float = Field(
-        1.0, ge=0, le=100, description="DFlash2: weight of the selector's cross-entropy beside the token loss"
+        1.0, ge=0, le=100, description="DFlash2: weight of the selector's loss beside the token loss"
     )
