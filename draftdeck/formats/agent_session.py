@@ -9,6 +9,10 @@ Code writes; other agents built on the Messages API write the same). The lines a
   session's start, a sidechain's start, a ``/clear``) opens a new one; a sidechain (a sub-agent's
   work) is its own conversation. Where a chain branches (a turn edited or retried), the path that
   leads to the chain's last line is kept, the abandoned branch counted as ``abandoned_branch``.
+- **a log without links**: where no line of a session (or of its sidechain) names a parent (every
+  ``parentUuid`` null: logs written so, or with their links stripped, are public), a null parent says
+  nothing, and the lines are one conversation in file order; a ``summary`` line's ``leafUuid`` names
+  the last message of a conversation, so the line after that leaf starts the next one.
 - **turns**: the ``message`` of ``user`` / ``assistant`` lines, read as Anthropic turns
   (:mod:`draftdeck.formats.anthropic`): ``tool_use`` blocks are tool calls with their ids,
   ``tool_result`` blocks tool messages (``is_error`` kept), ``thinking`` the reasoning. The API
@@ -22,6 +26,7 @@ Code writes; other agents built on the Messages API write the same). The lines a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from draftdeck.formats import anthropic
@@ -70,35 +75,63 @@ def turn_lines(lines: list[tuple[int, Any]]) -> list[tuple[int, dict[str, Any]]]
     return out
 
 
-def chains(lines: list[tuple[int, dict[str, Any]]]) -> list[list[int]]:
+def lane(line: dict[str, Any]) -> tuple[Any, bool, Any]:
+    """The thread a line belongs to: its session, and within it the main thread or a sub-agent's."""
+    return line.get("sessionId"), line.get("isSidechain") is True, line.get("agentId")
+
+
+def leaves(values: Iterable[Any]) -> frozenset[str]:
+    """The ``leafUuid`` of each summary line among `values`: the last message of a conversation."""
+    return frozenset(
+        v["leafUuid"]
+        for v in values
+        if type(v) is dict and v.get("type") == "summary" and isinstance(v.get("leafUuid"), str)
+    )
+
+
+def chains(lines: list[tuple[int, dict[str, Any]]], ends: frozenset[str] = frozenset()) -> list[list[int]]:
     """The conversations of a session's turn lines ((position, line) pairs, in file order): each a list
-    of positions, grouped by parentUuid chain (a sidechain or a parentless line starts its own)."""
+    of positions, grouped by parentUuid chain (a sidechain or a parentless line starts its own).
+
+    A lane none of whose lines names a parent is read in file order instead: there a null parent is the
+    log saying nothing, not a new conversation (each line would be one, none with both sides), and a
+    line that is a summary's leaf (`ends`) is the last of its conversation."""
+    linked = {lane(line) for _, line in lines if isinstance(line.get("parentUuid"), str)}
     group_of: dict[str, int] = {}  # uuid -> group
     last_of: dict[tuple[Any, bool, Any], int] = {}  # (session, sidechain, sub-agent) -> its latest group
+    closed: set[tuple[Any, bool, Any]] = set()  # unlinked lanes whose latest line was a summary's leaf
     groups: list[list[int]] = []
     for pos, line in lines:
         parent = line.get("parentUuid")
-        lane = (line.get("sessionId"), line.get("isSidechain") is True, line.get("agentId"))
+        here = lane(line)
         if isinstance(parent, str) and parent in group_of:
             g = group_of[parent]
-        elif (parent is None and "parentUuid" in line) or lane not in last_of:
+        elif (
+            here not in last_of
+            or here in closed
+            or (here in linked and parent is None and "parentUuid" in line)
+        ):
             g = len(groups)
             groups.append([])
-        else:  # a parent we never saw (a metadata line, a cut log) or no uuids at all: its lane's latest
-            g = last_of[lane]
+        else:  # a parent we never saw (a metadata line, a cut log), no uuids at all, or a lane in file order
+            g = last_of[here]
         groups[g].append(pos)
-        last_of[lane] = g
+        last_of[here] = g
         uuid = line.get("uuid")
         if isinstance(uuid, str):
             group_of[uuid] = g
+        if here not in linked and uuid in ends:
+            closed.add(here)
+        else:
+            closed.discard(here)
     return groups
 
 
 def main_path(group: list[int], lines: dict[int, dict[str, Any]]) -> list[int]:
     """The positions on the path from the group's first line to its last one, following parentUuid;
-    the whole group when its lines carry no uuids."""
+    the whole group when its lines carry no uuids or name no parent (a log in file order)."""
     by_uuid = {lines[p].get("uuid"): p for p in group if isinstance(lines[p].get("uuid"), str)}
-    if not by_uuid:
+    if not by_uuid or not any(isinstance(lines[p].get("parentUuid"), str) for p in group):
         return group
     path: list[int] = []
     seen: set[int] = set()

@@ -95,8 +95,9 @@ def _oversize(
 def _sessions(held: list[RawRow], limit: int) -> Iterator[RawRow]:
     turns = agent_session.turn_lines([(pos, row.value) for pos, row in enumerate(held) if row.error is None])
     values = dict(turns)
+    ends = agent_session.leaves(row.value for row in held if row.error is None)
     verdicts: dict[int, RawRow] = {}
-    for group in agent_session.chains(turns):
+    for group in agent_session.chains(turns, ends):
         path = agent_session.main_path(group, values)
         first = held[path[0]]
         size = sum(held[p].nbytes for p in group)

@@ -4,9 +4,9 @@ files, Human:/Assistant: prompt pairs, message lists that mix key conventions, l
 
 The fixtures in tests/fixtures/agents are hand-made from each shape's public conventions (odd cases
 included: a streamed answer over three lines, a summary line first, a system note inside the chain,
-a retried answer, a sidechain; two calls in one model response, state-change events, an error
-observation; prefixes of an episode). Every test reads them through convert and checks that every
-input line or event is accounted for."""
+a retried answer, a sidechain, a log whose lines name no parent; two calls in one model response,
+state-change events, an error observation; prefixes of an episode). Every test reads them through
+convert and checks that every input line or event is accounted for."""
 
 from __future__ import annotations
 
@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from draftdeck.convert import ConvertOptions, convert, read_conversations
+from draftdeck.formats import agent_session
 from draftdeck.formats.model import Conversation
 from draftdeck.quality import Report
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, NO_SHARED, REAL_DATA
 from tests.support.tokenize import qwen_dir, qwen_tok, trained_runs, untrained_text  # noqa: F401
 
 AGENTS = FIXTURES / "agents"
@@ -72,6 +73,64 @@ def test_a_session_log_is_its_conversations_with_every_line_counted() -> None:
                          "model": "claude-sonnet-4-5"}  # fmt: skip
     assert [m.role for m in side.messages] == ["user", "assistant", "tool", "assistant"]
     assert side.meta["sidechain"] is True and side.source.line == 15
+
+
+def test_a_session_log_without_parent_links_is_one_conversation_in_file_order(tmp_path: Path) -> None:
+    """Issue 49: a Claude Code log whose every line has ``parentUuid: null`` (one session, a summary
+    naming its last message) was 6 one-line conversations, none kept. Its lines are one conversation
+    in file order, with both calls and both results, and every line is accounted for."""
+    path = AGENTS / "session_no_parents.jsonl"
+    [conv], report = _read(path)
+    assert (report.rows_in, report.rows_out, dict(report.formats)) == (7, 1, {"agent_session": 1})
+    assert dict(report.rejected) == {"merged_event": 5, "session_metadata": 1} and report.rows_lost == 0
+    grep = {"pattern": "TODO", "path": "notes.md", "output_mode": "count"}
+    assert [(s[0], s[3], s[4]) for s in _shape(conv)] == [
+        ("user", [], None),
+        ("assistant", [("Grep", grep, "toolu_a1")], None),
+        ("tool", [], "toolu_a1"),
+        ("assistant", [("Read", {"file_path": "/home/dev/notes/notes.md"}, "toolu_a2")], None),
+        ("tool", [], "toolu_a2"),
+        ("assistant", [], None),
+    ]
+    assert conv.messages[-1].content == "Three TODO markers are left: buy milk, call Sam and fix bike."
+    out = tmp_path / "o.jsonl"
+    written = convert([path], out, "openai")
+    written.check_accounting()
+    assert written.rows_out == 1 and len(out.read_text().splitlines()) == 1
+    # the summary's leaf ends a conversation: an exchange after it in the same session is the next one
+    lines = path.read_text().splitlines()
+    more = [json.loads(line) for line in lines[:2]]
+    more[0].update(uuid="d1", message={"role": "user", "content": "And how many are done?"})
+    more[1].update(uuid="d2", message={"id": "msg_b1", "role": "assistant", "content": "One: taxes."})
+    two = tmp_path / "two.jsonl"
+    two.write_text("\n".join([*lines, *map(json.dumps, more)]) + "\n")
+    [first, second], report = _read(two)
+    assert len(first.messages) == 6 and [m.content for m in second.messages] == [
+        "And how many are done?", "One: taxes."]  # fmt: skip
+    assert dict(report.rejected) == {"merged_event": 6, "session_metadata": 1}
+
+
+def test_a_real_claude_code_log_keeps_its_conversations() -> None:
+    """Any Claude Code session log among ../shared/datasets/real/: every line accounted for, a
+    conversation kept, none of its lines lost as a turn without its other side."""
+    if not REAL_DATA.exists():
+        pytest.skip(f"{REAL_DATA} is absent: {NO_SHARED}")
+    logs = [f for f in sorted(REAL_DATA.glob("*.jsonl")) if _first_is_session_line(f)]
+    if not logs:
+        pytest.skip(f"no Claude Code session log in {REAL_DATA} (the fixture above covers the shape)")
+    for log in logs:
+        convs, report = _read(log)
+        assert convs and report.formats["agent_session"] == len(convs), log.name
+        assert not report.rejected.get("no_user_turn") and not report.rejected.get("no_assistant_turn")
+
+
+def _first_is_session_line(path: Path) -> bool:
+    with path.open("rb") as f:
+        first = f.readline()
+    try:
+        return agent_session.is_line(json.loads(first))
+    except ValueError:
+        return False
 
 
 def test_a_conversation_over_the_row_limit_is_rejected_whole_whatever_its_rows() -> None:
