@@ -143,6 +143,11 @@ def next_steps(
     if job.status == JobStatus.SUCCEEDED:
         if job.kind == "scan" and inputs:  # read as the scan read it: its mapping and reading choices
             read_as = {k: job.params.get(k) for k in SCAN_READING}
+            proposal = (job.result or {}).get("suggested_mapping")
+            if proposal and proposal.get("why") == "unread_text":  # read by fields that hold little of it
+                mapped = {"inputs": inputs, **read_as, **{k: proposal[k] for k in ("columns", "tags")}}
+                return [("Convert with the proposed mapping", new_job_link("convert", mapped)),
+                        ("Scan with the proposed mapping", new_job_link("scan", mapped))]  # fmt: skip
             return [("Convert this", new_job_link("convert", {"inputs": inputs, **read_as}))]
         if job.kind == "convert" and files:
             return [("Tokenize this", new_job_link("tokenize", {"inputs": files}))]

@@ -99,6 +99,23 @@ def print_scan_figures(figures: dict[str, Any], console: Console) -> None:
             text = "" if ex is None else f"{where}: {ex['reason']}"
             rejects.add_row(escape(item["code"]), f"{item['rows']:,}", escape(text))
         console.print(rejects)
+    proposal = figures.get("suggested_mapping")
+    if proposal:  # the flags on a line of their own, never folded: a user copies them
+        if proposal.get("why") == "unread_text":  # read, but by the wrong fields
+            console.print(
+                f"[bold]read by the wrong fields[/]: the reader took {proposal['read_chars']:,} characters"
+                f" of {proposal['unread_rows']:,} rows and left {proposal['unread_chars']:,} in"
+                f" {escape(', '.join(proposal['unread_fields']))}; convert them with (a proposal: check each"
+                " field before you pass it):",
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"rows of no known shape ({escape(', '.join(proposal['keys']))}: {proposal['rows']:,} rows)"
+                " would read with (a proposal: check each field before you pass it):",
+                highlight=False,
+            )
+        console.print(f"  {proposal['options']}", highlight=False, markup=False, soft_wrap=True)
     prompt_only = figures["prompt_only"]
     if prompt_only:
         console.print(
@@ -122,14 +139,6 @@ def print_scan_figures(figures: dict[str, Any], console: Console) -> None:
         for c in ph["candidates"]:
             cands.add_row(escape(repr(c["answer"])), f"{c['rows']:,}", "kept")
         console.print(cands)
-    proposal = figures.get("suggested_mapping")
-    if proposal:
-        console.print(
-            f"rows of no known shape ({', '.join(proposal['keys'])}: {proposal['rows']:,} rows) would read"
-            f" with: {proposal['options']}  (a proposal: check each field before you pass it)",
-            highlight=False,
-            markup=False,
-        )
     console.print("[bold]key sets[/]", highlight=False)
     keys = _table("top-level keys", "rows")
     for ks in figures["keysets"]:

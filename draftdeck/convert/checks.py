@@ -13,10 +13,10 @@ from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, repea
 UNUSED_TEXT_CHARS = 200
 
 
-def unused_text(conv: Conversation) -> list[tuple[str, str]]:
-    """``unused_text_field`` for the row's fields the reader left in its meta that hold long text
-    the conversation does not already say: neither found in a message (ultrachat's `prompt` repeats the
-    first user turn) nor a rendering of the whole conversation (Alpaca's `text`: every message in it)."""
+def unused_fields(conv: Conversation) -> list[str]:
+    """The row's fields the reader left in its meta that hold long text the conversation does not
+    already say: neither found in a message (ultrachat's `prompt` repeats the first user turn) nor a
+    rendering of the whole conversation (Alpaca's `text`: every message in it)."""
     long = [k for k, v in conv.meta.items() if isinstance(v, str) and len(v) >= UNUSED_TEXT_CHARS]
     if not long:
         return []
@@ -27,7 +27,12 @@ def unused_text(conv: Conversation) -> list[tuple[str, str]]:
         text = text.strip()  # line by line: a rendering joins the turns with its own headers between
         return any(text in s for s in said) or all(line in text for line in lines)
 
-    unread = [k for k in long if not repeats(conv.meta[k])]
+    return [k for k in long if not repeats(conv.meta[k])]
+
+
+def unused_text(conv: Conversation) -> list[tuple[str, str]]:
+    """``unused_text_field`` for the row's :func:`unused_fields`, with their sizes."""
+    unread = unused_fields(conv)
     if not unread:
         return []
     sizes = ", ".join(f"{k!r} ({len(conv.meta[k]):,} characters)" for k in unread)

@@ -13,7 +13,12 @@ checks (and the same ``--from``), so the scan says what a convert would do, row 
   the kept rows, and the answers over the threshold that convert rejects as placeholder_response);
   ``would_keep`` and ``would_reject`` (per code: rows and one example with file, row and reason);
   ``suggested_mapping`` where rows of no known shape were seen: a ``--columns`` / ``--tags`` proposal
-  for the most common such key set (:mod:`draftdeck.formats.suggest`), or None when none reads it.
+  for the most common such key set (:mod:`draftdeck.formats.suggest`), or None when none reads it
+  (``why``: ``unknown_format``). Also where rows were read but the long text their reader left
+  (``unused_text_field``) is :data:`UNREAD_RATIO` times the text it took, as a short
+  ``question`` / ``answer`` pair beside a long ``Question`` / ``Complex_CoT`` / ``Response``: the
+  reader took the wrong fields, and a proposal that reads the left ones is made (``why``:
+  ``unread_text``, with ``read_chars``, ``unread_chars``, ``unread_rows`` and ``unread_fields``).
 
 Rows balance as in convert: ``rows_in + rows_expanded = rows_out + rejected``. An empty input, one
 where no row parses as a JSON object, and one of which convert would keep no row (all prompt-only,
@@ -28,6 +33,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftdeck.convert.checks import unused_fields
 from draftdeck.convert.options import ConvertOptions
 from draftdeck.convert.placeholders import placeholder_key
 from draftdeck.convert.reading import read_conversations
@@ -36,6 +42,7 @@ from draftdeck.formats.columns import mapping_text
 from draftdeck.formats.common import RowRejected
 from draftdeck.formats.detect import detect
 from draftdeck.formats.grouping import kind_of
+from draftdeck.formats.model import Conversation
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
 from draftdeck.formats.suggest import option_text, suggest_mapping
 from draftdeck.formats.tables import open_reader, skipped_in
@@ -44,6 +51,9 @@ from draftdeck.quality import Report
 
 MAX_KEYSETS = 50
 MAX_PLACEHOLDER_CANDIDATES = 10
+# Long text no reader used, this many times the text the reader took: it read the wrong fields (a short
+# question / answer pair beside the long Question / Complex_CoT / Response) rather than left a side note
+UNREAD_RATIO = 3
 
 
 class _WatchedReader:
@@ -102,6 +112,33 @@ class _Watch:
         return [dict((end - start).most_common()) for start, end in zip(self._marks, ends, strict=True)]
 
 
+class _Unread:
+    """The kept rows with unused long text (``unused_text_field``): the text their reader took, and
+    the text it left, by field."""
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.read_chars = 0
+        self.fields: Counter[str] = Counter()  # field -> its characters left, over the rows
+
+    def add(self, conv: Conversation) -> None:
+        left = unused_fields(conv)
+        if not left:
+            return
+        self.rows += 1
+        self.read_chars += sum(len(m.content) + len(m.reasoning or "") for m in conv.messages)
+        self.fields.update({k: len(conv.meta[k]) for k in left})
+
+    @property
+    def unread_chars(self) -> int:
+        return sum(self.fields.values())
+
+    def misread(self) -> bool:
+        """Whether the text left is so much longer than the text taken that the reader took the wrong
+        fields."""
+        return self.rows > 0 and self.unread_chars >= UNREAD_RATIO * max(self.read_chars, 1)
+
+
 def _file_facts(reader: Any) -> dict[str, Any]:
     return {
         "file": reader.name,
@@ -147,11 +184,35 @@ def _suggestion(watch: _Watch) -> dict[str, Any] | None:
             pass
         found = suggest_mapping(sample)
         if found is not None:
-            columns, tags = found
-            mapping, options = mapping_text(columns, tags), option_text(columns, tags)
-            return {"keys": list(keys), "rows": rows, "columns": columns, "tags": tags,
-                    "mapping": mapping, "options": options}  # fmt: skip
+            return _proposal(keys, rows, *found, why="unknown_format")
     return None
+
+
+def _unread_suggestion(watch: _Watch, unread: _Unread) -> dict[str, Any] | None:
+    """A proposed mapping for rows whose reader left most of their text (None: it took the most, or no
+    proposal reads every field it left), for the most common key set holding those fields."""
+    if not unread.misread():
+        return None
+    left = set(unread.fields)
+    for keys, rows in watch.keysets.most_common(MAX_KEYSETS):
+        sample = watch.samples.get(keys)
+        if sample is None or not left <= set(keys):
+            continue
+        found = suggest_mapping(sample)
+        if found is not None and left <= set(found[0].values()):
+            return _proposal(
+                keys, rows, *found, why="unread_text", read_chars=unread.read_chars,
+                unread_chars=unread.unread_chars, unread_rows=unread.rows, unread_fields=sorted(left),
+            )  # fmt: skip
+    return None
+
+
+def _proposal(
+    keys: tuple[str, ...], rows: int, columns: dict[str, str], tags: dict[str, str], **more: Any
+) -> dict[str, Any]:
+    mapping, options = mapping_text(columns, tags), option_text(columns, tags)
+    return {"keys": list(keys), "rows": rows, "columns": columns, "tags": tags,
+            "mapping": mapping, "options": options, **more}  # fmt: skip
 
 
 def _would_reject(report: Report) -> list[dict[str, Any]]:
@@ -187,9 +248,12 @@ def scan_paths(
     report = Report()
     watch = _Watch(names, report)
     candidates: Counter[tuple[str, ...]] = Counter()
+    unread = _Unread()
     max_chars = options.placeholder_max_chars
     for conv in read_conversations(list(paths), report, options, progress, open_file=watch.open):
         report.rows_out += 1
+        if conv.meta and "unused_text_field" in conv.warnings:
+            unread.add(conv)
         key = placeholder_key(conv, max_chars)
         if key is not None:
             candidates[key] += 1
@@ -223,8 +287,11 @@ def scan_paths(
         report.extra["from_format"] = from_format
     if columns:
         report.extra["columns"] = mapping_text(columns, tags or {})
-    elif report.rejected.get("unknown_format"):
-        report.extra["suggested_mapping"] = _suggestion(watch)
+    else:
+        proposal = _suggestion(watch) if report.rejected.get("unknown_format") else None
+        proposal = proposal or _unread_suggestion(watch, unread)
+        if proposal is not None or report.rejected.get("unknown_format"):
+            report.extra["suggested_mapping"] = proposal
     if report.rows_in == 0:
         raise JobFailed(f"{shown}: empty input ({report.extra['bytes']} bytes, no rows)", report)
     top = ", ".join(f"{n:,} {c}" for c, n in report.rejected.most_common(3))

@@ -50,8 +50,10 @@ def suggest_mapping(row: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]
     columns: dict[str, str] = {}
     placed: set[str] = set()
     for key, names in NAMES.items():
+        # the better name first; between two fields of one name (`question` and `Question`), the longer
         ranked = sorted(
-            (k for k in texts if k not in placed and _norm(k) in names), key=lambda k: names.index(_norm(k))
+            (k for k in texts if k not in placed and _norm(k) in names),
+            key=lambda k: (names.index(_norm(k)), -len(row[k])),
         )
         if ranked:
             columns[key] = ranked[0]
