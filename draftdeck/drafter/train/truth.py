@@ -180,10 +180,14 @@ def off_target(agreement: Agreement, max_ratio: float) -> bool:
 
 
 def describe(agreement: Agreement) -> str:
+    """The agreement in words for the job log and the alert: what was compared and what each figure is."""
     return (
-        f"the target's greedy next token is the data's on {agreement.share:.1%} of {agreement.tokens:,} "
-        f"trained tokens (its own temperature-1 samples would agree on {agreement.expected:.1%}: "
-        f"{agreement.disagreement_ratio:.2f}x their disagreements), and it gives the data's tokens a mean "
+        f"the target's own greedy choice of next token is the data's token on {agreement.share:.1%} of "
+        f"{agreement.tokens:,} trained tokens, where its own samples at temperature 1 would match its "
+        f"greedy choice on {agreement.expected:.1%}: the data departs from the target's greedy choice "
+        f"{agreement.disagreement_ratio:.2f} times as often as those samples would (0 when the data is the "
+        "target's greedy output, about 1 when it is the target's output sampled at temperature 1, well "
+        "above 1 when another model or person wrote it), and the target gives the data's tokens a mean "
         f"probability of {agreement.mean_prob:.3f}"
     )
 

@@ -14,7 +14,14 @@ from torch import nn
 from draftdeck.drafter.eval.spec_decode import TargetRunner, generate_plain
 from draftdeck.drafter.train import truth
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.truth import Agreement, TruthUnavailable, agreement_of, off_target, target_view
+from draftdeck.drafter.train.truth import (
+    Agreement,
+    TruthUnavailable,
+    agreement_of,
+    describe,
+    off_target,
+    target_view,
+)
 from tests.support.eval import build_world
 
 V = 5
@@ -85,6 +92,16 @@ def test_the_disagreement_ratio_separates_greedy_sampled_and_foreign_data() -> N
     assert not off_target(Agreement(), 1.25)  # nothing measured: no verdict
     assert foreign.share == pytest.approx(0.6) and foreign.mean_prob == pytest.approx(0.55)
     assert math.isnan(Agreement().share)
+
+
+def test_the_agreement_reads_as_a_sentence_that_names_what_was_compared() -> None:
+    # the log said "would agree on 90.0%: 4.00x their disagreements": figures without their meaning
+    said = describe(Agreement(tokens=1000, matches=600, prob_sum=550.0, expected_sum=900.0))
+    assert "greedy choice of next token is the data's token on 60.0% of 1,000 trained tokens" in said
+    assert "its own samples at temperature 1 would match its greedy choice on 90.0%" in said
+    assert "departs from the target's greedy choice 4.00 times as often as those samples would" in said
+    assert "well above 1 when another model or person wrote it" in said
+    assert said.endswith("a mean probability of 0.550") and "x their" not in said
 
 
 def test_truth_counts_pack_add_and_name_their_metrics() -> None:
