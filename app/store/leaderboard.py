@@ -19,7 +19,7 @@ from sqlmodel import Session, col, select
 
 from app.store.models import Job, JobStatus
 from app.store.run_figures import EVAL_KIND, RUN_KIND, RUNS_SHOWN, run_out
-from draftdeck.drafter.eval.suite_eval import ALL
+from draftdeck.drafter.eval.keys import ALL
 
 EVALS_SHOWN = 1000
 THINKING = {True: "on", False: "off"}

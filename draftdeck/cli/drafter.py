@@ -217,7 +217,7 @@ def _print_suites(ev: dict[str, Any]) -> None:
     kwargs = ev.get("template_kwargs") or {}
     said = ", ".join(f"{k}={json.dumps(v)}" for k, v in kwargs.items()) or "the template's defaults"
     out.print(f"\nper suite and category (the drafter; prompts rendered with {said}):", highlight=False)
-    from draftdeck.drafter.eval.suite_eval import ALL
+    from draftdeck.drafter.eval.keys import ALL
 
     served = (ev.get("served") or {}).get("by_category") or {}
     head = (
@@ -304,6 +304,9 @@ def export_drafter(params: ExportParams) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    if params.target is None and report.extra.get("target"):
+        said = f"the target: {report.extra['target']} (the run's record names it; --target names another)"
+        out.print(escape(said), highlight=False, soft_wrap=True)
     out.print("As each server's loader reads it (draftdeck/drafter/kinds/):", highlight=False)
     for r in report.extra["served"]:
         out.print(f"  {escape(kind.reading_line(r))}", highlight=False, soft_wrap=True)

@@ -1,8 +1,9 @@
-"""The built wheel runs on its own: templates, static files and migrations come with it as package data.
+"""The built wheel runs on its own: templates, static files and migrations come with it as package data,
+and the dashboard starts and serves its pages without the `train` extra (torch: issue 49).
 
 The wheel is built from a copy of just what packaging reads, installed with --no-deps into a fresh venv
-outside the checkout that sees the shared venv's packages (a .pth line: no downloads) but not its
-editable install of this checkout, and `draftdeck up` runs from an empty temporary folder."""
+outside the checkout that sees the shared venv's packages less torch's (links to them: no downloads) but
+not its editable install of this checkout, and `draftdeck up` runs from an empty temporary folder."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ from tests.support.datasets import stop_group
 
 pytestmark = pytest.mark.slow
 
+# What the `train` extra adds that nothing else needs: torch's wheel installs these top-level names
+# (safetensors, the extra's other half, stays: transformers requires it).
+TRAIN_ONLY = ("torch", "functorch", "torchgen")
+PAGES = ("/", "/jobs", "/runs", "/evals", "/datasets")
 PACKAGED = ["pyproject.toml", "setup.py", "README.md", "draftdeck", "app", "workers", "templates", "static",
             "migrations"]  # fmt: skip
 
@@ -34,9 +39,17 @@ def run(argv: list[str], **kw: object) -> str:
     return str(done.stdout)
 
 
-def get(url: str, timeout: float = 60.0) -> tuple[int, bytes]:
+def get(
+    url: str, timeout: float = 60.0, server: tuple[subprocess.Popen, Path] | None = None
+) -> tuple[int, bytes]:
+    """The page's status and body, waiting for the server to listen; `server` (its process and log): a
+    server that exited fails at once, with its log's end (a missing module, say)."""
     deadline = time.monotonic() + timeout
     while True:
+        if server is not None and server[0].poll() is not None:
+            raise AssertionError(
+                f"the server exited {server[0].returncode}:\n{server[1].read_text()[-3000:]}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 return r.status, r.read()
@@ -71,14 +84,24 @@ def installed(tmp_path: Path) -> Path:
             [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
         ).strip()
     )
-    # The shared venv's packages, after the venv's own; a plain path line runs none of its .pth files, so
-    # its editable finder for the checkout stays out.
-    (site / "shared-venv.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # The shared venv's packages less the train extra's, after the venv's own: an install without
+    # extras. A plain path line runs none of the .pth files there, so its editable finder for the
+    # checkout stays out.
+    (site / "shared-venv.pth").write_text(str(without_train_extra(tmp_path / "shared")) + "\n")
     shutil.rmtree(src)
     return venv / "bin"
 
 
-def test_the_wheel_serves_pages_static_files_and_migrates_outside_the_checkout(
+def without_train_extra(into: Path) -> Path:
+    """A folder of links to each package of the shared venv but torch's."""
+    into.mkdir()
+    for entry in Path(sysconfig.get_path("purelib")).iterdir():
+        if entry.name.split("-")[0] not in TRAIN_ONLY:
+            (into / entry.name).symlink_to(entry)
+    return into
+
+
+def test_the_wheel_without_the_train_extra_serves_pages_static_files_and_migrates_outside_the_checkout(
     installed: Path, tmp_path: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DRAFTDECK_", "PYTHON"))}
@@ -87,6 +110,9 @@ def test_the_wheel_serves_pages_static_files_and_migrates_outside_the_checkout(
     where = run([str(installed / "python"), "-c", "import app, draftdeck, workers; print(app.__file__)"],
                 env=env, cwd=tmp_path)  # fmt: skip
     assert where.startswith(str(installed.parent)), where  # the installed package, not the checkout
+    no_torch = subprocess.run([str(installed / "python"), "-c", "import torch"], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "No module named 'torch'" in no_torch.stderr  # as a dashboard that only watches runs is installed
     # the evaluation suites ship as package data, checksums checked on loading
     count = (
         "from draftdeck.drafter.eval import suites; from draftdeck.quality import Report; "
@@ -102,8 +128,10 @@ def test_the_wheel_serves_pages_static_files_and_migrates_outside_the_checkout(
     log.close()
     try:
         url = f"http://127.0.0.1:{port}"
-        status, body = get(url + "/jobs")
+        status, body = get(url + "/jobs", server=(proc, tmp_path / "up.log"))
         assert status == 200 and b"No jobs yet" in body and b"/static/live.js" in body
+        for page in PAGES:  # every main page without torch (the leaderboard's used to import it)
+            assert get(url + page)[0] == 200, page
         status, css = get(url + "/static/app.css")
         assert status == 200 and css == (REPO_ROOT / "static" / "app.css").read_bytes()
         status, docs = get(url + "/docs")

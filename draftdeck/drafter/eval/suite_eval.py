@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from draftdeck.drafter.eval import suites
+from draftdeck.drafter.eval.keys import ALL
 from draftdeck.drafter.eval.tally import Decoded, Tally
 from draftdeck.quality import Report
-
-ALL = "(all)"  # a suite's figures over every category (a user's category cannot be named so)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftdeck.drafter.eval.keys import METHODS
 from draftdeck.drafter.eval.spec_decode import (
     DecodeStats,
     DraftSource,
@@ -16,8 +17,6 @@ from draftdeck.drafter.eval.spec_decode import (
     generate_plain,
     generate_speculative,
 )
-
-METHODS = ("drafter", "untrained", "prompt_lookup")
 
 
 def ratio(a: float, b: float) -> float | None:
