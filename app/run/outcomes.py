@@ -11,7 +11,7 @@ from sqlmodel import select
 
 from app.store import records, state
 from app.store.db import session_scope
-from app.store.models import Alert, JobStatus
+from app.store.models import Alert, Job, JobStatus
 from draftdeck.quality import Policy, Report
 from draftdeck.units import count
 
@@ -31,9 +31,19 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# Work not counted in rows: a job that reported its progress so (a train job's steps, an eval's prompts or
+# turns) keeps its own figures when it ends, where the rest show the rows they read.
+OWN_UNITS = ("steps", "prompts", "turns")
+
+
 def record_success(job_id: int, report: Report, policy: Policy) -> str:
     """Move the job to `succeeded` with its report, outputs and datasets, in one transaction."""
     with session_scope() as session:
+        unit = session.exec(select(Job.progress_unit).where(Job.id == job_id)).first()
+        progress = (
+            {} if unit in OWN_UNITS
+            else {"progress_done": report.rows_in, "progress_total": report.rows_in, "progress_unit": "rows"}
+        )  # fmt: skip
         decision = state.propose(
             session,
             job_id,
@@ -44,9 +54,7 @@ def record_success(job_id: int, report: Report, policy: Policy) -> str:
             report=report,
             policy=policy,
             result=report.to_dict(),
-            progress_done=report.rows_in,
-            progress_total=report.rows_in,
-            progress_unit="rows",
+            **progress,
         )
         if decision.accepted:
             # heavy losses do not finish quiet: the core's figures past the job's thresholds, once per

@@ -31,5 +31,7 @@ def test_a_tiny_target_job_builds_a_target_with_its_progress_in_steps(migrated: 
     with session_scope() as session:
         done = records.get_job(session, job_id)
         assert done is not None and done.result is not None and done.result["rows_out"] == 5
+        # its progress stays in its own unit when it succeeds (a train job read "160 rows" for 100 steps)
+        assert (done.progress_done, done.progress_total, done.progress_unit) == (3, 3, "steps")
         said = [e.message for e in session.exec(select(JobEvent).where(JobEvent.job_id == job_id))]
     assert any(m.startswith("target step 3/3 loss") for m in said), said  # the build's log on its page
