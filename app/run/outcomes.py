@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from typing import Any
 
 from sqlmodel import select
 
@@ -40,7 +41,7 @@ def record_success(job_id: int, report: Report, policy: Policy) -> str:
     """Move the job to `succeeded` with its report, outputs and datasets, in one transaction."""
     with session_scope() as session:
         unit = session.exec(select(Job.progress_unit).where(Job.id == job_id)).first()
-        progress = (
+        progress: dict[str, Any] = (
             {} if unit in OWN_UNITS
             else {"progress_done": report.rows_in, "progress_total": report.rows_in, "progress_unit": "rows"}
         )  # fmt: skip
