@@ -21,6 +21,7 @@ from typing import Annotated, Any
 import typer
 
 from app.cli import serving as cli_serving
+from app.cli.evals import record_cli_eval
 from app.cli.jobs import jobs_app
 from draftdeck import cli as core
 from draftdeck.cli.common import out, usage_exit
@@ -230,7 +231,7 @@ def make_app() -> typer.Typer:
     ) -> None:
         pass
 
-    core.register(app, serving_commands=cli_serving.register)
+    core.register(app, serving_commands=cli_serving.register, record_eval=record_cli_eval)
     app.registered_commands.extend(service_app.registered_commands)
     app.add_typer(db_app, name="db")
     app.add_typer(jobs_app, name="jobs")

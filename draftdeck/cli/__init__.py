@@ -25,14 +25,19 @@ from draftdeck.errors import DraftDeckError, UsageError
 HELP = "DraftDeck: data plumbing for drafters."
 
 
-def register(app: typer.Typer, serving_commands: Callable[[typer.Typer], None] | None = None) -> None:
-    """Add every in-process command to `app` (`serving_commands`: the service's, in the serving group)."""
+def register(
+    app: typer.Typer,
+    serving_commands: Callable[[typer.Typer], None] | None = None,
+    record_eval: Callable[..., str] | None = None,
+) -> None:
+    """Add every in-process command to `app` (`serving_commands`: the service's, in the serving group;
+    `record_eval`: the service's recording of a finished `eval`, draftdeck/cli/drafter.py)."""
     from draftdeck.cli import data, drafter, mix, regenerate, serving, tokens
 
     data.register(app)
     mix.register(app)
     tokens.register(app)
-    drafter.register(app)
+    drafter.register(app, record_eval)
     regenerate.register(app)
     serving.register(app, serving_commands)
 

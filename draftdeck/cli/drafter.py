@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,9 +102,12 @@ def _heldout_line(values: Mapping[str, float]) -> str:
     return line
 
 
-def _run(work: Any, params: Any, title: str, report_path: Path | None) -> Report:
-    """Run `work(params, ctx)` with a console context; exit 1 on a failed run, 2 on usage errors."""
-    ctx = ConsoleContext(Path(params.out) if params.out else Path.cwd())
+def _run(
+    work: Any, params: Any, title: str, report_path: Path | None, ctx: ConsoleContext | None = None
+) -> Report:
+    """Run `work(params, ctx)` with a console context (a new one unless given); exit 1 on a failed run,
+    2 on usage errors."""
+    ctx = ctx or ConsoleContext(Path(params.out) if params.out else Path.cwd())
     try:
         report: Report = work(params, ctx)
     except JobFailed as exc:
@@ -161,12 +164,24 @@ def train(params: TrainParams, *, report: Path | None, report_to: str | None) ->
     )
 
 
-def evaluate(params: EvalParams, *, report: Path | None) -> None:
+# Records a finished eval where the dashboard reads evals (app/cli/evals.py) and says where: given by
+# the `draftdeck` console, absent from the core's own CLI (which knows nothing of the service).
+EvalRecorder = Callable[[EvalParams, Report, LocalContext, float], str]
+RECORD = option(
+    "record", bool, True, "--record/--no-record",
+    help="record the finished eval in this home's database (DRAFTDECK_HOME or DATABASE_URL), where the"
+    " dashboard's leaderboard (/evals) and the run's page list it",
+)  # fmt: skip
+
+
+def evaluate(params: EvalParams, *, report: Path | None, recorder: EvalRecorder | None = None) -> None:
     from draftdeck.drafter.eval.evaluate import run_eval
 
     if params.out is None:
         raise usage_exit("--out is required: the folder for eval.json")
-    result = _run(run_eval, params, f"eval {params.checkpoint}", report)
+    started = time.time()
+    ctx = ConsoleContext(Path(params.out))
+    result = _run(run_eval, params, f"eval {params.checkpoint}", report, ctx)
     ev = result.extra["eval"]
     # two conventions of one decode: vLLM's counters (a bonus every step) and z-lab's benchmark
     head = ("method", "tau (vLLM)", "tok/step (z-lab)", "accept", "tok/s", "lossless")
@@ -210,6 +225,8 @@ def evaluate(params: EvalParams, *, report: Path | None) -> None:
             highlight=False,
         )
     out.print(f"wrote {Path(params.out) / 'eval.json'}", highlight=False)
+    if recorder is not None:
+        out.print(escape(recorder(params, result, ctx, started)), highlight=False, soft_wrap=True)
 
 
 def _print_suites(ev: dict[str, Any]) -> None:
@@ -317,19 +334,33 @@ def export_drafter(params: ExportParams) -> None:
             )
 
 
-def register(app: typer.Typer) -> None:
+EVAL_DOC = (
+    "Real speculative decoding of a checkpoint with its target on held-out prompts, or per category of the"
+    " suites papers report (--suite): tau incl. bonus, acceptance, speed, lossless check, and the baselines."
+)
+
+
+def register(app: typer.Typer, record_eval: EvalRecorder | None = None) -> None:
+    """The drafter's commands; `record_eval` (the service's) adds --record/--no-record to `eval`."""
     app.command("train")(
         job_command(TrainParams, train, required=("out",), extra=[REPORT, REPORT_TO],
                     doc="Train (or resume) a drafter (DFlash, EAGLE-3, DFlash2 or DSpark: --drafter) on"
                     " DraftDeck datasets against its frozen target; checkpoints, held-out walked tau (incl."
                     " bonus) as it goes.")
     )  # fmt: skip
-    app.command("eval")(
-        job_command(EvalParams, evaluate, required=("out",), extra=[REPORT],
-                    doc="Real speculative decoding of a checkpoint with its target on held-out prompts, or"
-                    " per category of the suites papers report (--suite): tau incl. bonus, acceptance, speed,"
-                    " lossless check, and the baselines.")
-    )  # fmt: skip
+    if record_eval is None:
+        app.command("eval")(
+            job_command(EvalParams, evaluate, required=("out",), extra=[REPORT], doc=EVAL_DOC)
+        )
+    else:
+
+        def evaluate_and_record(params: EvalParams, *, report: Path | None, record: bool) -> None:
+            evaluate(params, report=report, recorder=record_eval if record else None)
+
+        app.command("eval")(
+            job_command(EvalParams, evaluate_and_record, required=("out",), extra=[REPORT, RECORD],
+                        doc=EVAL_DOC + " Recorded in this home's database for the dashboard.")
+        )  # fmt: skip
     app.command("tiny-target")(
         job_command(TinyTargetParams, tiny_target, required=("out",),
                     doc="Build a tiny trained target (a tokenizer, a Qwen3 or Qwen3.5 hybrid model, and"
