@@ -45,10 +45,8 @@ def record_cli_eval(params: EvalParams, report: Report, ctx: LocalContext, start
             job_id = _record(session, params, ctx, started)
         status = record_success(job_id, report, params.policy())
     except (SQLAlchemyError, OSError) as exc:
-        return (
-            f"not recorded on the dashboard ({where}): {type(exc).__name__}: {exc}; eval.json is written"
-            " all the same"
-        )
+        why = (str(exc).splitlines() or [""])[0]  # SQLAlchemy's next line is a link to its error pages
+        return f"not recorded on the dashboard ({where}): {type(exc).__name__}: {why}; eval.json stands"
     server = address.recorded(settings.home_dir) or ""  # the address of a dashboard serving this home
     return f"recorded as eval job {job_id} ({status}) in {where}: {server}/evals, {server}/jobs/{job_id}"
 

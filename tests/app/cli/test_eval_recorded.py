@@ -69,3 +69,26 @@ def test_a_cli_eval_is_on_the_leaderboard_and_its_runs_page(migrated: Path, tmp_
     evals = run_page.text.split('id="run-evals-', 1)[1].split("</section>", 1)[0]
     assert f'href="/jobs/{job_id}"' in evals
     assert client.get(f"/jobs/{job_id}").status_code == 200
+
+
+def test_an_eval_the_database_cannot_take_says_why_and_keeps_its_file(
+    dd_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PostgreSQL that is not there (a closed port): the eval stands, the line names the reason."""
+    import time
+
+    from app.cli.evals import record_cli_eval
+    from app.settings import get_settings
+    from app.store.db import get_engine
+    from draftdeck.drafter.eval.params import EvalParams
+    from draftdeck.jobs.context import LocalContext
+    from draftdeck.quality import Report
+    from tests.browser.harness import free_port
+
+    monkeypatch.setenv("DATABASE_URL", f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none")
+    get_settings.cache_clear()
+    get_engine.cache_clear()
+    params = EvalParams(inputs=["p.jsonl"], target="t", checkpoint="c", out=str(dd_home / "ev"))
+    said = record_cli_eval(params, Report(), LocalContext(dd_home / "ev"), time.time())
+    assert said.startswith("not recorded on the dashboard (DATABASE_URL's database): OperationalError"), said
+    assert "Connection refused" in said and said.endswith("; eval.json stands") and "\n" not in said
