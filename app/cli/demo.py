@@ -121,6 +121,22 @@ def _quiet_libraries() -> None:
     hf_logging.set_verbosity_error()
 
 
+def _set_threads(threads: int) -> str:
+    """Give torch `threads` threads, or as many as there are idle cores (every job runs in this
+    process); say how many and why. The tiny models' matrices are too small to gain from threads
+    that would compete with other work for the same cores."""
+    import torch
+
+    from draftdeck.drafter.train.device import idle_cpu_cores
+
+    chosen = threads or idle_cpu_cores()
+    torch.set_num_threads(chosen)
+    if threads:
+        return f"torch threads: {chosen} (--threads)"
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return f"torch threads: {chosen}, the idle cores of {os.cpu_count()} (load {load:.1f}; --threads to set)"
+
+
 def _page_url(path: str) -> str:
     """The full address of a page on the server `draftdeck up` runs on this home, or how to open it."""
     from app.cli.address import recorded
@@ -152,8 +168,10 @@ def demo(
     target_arch: str = "qwen3",
     rebuild_world: bool = False,
     drafter: str = "dflash",
+    threads: int = 0,
 ) -> None:
-    """Run the whole path on the CPU (tiny target, regenerate, tokenize, train, eval) as jobs."""
+    """Run the whole path on the CPU (tiny target, regenerate, tokenize, train, eval) as jobs, with
+    `threads` torch threads (0: the cores idle at the start)."""
     from app.settings import get_settings
     from draftdeck.drafter.eval.params import EvalParams
     from draftdeck.regenerate.params import RegenerateParams
@@ -169,6 +187,7 @@ def demo(
         typer.echo(f"[{time.monotonic() - started:6.1f} s] {line}", err=True)
 
     _quiet_libraries()
+    say(_set_threads(threads))
     world = demo_world(size, seed, target_arch, rebuild_world, say)
     say(f"world ready: tokenizer, target, {size['prompts']:,} distinct prompts")
     target = str(world.target_dir)

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
+from app.cli import demo_figures
 from app.cli import serving as cli_serving
 from app.cli.evals import record_cli_eval
 from app.cli.jobs import jobs_app
@@ -179,9 +180,7 @@ def demo_command(
             help="folder for the data and the run (default: the home's demo/, or demo-2/, ... when taken)"
         ),
     ] = None,
-    quick: Annotated[
-        bool, typer.Option(help="a smaller world and run (2 min on a quiet 2-core machine, 1 min once built)")
-    ] = False,
+    quick: Annotated[bool, typer.Option(help=demo_figures.help_line())] = False,
     seed: Annotated[int, typer.Option(min=0, help="seed of the world, the data and the run")] = 0,
     target_arch: Annotated[
         DemoArch, typer.Option(help="the tiny target: Qwen3, or the Qwen3.5/3.6 hybrid (Gated DeltaNet)")
@@ -193,6 +192,9 @@ def demo_command(
         DemoDrafter,
         typer.Option(help="the drafter kind trained, drafting 7 tokens a step (DFlash blocks of 8)"),
     ] = DemoDrafter("dflash"),
+    threads: Annotated[
+        int, typer.Option(min=0, help="torch threads (0: as many as there are idle cores at the start)")
+    ] = 0,
 ) -> None:
     """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
     as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
@@ -201,7 +203,7 @@ def demo_command(
     _prepare()
     demo(
         workdir, quick=quick, seed=seed, target_arch=target_arch.value, rebuild_world=rebuild_world,
-        drafter=drafter.value,
+        drafter=drafter.value, threads=threads,
     )  # fmt: skip
 
 

@@ -43,6 +43,8 @@ def test_quick_demo_runs_every_step_as_a_job_and_reports_honest_figures(dd_home:
     # the tiny target is built by a job (its progress and log on the dashboard), then the path runs
     assert "job 1 tiny-target: running" in said and "world ready" in said and "job 4 train: running" in said
     assert "run page: http://" in said and "%|" not in said  # a full address; no library progress bars
+    # torch's threads are the idle cores, said (all of them spin against other work on a shared machine)
+    assert re.search(r"torch threads: \d+, the idle cores of \d+ \(load \d+\.\d", said), said[:2000]
     assert Path(summary["checkpoint"], "model.safetensors").is_file()
     eval_json = json.loads((work / "eval" / "eval.json").read_text())["eval"]
     assert eval_json["methods"]["drafter"]["tau_incl_bonus_pooled"] == summary["eval_tau"]
