@@ -88,3 +88,16 @@ def test_issue_codes_link_to_their_entry_in_the_guide() -> None:
         pytest.skip("site/ is not built (make test builds it before the tests)")
     page = built.read_text()
     assert [code for code in CODES if f'id="{code}"' not in page] == []
+
+
+def test_the_guide_leads_back_to_the_dashboard() -> None:
+    """The guide had no way back to the dashboard that serves it: its logo and its nav's first entry
+    link to the dashboard's root."""
+    built = REPO_ROOT / "site" / "train" / "index.html"
+    if not built.is_file():
+        pytest.skip("site/ is not built (make test builds it before the tests)")
+    page = built.read_text()
+    assert 'href="/" title="DraftDeck" class="md-header__button md-logo"' in page
+    back = page.split('<a href="/" class="md-nav__link">', 1)[1].split("</a>", 1)[0]
+    assert "Back to the dashboard" in back
+    assert page.index("Back to the dashboard") < page.index("Getting started")
