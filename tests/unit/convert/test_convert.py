@@ -46,7 +46,8 @@ class TestFixtures:
         )
         # 4 alpaca + 5 bad_bytes + 9 openai + 4 prompts + 3 query/response + 9 sharegpt + 1 traj + 1 tree
         # + 2 dolly + 4 multimodal + 2 sharegpt-in-messages + 2 swift pairs + 2 torchtune input/output
-        assert report.rows_in == 48
+        # + 6 medical question/answer pairs (their long Question / Complex_CoT / Response unused)
+        assert report.rows_in == 54
         # the tree gives 2 conversations, the trajectory 2 (two agents)
         assert report.rows_expanded == 2
         assert dict(report.rejected) == {
@@ -61,15 +62,15 @@ class TestFixtures:
             "instruction_response": 2,
             "openai": 13,
             "prompt": 4,
-            "query_response": 5,
+            "query_response": 11,
             "hermes": 1,
             "sharegpt": 8,
             "trajectory": 1,
             "tree": 1,
             "turn_pairs": 2,
         }
-        assert report.rows_out == 42
-        assert report.outputs[0].rows == 42
+        assert report.rows_out == 48
+        assert report.outputs[0].rows == 48
 
     def test_openai_fixture_checks(self) -> None:
         convs, report = _read([FIXTURES / "openai_mixed.jsonl"])

@@ -167,7 +167,7 @@ def test_real_files_one_at_a_time_with_tiny_chunks(tmp_path: Path) -> None:
 def test_own_fixtures_same_bytes_and_report(tmp_path: Path) -> None:
     paths = sorted(p for p in FIXTURES.iterdir() if p.name != "unknown_keys.jsonl")
     one, two = _both(tmp_path, paths, "openai", chunk_bytes=256, allow_prompt_only=True)
-    assert one.rows_in == 48
+    assert one.rows_in == 54
     assert one.rejected["multimodal_content"] == 3
     assert two.extra["parallel"]["chunks"] >= 3
 
