@@ -10,6 +10,11 @@ The invariant every report keeps::
 
 ``rows_expanded`` counts the extra output rows that one input row produced (a message tree with
 three leaves gives one input row and three output rows: ``rows_expanded`` grows by two).
+
+The report's JSON (:meth:`Report.to_dict`) gives the FOLDED codes (rows merged into another row's
+conversation, or its metadata: not lost) apart from the rejected rows, as the pages and the CLI do::
+
+    rows_in + rows_expanded == rows_out + sum(rejected.values()) + sum(merged.values())
 """
 
 from __future__ import annotations
@@ -282,9 +287,12 @@ class Report:
             "rows_in": self.rows_in,
             "rows_out": self.rows_out,
             "rows_expanded": self.rows_expanded,
-            "accounting": "rows_in + rows_expanded == rows_out + sum(rejected); rows_expanded counts the "
-            "extra conversations that trees and trajectories yield beyond one per input row",
-            "rejected": dict(sorted(self.rejected.items())),
+            "accounting": "rows_in + rows_expanded == rows_out + sum(rejected) + sum(merged); rows_expanded"
+            " counts the extra conversations that trees and trajectories yield beyond one per input row;"
+            " merged, the rows folded into another row's conversation (an agent session's later lines and"
+            " events) or its metadata: counted, not lost",
+            "rejected": {k: n for k, n in sorted(self.rejected.items()) if k not in FOLDED},
+            "merged": {k: n for k, n in sorted(self.rejected.items()) if k in FOLDED},
             "warnings": dict(sorted(self.warnings.items())),
             "formats": dict(sorted(self.formats.items())),
             **({"counts": dict(sorted(self.counts.items()))} if self.counts else {}),

@@ -103,6 +103,7 @@ class RunResult(BaseModel):
     rows_expanded: Count = 0
     accounting: Message = ""
     rejected: dict[Code, Count] = {}
+    merged: dict[Code, Count] = {}  # rows folded into another row's conversation (FOLDED codes)
     warnings: dict[Code, Count] = {}
     formats: dict[Code, Count] = {}
     counts: dict[Code, Count] = {}

@@ -82,14 +82,16 @@ def print_scan_figures(figures: dict[str, Any], console: Console) -> None:
         for name, n in sorted(f.get("formats", {}).items(), key=lambda kv: -kv[1]):
             shapes.add_row(escape(name), f"{n:,}", *([escape(f["file"])] if several else []))
     console.print(shapes)
-    merged = sum(item["rows"] for item in figures["would_reject"] if item["code"] in FOLDED)
+    # a result of before would_merge counted the FOLDED codes in would_reject: either way, they are merged
+    items = [*figures["would_reject"], *figures.get("would_merge", [])]
+    merged = sum(item["rows"] for item in items if item["code"] in FOLDED)
     console.print(
         f"convert would keep {figures['would_keep']:,} of {figures['rows_in']:,} rows"
         + (f" (+{figures['rows_expanded']:,} expanded)" if figures.get("rows_expanded") else "")
         + (f"; {merged:,} lines or events merged into them or metadata, not lost" if merged else ""),
         highlight=False,
     )
-    rejected = [item for item in figures["would_reject"] if item["code"] not in FOLDED]
+    rejected = [item for item in items if item["code"] not in FOLDED]
     if rejected:
         console.print("[bold]convert would reject[/]", highlight=False)
         rejects = _table("code", "rows", "example")

@@ -11,7 +11,9 @@ checks (and the same ``--from``), so the scan says what a convert would do, row 
   them as no_assistant_turn unless ``--allow-prompt-only``, for regeneration); ``placeholder`` (short
   answers, as convert's placeholder check normalises them, on two rows or more: candidates among
   the kept rows, and the answers over the threshold that convert rejects as placeholder_response);
-  ``would_keep`` and ``would_reject`` (per code: rows and one example with file, row and reason);
+  ``would_keep``, ``would_reject`` and ``would_merge`` (per code: rows and one example with file, row
+  and reason; ``would_merge``: the FOLDED codes, lines merged into another row's conversation or its
+  metadata, counted and not lost, as the report's ``merged``);
   ``suggested_mapping`` where rows of no known shape were seen: a ``--columns`` / ``--tags`` proposal
   for the most common such key set (:mod:`draftdeck.formats.suggest`), or None when none reads it
   (``why``: ``unknown_format``). Also where rows were read but the long text their reader left
@@ -47,7 +49,7 @@ from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
 from draftdeck.formats.suggest import option_text, suggest_mapping
 from draftdeck.formats.tables import open_reader, skipped_in
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Report
+from draftdeck.quality import FOLDED, Report
 
 MAX_KEYSETS = 50
 MAX_PLACEHOLDER_CANDIDATES = 10
@@ -215,9 +217,12 @@ def _proposal(
             "mapping": mapping, "options": options, **more}  # fmt: skip
 
 
-def _would_reject(report: Report) -> list[dict[str, Any]]:
+def _would_reject(report: Report, folded: bool = False) -> list[dict[str, Any]]:
+    """Per code, the rows convert would reject (`folded`: merge into another row's conversation)."""
     out = []
     for code, n in report.rejected.most_common():
+        if (code in FOLDED) != folded:
+            continue
         examples = report.examples.get(code) or []
         ex = examples[0] if examples else None
         example = {"file": ex.file, "row": ex.line, "reason": ex.reason} if ex is not None else None
@@ -277,6 +282,7 @@ def scan_paths(
             "placeholder": _placeholder_figures(report, candidates, options),
             "would_keep": report.rows_out,
             "would_reject": _would_reject(report),
+            "would_merge": _would_reject(report, folded=True),
             # what a folder given as input holds that is not read, and why: a skip is said, never silent
             "skipped": [
                 {"file": names.get(f, str(f)), "why": why} for p in paths for f, why in skipped_in(Path(p))

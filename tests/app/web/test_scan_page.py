@@ -86,3 +86,34 @@ def test_a_file_read_by_the_wrong_fields_gets_the_mapping_in_one_click(
     rows = [orjson.loads(line) for line in MEDICAL_PAIRS.read_bytes().splitlines()]
     written = [orjson.loads(line) for line in out.read_bytes().splitlines()]
     assert [w["conversations"][0]["value"] for w in written] == [r["Question"] for r in rows]
+
+
+def test_a_session_log_s_merged_lines_are_merged_in_the_result_and_on_the_page(
+    client: TestClient, migrated: Path
+) -> None:
+    """The job's JSON result gives the merged lines apart from the rejected ones, as its page does."""
+    from app.run.job import run_job
+    from app.store.db import session_scope
+    from app.store.models import Job
+
+    data = migrated / "data" / "session.jsonl"
+    shutil.copy(FIXTURES / "agents" / "session.jsonl", data)
+    scan = _start(client, "scan", f"/jobs/new?kind=scan&inputs={data}", form_token(client))
+    assert run_job(scan, in_process=True) == "succeeded"
+    with session_scope() as s:
+        job = s.get(Job, scan)
+        assert job is not None and job.result is not None
+        result = job.result
+    assert (result["rejected"], result["merged"]) == (
+        {"abandoned_branch": 1}, {"merged_event": 12, "session_metadata": 3})  # fmt: skip
+    assert [i["code"] for i in result["would_reject"]] == ["abandoned_branch"]
+    assert [i["code"] for i in result["would_merge"]] == ["merged_event", "session_metadata"]
+    page = client.get(f"/jobs/{scan}").text
+    counts = dict(re.findall(r'data-count="([a-z-]+)"[^>]*><span class="num">([^<]+)</span>', page))
+    assert (counts["in"], counts["out"], counts["rejected"], counts["merged"]) == ("18", "2", "1", "15")
+    for table, codes in (
+        ("scan-would-reject", ["abandoned_branch"]),
+        ("scan-merged", ["merged_event", "session_metadata"]),
+    ):
+        body = re.search(rf'<table id="{table}">(.*?)</table>', page, re.S)
+        assert body and re.findall(r"<code>([a-z_]+)</code>", body[1]) == codes, table

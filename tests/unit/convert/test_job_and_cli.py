@@ -167,6 +167,23 @@ class TestCli:
         assert code == 0, text
         assert "alert high_rejected" in text and "5 of 6 rows rejected (83.3%)" in " ".join(text.split())
 
+    def test_the_report_counts_merged_lines_apart_from_rejected_ones(self, tmp_path: Path) -> None:
+        """Issue 49: the JSON report counted an agent session's merged lines under `rejected`, while the
+        job page and this command's table show them as merged: the report gives them apart too."""
+        out, rep = tmp_path / "o.jsonl", tmp_path / "r.json"
+        session = TEST_FIXTURES / "agents" / "session.jsonl"
+        code, text = _run(str(session), "--out", str(out), "--report", str(rep))
+        assert code == 0, text
+        report = json.loads(rep.read_text())
+        assert report["rejected"] == {"abandoned_branch": 1}  # the one line left out: a retried answer
+        assert report["merged"] == {"merged_event": 12, "session_metadata": 3}
+        assert (report["rows_in"], report["rows_out"]) == (18, 2)
+        assert report["rows_in"] == report["rows_out"] + sum(report["rejected"].values()) + sum(
+            report["merged"].values()
+        )
+        assert "sum(merged)" in report["accounting"]
+        assert "merged: merged_event" in text and "rejected: abandoned_branch" in text
+
     def test_any_readable_path_is_accepted_in_process(self, data: Path, tmp_path: Path) -> None:
         """The data-root sandbox is the server's: a local user converts their own files anywhere."""
         outside = tmp_path / "outside.jsonl"
