@@ -99,14 +99,20 @@ def causal_lm_config(folder: str | Path) -> Any:
 
 @contextmanager
 def _quiet_load_report() -> Iterator[None]:
+    """transformers' load report and its "Loading weights" progress bar (which a terminal and a job's
+    log would show as noise) are off for the load; its errors still show, and the caller's settings
+    come back after."""
     from transformers.utils import logging
 
-    before = logging.get_verbosity()
+    before, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()
+    logging.disable_progress_bar()
     try:
         yield
     finally:
         logging.set_verbosity(before)
+        if bars:
+            logging.enable_progress_bar()
 
 
 def load_causal_lm(folder: str | Path, *, dtype: Any = None) -> tuple[Any, str]:

@@ -1,4 +1,10 @@
-"""The train job's truth checks: before step 1, and at every held-out pass.
+"""The train job's checks: of its inputs before anything is loaded, and of the truth before step 1
+and at every held-out pass.
+
+Before the target is loaded (`check_inputs`): every input is a dataset folder `draftdeck tokenize`
+wrote (its manifest.json). A chat file, or a folder of them, is refused with the exact tokenize
+command to run: loading a 27B target takes minutes, and reading a JSONL file as a folder failed only
+after it.
 
 Before step 1 (`run_preflight`):
 
@@ -24,15 +30,17 @@ same kind of text reads, token by token, like the target's own samples.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.data import RowRef, TrainData, collate
+from draftdeck.drafter.train.data import DataError, RowRef, TrainData, collate
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.truth import (
     OFF_TARGET,
@@ -43,9 +51,10 @@ from draftdeck.drafter.train.truth import (
     off_target,
     target_turns,
 )
-from draftdeck.errors import JobFailed
+from draftdeck.errors import InputError, JobFailed
 from draftdeck.jobs.context import RunContext
 from draftdeck.provenance import Answered, model_fingerprint
+from draftdeck.shards.manifest import MANIFEST
 
 Row = tuple[np.ndarray, np.ndarray]
 
@@ -79,6 +88,51 @@ class Verdict:
             "target_answered_rows": self.answered_rows,
             "judged": self.judge,
         }  # fmt: skip
+
+
+def check_inputs(params: TrainParams) -> None:
+    """Refuse inputs that are not dataset folders (module doc), naming each and why, before the target
+    is loaded; chat data is answered with the `draftdeck tokenize` command that makes a folder of it."""
+    problems: list[str] = []
+    chat: list[Path] = []  # inputs tokenize reads: the command to run names them
+    for text in params.inputs:
+        path = Path(text)
+        if not path.exists():
+            problems.append(f"{path} does not exist")
+        elif path.is_file():
+            problems.append(f"{path} is a file, not a dataset folder")
+            chat.append(path)
+        elif not (path / MANIFEST).is_file():
+            problems.append(
+                f"{path} has no {MANIFEST}: not a dataset folder `draftdeck tokenize` wrote (or its job"
+                " has not finished)"
+            )
+            if _holds_chat_data(path):
+                chat.append(path)
+    if not problems:
+        return
+    said = "; ".join(problems) + (
+        ". Train reads the folders `draftdeck tokenize` writes (token ids and loss masks, tokenized with"
+        " the target's chat template)"
+    )
+    if chat:
+        out = chat[0].parent / f"{chat[0].name.split('.')[0] or 'data'}-tokens"
+        words = ["draftdeck", "tokenize", *map(str, chat), "--tokenizer", params.target, "--out", str(out)]
+        said += (
+            f". Tokenize {'it' if len(chat) == 1 else 'them'} first: {shlex.join(words)}; then train on"
+            f" {shlex.quote(str(out))}"
+        )
+    raise DataError(said)
+
+
+def _holds_chat_data(folder: Path) -> bool:
+    """Whether `draftdeck tokenize` reads anything in `folder` (chat files, a save_to_disk folder)."""
+    from draftdeck.formats.tables import expand_inputs
+
+    try:
+        return bool(expand_inputs(folder))
+    except InputError:
+        return False
 
 
 def fix_text(params: TrainParams) -> str:

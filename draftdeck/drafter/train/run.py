@@ -9,6 +9,7 @@ from pathlib import Path
 
 from draftdeck.drafter.train.distributed import Launched, launch, run_launched
 from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.preflight import check_inputs
 from draftdeck.drafter.train.reporter import Reporter
 from draftdeck.drafter.train.run_record import RunRecord
 from draftdeck.drafter.train.trainer import Trainer
@@ -21,6 +22,7 @@ from draftdeck.quality import Output, Report
 def train(params: TrainParams, ctx: RunContext) -> RunRecord:
     """Train (or resume) a drafter as `params` says: as one rank of the run a launcher started
     (torchrun, srun), N ranks of its own when `params.devices` > 1, else in this process."""
+    check_inputs(params)  # before any target is loaded: a chat file is refused in a second, not minutes
     where = Launched.from_env()
     if where is not None:
         return run_launched(params, ctx, where)
