@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.drafter.export.folder import read_config, resolve_checkpoint
+from draftdeck.drafter.export.verifier import export_verifier
 from draftdeck.drafter.kinds import DrafterKind, kind_of_config
 from draftdeck.errors import UsageError
 
@@ -24,11 +25,12 @@ def load_drafter(checkpoint: Path, *, device: Any = "cpu") -> Any:
 
 
 def export_drafter(
-    checkpoint_dir: Path, out_dir: Path, fmt: str = "auto", verifier: str | None = None
+    checkpoint_dir: Path, out_dir: Path, fmt: str = "auto", target: str | None = None
 ) -> tuple[Path, str]:
     """Export a checkpoint (or a train run's best) to `out_dir` (atomically) in `fmt`, one of its kind's
-    formats (auto: its first), `verifier` the target named where a format names one. Returns the folder
-    and the format written."""
+    formats (auto: its first). Where a format names the verifier it is `target`, else the target of the
+    run the checkpoint came from (draftdeck.drafter.export.verifier). Returns the folder and the format
+    written."""
     folder = resolve_checkpoint(checkpoint_dir)
     kind = folder_kind(folder)
     chosen = kind.formats[0] if fmt == "auto" else fmt
@@ -36,4 +38,5 @@ def export_drafter(
         raise UsageError(
             f"format {fmt}: a {kind.title} drafter exports as {' or '.join(kind.formats)} (auto)"
         )
+    verifier = export_verifier(Path(checkpoint_dir), folder, target, kind, chosen)
     return kind.export(kind.load(folder), out_dir, chosen, verifier), chosen

@@ -47,6 +47,7 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
     `served_config` where vLLM or SGLang would read the config otherwise than it was trained."""
     from draftdeck.drafter.export.drafters import export_drafter, folder_kind
     from draftdeck.drafter.export.folder import read_config, resolve_checkpoint
+    from draftdeck.drafter.export.verifier import export_verifier
     from draftdeck.fileio import sha256_file
     from draftdeck.quality import Output, Report
 
@@ -54,13 +55,18 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
     folder, fmt = export_drafter(Path(params.inputs[0]), out, params.format, params.target)
     checkpoint = resolve_checkpoint(Path(params.inputs[0]))
     kind = folder_kind(checkpoint)
+    # the target given, or the run's (the export named it where its format names one): the launch lines
+    verifier = export_verifier(Path(params.inputs[0]), checkpoint, params.target, kind, fmt)
+    target = verifier.name_or_path if verifier else None
     block = kind.verify_block(checkpoint, read_config(checkpoint))
     report = Report(rows_in=1, rows_out=1)
     weights, config = folder / "model.safetensors", folder / "config.json"
     for file in (weights, config):
         report.outputs.append(Output(str(file), 0, file.stat().st_size, sha256_file(file), kind="artifact"))
     ctx.event("info", f"exported {params.inputs[0]} to {folder} in {kind.format_names[fmt]}")
-    served = kind.served(folder, fmt, params.target, block)
+    if verifier and params.target is None:
+        ctx.event("info", f"the target: {target} (the run's record names it)")
+    served = kind.served(folder, fmt, target, block)
     for reading in served:
         flags = reading.get("flags")
         ctx.event("info", f"{reading['server']}: " + (flags or f"taps hidden_states {reading.get('tapped')}"))
@@ -69,5 +75,6 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
     report.extra["served"] = served
     report.extra["format"] = fmt
     report.extra["drafter"] = kind.name
+    report.extra["target"] = target
     report.check_accounting()
     return report

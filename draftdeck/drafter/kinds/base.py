@@ -4,10 +4,24 @@ built from (`KindOptions`). The registry (draftdeck.drafter.kinds) gives both to
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """The target an export names as its verifier (speculators' `speculators_config.verifier`): what
+    `vllm serve <dir>` serves and speculators' model classes load beside the drafter. `architectures`:
+    the target's config.json's."""
+
+    name_or_path: str
+    architectures: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name_or_path": self.name_or_path, "architectures": list(self.architectures)}
 
 
 class DrafterKind:
@@ -85,9 +99,13 @@ class DrafterKind:
 
     formats: tuple[str, ...] = ()  # the export formats, `auto`'s first
     format_names: Mapping[str, str] = {}  # each format as the CLI and the job log name it
+    # the formats whose config.json names the verifier: an export in one needs the target (a folder
+    # naming none is what `vllm serve <dir>` and speculators cannot load)
+    verifier_formats: tuple[str, ...] = ()
 
-    def export(self, drafter: Any, out: Path, fmt: str, verifier: str | None) -> Path:
-        """Write `drafter` to `out` in `fmt` (one of `formats`), atomically."""
+    def export(self, drafter: Any, out: Path, fmt: str, verifier: Verifier | None) -> Path:
+        """Write `drafter` to `out` in `fmt` (one of `formats`), atomically; `verifier`: the target a
+        format of `verifier_formats` names."""
         raise NotImplementedError
 
     def served(self, folder: Path, fmt: str, target: str | None, block: int) -> list[dict[str, Any]]:

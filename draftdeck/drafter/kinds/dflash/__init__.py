@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, size_problems
+from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, Verifier, size_problems
 from draftdeck.drafter.kinds.dflash.options import DFlashOptions
 
 
@@ -115,7 +115,7 @@ class DFlash(DrafterKind):
             problems.append(f"target layers {bad} do not exist (the target has {target.num_layers})")
         return problems
 
-    def export(self, drafter: Any, out: Path, fmt: str, verifier: str | None) -> Path:
+    def export(self, drafter: Any, out: Path, fmt: str, verifier: Verifier | None) -> Path:
         from draftdeck.drafter.kinds.dflash.export import save_zlab
 
         return save_zlab(drafter, out)

@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from draftdeck.drafter.export.folder import WEIGHTS, CheckpointError, read_config
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.model.config import DrafterConfig, drafter_rope, rope_theta_of
 
 SPECULATORS_VERSION = "0.9.0"
@@ -26,12 +27,12 @@ def speculators_config(
     kind: str,
     architectures: list[str],
     fields: Mapping[str, Any],
-    verifier: str | None = None,
-    verifier_architectures: list[str] | None = None,
+    verifier: Verifier | None = None,
     drafts: int | None = None,
 ) -> dict[str, Any]:
     """`cfg` as the config.json of speculators' `kind`, with the kind's own `fields`; `verifier`: the
-    target's folder or hub name (what speculators' class and `vllm serve <dir>` load as the target);
+    target (what speculators' class and `vllm serve <dir>` load as the target; None: a checkpoint's
+    config, which names none);
     `drafts`: the tokens a step proposes (the block's, by default)."""
     layer = {
         "model_type": "qwen3",
@@ -75,7 +76,7 @@ def speculators_config(
                 }
             ],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [])},
+            "verifier": verifier.to_dict() if verifier else {"name_or_path": None, "architectures": []},
         },
         "transformer_layer_config": layer,
         "draft_vocab_size": cfg.vocab_size,

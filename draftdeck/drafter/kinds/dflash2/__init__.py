@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.kinds.base import KindOptions
+from draftdeck.drafter.kinds.base import KindOptions, Verifier
 from draftdeck.drafter.kinds.dflash import DFlash
 from draftdeck.drafter.kinds.dflash.options import DFlashOptions
 from draftdeck.drafter.kinds.dflash2.options import DFlash2Options
@@ -25,6 +25,7 @@ class DFlash2(DFlash):
     )
     options: tuple[type[KindOptions], ...] = (DFlashOptions, DFlash2Options)
     formats = ("speculators",)
+    verifier_formats = ("speculators",)
     format_names = {"speculators": "speculators' DFlash2 format"}
     fsdp_refused = (
         "its candidate selector reranks the top-k of the target's head, which fsdp splits by vocabulary"
@@ -85,7 +86,7 @@ class DFlash2(DFlash):
         torch.manual_seed(seed)
         return DFlash2Drafter(drafter.dflash2).to(next(drafter.parameters()).device).eval()
 
-    def export(self, drafter: Any, out: Path, fmt: str, verifier: str | None) -> Path:
+    def export(self, drafter: Any, out: Path, fmt: str, verifier: Verifier | None) -> Path:
         from draftdeck.drafter.kinds.dflash2.export import save_dflash2
 
         return save_dflash2(drafter, out, verifier)

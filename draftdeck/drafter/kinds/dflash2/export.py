@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.drafter.export.folder import CheckpointError, write_folder
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_folder, speculators_config
 from draftdeck.drafter.kinds.dflash.speculators import served as speculators_served
 from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
@@ -17,7 +18,7 @@ KIND = "dflash2"
 ARCHITECTURES = ["DFlash2DraftModel"]
 
 
-def config_json(cfg: DFlash2Config, verifier: str | None = None) -> dict[str, Any]:
+def config_json(cfg: DFlash2Config, verifier: Verifier | None = None) -> dict[str, Any]:
     fields = {
         "sample_from_anchor": cfg.sample_from_anchor,
         "sliding_window_non_causal": True,
@@ -44,7 +45,7 @@ def config_of(hf: dict[str, Any]) -> DFlash2Config:
         raise CheckpointError(f"config.json is not a complete DFlash2 config: {e!r}") from e
 
 
-def save_dflash2(drafter: DFlash2Drafter, out: Path, verifier: str | None = None) -> Path:
+def save_dflash2(drafter: DFlash2Drafter, out: Path, verifier: Verifier | None = None) -> Path:
     return write_folder(Path(out), drafter.state_dict(), config_json(drafter.dflash2, verifier))
 
 

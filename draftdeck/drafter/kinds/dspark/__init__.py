@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.kinds.base import KindOptions
+from draftdeck.drafter.kinds.base import KindOptions, Verifier
 from draftdeck.drafter.kinds.dflash import DFlash
 from draftdeck.drafter.kinds.dflash.options import DFlashOptions
 from draftdeck.drafter.kinds.dspark.options import DSparkOptions
@@ -25,6 +25,7 @@ class DSpark(DFlash):
     )
     options: tuple[type[KindOptions], ...] = (DFlashOptions, DSparkOptions)
     formats = ("speculators",)
+    verifier_formats = ("speculators",)
     format_names = {"speculators": "speculators' DSpark format"}
     demo = {"block_size": 7, "anchors_per_seq": 8}  # 7 drafts from the anchor: a verify block of 8
     fsdp_refused = "its Markov head biases the target's head, which fsdp splits by vocabulary"
@@ -85,7 +86,7 @@ class DSpark(DFlash):
         torch.manual_seed(seed)
         return DSparkDrafter(drafter.dspark).to(next(drafter.parameters()).device).eval()
 
-    def export(self, drafter: Any, out: Path, fmt: str, verifier: str | None) -> Path:
+    def export(self, drafter: Any, out: Path, fmt: str, verifier: Verifier | None) -> Path:
         from draftdeck.drafter.kinds.dspark.export import save_dspark
 
         return save_dspark(drafter, out, verifier)

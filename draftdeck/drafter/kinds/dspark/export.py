@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from draftdeck.drafter.export.folder import CheckpointError, read_config, write_folder
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.kinds.dflash.speculators import drafter_fields, load_folder, speculators_config
 from draftdeck.drafter.kinds.dflash.speculators import served as speculators_served
 from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
@@ -19,7 +20,7 @@ KIND = "dspark"
 ARCHITECTURES = ["DSparkSpeculator"]
 
 
-def config_json(cfg: DSparkConfig, verifier: str | None = None) -> dict[str, Any]:
+def config_json(cfg: DSparkConfig, verifier: Verifier | None = None) -> dict[str, Any]:
     fields = {
         "sample_from_anchor": cfg.sample_from_anchor,
         "sliding_window_non_causal": False,
@@ -46,7 +47,7 @@ def config_of(hf: dict[str, Any]) -> DSparkConfig:
         raise CheckpointError(f"config.json is not a complete DSpark config: {e!r}") from e
 
 
-def save_dspark(drafter: DSparkDrafter, out: Path, verifier: str | None = None) -> Path:
+def save_dspark(drafter: DSparkDrafter, out: Path, verifier: Verifier | None = None) -> Path:
     return write_folder(Path(out), drafter.state_dict(), config_json(drafter.dspark, verifier))
 
 

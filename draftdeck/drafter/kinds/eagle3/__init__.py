@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, cast
 
-from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, size_problems
+from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, Verifier, size_problems
 from draftdeck.drafter.kinds.eagle3.options import DEFAULT_DRAFT_VOCAB, Eagle3Options
 
 
@@ -26,6 +26,7 @@ class Eagle3(DrafterKind):
     chain = True
     demo = {"ttt_steps": 7}
     formats = ("speculators", "sglang")
+    verifier_formats = ("speculators",)
     format_names = {
         "speculators": "speculators' EAGLE-3 format",
         "sglang": "the flat EAGLE-3 format SGLang and vLLM load",
@@ -117,7 +118,7 @@ class Eagle3(DrafterKind):
             problems.append(f"hidden_states {bad} do not exist (the target has {target.num_layers} layers)")
         return problems
 
-    def export(self, drafter: Any, out: Path, fmt: str, verifier: str | None) -> Path:
+    def export(self, drafter: Any, out: Path, fmt: str, verifier: Verifier | None) -> Path:
         from draftdeck.drafter.kinds.eagle3.export import save_eagle3
 
         return save_eagle3(drafter, out, cast(Any, fmt), verifier)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.drafter.export.folder import CONFIG, WEIGHTS, CheckpointError, write_folder
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.kinds.eagle3.formats import (
     LAYER_PREFIX,
     Eagle3Format,
@@ -40,7 +41,7 @@ from draftdeck.drafter.model.config import DrafterConfigError
 
 
 def save_eagle3(
-    drafter: Eagle3Drafter, out_dir: Path, fmt: Eagle3Format, verifier: str | None = None
+    drafter: Eagle3Drafter, out_dir: Path, fmt: Eagle3Format, verifier: Verifier | None = None
 ) -> Path:
     """Write `drafter` to `out_dir` in `fmt`, atomically."""
     config = eagle3_config(drafter.config, fmt, verifier)

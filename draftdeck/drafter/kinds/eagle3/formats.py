@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import torch
 
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter
 from draftdeck.drafter.model.config import DrafterConfigError
 
@@ -40,9 +41,9 @@ def _layer_config(cfg: Eagle3Config) -> dict[str, Any]:
     }
 
 
-def eagle3_config(cfg: Eagle3Config, fmt: Eagle3Format, verifier: str | None = None) -> dict[str, Any]:
-    """The config.json of `fmt` (module doc); `verifier`: the target's path or hub name for
-    speculators' `speculators_config` (what `vllm serve <dir>` loads as the target)."""
+def eagle3_config(cfg: Eagle3Config, fmt: Eagle3Format, verifier: Verifier | None = None) -> dict[str, Any]:
+    """The config.json of `fmt` (module doc); `verifier`: the target speculators' `speculators_config`
+    names (what `vllm serve <dir>` loads as the target; None: a checkpoint's config, which names none)."""
     if fmt == "speculators":
         return {
             "speculators_model_type": "eagle3",
@@ -56,7 +57,7 @@ def eagle3_config(cfg: Eagle3Config, fmt: Eagle3Format, verifier: str | None = N
                 "algorithm": "eagle3",
                 "default_proposal_method": "greedy",
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                "verifier": {"name_or_path": verifier, "architectures": []},
+                "verifier": verifier.to_dict() if verifier else {"name_or_path": None, "architectures": []},
             },
         }
     return {

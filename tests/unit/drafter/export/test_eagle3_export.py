@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.kinds.eagle3.export import eagle3_readings, load_eagle3, save_eagle3
 from draftdeck.drafter.kinds.eagle3.formats import FORMATS
 from draftdeck.drafter.kinds.eagle3.model import Eagle3Config, Eagle3Drafter
@@ -38,7 +39,8 @@ def _drafter() -> Eagle3Drafter:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_each_format_round_trips_with_every_key_matched(tmp_path: Path, fmt: str) -> None:
     drafter = _drafter()
-    out = save_eagle3(drafter, tmp_path / fmt, fmt, verifier="/models/target")  # type: ignore[arg-type]
+    verifier = Verifier("/models/target", ("Qwen3ForCausalLM",))
+    out = save_eagle3(drafter, tmp_path / fmt, fmt, verifier=verifier)  # type: ignore[arg-type]
     keys = set(load_file(str(out / "model.safetensors")))
     layer = "layers.0." if fmt == "speculators" else "midlayer."
     assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
@@ -58,7 +60,10 @@ def test_each_format_round_trips_with_every_key_matched(tmp_path: Path, fmt: str
         assert all(
             cfg[f] is False for f in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
         )
-        assert cfg["speculators_config"]["verifier"]["name_or_path"] == "/models/target"
+        assert cfg["speculators_config"]["verifier"] == {
+            "name_or_path": "/models/target",
+            "architectures": ["Qwen3ForCausalLM"],
+        }
     else:
         assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]  # SGLang's: one less
         assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] and cfg["norm_before_residual"] is False
@@ -103,7 +108,8 @@ def test_speculators_own_class_loads_the_export_and_drafts_the_same_tokens(tmp_p
     target = tiny_target(0, vocab_size=64, hidden=32, layers=8)  # the verifier the export names
     target.model.save_pretrained(tmp_path / "target")
     drafter, steps, t = _drafter(), 3, 12
-    out = save_eagle3(drafter, tmp_path / "export", "speculators", verifier=str(tmp_path / "target"))
+    verifier = Verifier(str(tmp_path / "target"), ("Qwen3ForCausalLM",))
+    out = save_eagle3(drafter, tmp_path / "export", "speculators", verifier=verifier)
     g = torch.Generator().manual_seed(3)
     aux, ids = torch.randn(1, t, 3 * 32, generator=g), torch.randint(0, 64, (1, t), generator=g)
     next_ids = torch.cat([ids[:, 1:], ids.new_zeros(1, 1)], dim=1)  # position t takes x[t + 1]

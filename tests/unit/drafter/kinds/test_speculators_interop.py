@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from draftdeck.drafter.kinds import get_kind
+from draftdeck.drafter.kinds.base import Verifier
 from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
 from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
@@ -51,7 +52,8 @@ def test_speculators_own_class_loads_the_export_and_drafts_the_same_tokens(tmp_p
         target.config, layers=1, block_size=4, target_layer_ids=[1, 3], mask_token_id=63
     )
     drafter = _drafter(kind, shape)
-    out = get_kind(kind).export(drafter, tmp_path / "export", "speculators", str(tmp_path / "target"))
+    verifier = Verifier(str(tmp_path / "target"), ("Qwen3ForCausalLM",))
+    out = get_kind(kind).export(drafter, tmp_path / "export", "speculators", verifier)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 63, (1, 14), generator=g)
     anchor = 6
