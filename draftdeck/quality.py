@@ -338,6 +338,13 @@ class Failure:
     reason: str
 
 
+def loss_alert_kind(what: str) -> str:
+    """The alert a loss past its threshold raises (`Policy.losses`' keys: rejected, duplicated,
+    truncated), one name for the job's alert, the CLI and /alerts: high_rejected, high_duplicated, and
+    high_truncation, the dataset alert's kind (draftdeck.dataset_alerts), so one alert per job for it."""
+    return "high_truncation" if what == "truncated" else f"high_{what}"
+
+
 @dataclass
 class Policy:
     """Decides, per code, reject / warn / fail, and whether a finished report passes.
@@ -440,12 +447,8 @@ class Policy:
     def loss_alerts(self, report: Report) -> list[tuple[str, str]]:
         """(alert kind, message) for every loss past its threshold: high_rejected, high_duplicated,
         high_truncation."""
-        kinds = {"truncated": "high_truncation"}  # the dataset alert's kind: one alert per job for it
-        return [
-            (kinds.get(what, f"high_{what}"), e["alert"])
-            for what, e in self.losses(report).items()
-            if "alert" in e
-        ]
+        losses = self.losses(report).items()
+        return [(loss_alert_kind(what), e["alert"]) for what, e in losses if "alert" in e]
 
     def severity(self, name: str) -> str:
         """How the job page labels a code: error (fails the job), rejected, merged (a row folded into

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.errors import InputError, JobFailed, UsageError
-from draftdeck.quality import FOLDED, Report
+from draftdeck.quality import FOLDED, Report, loss_alert_kind
 
 out = Console()
 err = Console(stderr=True)
@@ -51,7 +51,8 @@ def print_report(report: Report, title: str) -> None:
             out.print(f"  [yellow]{name}[/] {escape(str(where))}: {escape(ex.reason)}", highlight=False)
     for what, loss in (report.extra.get("losses") or {}).items():
         if loss.get("alert"):
-            err.print(f"[bold yellow]alert high_{what}:[/] {escape(loss['alert'])}", highlight=False)
+            kind = loss_alert_kind(what)  # the name the job, the docs and /alerts give it
+            err.print(f"[bold yellow]alert {kind}:[/] {escape(loss['alert'])}", highlight=False)
 
 
 def run_in_process(
