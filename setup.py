@@ -32,6 +32,8 @@ def resource_packages() -> tuple[dict[str, str], dict[str, list[str]]]:
 PACKAGES, DATA = resource_packages()
 # the evaluation suites' prompt files, records and licences (draftdeck/drafter/eval/suites)
 DATA["draftdeck.drafter.eval.suites"] = ["*.jsonl.gz", "sources.json", "*.LICENSE.txt"]
+# the config.json of popular targets `draftdeck plan --target NAME` reads (draftdeck/drafter/train/targets)
+DATA["draftdeck.drafter.train.targets"] = ["*.json"]
 
 setup(
     packages=[*find_packages(include=["draftdeck*", "app*", "workers*"]), *PACKAGES],

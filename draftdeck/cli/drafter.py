@@ -32,7 +32,7 @@ from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
-from draftdeck.units import count, short_count
+from draftdeck.units import binary_size, count, short_count
 
 PRINT_EVERY_SECONDS = 2.0
 JSON = option("as_json", bool, False, "--json", help="print the plan as JSON")
@@ -282,11 +282,14 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
         raise usage_exit(str(exc)) from None
     if as_json:
         print(to_json(result))
+        if not result.fits:
+            raise typer.Exit(1)
         return
     world = result.shape.world
     kind, per_row = get_kind(result.drafter).planned(result)
+    said = f" ({result.config_from})" if result.config_from else ""
     out.print(
-        f"target {result.target}: {short_count(result.target_params)} parameters; {kind}: "
+        f"target {result.target}{said}: {short_count(result.target_params)} parameters; {kind}: "
         f"{short_count(result.trainable_params)} trainable",
         highlight=False,
     )
@@ -300,6 +303,17 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
     width = max(len(r[0]) for r in rows)
     for row in rows:
         out.print(f"{row[0]:<{width}}" + "".join(f" {cell:>14}" for cell in row[1:]), highlight=False)
+    if not result.fits:  # exit 1: no run of this shape fits; each lever alone that would
+        least = min(result.strategies.items(), key=lambda kv: kv[1].per_rank)
+        out.print(
+            f"[bold red]nothing fits[/] {params.device_memory} per device: the least a rank needs is"
+            f" {binary_size(least[1].per_rank)}{f' ({least[0]})' if world > 1 else ''}. What would, each"
+            " alone:",
+            highlight=False,
+        )
+        for advice in result.advice:
+            out.print(f"  {escape(advice.said)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
     name, why = result.auto
     out.print(f"auto: {name} ({why})", highlight=False)
     if any(s.phase == "held-out pass" and not s.fits for s in result.strategies.values()):

@@ -124,7 +124,7 @@ class StrategyPlan:
 
 @dataclass
 class Plan:
-    target: str  # the target's class and model type
+    target: str  # the target's class
     target_params: int
     trainable_params: int
     drafter_layers: int
@@ -133,6 +133,14 @@ class Plan:
     shape: Shape
     capacity: int | None
     strategies: dict[str, StrategyPlan] = field(default_factory=dict)
+    config_from: str | None = None  # a bundled target's config: which (draftdeck.drafter.train.targets)
+    # when nothing fits: what would (draftdeck.drafter.train.plan_advice.Advice), each alone
+    advice: list[Any] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        """Whether some sharding fits the devices (always, when their size is unknown)."""
+        return any(s.fits for s in self.strategies.values())
 
     @property
     def auto(self) -> tuple[Sharding, str]:
@@ -159,12 +167,34 @@ class Plan:
             "device_memory_bytes": self.capacity,
             "strategies": {k: v.to_dict() for k, v in self.strategies.items()},
             "auto": {"strategy": name, "why": why},
+            "config_from": self.config_from,
+            "fits": self.fits,
+            "advice": [a.to_dict() for a in self.advice],
         }
 
 
+def resolve_target(text: str | Path) -> tuple[Path, str | None]:
+    """The model folder or config.json a plan reads for `text`, and for a bundled target's name (a
+    path that does not exist, named as a bundled target is: draftdeck.drafter.train.targets) which
+    config it is."""
+    from draftdeck.drafter.train import targets
+
+    path = Path(text)
+    if path.exists():
+        return path, None
+    found = targets.bundled(str(text))
+    if found is None:
+        raise UsageError(
+            f"{path}: no such folder or config.json, and no bundled target of that name (bundled, their"
+            f" config.json alone: {', '.join(targets.names())})"
+        )
+    return found, targets.described(found)
+
+
 def target_config(path: str | Path) -> Any:
-    """The target's language-model config from a model folder or a config.json file."""
-    path = Path(path)
+    """The target's language-model config from a model folder, a config.json file or a bundled
+    target's name (`resolve_target`)."""
+    path, _ = resolve_target(path)
     if path.is_file():  # a config alone: read it as the folder it came from would be
         with tempfile.TemporaryDirectory() as tmp:
             shutil.copyfile(path, Path(tmp) / "config.json")
@@ -208,25 +238,53 @@ def meta_count(build: Callable[[], Any]) -> tuple[int, Any]:
     return sum(p.numel() for p in module.parameters()), module
 
 
-def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
-    """Every strategy's per-rank terms for `shape` on devices of `capacity` bytes (None: unknown)."""
+@dataclass(frozen=True)
+class CountedTarget:
+    """A target as the plan counts it, once (built on the meta device): what every shape shares."""
+
+    name: str  # its class
+    config: Any  # its language model's config
+    params: int
+    layers: int  # its decoder layers' parameters
+    layer: int  # ... the largest one's
+    vocab: int  # its embedding's and LM head's (once when tied)
+
+
+def count_target(config: Any) -> CountedTarget:
     from transformers import AutoModelForCausalLM
 
-    target_params, target = meta_count(lambda: AutoModelForCausalLM.from_config(config))
-    config = config.get_text_config()  # a checkpoint with a vision tower: its language model's
-    drafter: PlannedDrafter = get_kind(shape.drafter).plan(shape, config)
+    params, target = meta_count(lambda: AutoModelForCausalLM.from_config(config))
     per_layer = [sum(p.numel() for p in lay.parameters()) for lay in target_layers(target)]
     emb, head = target.get_input_embeddings(), target.get_output_embeddings()
     vocab = emb.weight.numel() + (0 if head.weight is emb.weight else head.weight.numel())
-    models = _Models(config, drafter, target_params, sum(per_layer), max(per_layer), vocab)
+    # a checkpoint with a vision tower: its language model's config
+    return CountedTarget(
+        type(target).__name__, config.get_text_config(), params, sum(per_layer), max(per_layer), vocab
+    )
+
+
+def plan(config: Any, shape: Shape, capacity: int | None) -> Plan:
+    """Every strategy's per-rank terms for `shape` on devices of `capacity` bytes (None: unknown)."""
+    return plan_counted(count_target(config), shape, capacity)
+
+
+def plan_counted(
+    target: CountedTarget, shape: Shape, capacity: int | None, *, batches: bool = True,
+    drafter: PlannedDrafter | None = None,
+) -> Plan:  # fmt: skip
+    """`plan` of a target counted once; `batches` False: the largest batch is not searched (0);
+    `drafter`: the drafter planned for this shape already (it does not depend on the world)."""
+    if drafter is None:
+        drafter = get_kind(shape.drafter).plan(shape, target.config)
+    models = _Models(target.config, drafter, target.params, target.layers, target.layer, target.vocab)
     result = Plan(
-        type(target).__name__, target_params, drafter.trainable, drafter.layers, shape.drafter,
+        target.name, target.params, drafter.trainable, drafter.layers, shape.drafter,
         drafter.draft_vocab_size, shape, capacity,
     )  # fmt: skip
     refused = get_kind(shape.drafter).fsdp_refused  # a kind that cannot shard: no fsdp column
     for name in [s for s in STRATEGIES if s != "fsdp" or not refused] if shape.world > 1 else ["none"]:
         terms, phase = _terms(name, models, shape)
-        largest = _largest_batch(name, models, shape, capacity)
+        largest = _largest_batch(name, models, shape, capacity) if batches else 0
         result.strategies[name] = StrategyPlan(terms, capacity, largest, phase)
     return result
 
@@ -331,10 +389,19 @@ def shape_of(
 
 
 def plan_for(params: PlanParams) -> Plan:
-    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices."""
+    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices; when nothing
+    fits, what would (draftdeck.drafter.train.plan_advice)."""
+    from draftdeck.drafter.train.plan_advice import advise
+
     e, world = (2 if params.dtype == "bf16" else 4), params.devices * params.nodes
     shape = shape_of(params, seq_length=params.seq_length, element_size=e, world=world)
-    return plan(target_config(params.target), shape, parse_size(params.device_memory))
+    _, config_from = resolve_target(params.target)
+    target = count_target(target_config(params.target))
+    result = plan_counted(target, shape, parse_size(params.device_memory))
+    result.config_from = config_from
+    if not result.fits:
+        result.advice = advise(result, target, devices=params.devices, nodes=params.nodes)
+    return result
 
 
 def ddp_fits(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from draftdeck.drafter.train.plan import Shape, plan, target_config
+from draftdeck.errors import UsageError
 from tests.conftest import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "tests/fixtures/configs"
@@ -185,3 +186,78 @@ def test_a_kind_that_cannot_shard_is_planned_without_fsdp_and_refused_it_by_name
     with pytest.raises(UsageError, match=r"does not fit on one device replicated.*Markov"):
         choose_sharding("auto", 8, False, "its Markov head biases the target's head")
     assert choose_sharding("auto", 8, True, "its Markov head")[0] == "ddp"
+
+
+def _gpt_oss(vocab: int, hidden: int, layers: int, heads: int, kv: int, head_dim: int, experts: int) -> int:
+    """gpt-oss: biased q/k/v/o, a sink per head, a biased router, each expert's biased gate-up (2x) and
+    down of `hidden` (its MLP width is the hidden size), two norms a layer, the final norm, an untied head."""
+    attention = (
+        hidden * heads * head_dim * 2 + hidden * kv * head_dim * 2 + heads * head_dim + 2 * kv * head_dim
+    )
+    attention += hidden + heads  # o's bias, the sinks
+    moe = hidden * experts + experts + experts * (hidden * 2 * hidden + 2 * hidden + hidden * hidden + hidden)
+    return 2 * vocab * hidden + layers * (attention + moe + 2 * hidden) + hidden
+
+
+def test_bundled_targets_plan_by_name_as_published() -> None:
+    """Four popular targets' config.json ship in the package: any case, or the hub's name, plans one
+    (the same figures as the fixtures' copies, and gpt-oss-120b's 116.8B counted by hand)."""
+    from draftdeck.drafter.train.plan import resolve_target
+    from draftdeck.drafter.train.targets import names
+
+    assert names() == ["gpt-oss-120b", "llama-3.1-8b", "qwen3-8b", "qwen3.6-27b"]
+    counted = {
+        "QWEN3.6-27B": 26_895_998_464,
+        "Qwen/Qwen3-8B": 8_190_735_360,
+        "llama-3.1-8b": 8_030_261_248,
+        "gpt-oss-120b": _gpt_oss(201_088, 2880, 36, 64, 8, 64, 128),
+    }
+    assert counted["gpt-oss-120b"] == 116_829_156_672
+    for name, params in counted.items():
+        path, said = resolve_target(name)
+        assert path.is_file() and said is not None and "config.json" in said
+        assert plan(target_config(name), Shape(world=8), None).target_params == params, name
+    with pytest.raises(
+        UsageError, match=r"no bundled target .*gpt-oss-120b, llama-3.1-8b, qwen3-8b, qwen3.6-27b"
+    ):
+        target_config("qwen9-1t")
+
+
+def test_nothing_fits_says_so_and_what_would_each_lever_alone_exactly() -> None:
+    """Each advised value fits when planned on its own, and the next one past it does not: the advice
+    is the planner's own figure, not a rule of thumb."""
+    from draftdeck.drafter.train.params import PlanParams
+    from draftdeck.drafter.train.plan import plan_for
+
+    base = PlanParams(target="qwen3-8b", layers=8, devices=1, device_memory="40GiB")
+    p = plan_for(base)
+    assert not p.fits and p.to_dict()["fits"] is False
+    advised = {a.lever: a for a in p.advice}
+    assert advised["devices"].flags == "--devices 3" and advised["layers"].flags == "--layers 1"
+    for lever, fit, past in (("devices", 3, 2), ("layers", 1, 2)):
+        assert plan_for(base.model_copy(update={lever: fit})).fits, lever
+        assert not plan_for(base.model_copy(update={lever: past})).fits, lever
+    assert plan_for(base.model_copy(update={"devices": 8})).advice == []  # it fits: no advice
+    eagle3 = PlanParams(target="qwen3.6-27b", drafter="eagle3", devices=1)
+    advised = {a.lever: a for a in plan_for(eagle3).advice}
+    assert "layers" not in advised  # EAGLE-3 has one layer
+    length = int(advised["seq_length"].flags.split()[-1])
+    assert length % 256 == 0 and plan_for(eagle3.model_copy(update={"seq_length": length})).fits
+    assert not plan_for(eagle3.model_copy(update={"seq_length": length + 256})).fits
+
+
+def test_plan_cli_exits_1_when_nothing_fits_with_the_advice() -> None:
+    """The EAGLE-3 plan of the issue: a 27B target on one 80 GiB device no longer says `auto` and exits 0;
+    a bundled target's name is enough."""
+    cmd = [sys.executable, "-m", "draftdeck.cli", "plan", "--target", "qwen3.6-27b", "--drafter", "eagle3",
+           "--devices", "1"]  # fmt: skip
+    shown = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"})
+    assert shown.returncode == 1, shown.stderr
+    assert "DraftDeck's copy of Qwen/Qwen3.6-27B's config.json" in shown.stdout
+    assert "nothing fits 80GiB per device" in shown.stdout and "auto:" not in shown.stdout
+    assert "more devices: 3 ranks (--devices 3) fit (fsdp" in shown.stdout
+    assert "--seq-length" in shown.stdout and "cached" not in shown.stdout  # no mode that does not exist
+    data = subprocess.run([*cmd, "--json"], capture_output=True, text=True)
+    assert data.returncode == 1
+    said = json.loads(data.stdout)
+    assert said["fits"] is False and said["advice"][0]["flags"] == "--devices 3"
