@@ -33,6 +33,28 @@ def dataset_alerts(session: Session, ds: Dataset) -> list[Alert]:
     return list(session.exec(query).all())
 
 
+def alerts_datasets(session: Session, alerts: Sequence[Alert]) -> dict[int, Dataset]:
+    """The dataset each alert concerns (`concerns_dataset`), by alert id, for /alerts to link to: the
+    dataset the alert names, else the one its job made (a tokenize job's high_truncation)."""
+    paths = {a.dataset for a in alerts if a.dataset}
+    jobs = {a.job_id for a in alerts if a.job_id is not None}
+    if not (paths or jobs):
+        return {}
+    named_or_made = or_(col(Dataset.path).in_(paths), col(Dataset.job_id).in_(jobs))
+    found = session.exec(select(Dataset).where(named_or_made).order_by(col(Dataset.id))).all()
+    by_path = {ds.path: ds for ds in found}
+    by_job: dict[int, Dataset] = {}
+    for ds in found:
+        if ds.job_id is not None:
+            by_job.setdefault(ds.job_id, ds)  # a job that made several: its first
+    out: dict[int, Dataset] = {}
+    for a in alerts:
+        concerned = by_path.get(a.dataset or "") or (by_job.get(a.job_id) if a.job_id is not None else None)
+        if concerned is not None and a.id is not None:
+            out[a.id] = concerned
+    return out
+
+
 def source_place(source: Any, index: Any, roots: Sequence[Path] | None = None) -> str:
     """Where a dataset row came from, in the notation of every message (``file:line`` for JSONL,
     ``file[record]`` otherwise), read from the file's shape when it lies inside the data roots."""

@@ -22,6 +22,7 @@ from app.web.auth import (
     token_matches,
     token_required,
 )
+from app.web.dataset_views import alerts_datasets
 from app.web.deps import SessionDep, SettingsDep
 from app.web.job_views import FormError, default_text, form_fields, form_params, job_context, recent_jobs
 from app.web.render import render
@@ -156,7 +157,7 @@ def alerts_page(request: Request, session: SessionDep) -> HTMLResponse:
     rows = session.exec(
         select(Alert).order_by(col(Alert.acknowledged), col(Alert.id).desc()).limit(200)
     ).all()
-    return render(request, "alerts.html", session, alerts=rows)
+    return render(request, "alerts.html", session, alerts=rows, datasets=alerts_datasets(session, rows))
 
 
 @router.post("/alerts/{alert_id}/ack", dependencies=[WriteDep])

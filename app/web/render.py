@@ -20,6 +20,7 @@ from app.store.models import Alert
 from app.web.auth import csrf_token
 from app.web.dataset_views import source_place
 from app.web.job_views import form_words, inputs_changed_since, job_duration, job_inputs, yaml_text
+from app.web.run_views import shown_params
 from draftdeck.drafter.kinds import NAMES as DRAFTER_KINDS
 from draftdeck.drafter.kinds import get_kind as get_drafter_kind
 from draftdeck.mix.composition import composition
@@ -81,6 +82,7 @@ templates.env.filters["param_text"] = param_text
 
 
 templates.env.globals["job_inputs"] = job_inputs
+templates.env.globals["shown_params"] = shown_params
 
 
 templates.env.globals["duration"] = job_duration
@@ -115,6 +117,15 @@ def drafting(kind: object, block: object) -> str:
 
 
 templates.env.globals["drafting"] = drafting
+
+
+def drafter_title(name: object) -> str:
+    """A drafter kind as pages name it ("dflash" -> "DFlash", "eagle3" -> "EAGLE-3"); an unknown
+    name as it is."""
+    return get_drafter_kind(name).title if isinstance(name, str) and name in DRAFTER_KINDS else str(name)
+
+
+templates.env.filters["drafter_title"] = drafter_title
 templates.env.globals["planned_drafter"] = lambda plan: get_drafter_kind(plan.drafter).planned(plan)[0]
 
 

@@ -5,6 +5,7 @@ app/web/runs.py."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from sqlmodel import Session
@@ -14,6 +15,7 @@ from app.store.metric_query import derived_parts
 from app.store.metrics import value_of
 from app.store.models import TERMINAL, Job, MetricSeries
 from app.store.run_figures import (
+    RUN_KIND,
     alarms,
     checkpoints,
     evals,
@@ -22,6 +24,7 @@ from app.store.run_figures import (
     truth,
 )
 from app.web.run_compare import drafter_kind, drafter_label, vocabulary_note
+from draftdeck.drafter.kinds import Options
 
 MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
 
@@ -148,6 +151,22 @@ def histogram(names: dict[str, MetricSeries]) -> tuple[int | None, list[dict[str
     return step, [{"n": n, "count": c, "share": c / total} for n, c in counts]
 
 
+def kind_params(params: Mapping[str, Any], trains: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` less the options of the drafter kinds other than the one the train job of parameters
+    `trains` trains: its parameters hold every kind's options (draftdeck.drafter.kinds.Options), the
+    others' unused defaults, so a DFlash run lists no ttt_steps. The kind's own option groups
+    (`DrafterKind.options`) and the fields every run has stay. (run.json's `drafter` is the drafter's
+    config, not its kind: the kind is read from the job's parameters.)"""
+    read = {name for group in drafter_kind(dict(trains)).options for name in group.model_fields}
+    others = {name for group in Options.groups() for name in group.model_fields} - read
+    return {k: v for k, v in params.items() if k not in others}
+
+
+def shown_params(job: Job) -> dict[str, Any]:
+    """The parameters a job page lists: a train job's for its own drafter kind, any other job's all."""
+    return kind_params(job.params, job.params) if job.kind == RUN_KIND else dict(job.params)
+
+
 def run_params(session: Session, job: Job) -> tuple[dict[str, Any], str | None]:
     """What defines the run: run.json when the trainer wrote it, else the job's parameters."""
     data, error = read_json(run_out(job) / "run.json")
@@ -170,7 +189,7 @@ def run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dict
         "checkpoints": ckpts,
         "evals": ev_rows,
         "alarms": alarms(session, job, ev_rows),
-        "params": params,
+        "params": kind_params(params, job.params),  # as the page lists them; truth reads them all
         "errors": [e for e in (ckpt_error, params_error, *(r["error"] for r in ev_rows)) if e],
         "hist_step": hist_step,
         "hist": hist,

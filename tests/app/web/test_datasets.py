@@ -296,6 +296,22 @@ def test_out_of_range_and_bad_filters_say_why(client: Any, chat: dict[str, Path]
     assert r.status_code == 400 and "unknown navigation" in r.text
 
 
+def test_the_row_view_counts_rows_as_people_do_beside_the_index(client: Any, chat: dict[str, Path]) -> None:
+    """It read "Row 0 of 0-1" (an en dash): the row's place counts from 1 ("Row 1 of 2"), its index
+    (ds[i], the address) is said apart."""
+    ds_id = registered(client, chat["dataset"])
+    n = len(shard_rows(chat["dataset"]))
+    for index in (0, n - 1):
+        pos = (
+            client.get(f"/datasets/{ds_id}/rows/{index}")
+            .text.split('id="row-pos"', 1)[1]
+            .split("</span>\n")[0]
+        )
+        said = " ".join(re.sub(r"<[^>]+>", "", pos.split(">", 1)[1]).split())
+        assert said.startswith(f"Row {index + 1:,} of {n:,} (index {index:,})"), said
+        assert "of 0\N{EN DASH}" not in pos
+
+
 def test_filters_and_navigation(client: Any, chat: dict[str, Path]) -> None:
     ds_id = registered(client, chat["dataset"])
     rows = shard_rows(chat["dataset"])
@@ -940,6 +956,39 @@ def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
     assert f'class="badge badge-alert">{own + 1}<' in row
     page = client.get(f"/datasets/{ds_id}").text
     assert 'data-kind="high_duplicated"' in page and "219 of 1,000 rows are duplicates" in page
+
+
+def test_alerts_page_links_each_dataset_alert_to_its_dataset(
+    client: Any, chat: dict[str, Path], migrated: Path
+) -> None:
+    """/alerts showed a tokenize job's high_truncation with its job's button alone: an alert of a
+    dataset (named by it, or raised by the job that made it) links to the dataset's page too."""
+    from app.store.dataset_records import add_datasets, found_at
+    from app.store.db import session_scope
+    from app.store.models import Alert, Job
+
+    made = migrated / "datasets" / "cut-by-job"
+    shutil.copytree(chat["dataset"], made)
+    with session_scope() as s:
+        job = Job(kind="tokenize", params={}, status="succeeded", queue="cpu")
+        s.add(job)
+        s.commit()
+        [ds] = add_datasets(s, [found_at(made.resolve())], job_id=job.id)
+        cut = Alert(job_id=job.id, kind="high_truncation", message=f"job {job.id}: 3 of 10 rows truncated")
+        named = Alert(dataset=ds.path, kind="no_trained_tokens", message="1 of 10 rows have no trained token")
+        alone = Alert(kind="worker_lost", message="a worker stopped answering")
+        s.add_all([cut, named, alone])
+        s.commit()
+        ds_id, ids = ds.id, {a.kind: a.id for a in (cut, named, alone)}
+    page = client.get("/alerts").text
+
+    def item(kind: str) -> str:
+        return page.split(f'data-alert="{ids[kind]}"', 1)[1].split("</li>", 1)[0]
+
+    for kind in ("high_truncation", "no_trained_tokens"):
+        assert f'href="/datasets/{ds_id}" data-alert-dataset="{ds_id}"' in item(kind), kind
+    assert "cut-by-job" in item("high_truncation") and 'data-kind="high_truncation"' in page
+    assert "/datasets/" not in item("worker_lost")
 
 
 def test_a_dataset_tokenized_in_a_terminal_is_offered_for_registration(

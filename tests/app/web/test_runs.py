@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -62,6 +63,9 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
         "train/pos/2/acc",
         "train/pos/3/acc",
     ]
+    # the evals table is full width below the histogram and checkpoints: half the page cut it at "By dat…"
+    grid, below = html.split('<div class="run-grid">', 1)[1].split("\n</div>\n", 1)
+    assert 'class="small evals"' not in grid and f'id="run-evals-{run}"' in below
     evals = html.split('class="small evals"', 1)[1].split("</table>", 1)[0]
     assert (
         "vLLM's counters" in evals and "z-lab's benchmark" in evals and '<td class="num">1.450</td>' in evals
@@ -76,7 +80,7 @@ def test_run_page_shows_charts_checkpoints_params_and_the_alarm(client: TestClie
     )
     assert "untrained 1.000 · lookup 1.200 · 1.50x tok/s" in baselines  # beside it, on /runs too
     alerts = client.get("/alerts", headers={"accept": "text/html"}).text
-    assert '<span class="alert-kind">data not target output</span>' in alerts
+    assert '<span class="alert-kind" title="data_not_target_output">data not target output</span>' in alerts
     assert (
         "real tau 1.500 (all 100 prompts), the run&#39;s held-out tau at step 200 judged by the data 1.700"
         in alerts
@@ -130,6 +134,36 @@ def test_compare_puts_a_dflash_and_an_eagle3_run_side_by_side(client: TestClient
     cfg = json.loads(single.split("data-config='", 1)[1].split("'", 1)[0])
     pos = [n for n, _ in next(c for c in cfg["charts"] if c["id"] == "pos")["series"]]
     assert pos == ["train/pos/1/acc", "train/pos/2/acc", "train/pos/3/acc"]  # TTT steps 0..2
+
+
+def test_a_run_lists_the_options_of_its_own_drafter_kind_only(client: TestClient) -> None:
+    """A DFlash train job's page listed EAGLE-3's ttt_steps, step_decay and eagle3_layer_ids: the train
+    job's parameters hold every kind's options, and its pages list its own kind's (and the shared ones)."""
+    from draftdeck.drafter.train.params import TrainParams
+
+    every = TrainParams(inputs=["/data/ds"], target="/models/qwen3-tiny", out="x").model_dump(mode="json")
+    every.pop("out")  # the run's folder: the job's own
+    with _session() as s:
+        d = make_run(s, _jobs_dir(), steps=20, status="succeeded", params=every | {"block_size": 4})
+        e = make_run(s, _jobs_dir(), steps=20, status="succeeded", params=every | {"drafter": "eagle3"})
+
+    def listed(url: str, start: str, end: str) -> set[str]:
+        section = client.get(url, headers={"accept": "text/html"}).text.split(start, 1)[1].split(end, 1)[0]
+        return set(re.findall(r"<dt>(\w+)</dt>", section)) | set(re.findall(r'data-param="(\w+)"', section))
+
+    eagle3_only, dflash_only = (
+        {"ttt_steps", "step_decay", "eagle3_layer_ids", "draft_vocab"},
+        {"anchors_per_seq", "gamma"},
+    )
+    for url, start, end in (
+        (f"/jobs/{d}", "<h2>Parameters</h2>", "</dl>"),
+        (f"/runs/{d}", 'id="params"', "</table>"),
+    ):
+        shown = listed(url, start, end)
+        assert dflash_only | {"block_size", "lr", "target"} <= shown and not shown & eagle3_only, url
+        assert not shown & {"markov_rank", "selector_rank"}  # DSpark's and DFlash2's own
+    shown = listed(f"/jobs/{e}", "<h2>Parameters</h2>", "</dl>")
+    assert eagle3_only | {"lr", "target"} <= shown and not shown & (dflash_only | {"block_size"})
 
 
 def test_data_route_validates_and_times_itself(client: TestClient) -> None:
