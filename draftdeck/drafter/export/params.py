@@ -30,7 +30,8 @@ class ExportParams(JobParams):
     )
     target: str | None = Field(
         default=None,
-        description="the target's folder: its tokenizer checks the mask as SGLang resolves it",
+        description="the target's folder (default: the one the train run's record names): the verifier"
+        " speculators' format names, and its tokenizer checks the mask as SGLang resolves it",
     )
     format: Literal["auto", "speculators", "sglang"] = Field(
         default="auto",
