@@ -22,7 +22,7 @@ class DemoCost:
 
 QUICK = DemoCost(built_s=117, built_mib=709, first_s=287, first_mib=832)
 QUICK_EAGLE3 = DemoCost(built_s=652, built_mib=2277)  # `--quick --drafter eagle3` after `--quick`
-FULL = DemoCost(built_s=0, built_mib=0, first_s=0, first_mib=0)
+FULL = DemoCost(built_s=311, built_mib=740, first_s=1035, first_mib=893)
 
 
 def _minutes(seconds: int) -> str:
