@@ -32,6 +32,7 @@ from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.errors import DraftDeckError, InputError, JobFailed, UsageError
 from draftdeck.jobs.context import LocalContext
 from draftdeck.quality import Report
+from draftdeck.run_provenance import cli_command
 from draftdeck.units import binary_size, count, short_count
 
 PRINT_EVERY_SECONDS = 2.0
@@ -109,7 +110,8 @@ def _run(
     2 on usage errors."""
     ctx = ctx or ConsoleContext(Path(params.out) if params.out else Path.cwd())
     try:
-        report: Report = work(params, ctx)
+        with cli_command():  # a run it starts records this command line (draftdeck.run_provenance)
+            report: Report = work(params, ctx)
     except JobFailed as exc:
         err.print(f"[bold red]failed:[/] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1) from None

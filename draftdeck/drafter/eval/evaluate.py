@@ -33,6 +33,7 @@ from draftdeck.fileio import sha256_file
 from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
+from draftdeck.run_provenance import run_provenance
 
 METRIC_EVERY = 10  # prompts between metric points
 
@@ -394,6 +395,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "training": training if sampling.greedy else None,
     }
     result["lossless"] = methods["drafter"]["lossless"]
+    # the versions and the device that decided these figures, and how the eval was started
+    result["provenance"] = run_provenance(params.model_dump(mode="json"), target.device, 1)
     if by_suite is not None:  # per suite and category; each turn of a multi-turn prompt counted
         result["suites"] = by_suite.to_json()
         result["suite_sources"] = _suite_record(params.suites)

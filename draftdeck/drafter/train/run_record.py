@@ -44,6 +44,9 @@ class RunRecord:
     memory: dict[str, Any] = field(default_factory=dict)
     # how the ranks held the drafter and why (draftdeck.drafter.train.sharding.choose_sharding)
     sharding: dict[str, Any] = field(default_factory=dict)
+    # what this start ran with: versions, git commit, command line or parameters, device, world size
+    # (draftdeck.run_provenance.run_provenance); a resumed run records its latest start
+    provenance: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

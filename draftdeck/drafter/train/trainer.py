@@ -50,6 +50,7 @@ from draftdeck.drafter.train.truth import OFF_TARGET, TruthUnavailable
 from draftdeck.errors import Cancelled, DraftDeckError, UsageError
 from draftdeck.fileio import atomic_output
 from draftdeck.jobs.context import RunContext
+from draftdeck.run_provenance import run_provenance
 
 
 class TrainingDiverged(DraftDeckError):
@@ -185,6 +186,7 @@ class Trainer:
             global_batch=self.global_batch,
             data=self.data.describe(),
             total_steps=self.total_steps,
+            provenance=run_provenance(p.model_dump(mode="json"), self.device, self.world),
         )
 
     def _write_record(self) -> None:

@@ -20,6 +20,7 @@ from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
 from tests.conftest import PROBES
 from tests.support.eval import TinyWorld, build_world, trained_checkpoint
+from tests.support.provenance import assert_provenance
 
 torch.set_num_threads(1)
 MAX_NEW = 32
@@ -85,6 +86,8 @@ def test_greedy_eval_reports_counts_baselines_and_lossless(
     )
     assert ev["methods"]["untrained"]["tau_incl_bonus_pooled"] < 1.3
     assert ev["target_only"]["tokens_per_s"] > 0
+    assert_provenance(ev["provenance"])  # the versions and device that decided these figures
+    assert ev["provenance"]["parameters"]["max_new_tokens"] == MAX_NEW
     # metric points are counts that sum to the report's
     dc = ev["methods"]["drafter"]["counts"]
     assert ctx.total("eval/accepted") == dc["accepted"] and ctx.total("eval/steps") == dc["verify_steps"]

@@ -26,6 +26,7 @@ from draftdeck.jobs.context import LocalContext
 from tests.conftest import REPO_ROOT
 from tests.support.drafter import greedy_text, learnable_target, write_dataset
 from tests.support.planted import plant_torch
+from tests.support.provenance import assert_provenance
 
 torch.set_num_threads(1)
 
@@ -83,6 +84,8 @@ def test_loss_falls_and_walked_tau_rises_above_two(prepared: tuple[Path, Path], 
     assert run["drafter"]["mask_token_source"] == "unused_embedding_row"
     assert "drafter: DFlash, 1 layer, blocks of 4" in [m for _, m, _, _ in ctx.events]
     assert run["world_size"] == 1 and run["steps_done"] == 60 and len(run["manifest_sha256"]) == 1
+    assert_provenance(run["provenance"])  # what decided these numbers: versions, commit, device
+    assert run["provenance"]["parameters"]["block_size"] == 4 and run["provenance"]["command"] is None
     assert report.rows_in == 64 == report.rows_out and report.extra["heldout_rows"] > 0
     assert report.outputs[0].path.endswith("step-00000060/model.safetensors")
     # weights and run.json hold no rows: pages show them without a row count
