@@ -35,7 +35,8 @@ OFF_TARGET_MISMATCH = 0.10
 # alerts that say real decoding and a training figure disagree, or that the data is not the target's
 # (tau_mismatch: what decoder_mismatch was called before)
 ALARM_KINDS = ("data_not_target_output", "training_estimate_off", "decoder_mismatch", "tau_mismatch")
-SHOWN_APART = {"truth", "memory"}  # run.json keys the page shows in a panel of their own, not as parameters
+# run.json keys the page shows in a panel of their own, not as parameters
+SHOWN_APART = {"truth", "memory", "provenance"}
 _STEP_DIR = re.compile(r"step-0*(\d+)")
 
 

@@ -20,6 +20,9 @@ from app.store.models import Alert
 from app.web.auth import csrf_token
 from app.web.dataset_views import source_place
 from app.web.job_views import form_words, inputs_changed_since, job_duration, job_inputs, yaml_text
+from app.web.provenance_view import FOLDED as PROVENANCE_FOLDED
+from app.web.provenance_view import LABELS as PROVENANCE_LABELS
+from app.web.provenance_view import provenance_rows, versions_differ
 from app.web.run_views import shown_params
 from draftdeck.drafter.kinds import NAMES as DRAFTER_KINDS
 from draftdeck.drafter.kinds import get_kind as get_drafter_kind
@@ -117,6 +120,11 @@ def drafting(kind: object, block: object) -> str:
 
 
 templates.env.globals["drafting"] = drafting
+# what a run or an eval ran with (templates/partials/provenance.html)
+templates.env.filters["provenance_rows"] = provenance_rows
+templates.env.globals["provenance_labels"] = PROVENANCE_LABELS
+templates.env.globals["provenance_folded"] = PROVENANCE_FOLDED
+templates.env.globals["versions_differ"] = versions_differ
 
 
 def drafter_title(name: object) -> str:

@@ -394,3 +394,73 @@ def test_a_confidence_scheduled_eval_shows_both_ways_and_the_drafts_a_step(clien
     assert "DSpark, 7 drafts a step, greedy" in page
     assert "drafter, blocks stopped by confidence" in table and "(below 0.5; 4.20 drafts a step)" in table
     assert "3.600" in table and "3.100" in table and "1.90x" in table and "1.50x" in table
+
+
+def _provenance(torch_version: str, **kw: Any) -> dict[str, Any]:
+    """A run record's provenance as draftdeck.run_provenance writes it."""
+    return {
+        "python": "3.11.7", "torch": torch_version, "transformers": "5.24.0", "draftdeck": "0.1.0",
+        "draftdeck_commit": "436bb986727a1b92806a4dc28de4841848f3b1fd", "draftdeck_dirty": False,
+        "command": None, "parameters": {"lr": 0.003}, "device": "cuda", "gpu": "NVIDIA H100 80GB HBM3",
+        "world_size": 2,
+    } | kw  # fmt: skip
+
+
+def _with_provenance(run: int, prov: dict[str, Any]) -> None:
+    run_json = _jobs_dir() / str(run) / "run.json"
+    run_json.write_text(json.dumps(json.loads(run_json.read_text()) | {"provenance": prov}))
+
+
+def _provenance_row(page: str, label: str) -> list[str]:
+    table = page.split('id="provenance-table"', 1)[1].split("</table>", 1)[0]
+    row = table.split(f'data-provenance="{label}"', 1)[1].split("</tr>", 1)[0]
+    return [c.split("</td>", 1)[0] for c in row.split('<td class="path">')[1:]]
+
+
+def test_the_run_page_shows_what_the_run_ran_with_escaped(client: TestClient) -> None:
+    with _session() as s:
+        run = make_run(s, _jobs_dir(), steps=20, status="succeeded")
+    command = ["draftdeck", "train", "ds", "--out", "<b>run</b>"]
+    _with_provenance(run, _provenance("2.13.0", command=command, draftdeck_dirty=True))
+    page = client.get(f"/runs/{run}", headers={"accept": "text/html"}).text
+    assert _provenance_row(page, "torch") == ["2.13.0"]
+    assert _provenance_row(page, "transformers") == ["5.24.0"]
+    assert _provenance_row(page, "DraftDeck") == ["0.1.0, commit 436bb986727a with uncommitted changes"]
+    assert _provenance_row(page, "Device") == ["cuda (NVIDIA H100 80GB HBM3)"]
+    assert _provenance_row(page, "World size") == ["2"]
+    # the command line as typed, its user text escaped; not listed again among the parameters
+    assert _provenance_row(page, "Started by") == [
+        "draftdeck train ds --out &#39;&lt;b&gt;run&lt;/b&gt;&#39;"
+    ]
+    assert "<b>run</b>" not in page and 'data-param="provenance"' not in page
+    assert 'id="versions-differ"' not in page  # one run: nothing to differ from
+
+
+def test_compare_names_the_versions_two_runs_differ_in(client: TestClient) -> None:
+    with _session() as s:
+        a = make_run(s, _jobs_dir(), steps=20, status="succeeded")
+        b = make_run(s, _jobs_dir(), steps=20, status="succeeded")
+        c = make_run(s, _jobs_dir(), steps=20, status="succeeded")
+    _with_provenance(a, _provenance("2.13.0"))
+    _with_provenance(b, _provenance("2.12.1"))
+    _with_provenance(c, _provenance("2.13.0", gpu="NVIDIA H200", command=["draftdeck", "train"]))
+    page = client.get(f"/runs/compare?ids={a}&ids={b}", headers={"accept": "text/html"}).text
+    note = page.split('id="versions-differ">', 1)[1].split("</p>", 1)[0]
+    assert "torch 2.13.0 vs 2.12.1" in note and "transformers" not in note
+    assert _provenance_row(page, "torch") == ["2.13.0", "2.12.1"]
+    # another GPU or command is shown, but only versions are flagged
+    same = client.get(f"/runs/compare?ids={a}&ids={c}", headers={"accept": "text/html"}).text
+    assert 'id="versions-differ"' not in same
+    assert _provenance_row(same, "Started by") == ["a job", "draftdeck train"]
+    parameters = _provenance_row(same, "Parameters as given")[0]  # the job's own, folded
+    assert "<code>{&#34;lr&#34;: 0.003}</code>" in parameters and "<details>" in parameters
+
+
+def test_an_eval_page_shows_what_the_eval_ran_with(client: TestClient) -> None:
+    prov = _provenance("2.13.0", device="cpu", gpu=None, world_size=1, draftdeck_commit=None)
+    page = client.get(
+        f"/jobs/{_eval_job({'drafter': _drafter_figures(1.5)}, provenance=prov)}",
+        headers={"accept": "text/html"},
+    ).text
+    assert _provenance_row(page, "torch") == ["2.13.0"] and _provenance_row(page, "Device") == ["cpu"]
+    assert _provenance_row(page, "DraftDeck") == ["0.1.0"]  # installed, not a checkout: no commit
