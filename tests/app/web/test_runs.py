@@ -434,6 +434,9 @@ def test_the_run_page_shows_what_the_run_ran_with_escaped(client: TestClient) ->
     ]
     assert "<b>run</b>" not in page and 'data-param="provenance"' not in page
     assert 'id="versions-differ"' not in page  # one run: nothing to differ from
+    with _session() as s:
+        older = make_run(s, _jobs_dir(), steps=20, status="succeeded")  # its run.json records none
+    assert 'id="provenance-table"' not in client.get(f"/runs/{older}", headers={"accept": "text/html"}).text
 
 
 def test_compare_names_the_versions_two_runs_differ_in(client: TestClient) -> None:

@@ -22,11 +22,15 @@ The A anchors of a batch go through one drafter forward: (bsz, A * B) queries ag
 [T context keys ; A * B block keys], block-sparse (`draftdeck.drafter.model.attention.BlockLayout`: flex
 attention, the project's blocked kernel, or dense SDPA as the reference); the loss goes through the
 target's head in chunks of slots (`draftdeck.drafter.model.head`).
+
+The weights w are the run's `--position-weights` (`draftdeck.drafter.kinds.dflash.position_weights`):
+DFlash's decay above by default, `exp`, or D-PACE's, computed from each slot's CE in a pass without
+gradients before the loss's own (its loss divides by the counted slots, not by sum w). Where a `gamma`
+is taken, a `PositionWeights` may stand for it.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import cast
 
@@ -35,6 +39,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
+from draftdeck.drafter.kinds.dflash.position_weights import (
+    PositionWeights,
+    as_position_weights,
+    batch_normalizer,
+    counted_weights,
+    dflash_weights,
+    fixed_weights,
+)
 from draftdeck.drafter.model.attention import Backend, BlockLayout
 from draftdeck.drafter.model.head import head_loss
 from draftdeck.drafter.model.vocab_parallel import embed_rows
@@ -79,10 +91,7 @@ def all_anchors(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def slot_weights(block_size: int, gamma: float, device: torch.device | str = "cpu") -> torch.Tensor:
     """(B,) w_k = exp(-(k - 1) / gamma) for k >= 1, and 0 for the anchor slot."""
-    k = torch.arange(block_size, dtype=torch.float32, device=device)
-    w = torch.exp(-(k - 1) / gamma)
-    w[0] = 0.0
-    return w
+    return dflash_weights(block_size, gamma, device)
 
 
 def counted_slots(
@@ -99,12 +108,14 @@ def counted_slots(
 
 
 def label_weight_sum(
-    loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int, gamma: float
-) -> float:
+    loss_mask: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
+    gamma: float | PositionWeights,
+) -> float:  # fmt: skip
     """Sum of w over the counted slots: the loss's denominator, known before any forward (so that
-    micro-batches and ranks can share one global normaliser)."""
+    micro-batches and ranks can share one global normaliser). `gamma`: DFlash's, or the run's
+    `PositionWeights` (D-PACE's denominator counts the slots: `position_weights.fixed_weights`)."""
     sel = counted_slots(loss_mask, anchors, valid, block_size)
-    return float((slot_weights(block_size, gamma, loss_mask.device) * sel).sum())
+    return float((fixed_weights(as_position_weights(gamma), block_size, loss_mask.device) * sel).sum())
 
 
 @dataclass
@@ -231,7 +242,7 @@ def block_loss(
     logits_fn: nn.Module,
     hidden: torch.Tensor,
     batch: BlockBatch,
-    gamma: float,
+    gamma: float | PositionWeights,
     normalizer: float | None = None,
     *,
     chunked_head: bool = True,
@@ -248,10 +259,9 @@ def block_loss(
     `nn.Linear` goes through `draftdeck.drafter.model.head`'s chunks unless `chunked_head` is False, the
     reference). The loss is sum w * CE / `normalizer` (default: this batch's sum w; the trainer
     passes the global sum over micro-batches and ranks, and sums the gradients over ranks)."""
-    b = batch.slots
     sel = batch.label_valid
     labels = batch.labels[sel]
-    w = slot_weights(b, gamma, hidden.device).expand_as(sel)[sel]
+    w = counted_weights(gamma, logits_fn, hidden, batch, drafter, chunked_head)  # D-PACE: no_grad pass
     rows = teacher_rows(teacher, batch) if teacher is not None else None
     if drafter is not None:
         previous = batch.previous()
@@ -263,7 +273,7 @@ def block_loss(
     else:
         out = head_loss(logits_fn, hidden[sel], labels, w, teacher=rows, mix=mix, chunked=chunked_head)
     pred_sel = out.pred
-    wsum = w.sum()
+    wsum = batch_normalizer(gamma, w)  # sum w; D-PACE's: the counted slots
     denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)
     loss = out.total / denom if sel.any() else hidden.sum() * 0.0
     predictions = batch.labels.clone()
@@ -310,7 +320,7 @@ def dflash_loss(
     attention_mask: torch.Tensor | None,
     anchors: torch.Tensor,
     valid: torch.Tensor,
-    gamma: float,
+    gamma: float | PositionWeights,
     normalizer: float | None = None,
     *,
     attention: Backend = "blocked",
@@ -322,8 +332,7 @@ def dflash_loss(
     """The whole objective for one batch: `context` = the target's concatenated features
     (bsz, T, n_ids * H) for `input_ids` (bsz, T). `drafter` is a `DFlashDrafter` (or a module
     wrapping one as `module`, whose forward is the one called)."""
-    if not math.isfinite(gamma) or gamma <= 0:
-        raise ValueError(f"gamma {gamma} must be a positive number")
+    as_position_weights(gamma)  # a ValueError for a gamma that is not a positive number
     core = cast(DFlashDrafter, getattr(drafter, "module", drafter))  # a wrapper's `module`
     batch = build_blocks(
         input_ids, loss_mask, attention_mask, anchors, valid, core.block_size, core.mask_token_id, attention,
@@ -346,7 +355,7 @@ def dflash_backward(
     attention_mask: torch.Tensor | None,
     anchors: torch.Tensor,
     valid: torch.Tensor,
-    gamma: float,
+    gamma: float | PositionWeights,
     normalizer: float,
     *,
     anchors_per_forward: int,

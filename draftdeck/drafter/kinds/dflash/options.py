@@ -4,11 +4,14 @@ form, CLI and API take them from here (draftdeck.drafter.kinds.Options)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from draftdeck.drafter.kinds.base import KindOptions
+
+DEFAULT_DPACE_ALPHA = 0.5  # speculators' default (`dpace_alpha`), as SpecForge's and D-PACE's examples
+DEFAULT_EXP_DECAY = 1.0  # speculators' default for exp_loss_decay (`--ttt-step-loss-decay`)
 
 
 class DFlashOptions(KindOptions):
@@ -23,6 +26,23 @@ class DFlashOptions(KindOptions):
         None, ge=0, description="Spare token id for masked slots (default: resolved)"
     )
     gamma: float = Field(7.0, gt=0, le=1000, description="Slot weight decay: w_k = exp(-(k-1)/gamma)")
+    position_weights: Literal["dflash", "exp", "dpace"] = Field(
+        "dflash",
+        description="How much each drafted slot weighs in the loss: dflash = exp(-(k-1)/gamma); exp ="
+        " exp_decay^k (speculators' exp_loss_decay); dpace = D-PACE: from each slot's CE in the step's"
+        " forward, sum over the block's later slots of the cumulative smoothed confidence, one more head"
+        " pass without gradients (block kinds only: EAGLE-3 weighs its steps by step_decay)",
+    )
+    exp_decay: float = Field(
+        DEFAULT_EXP_DECAY, gt=0, le=1, description="position_weights exp: w_k = exp_decay^k (1: all alike)"
+    )
+    dpace_alpha: float = Field(
+        DEFAULT_DPACE_ALPHA,
+        gt=0,
+        le=1,
+        description="position_weights dpace: confidence smoothing, q' = (1 - alpha) exp(-CE) + alpha"
+        " (speculators' default 0.5)",
+    )
     anchors_per_seq: int = Field(512, ge=1, le=8192, description="Random anchors (blocks) per sequence")
     anchors_per_forward: int = Field(
         32,
@@ -39,3 +59,14 @@ class DFlashOptions(KindOptions):
         " accuracy, expected acceptance, anchor-mean), seeded per row; the walked tau reads the blocks"
         " it reaches at every anchor",
     )
+
+    @model_validator(mode="after")
+    def _weights_read(self) -> DFlashOptions:
+        """exp_decay and dpace_alpha are read by their scheme only: given with another, refused."""
+        for name, scheme in (("exp_decay", "exp"), ("dpace_alpha", "dpace")):
+            default = type(self).model_fields[name].default
+            if self.position_weights != scheme and getattr(self, name) != default:
+                raise ValueError(
+                    f"{name}: read with position_weights {scheme} only (this run's: {self.position_weights})"
+                )
+        return self

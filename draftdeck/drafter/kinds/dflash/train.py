@@ -17,6 +17,7 @@ from draftdeck.drafter.kinds.dflash.objective import (
     pad_anchors,
     sample_anchors_per_row,
 )
+from draftdeck.drafter.kinds.dflash.position_weights import PositionWeights
 from draftdeck.drafter.kinds.dflash.walked import heldout_pass
 from draftdeck.drafter.model.attention import Backend
 from draftdeck.drafter.model.config import DrafterConfig
@@ -52,6 +53,10 @@ class DFlashKind:
         self.model.gradient_checkpointing = params.gradient_checkpointing
         self.slots = self.model.slots
         self.layer_ids = list(self.cfg.target_layer_ids)
+        # the training loss's slot weights (`--position-weights`); the held-out loss keeps DFlash's gamma
+        self.position_weights = PositionWeights(
+            params.position_weights, params.gamma, params.exp_decay, params.dpace_alpha
+        )
 
     def config_of(self, shape: DrafterConfig) -> DrafterConfig:
         """The drafter's config from the DFlash shape the target and options give (a kind that extends
@@ -79,7 +84,7 @@ class DFlashKind:
         return estimate(self.cfg, target_config, self.model, shapes, held=held, capacity=capacity)
 
     def loss_formula(self) -> str:
-        return loss_formula(self.p.mix)
+        return self.position_weights.formula(loss_formula(self.p.mix))
 
     def micro_batch(
         self, examples: list[Any], generators: list[torch.Generator], pad_id: int, device: torch.device
@@ -101,7 +106,7 @@ class DFlashKind:
         return out
 
     def weight_sum(self, m: MicroBatch) -> float:
-        return float(label_weight_sum(m.lm, _anchors(m), _valid(m), self.slots, self.p.gamma))
+        return float(label_weight_sum(m.lm, _anchors(m), _valid(m), self.slots, self.position_weights))
 
     def backward(
         self, model: nn.Module, target: Target, m: MicroBatch, normalizer: float, attention: Backend
@@ -114,7 +119,7 @@ class DFlashKind:
             _, context = target.context_features(m.ids, m.att, self.layer_ids)
         return dflash_backward(
             model, target.embedding, target.lm_head, context, m.ids, m.lm, m.att,  # type: ignore[arg-type]
-            _anchors(m), _valid(m), self.p.gamma, normalizer=normalizer,
+            _anchors(m), _valid(m), self.position_weights, normalizer=normalizer,
             anchors_per_forward=self.p.anchors_per_forward, attention=attention, teacher=teacher, mix=mix,
         )  # fmt: skip
 

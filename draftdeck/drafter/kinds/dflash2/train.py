@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from draftdeck.drafter.kinds.dflash.objective import loss_formula
 from draftdeck.drafter.kinds.dflash.train import DFlashKind
 from draftdeck.drafter.kinds.dflash2.export import config_json
 from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
@@ -55,7 +54,7 @@ class DFlash2Kind(DFlashKind):
         )
 
     def loss_formula(self) -> str:
-        base = loss_formula(self.p.mix).replace("dflash:", "dflash2:", 1)
+        base = super().loss_formula().replace("dflash:", "dflash2:", 1)
         return f"{base} + {self.p.selector_weight:g} x sum_k w_k CE(selector over the top-k)_k / sum_k w_k"
 
     def config_files(self) -> dict[str, bytes]:

@@ -8,7 +8,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from draftdeck.drafter.kinds.dflash.objective import loss_formula
 from draftdeck.drafter.kinds.dflash.train import DFlashKind
 from draftdeck.drafter.kinds.dspark.export import config_json, warm_start
 from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
@@ -67,7 +66,7 @@ class DSparkKind(DFlashKind):
         )
 
     def loss_formula(self) -> str:
-        base = loss_formula(self.p.mix).replace("dflash:", "dspark:", 1)
+        base = super().loss_formula().replace("dflash:", "dspark:", 1)
         if self.dspark.confidence_head:
             base += (
                 f" + {self.p.confidence_weight:g} x sum_k w_k BCE(confidence_k, sum min(p, q)_k) / sum_k w_k"
