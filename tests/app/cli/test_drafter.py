@@ -46,6 +46,13 @@ def test_training_loads_the_target_without_a_progress_bar(trained: dict[str, Any
     assert "Loading weights" not in said and "%|" not in said
 
 
+def test_run_json_records_the_command_line_that_started_the_run(trained: dict[str, Any]) -> None:
+    prov = json.loads((trained["run"] / "run.json").read_text())["provenance"]
+    command = prov["command"]  # sys.argv of `python -m draftdeck.cli train ...`
+    assert command[1] == "train" and command[command.index("--out") + 1] == str(trained["run"])
+    assert prov["parameters"]["drafter"] == "eagle3" and prov["world_size"] == 1 and prov["device"] == "cpu"
+
+
 def test_a_chat_file_is_refused_before_the_target_loads(trained: dict[str, Any], tmp_path: Path) -> None:
     chat = tmp_path / "data.jsonl"
     chat.write_text(
