@@ -19,6 +19,7 @@ from torch import nn
 
 from draftdeck.drafter.model.attention import Backend
 from draftdeck.drafter.train.device import DeviceError, capacity_bytes, in_use_bytes, resident_weights_gap
+from draftdeck.drafter.train.optimizers import OptimizerName
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.jobs.context import RunContext
 from draftdeck.units import binary_size
@@ -37,7 +38,9 @@ class Shapes:
     gradient_checkpointing: bool
     element_size: int  # activations: 4 (float32) or 2 (bf16)
     kl: bool = False  # the training loss reads the target's distribution at every slot
-    state_shards: int = 1  # ranks the drafter's gradients and AdamW state are split over (fsdp)
+    state_shards: int = 1  # ranks the drafter's gradients and optimizer state are split over (fsdp)
+    # whose state: AdamW's two moments, or Muon's one buffer (draftdeck.drafter.train.optimizers)
+    optimizer: OptimizerName = "adamw"
 
 
 @dataclass
@@ -117,6 +120,7 @@ def check_memory(
         element_size=element_size(device),
         kl=params.mix[1] > 0,
         state_shards=state_shards,
+        optimizer=params.optimizer,
     )
     capacity = capacity_bytes(device, sharing=sharing)
     held = in_use_bytes(device) + resident_weights_gap(device, weights)

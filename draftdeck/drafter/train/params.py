@@ -61,11 +61,19 @@ class TrainRun(JobParams):
     )
     batch_size: int = Field(4, ge=1, le=4096, description="Sequences per micro-batch per device")
     grad_accum: int = Field(1, ge=1, le=1024, description="Micro-batches per optimizer step")
-    lr: float = Field(6e-4, gt=0, le=1.0, title="Learning rate", description="Peak learning rate (AdamW)")
+    optimizer: Literal["adamw", "muon"] = Field(
+        "adamw",
+        description="adamw = AdamW over every parameter; muon = PyTorch's Muon over the 2-D weight"
+        " matrices of the drafter's hidden layers (its step scaled to AdamW's size, so the same lr),"
+        " AdamW over the embedding, LM head, input projection, norms and biases",
+    )
+    lr: float = Field(
+        6e-4, gt=0, le=1.0, title="Learning rate", description="Peak learning rate (AdamW's, and Muon's)"
+    )
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of the cosine, as a ratio of lr"
     )
-    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="Weight decay (AdamW's, and Muon's)")
     warmup_ratio: float = Field(0.04, ge=0, le=1, description="Fraction of steps with linear warmup")
     max_steps: int | None = Field(
         None, ge=1, le=100_000_000, description="Optimizer steps (overrides epochs)"
@@ -210,6 +218,7 @@ class PlanParams(JobParams):
     gradient_checkpointing: bool = _train_field("gradient_checkpointing")
     loss: Literal["ce", "kl", "ce+kl"] = _train_field("loss")
     target_layer_ids: list[int] | None = _train_field("target_layer_ids")
+    optimizer: Literal["adamw", "muon"] = _train_field("optimizer")
 
     input_paths: ClassVar[tuple[str, ...]] = ("target",)
 

@@ -13,8 +13,8 @@ float32 (a CPU run)):
   weights); fsdp: the two layers in flight (gathered, the one computing and the one prefetched);
 - master copy: the float32 weights the optimizer updates (the weights themselves in float32, so
   0 there); fsdp: n x 4 / N;
-- gradients (float32) and optimizer state (AdamW's two float32 moments): n x 4 and n x 8, /N under
-  fsdp;
+- gradients (float32) and optimizer state (AdamW's two float32 moments; with `--optimizer muon`,
+  Muon's one for the hidden layers' matrices): n x 4 and n x 8 (Muon's: 4 each), /N under fsdp;
 - activations and LM-head chunk: the larger of a training micro-batch's and a held-out batch's
   working set (`draftdeck.drafter.train.memory.estimate`) at `seq_length` tokens;
 - communication buffers: ddp all-reduces one layer's float32 gradients at a time; fsdp
@@ -52,6 +52,7 @@ from draftdeck.causal_lm import causal_lm_config
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.train.device import capacity_bytes
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
+from draftdeck.drafter.train.optimizers import OptimizerName, state_bytes
 from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
@@ -95,6 +96,7 @@ class Shape:
     ttt_steps: int = 7
     draft_vocab_size: int | None = None  # None: the kind's default (at most the target's vocabulary)
     eagle3_layer_ids: tuple[int, ...] | None = None
+    optimizer: OptimizerName = "adamw"  # or "muon": one state buffer for the layers' matrices, not two
 
 
 @dataclass
@@ -310,7 +312,7 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
         "drafter weights": weights,
         "master copy": (n * 4 // shards) if (e == 2 or shards > 1) else 0,
         "gradients": n * 4 // shards,
-        "optimizer state": n * 8 // shards,
+        "optimizer state": state_bytes(d.model, shape.optimizer) // shards,
         "activations": sum(v for k, v in work.items() if k not in ("optimizer", "LM head", "target's view")),
         "LM-head chunk": work.get("LM head", work.get("target's view", 0)),
         "communication buffers": buffers,
@@ -385,6 +387,7 @@ def shape_of(
         drafter=params.drafter, ttt_steps=params.ttt_steps,
         draft_vocab_size=params.draft_vocab_size,
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
+        optimizer=params.optimizer,
     )  # fmt: skip
 
 

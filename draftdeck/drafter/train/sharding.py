@@ -30,7 +30,7 @@ across ranks (no collective may run inside it).
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -136,10 +136,13 @@ def _options(*, cpu_offload: bool) -> Any:
     return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
-def full_state(drafter: nn.Module, opt: torch.optim.Optimizer, strategy: Sharding) -> tuple[dict, dict]:
+def full_state(
+    drafter: nn.Module, opt: Sequence[torch.optim.Optimizer], strategy: Sharding
+) -> tuple[dict, dict]:
     """(model, optimizer) state dicts of the whole drafter, on the CPU, keyed by parameter name
-    (the optimizer's too, so that a run resumes on any number of ranks and any strategy). Sharded:
-    a collective every rank calls; rank 0 gets the tensors, the others empty dicts."""
+    (the optimizers' together, `optimizers.Optimizers.parts`, so that a run resumes on any number of
+    ranks and any strategy). Sharded: a collective every rank calls; rank 0 gets the tensors, the
+    others empty dicts."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     if strategy == "none":
@@ -149,10 +152,10 @@ def full_state(drafter: nn.Module, opt: torch.optim.Optimizer, strategy: Shardin
     return get_state_dict(drafter, opt, options=_options(cpu_offload=True))
 
 
-def load_state(drafter: nn.Module, opt: torch.optim.Optimizer, model: dict, optim: dict) -> None:
+def load_state(drafter: nn.Module, opt: Sequence[torch.optim.Optimizer], model: dict, optim: dict) -> None:
     """Load whole state dicts (`full_state`'s, from any world size) into this rank's part. An
-    optimizer state keyed by parameter index (checkpoints written before sharding) loads as it was
-    written, into an unsharded drafter."""
+    optimizer state keyed by parameter index (checkpoints written before sharding, AdamW alone)
+    loads as it was written, into an unsharded drafter."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     by_index = any(isinstance(k, int) for k in optim.get("state", {}))
@@ -161,7 +164,7 @@ def load_state(drafter: nn.Module, opt: torch.optim.Optimizer, model: dict, opti
         options=_options(cpu_offload=False),
     )  # fmt: skip
     if by_index:
-        opt.load_state_dict(optim)
+        opt[0].load_state_dict(optim)
 
 
 def eval_copy(
@@ -192,8 +195,9 @@ def local_bytes(tensors: Any) -> int:
     return total
 
 
-def state_bytes(drafter: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
-    """This rank's drafter state: weights, gradients and optimizer moments, in bytes."""
+def state_bytes(drafter: nn.Module, opt: Any) -> dict[str, int]:
+    """This rank's drafter state: weights, gradients and optimizer moments (`opt`: an optimizer or
+    the run's `Optimizers`), in bytes."""
     params = list(drafter.parameters())
     return {
         "weights": local_bytes(params),

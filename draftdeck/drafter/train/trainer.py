@@ -40,6 +40,7 @@ from draftdeck.drafter.train.data import DataPosition, TrainData, anchor_generat
 from draftdeck.drafter.train.device import DeviceError, peak_bytes, reset_peak, resolve_device
 from draftdeck.drafter.train.drafters import MicroBatch, drafter_kind
 from draftdeck.drafter.train.memory import check_memory, params_bytes
+from draftdeck.drafter.train.optimizers import Schedules, build
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.plan import ddp_fits
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
@@ -112,10 +113,8 @@ class Trainer:
         if self.strategy == "fsdp":
             held = sharding.shard_target(self.target, self.device, rank, world)
         self.eval_drafter = self.drafter
-        self.opt = torch.optim.AdamW(
-            self.drafter.parameters(), lr=params.lr, weight_decay=params.weight_decay
-        )
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
+        self.opt = build(self.drafter, params.optimizer, params.lr, params.weight_decay)
+        self.sched = Schedules(
             self.opt, lambda s: lr_factor(s, self.total_steps, self.warmup, params.min_lr_ratio)
         )
         self.store = CheckpointStore(self.out, keep=params.keep_checkpoints)
@@ -171,7 +170,7 @@ class Trainer:
             anchors_per_seq=p.anchors_per_seq,
             seq_length=p.seq_length,
             lr_schedule={
-                "optimizer": "adamw",
+                "optimizer": p.optimizer,
                 "lr": p.lr,
                 "warmup_steps": self.warmup,
                 "schedule": "linear warmup + cosine",
@@ -214,10 +213,11 @@ class Trainer:
             return False
         from safetensors.torch import load_file
 
+        self._check_same_optimizer()
         training = load_training_state(latest / "training.pt")
         model = load_file(str(latest / "model.safetensors"), device="cpu")
         self.kind.check_resume(model)
-        sharding.load_state(self.drafter, self.opt, model, training["optimizer"])
+        sharding.load_state(self.drafter, self.opt.parts, model, training["optimizer"])
         self.sched.load_state_dict(training["scheduler"])
         set_rng_state(training["rng"])
         state = json.loads((latest / "state.json").read_text(encoding="utf-8"))
@@ -225,10 +225,23 @@ class Trainer:
         self.pos = DataPosition.from_dict(state["position"])
         return True
 
+    def _check_same_optimizer(self) -> None:
+        """A run resumes with the optimizer it started with: the other's state cannot be loaded."""
+        path = self.out / "run.json"
+        if not path.is_file():
+            return
+        schedule = json.loads(path.read_text(encoding="utf-8")).get("lr_schedule") or {}
+        before = schedule.get("optimizer", "adamw")
+        if before != self.p.optimizer:
+            raise UsageError(
+                f"{self.out} holds a run trained with optimizer {before}, now {self.p.optimizer}:"
+                f" resume with optimizer {before} or use a new out folder"
+            )
+
     def save(self, heldout: dict[str, float] | None) -> None:
         """Write a checkpoint; `heldout`: its held-out figures (`Counts.index_figures`) or None.
         Every rank calls it (a sharded drafter is gathered); rank 0 writes."""
-        state, optimizer = sharding.full_state(self.drafter, self.opt, self.strategy)
+        state, optimizer = sharding.full_state(self.drafter, self.opt.parts, self.strategy)
         if self.rank != 0:
             return
         from safetensors.torch import save

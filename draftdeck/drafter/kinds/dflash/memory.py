@@ -21,6 +21,7 @@ from draftdeck.drafter.model.attention import SCORE_CHUNK_BYTES
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.head import rows_per_chunk
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
+from draftdeck.drafter.train.optimizers import state_bytes
 from draftdeck.drafter.train.truth import HEAD_ELEMENTS
 
 HELDOUT_ANCHORS_PER_CHUNK = 256  # the held-out pass's chunk of anchors (walked.heldout_pass)
@@ -43,7 +44,8 @@ def estimate(
     kv = cfg.num_key_value_heads * cfg.head_dim
     heads = cfg.num_attention_heads
     n_params = sum(p.numel() for p in drafter.parameters())
-    optimizer = n_params * 4 * 3 // shapes.state_shards  # float32 gradient + AdamW's two moments
+    # float32 gradient + the optimizer's state (AdamW's two moments; Muon's one buffer)
+    optimizer = (n_params * 4 + state_bytes(drafter, shapes.optimizer)) // shapes.state_shards
 
     def target(bsz: int) -> int:
         return bsz * t * e * (h * (layers_t + 1) + 3 * inter_t)

@@ -6,6 +6,7 @@ from torch import nn
 
 from draftdeck.drafter.kinds.eagle3.model import Eagle3Config
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
+from draftdeck.drafter.train.optimizers import state_bytes
 
 
 def estimate_eagle3(
@@ -28,7 +29,7 @@ def estimate_eagle3(
     layers_t = int(getattr(target_config, "num_hidden_layers", cfg.num_target_layers))
     inter_t = int(getattr(target_config, "intermediate_size", inter))
     n_params = sum(p.numel() for p in drafter.parameters())
-    optimizer = n_params * 4 * 3 // shapes.state_shards
+    optimizer = (n_params * 4 + state_bytes(drafter, shapes.optimizer)) // shapes.state_shards
 
     def target(bsz: int) -> int:
         return bsz * t * e * (h * (layers_t + 1) + 3 * inter_t)
