@@ -15,10 +15,17 @@ A head split by vocabulary across ranks (`draftdeck.drafter.model.vocab_parallel
 goes through the same chunks over its slice: the reductions over the vocabulary (log-sum-exp,
 argmax, a label's logit, the KL's and acceptance's sums) are its shard's, and the gradient with
 respect to the hidden states is summed over the slices.
+
+The mix's other terms (`draftdeck.drafter.train.losses`: rkl, jsd, tv, nla, lk_hybrid) go through the
+same chunks: each is a sum over the vocabulary per slot (summed over the slices) and its gradient with
+respect to the logits q * (g - sum q g), g its gradient with respect to q. They keep more (rows, V)
+tensors alive (the target's log-probabilities, the drafter's, a gradient and two temporaries), so a
+chunk holds fewer slots and the peak stays the same.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,12 +34,22 @@ from torch import nn
 from torch.nn import functional as F
 
 from draftdeck.drafter.model.vocab_parallel import ShardedHead, WholeVocab
+from draftdeck.drafter.train.losses import Mix, as_mix, term_value
 
 LOGITS_CHUNK_BYTES = 64 * 2**20  # 64 MiB of float32 logits: 256 slots of a 64K vocabulary
 
 
 def rows_per_chunk(vocab: int, chunk_bytes: int = LOGITS_CHUNK_BYTES) -> int:
     return max(1, chunk_bytes // (4 * max(vocab, 1)))
+
+
+def _alive(teacher: torch.Tensor | None, mix: Mix) -> int:
+    """How many (rows, V) float32 tensors a chunk keeps alive at once: the logits; with a teacher the
+    target's and a gradient (3); with the mix's other terms also both log-probabilities and the
+    temporaries of their gradients (8)."""
+    if teacher is None:
+        return 1
+    return 8 if mix.others else 3
 
 
 @dataclass
@@ -53,6 +70,7 @@ class HeadOut:
     target_pred: torch.Tensor | None = None
     draft_prob: torch.Tensor | None = None
     extra: torch.Tensor | None = None  # per slot, a drafter's own heads' loss (in `total` already)
+    others: torch.Tensor | None = None  # per slot, the mix's terms beyond ce and kl (in `total` already)
 
 
 def head_loss(
@@ -62,23 +80,26 @@ def head_loss(
     weights: torch.Tensor,
     *,
     teacher: torch.Tensor | None = None,
-    mix: tuple[float, float] = (1.0, 0.0),
+    mix: Mix | tuple[float, float] = (1.0, 0.0),
     chunked: bool = True,
     chunk_bytes: int = LOGITS_CHUNK_BYTES,
     low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> HeadOut:
     """The drafter's loss through the target's head for `hidden` (N, H): cross-entropy against
     `labels`, and with `teacher` (N, H: the target's final hidden states before each slot's token)
-    the forward KL from the target's distribution, mixed by `mix` = (ce_weight, kl_weight).
+    the forward KL from the target's distribution and the mix's other terms, weighted by `mix` (a
+    `Mix`, or the pair (ce_weight, kl_weight)).
     `low_rank` = (u, W2), (N, r) and (V, r): a drafter's own term added to its logits, u W2^T (DSpark's
     Markov bias), with gradients for both (the target's head has none).
 
     `head` is an `nn.Linear` (the chunked path: a chunk of logits alive at a time; with a teacher,
     three chunks of a third of the slots) or any module mapping (N, H) -> (N, V), which goes the
     unchunked way (as does `chunked=False`: the reference). Exact: no top-k, no temperature."""
-    ce_w, kl_w = mix
-    if kl_w and teacher is None:
-        raise ValueError("a KL loss needs the target's hidden states (teacher)")
+    mix = as_mix(mix)
+    ce_w, kl_w = mix.ce, mix.kl
+    if mix.needs_teacher and teacher is None:
+        names = ", ".join(n for n, _ in mix.terms if n != "ce")
+        raise ValueError(f"a KL loss ({names}) needs the target's hidden states (teacher)")
     if isinstance(head, ShardedHead):  # a collective: every rank calls it, with or without rows
         if low_rank is not None:
             raise ValueError("a drafter's own logit term beside a head split by vocabulary is not supported")
@@ -86,17 +107,17 @@ def head_loss(
     u, w2 = low_rank if low_rank is not None else (None, None)
     if chunked and isinstance(head, nn.Linear) and hidden.shape[0]:
         # with a teacher three (rows, V) tensors are alive at once: a third of the rows keeps the peak
-        rows = rows_per_chunk(head.out_features, chunk_bytes // (3 if teacher is not None else 1))
+        rows = rows_per_chunk(head.out_features, chunk_bytes // _alive(teacher, mix))
         if not torch.is_grad_enabled():  # the held-out walk: counts only
             out, _ = _chunked(
                 hidden, head.weight, head.bias, labels, weights, rows, (False,) * 3, teacher, mix,
                 low_rank=low_rank,
             )  # fmt: skip
             return out
-        total, ce, pred, kl, accept, tpred, dprob = _ChunkedLinearLoss.apply(
+        total, ce, pred, kl, accept, tpred, dprob, others = _ChunkedLinearLoss.apply(
             hidden, head.weight, head.bias, labels, weights, rows, teacher, mix, None, u, w2
         )
-        return HeadOut(total, ce, pred, *((kl, accept, tpred, dprob) if teacher is not None else (None,) * 4))
+        return _out(total, ce, pred, kl, accept, tpred, dprob, others, teacher is not None, mix)
     logits = head(hidden).float()
     if u is not None and w2 is not None:
         logits = logits + F.linear(u.to(w2.dtype), w2).float()
@@ -110,9 +131,26 @@ def head_loss(
     kl = (logp.exp() * (logp - logq)).sum(-1)
     accept = torch.minimum(logp.exp(), logq.exp()).sum(-1)
     total = (weights * (ce_w * ce + kl_w * kl)).sum()
+    others = None
+    if mix.others:  # the reference: each term in torch ops, autograd's gradient
+        terms = torch.stack([w * term_value(n, logp, logq, mix.lk_eta) for n, w in mix.others]).sum(0)
+        total = total + (weights * terms).sum()
+        others = terms.detach()
     pred = logits.argmax(-1)
     draft_prob = logp.exp().gather(1, pred[:, None])[:, 0]
-    return HeadOut(total, ce.detach(), pred, kl.detach(), accept.detach(), t_logits.argmax(-1), draft_prob)
+    return HeadOut(
+        total, ce.detach(), pred, kl.detach(), accept.detach(), t_logits.argmax(-1), draft_prob, others=others
+    )
+
+
+def _out(
+    total: torch.Tensor, ce: torch.Tensor, pred: torch.Tensor, kl: torch.Tensor, accept: torch.Tensor,
+    tpred: torch.Tensor, dprob: torch.Tensor, others: torch.Tensor, with_teacher: bool, mix: Mix,
+) -> HeadOut:  # fmt: skip
+    """`_ChunkedLinearLoss`'s outputs as a `HeadOut` (its empty stand-ins as None)."""
+    if not with_teacher:
+        return HeadOut(total, ce, pred)
+    return HeadOut(total, ce, pred, kl, accept, tpred, dprob, others=others if mix.others else None)
 
 
 class _ChunkedLinearLoss(torch.autograd.Function):
@@ -130,7 +168,7 @@ class _ChunkedLinearLoss(torch.autograd.Function):
         weights: torch.Tensor,
         rows: int,
         teacher: torch.Tensor | None,
-        mix: tuple[float, float],
+        mix: Mix,
         sharded: ShardedHead | None = None,
         u: torch.Tensor | None = None,
         w2: torch.Tensor | None = None,
@@ -155,6 +193,7 @@ class _ChunkedLinearLoss(torch.autograd.Function):
             parts += [out.kl, out.accept, out.target_pred, out.draft_prob]
         else:  # autograd.Function outputs must be tensors: empty stand-ins
             parts += [out.ce.new_empty(0)] * 4
+        parts.append(out.others if out.others is not None else out.ce.new_empty(0))
         ctx.mark_non_differentiable(*parts)
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return (out.total, *parts)
@@ -188,7 +227,7 @@ def _chunked(
     rows: int,
     need: tuple[bool, bool, bool],
     teacher: torch.Tensor | None = None,
-    mix: tuple[float, float] = (1.0, 0.0),
+    mix: Mix = Mix(),
     vocab: WholeVocab | None = None,
     *,
     low_rank: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -197,13 +236,15 @@ def _chunked(
     """The loss, its per-slot parts and the gradients `need` names (hidden, weight, bias), chunk by
     chunk, then those of `low_rank` = (u, W2) that `need_low_rank` names (its term u W2^T is added to
     the logits). The gradient of the loss with respect to the drafter's logits is, per slot,
-    w * (ce_weight * (q - onehot(label)) + kl_weight * (q - p)). With `vocab` a `VocabShard`,
-    `weight` is its slice and the gradient with respect to `hidden` this slice's part."""
+    w * (ce_weight * (q - onehot(label)) + kl_weight * (q - p) + the other terms' (`_other_terms`)).
+    With `vocab` a `VocabShard`, `weight` is its slice and the gradient with respect to `hidden` this
+    slice's part."""
     vocab = vocab or WholeVocab()
     need_h, need_w, need_b = need
-    ce_w, kl_w = mix
+    ce_w, kl_w = mix.ce, mix.kl
     n = hidden.shape[0]
     dev = hidden.device
+    others = torch.empty(n, dtype=torch.float32, device=dev) if mix.others and teacher is not None else None
     ce = torch.empty(n, dtype=torch.float32, device=dev)
     pred = torch.empty(n, dtype=torch.long, device=dev)
     kl = torch.empty(n, dtype=torch.float32, device=dev) if teacher is not None else None
@@ -217,6 +258,7 @@ def _chunked(
     grad_u = torch.empty_like(u) if u is not None and need_low_rank[0] else None
     grad_w2 = torch.zeros_like(w2, dtype=torch.float32) if w2 is not None and need_low_rank[1] else None
     need_any = need_h or need_w or need_b or grad_u is not None or grad_w2 is not None
+    logp_kept = logq = other_g = None
     with torch.no_grad():
         for s in range(0, n, rows):
             h = hidden[s : s + rows]
@@ -236,15 +278,26 @@ def _chunked(
                 p = logp.exp()
                 assert dprob is not None
                 dprob[s : s + rows] = vocab.pick(p, pred[s : s + rows])
+                if others is not None:
+                    logp_kept = logp.clone()
                 # KL(p || q) = sum p (log p - logits) + lse: one row dot product (no more chunks)
                 kl[s : s + rows] = vocab.sum(_rowdot(p, logp.sub_(logits))) + lse
                 del logp
             if p is None and not need_any:
                 continue
-            q = logits.sub_(lse[:, None]).exp_()  # the softmax q, in place of the logits
+            logits.sub_(lse[:, None])  # log q
+            if others is not None:
+                logq = logits.clone()
+            q = logits.exp_()  # the softmax q, in place of the logits
             if p is not None:
                 assert accept is not None
                 accept[s : s + rows] = vocab.sum(torch.minimum(p, q).sum(-1))
+            if others is not None:
+                assert p is not None and logp_kept is not None and logq is not None
+                assert kl is not None and accept is not None
+                parts = (p, logp_kept, q, logq, kl[s : s + rows], accept[s : s + rows])
+                others[s : s + rows], other_g = _other_terms(mix, *parts, vocab, need_any)
+                logp_kept = logq = None
             if not need_any:
                 continue
             g = q
@@ -254,6 +307,9 @@ def _chunked(
                 vocab.sub_at(g, lab, ce_w)
             if p is not None and kl_w:
                 g.sub_(p, alpha=kl_w)
+            if other_g is not None:
+                g.add_(other_g)
+                other_g = None
             g.mul_(weights[s : s + rows, None].float())
             if grad_h is not None:
                 grad_h[s : s + rows] = (g.to(weight.dtype) @ weight).to(hidden.dtype)
@@ -266,8 +322,68 @@ def _chunked(
             if grad_w2 is not None and u is not None:
                 grad_w2 += g.t() @ u[s : s + rows].float()
         per_slot = ce_w * ce if kl is None else ce_w * ce + kl_w * kl
+        if others is not None:
+            per_slot = per_slot + others
         total = (weights.float() * per_slot).sum()
-    return HeadOut(total, ce, pred, kl, accept, tpred, dprob), (grad_h, grad_w, grad_b, grad_u, grad_w2)
+    out = HeadOut(total, ce, pred, kl, accept, tpred, dprob, others=others)
+    return out, (grad_h, grad_w, grad_b, grad_u, grad_w2)
+
+
+def _other_terms(
+    mix: Mix,
+    p: torch.Tensor,
+    logp: torch.Tensor,
+    q: torch.Tensor,
+    logq: torch.Tensor,
+    kl: torch.Tensor,
+    alpha: torch.Tensor,
+    vocab: WholeVocab,
+    need_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """For a chunk's rows: the weighted sum of the mix's terms beyond ce and kl, per row, and (with
+    `need_grad`) its gradient with respect to the drafter's logits, unweighted by the slots' weights.
+    `kl` and `alpha` (sum min(p, q)) are the rows' own, summed over the vocabulary already. A term
+    whose gradient with respect to q is g has q * (g - sum q g) with respect to the logits."""
+    value = torch.zeros_like(kl)
+    grad = torch.zeros_like(q) if need_grad else None
+    tv_grad = None
+    if need_grad and any(n in ("tv", "nla", "lk_hybrid") for n, _ in mix.others):
+        # d(1 - sum min(p, q))/dq = -[q < p] (half on a tie, as torch.minimum's gradient)
+        below = (q < p).float().add_((q == p).float(), alpha=0.5)
+        tv_grad = (vocab.sum(_rowdot(q, below))[:, None] - below).mul_(q)
+        del below
+    for name, w in mix.others:
+        if name == "rkl":  # KL(q || p): g = log q - log p
+            d = logq - logp
+            v = vocab.sum(_rowdot(q, d))
+            if grad is not None:
+                grad.add_(d.sub_(v[:, None]).mul_(q), alpha=w)
+        elif name == "jsd":  # g = (log q - log m) / 2
+            logm = torch.logaddexp(logp, logq).sub_(math.log(2.0))
+            half_q = vocab.sum(_rowdot(q, logq - logm)) * 0.5
+            v = vocab.sum(_rowdot(p, logp - logm)) * 0.5 + half_q
+            if grad is not None:
+                grad.add_(logm.sub_(logq).mul_(-0.5).sub_(half_q[:, None]).mul_(q), alpha=w)
+        elif name == "tv":
+            v = 1.0 - alpha
+            if grad is not None:
+                assert tv_grad is not None
+                grad.add_(tv_grad, alpha=w)
+        elif name == "nla":  # -log alpha: the TV's gradient over alpha
+            v = -torch.log(alpha)
+            if grad is not None:
+                assert tv_grad is not None
+                grad.add_(tv_grad * (w / alpha)[:, None])
+        elif name == "lk_hybrid":  # lambda is a constant (sg[alpha]): lambda (q - p) + (1 - lambda) TV's
+            lam = torch.exp(-mix.lk_eta * alpha)
+            v = lam * kl + (1.0 - lam) * (1.0 - alpha)
+            if grad is not None:
+                assert tv_grad is not None
+                grad.add_(((q - p).mul_(lam[:, None]) + tv_grad * (1.0 - lam)[:, None]).mul_(w))
+        else:
+            raise ValueError(f"{name!r} is not a loss term the head computes")
+        value += w * v
+    return value, grad
 
 
 def _sharded_loss(
@@ -276,16 +392,16 @@ def _sharded_loss(
     labels: torch.Tensor,
     weights: torch.Tensor,
     teacher: torch.Tensor | None,
-    mix: tuple[float, float],
+    mix: Mix,
     chunk_bytes: int,
 ) -> HeadOut:
-    rows = rows_per_chunk(head.shard.size, chunk_bytes // (3 if teacher is not None else 1))
+    rows = rows_per_chunk(head.shard.size, chunk_bytes // _alive(teacher, mix))
     if not torch.is_grad_enabled():
         return _over_shard(head, hidden, labels, weights, rows, False, teacher, mix)[0]
-    total, ce, pred, kl, accept, tpred, dprob = _ChunkedLinearLoss.apply(
+    total, ce, pred, kl, accept, tpred, dprob, others = _ChunkedLinearLoss.apply(
         hidden, head.weight, None, labels, weights, rows, teacher, mix, head
     )
-    return HeadOut(total, ce, pred, *((kl, accept, tpred, dprob) if teacher is not None else (None,) * 4))
+    return _out(total, ce, pred, kl, accept, tpred, dprob, others, teacher is not None, mix)
 
 
 def _over_shard(
@@ -296,7 +412,7 @@ def _over_shard(
     rows: int,
     need_h: bool,
     teacher: torch.Tensor | None,
-    mix: tuple[float, float],
+    mix: Mix,
 ) -> tuple[HeadOut, tuple[Any, Any, Any]]:
     """`_chunked` over a vocabulary slice: every rank's rows (gathered unless the ranks hold the
     same), then this rank's rows of each result, and of the gradient summed over the slices."""
@@ -321,10 +437,21 @@ def _over_shard(
     def own(x: torch.Tensor | None) -> Any:
         return None if x is None else shard.own_rows(x, m, n)
 
-    ce, kl = own(out.ce), own(out.kl)
-    per_slot = mix[0] * ce if kl is None else mix[0] * ce + mix[1] * kl
+    ce, kl, others = own(out.ce), own(out.kl), own(out.others)
+    per_slot = mix.ce * ce if kl is None else mix.ce * ce + mix.kl * kl
+    if others is not None:
+        per_slot = per_slot + others
     total = (weights.float() * per_slot).sum()
-    mine = HeadOut(total, ce, own(out.pred), kl, own(out.accept), own(out.target_pred), own(out.draft_prob))
+    mine = HeadOut(
+        total,
+        ce,
+        own(out.pred),
+        kl,
+        own(out.accept),
+        own(out.target_pred),
+        own(out.draft_prob),
+        others=others,
+    )
     return mine, (None if grad_h is None else shard.sum_rows(grad_h, m, n), None, None)
 
 

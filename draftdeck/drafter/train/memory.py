@@ -118,7 +118,7 @@ def check_memory(
         backend=backend,
         gradient_checkpointing=params.gradient_checkpointing,
         element_size=element_size(device),
-        kl=params.mix[1] > 0,
+        kl=params.mix.needs_teacher,
         state_shards=state_shards,
         optimizer=params.optimizer,
     )

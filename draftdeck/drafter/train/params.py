@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from draftdeck.drafter.kinds import NAMES, DrafterName, Options, get_kind
+from draftdeck.drafter.train.losses import DEFAULT_LK_ETA, Mix, parse_mix
 from draftdeck.jobs.params import JobParams, inputs_field
 from draftdeck.units import parse_size
 
@@ -36,14 +37,20 @@ class TrainRun(JobParams):
     )
     # ce+kl: measured best on the target's own sampled answers without losing on its greedy ones
     # (benchmarks/truth.py --losses, README); kl alone loses greedy tau on the target's greedy answers
-    loss: Literal["ce", "kl", "ce+kl"] = Field(
+    loss: str = Field(
         "ce+kl",
-        description="What each drafted slot learns: ce = the data's next token (cross-entropy); kl = the"
-        " target's distribution of the next token there (forward KL, exact, one more head matmul per"
-        " slot); ce+kl = both, weighted by ce_weight and kl_weight",
+        description="What each drafted slot learns, a term or a weighted sum (ce+kl, 0.5*ce+tv): ce ="
+        " the data's next token (cross-entropy); kl = the target's distribution there (forward KL,"
+        " exact, one more head matmul per slot); rkl = reverse KL; jsd = Jensen-Shannon; tv = 1 - sum"
+        " min(p, q) (one minus the acceptance rate); nla = -log sum min(p, q) (the LK loss); lk_hybrid"
+        " = lambda KL + (1 - lambda) TV, lambda = exp(-lk_eta sum min(p, q)). A bare ce or kl weighs"
+        " ce_weight or kl_weight",
     )
-    ce_weight: float = Field(1.0, gt=0, le=100, description="Weight of the cross-entropy part (ce, ce+kl)")
-    kl_weight: float = Field(1.0, gt=0, le=100, description="Weight of the KL part (kl, ce+kl)")
+    ce_weight: float = Field(1.0, gt=0, le=100, description="Weight of a bare ce term (ce, ce+kl)")
+    kl_weight: float = Field(1.0, gt=0, le=100, description="Weight of a bare kl term (kl, ce+kl)")
+    lk_eta: float = Field(
+        DEFAULT_LK_ETA, gt=0, le=100, description="eta of lk_hybrid: lambda = exp(-eta sum min(p, q))"
+    )
     attention: Literal["auto", "flex", "blocked", "dense"] = Field(
         "auto",
         description="Training attention over the blocks: auto = flex (compiled) on a GPU, blocked"
@@ -137,6 +144,11 @@ class TrainRun(JobParams):
         " stops before step 1)",
     )
 
+    @field_validator("loss")
+    @classmethod
+    def _loss_terms(cls, value: str) -> str:
+        return check_loss(value)
+
 
 class TrainParams(Options, TrainRun):
     """What a `train` run needs: the fields every run has, then every drafter kind's options
@@ -160,12 +172,9 @@ class TrainParams(Options, TrainRun):
     resumes_in_out: ClassVar[bool] = True
 
     @property
-    def mix(self) -> tuple[float, float]:
-        """(ce_weight, kl_weight) of each slot's loss, as the objective takes it."""
-        return (
-            self.ce_weight if self.loss != "kl" else 0.0,
-            self.kl_weight if self.loss != "ce" else 0.0,
-        )
+    def mix(self) -> Mix:
+        """Each slot's loss, its terms and weights, as the objective takes it."""
+        return parse_mix(self.loss, ce_weight=self.ce_weight, kl_weight=self.kl_weight, lk_eta=self.lk_eta)
 
     @model_validator(mode="after")
     def _check(self) -> TrainParams:
@@ -187,6 +196,12 @@ class TrainParams(Options, TrainRun):
                 kinds = " or ".join(n for n in NAMES if group in get_kind(n).options)
                 raise ValueError(f"{', '.join(given)}: {what} (give drafter {kinds})")
         return self
+
+
+def check_loss(value: str) -> str:
+    """`value` if it names a mix of loss terms (`losses.parse_mix`), else the ValueError naming them."""
+    parse_mix(value)
+    return value
 
 
 def _train_field(name: str) -> Any:
@@ -216,11 +231,16 @@ class PlanParams(JobParams):
     anchors_per_seq: int = _train_field("anchors_per_seq")
     anchors_per_forward: int = _train_field("anchors_per_forward")
     gradient_checkpointing: bool = _train_field("gradient_checkpointing")
-    loss: Literal["ce", "kl", "ce+kl"] = _train_field("loss")
+    loss: str = _train_field("loss")
     target_layer_ids: list[int] | None = _train_field("target_layer_ids")
     optimizer: Literal["adamw", "muon"] = _train_field("optimizer")
 
     input_paths: ClassVar[tuple[str, ...]] = ("target",)
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_terms(cls, value: str) -> str:
+        return check_loss(value)
 
     @field_validator("device_memory")
     @classmethod

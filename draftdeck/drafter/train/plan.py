@@ -51,6 +51,7 @@ import torch
 from draftdeck.causal_lm import causal_lm_config
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.train.device import capacity_bytes
+from draftdeck.drafter.train.losses import parse_mix
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
 from draftdeck.drafter.train.optimizers import OptimizerName, state_bytes
 from draftdeck.drafter.train.params import PlanParams, TrainParams
@@ -381,7 +382,7 @@ def shape_of(
         layers=params.layers, block_size=params.block_size, seq_length=seq_length,
         batch_size=params.batch_size, eval_batch_size=eval_batch,
         anchors_per_seq=params.anchors_per_seq, anchors_per_forward=params.anchors_per_forward,
-        gradient_checkpointing=params.gradient_checkpointing, kl=params.loss != "ce",
+        gradient_checkpointing=params.gradient_checkpointing, kl=parse_mix(params.loss).needs_teacher,
         element_size=element_size, world=world,
         target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
         drafter=params.drafter, ttt_steps=params.ttt_steps,

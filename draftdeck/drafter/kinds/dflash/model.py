@@ -39,6 +39,7 @@ from draftdeck.drafter.model.attention import BlockLayout
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.head import HeadOut, head_argmax, head_loss
 from draftdeck.drafter.model.layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
+from draftdeck.drafter.train.losses import CE_ONLY, Mix
 
 
 class Attention(nn.Module):
@@ -268,7 +269,7 @@ class DFlashDrafter(nn.Module):
         weights: torch.Tensor,
         *,
         teacher: torch.Tensor | None = None,
-        mix: tuple[float, float] = (1.0, 0.0),
+        mix: Mix | tuple[float, float] = CE_ONLY,
         chunked: bool = True,
     ) -> HeadOut:
         """Each counted slot's loss and draft from its final hidden state (N, H) through the target's

@@ -51,7 +51,7 @@ from draftdeck.drafter.model.attention import Backend, BlockLayout
 from draftdeck.drafter.model.head import head_loss
 from draftdeck.drafter.model.vocab_parallel import embed_rows
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.losses import CE_ONLY, Mix, leading_runs
+from draftdeck.drafter.train.losses import CE_ONLY, Mix, as_mix, describe_terms, leading_runs, term_words
 
 
 def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -220,14 +220,15 @@ class BlockResult:
     predictions: torch.Tensor
 
 
-def loss_formula(mix: Mix) -> str:
+def loss_formula(mix: Mix | tuple[float, float]) -> str:
     """The objective in words, as run.json records it."""
-    parts = [
-        ("" if w == 1 else f"{w:g} ") + term
-        for w, term in zip(mix, ("CE_k", "KL(p_target || q_draft)_k"), strict=True)
-        if w
-    ]
-    per_slot = " + ".join(parts)
+    mix = as_mix(mix)
+    words = {
+        "ce": "CE_k",
+        "kl": "KL(p_target || q_draft)_k",
+        **{n: f"{w}_k" for n, w in term_words(mix).items()},
+    }
+    per_slot = describe_terms(mix, words)
     return f"dflash: sum_k w_k ({per_slot}) / sum_k w_k, w_k = exp(-(k-1)/gamma), slot 0 excluded"
 
 
@@ -282,7 +283,10 @@ def block_loss(
     correct = torch.zeros_like(sel)
     correct[sel] = pred_sel == labels
     runs = leading_runs(correct, batch.valid)
-    per_slot = out.ce if out.kl is None else mix[0] * out.ce + mix[1] * out.kl
+    mix = as_mix(mix)
+    per_slot = out.ce if out.kl is None else mix.ce * out.ce + mix.kl * out.kl
+    if out.others is not None:  # the mix's terms beyond ce and kl
+        per_slot = per_slot + out.others
     if out.extra is not None:  # the drafter's own heads' loss per slot
         per_slot = per_slot + out.extra
     counts = counts_of(batch, correct, per_slot, w)

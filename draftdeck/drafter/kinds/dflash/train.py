@@ -112,7 +112,7 @@ class DFlashKind:
         self, model: nn.Module, target: Target, m: MicroBatch, normalizer: float, attention: Backend
     ) -> Counts:
         mix, teacher = self.p.mix, None
-        if mix[1] or self.teacher_always:  # the target's final hidden states: the same one forward
+        if mix.needs_teacher or self.teacher_always:  # the target's final hidden states: one forward
             tf = target.teacher_forced(m.ids, m.att, self.layer_ids)
             context, teacher = tf.context, tf.last_hidden
         else:

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from draftdeck.drafter.kinds.dflash.model import DecoderLayer, DFlashDrafter
 from draftdeck.drafter.model.config import DrafterConfig, DrafterConfigError
 from draftdeck.drafter.model.head import HeadOut, head_loss, head_topk
+from draftdeck.drafter.train.losses import CE_ONLY, Mix
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class DFlash2Drafter(DFlashDrafter):
         weights: torch.Tensor,
         *,
         teacher: torch.Tensor | None = None,
-        mix: tuple[float, float] = (1.0, 0.0),
+        mix: Mix | tuple[float, float] = CE_ONLY,
         chunked: bool = True,
     ) -> HeadOut:
         """The unary loss through the target's head (DFlash's), plus the selector's cross-entropy over

@@ -27,6 +27,7 @@ from torch.nn import functional as F
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.model.config import DrafterConfig, DrafterConfigError
 from draftdeck.drafter.model.head import HeadOut, head_loss
+from draftdeck.drafter.train.losses import CE_ONLY, Mix
 
 MARKOV_HEADS = ("vanilla", "gated", "rnn")
 
@@ -147,7 +148,7 @@ class DSparkDrafter(DFlashDrafter):
         weights: torch.Tensor,
         *,
         teacher: torch.Tensor | None = None,
-        mix: tuple[float, float] = (1.0, 0.0),
+        mix: Mix | tuple[float, float] = CE_ONLY,
         chunked: bool = True,
     ) -> HeadOut:
         """The target head's logits plus the Markov bias, then the confidence head's BCE against each

@@ -10,8 +10,10 @@ against:
   head on its final hidden state there) restricted to the draft vocabulary and renormalised: EAGLE's
   and SpecForge's soft labels, speculators' KL;
 
-mixed by (ce_weight, kl_weight), weighted w_k = decay^k (0.8 in EAGLE and SpecForge) and divided by
-the given normaliser (the global sum of w over counted positions, as DFlash's objective).
+and the mix's other terms (`draftdeck.drafter.train.losses`: rkl, jsd, tv, nla, lk_hybrid, against
+the same p, in torch ops over the draft vocabulary), mixed by their weights, weighted w_k = decay^k
+(0.8 in EAGLE and SpecForge) and divided by the given normaliser (the global sum of w over counted
+positions, as DFlash's objective).
 
 Counts use DFlash's slots so that every chart, alert and walk reads them alike: step k is slot
 k + 1 of a `Counts(steps + 1)`; the anchor runs are the leading correct steps from t (what a chain
@@ -32,7 +34,7 @@ from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter, ahead, ttt_label
 from draftdeck.drafter.model.head import LOGITS_CHUNK_BYTES, rows_per_chunk
 from draftdeck.drafter.model.vocab_parallel import ShardedHead
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.losses import Mix, leading_runs
+from draftdeck.drafter.train.losses import CE_ONLY, Mix, as_mix, leading_runs, term_value
 
 DEFAULT_DECAY = 0.8
 
@@ -99,15 +101,16 @@ def ttt_loss(
     steps: int,
     *,
     teacher: TargetDraftView | None = None,
-    mix: Mix = (1.0, 0.0),
+    mix: Mix | tuple[float, float] = CE_ONLY,
     decay: float = DEFAULT_DECAY,
     normalizer: float | None = None,
 ) -> TTTResult:
     """The objective over one batch (module doc): `aux` the tapped target states, `embeds` the
     target's embedding of `input_ids`, `teacher` the target's view (needed by a KL part and by the
     expected acceptances)."""
-    ce_w, kl_w = mix
-    if kl_w and teacher is None:
+    mix = as_mix(mix)
+    ce_w, kl_w = mix.ce, mix.kl
+    if mix.needs_teacher and teacher is None:
         raise ValueError("a KL loss needs the target's view (teacher)")
     hidden = drafter.ttt(aux, embeds, steps, attention_mask)
     labels, counted = ttt_labels(input_ids, loss_mask, steps)
@@ -132,6 +135,8 @@ def ttt_loss(
             logp, p = ahead(teacher.logp, k + 1), ahead(teacher.p, k + 1)
             if kl_w:
                 per = per + kl_w * (logp.exp() * (logp - logq)).sum(-1)
+            for name, weight in mix.others:
+                per = per + weight * term_value(name, logp, logq, mix.lk_eta)
             with torch.no_grad():
                 q = logq.exp()
                 c.accept_sum[k + 1] = float(torch.minimum(p, q).sum(-1)[sel].sum())

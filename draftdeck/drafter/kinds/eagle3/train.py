@@ -20,6 +20,7 @@ from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import TrainData, collate
 from draftdeck.drafter.train.drafters import DRAFTER_JSON, MicroBatch, config_json
+from draftdeck.drafter.train.losses import term_words
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.ranks import Ranks
@@ -84,10 +85,12 @@ class Eagle3Kind:
         )
 
     def loss_formula(self) -> str:
-        ce, kl = self.p.mix
+        mix = self.p.mix
+        ce, kl = mix.ce, mix.kl
         parts = [
             f"{ce:g} x CE(data's draft id)" if ce else "",
             f"{kl:g} x KL(target || drafter)" if kl else "",
+            *(f"{w:g} x {term_words(mix)[n]}" for n, w in mix.others),
         ]
         body = " + ".join(p for p in parts if p)
         return (

@@ -1,7 +1,8 @@
 """The target's embedding and head split by vocabulary over 2 gloo ranks give what the whole ones
 give: the loss and its parts, the gradient with respect to the hidden states, the argmax (the lowest
 id on a tie), the embedding rows and the model's own logits; whether the ranks hold different rows
-(gathered, each its own back) or the same ones (`same_rows`), a rank with no rows included."""
+(gathered, each its own back) or the same ones (`same_rows`), a rank with no rows included; with the
+mix's distribution losses (rkl, jsd, tv, nla, lk_hybrid) too, their row sums over the slices."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ from draftdeck.drafter.model.vocab_parallel import (
     embed_rows,
     shard_vocab,
 )
+from draftdeck.drafter.train.losses import Mix, parse_mix
 
 VOCAB, HIDDEN = 37, 16  # 19 ids on rank 0, 18 on rank 1
 MIX = (0.5, 2.0)
+EVERY_TERM = parse_mix("0.5*ce+kl+rkl+jsd+tv+nla+lk_hybrid")
 
 
 def _rows(n: int, seed: int) -> tuple[torch.Tensor, ...]:
@@ -35,21 +38,24 @@ def _rows(n: int, seed: int) -> tuple[torch.Tensor, ...]:
     return hidden, teacher, labels, weights
 
 
-def _loss(head: nn.Module, rows: tuple[torch.Tensor, ...]) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _loss(
+    head: nn.Module, rows: tuple[torch.Tensor, ...], mix: Mix | tuple[float, float] = MIX
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     hidden, teacher, labels, weights = rows
     h = hidden.clone().requires_grad_()
     # 3 rows a chunk (of the slice's 19 columns): several chunks, and a rank may have more than another
-    out = head_loss(head, h, labels, weights, teacher=teacher, mix=MIX, chunk_bytes=4 * 19 * 3 * 3)
+    alive = 8 if isinstance(mix, Mix) and mix.others else 3
+    out = head_loss(head, h, labels, weights, teacher=teacher, mix=mix, chunk_bytes=4 * 19 * 3 * alive)
     out.total.backward()
     assert h.grad is not None
-    parts = [out.total, out.ce, out.pred, out.kl, out.accept, out.target_pred, out.draft_prob]
+    parts = [out.total, out.ce, out.pred, out.kl, out.accept, out.target_pred, out.draft_prob, out.others]
     return [p.detach() for p in parts if p is not None], h.grad
 
 
 def _same(
     got: tuple[list[torch.Tensor], torch.Tensor], want: tuple[list[torch.Tensor], torch.Tensor]
 ) -> None:
-    assert len(got[0]) == len(want[0]) == 7
+    assert len(got[0]) == len(want[0]) in (7, 8)
     for a, b in zip(got[0], want[0], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
@@ -68,6 +74,7 @@ def _rank(rank: int, world: int, store: str) -> None:
     for counts in ((5, 8), (0, 4)):
         mine = _rows(counts[rank], seed=10 + rank)
         _same(_loss(s_head, mine), _loss(head, mine))
+        _same(_loss(s_head, mine, EVERY_TERM), _loss(head, mine, EVERY_TERM))
         assert torch.equal(head_argmax(s_head, mine[0]), head(mine[0]).argmax(-1))
         torch.testing.assert_close(s_head(mine[0]), head(mine[0]))
         # EAGLE-3's view of the target over a draft vocabulary: 3 rows a chunk, so the ranks need
