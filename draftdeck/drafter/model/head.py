@@ -379,7 +379,9 @@ def _other_terms(
             v = lam * kl + (1.0 - lam) * (1.0 - alpha)
             if grad is not None:
                 assert tv_grad is not None
-                grad.add_(((q - p).mul_(lam[:, None]) + tv_grad * (1.0 - lam)[:, None]).mul_(w))
+                # one temporary at a time: the chunk's count of (rows, V) tensors (`_alive`) holds
+                grad.add_((q - p).mul_(lam[:, None]), alpha=w)
+                grad.add_(tv_grad * ((1.0 - lam) * w)[:, None])
         else:
             raise ValueError(f"{name!r} is not a loss term the head computes")
         value += w * v
