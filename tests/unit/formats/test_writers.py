@@ -53,6 +53,16 @@ json_args = st.dictionaries(
     st.none() | st.booleans() | st.integers(-1000, 1000) | st.text(max_size=10),
     max_size=3,
 )
+
+
+def _is_json(text: str) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
+
+
 tool_calls = st.builds(
     ToolCall,
     name=st.text(min_size=1, max_size=8),
@@ -63,7 +73,8 @@ tool_calls = st.builds(
     ToolCall,
     name=st.text(min_size=1, max_size=8),
     arguments=st.none(),
-    raw_arguments=st.text(max_size=10).map(lambda t: "{" + t),
+    # raw text is what a reader keeps when the source's arguments are NOT valid JSON ("{}" is parsed)
+    raw_arguments=st.text(max_size=10).map(lambda t: "{" + t).filter(lambda t: not _is_json(t)),
     id=st.none(),
 )
 texts = st.text(max_size=40).filter(lambda t: "<think>" not in t)
