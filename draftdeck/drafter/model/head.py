@@ -33,8 +33,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from draftdeck.drafter.model.loss_terms import Mix, as_mix, term_value
 from draftdeck.drafter.model.vocab_parallel import ShardedHead, WholeVocab
-from draftdeck.drafter.train.losses import Mix, as_mix, term_value
 
 LOGITS_CHUNK_BYTES = 64 * 2**20  # 64 MiB of float32 logits: 256 slots of a 64K vocabulary
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from draftdeck.drafter.kinds import NAMES, DrafterName, Options, get_kind
-from draftdeck.drafter.train.losses import DEFAULT_LK_ETA, Mix, parse_mix
+from draftdeck.drafter.model.loss_terms import DEFAULT_LK_ETA, Mix, parse_mix
 from draftdeck.jobs.params import JobParams, inputs_field
 from draftdeck.units import parse_size
 

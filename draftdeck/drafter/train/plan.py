@@ -50,8 +50,8 @@ import torch
 
 from draftdeck.causal_lm import causal_lm_config
 from draftdeck.drafter.kinds import get_kind
+from draftdeck.drafter.model.loss_terms import parse_mix
 from draftdeck.drafter.train.device import capacity_bytes
-from draftdeck.drafter.train.losses import parse_mix
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
 from draftdeck.drafter.train.optimizers import OptimizerName, state_bytes
 from draftdeck.drafter.train.params import PlanParams, TrainParams

@@ -39,7 +39,7 @@ from draftdeck.drafter.model.attention import BlockLayout
 from draftdeck.drafter.model.config import DrafterConfig
 from draftdeck.drafter.model.head import HeadOut, head_argmax, head_loss
 from draftdeck.drafter.model.layers import MLP, RMSNorm, RotaryEmbedding, apply_rope
-from draftdeck.drafter.train.losses import CE_ONLY, Mix
+from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix
 
 
 class Attention(nn.Module):

@@ -49,9 +49,10 @@ from draftdeck.drafter.kinds.dflash.position_weights import (
 )
 from draftdeck.drafter.model.attention import Backend, BlockLayout
 from draftdeck.drafter.model.head import head_loss
+from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix, as_mix, describe_terms, term_words
 from draftdeck.drafter.model.vocab_parallel import embed_rows
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.losses import CE_ONLY, Mix, as_mix, describe_terms, leading_runs, term_words
+from draftdeck.drafter.train.losses import leading_runs
 
 
 def eligible_anchors(loss_mask: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from torch import nn
 
 from draftdeck.drafter.kinds.dflash.options import DEFAULT_DPACE_ALPHA, DEFAULT_EXP_DECAY
 from draftdeck.drafter.model.head import head_loss
-from draftdeck.drafter.train.losses import CE_ONLY
+from draftdeck.drafter.model.loss_terms import CE_ONLY
 
 if TYPE_CHECKING:
     from draftdeck.drafter.kinds.dflash.objective import BlockBatch

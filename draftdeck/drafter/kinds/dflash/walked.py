@@ -45,9 +45,9 @@ from draftdeck.drafter.kinds.dflash.objective import (
     sample_anchors_per_row,
 )
 from draftdeck.drafter.model.attention import Backend
+from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix
 from draftdeck.drafter.model.target import Target, TargetPass
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.losses import CE_ONLY, Mix
 from draftdeck.drafter.train.truth import Batch
 from draftdeck.drafter.train.walked import drafted_runs, row_generators, tally, walk_steps
 

@@ -27,7 +27,7 @@ from torch.nn import functional as F
 from draftdeck.drafter.kinds.dflash.model import DecoderLayer, DFlashDrafter
 from draftdeck.drafter.model.config import DrafterConfig, DrafterConfigError
 from draftdeck.drafter.model.head import HeadOut, head_loss, head_topk
-from draftdeck.drafter.train.losses import CE_ONLY, Mix
+from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,10 @@ from torch.nn import functional as F
 
 from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter, ahead, ttt_labels
 from draftdeck.drafter.model.head import LOGITS_CHUNK_BYTES, rows_per_chunk
+from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix, as_mix, term_value
 from draftdeck.drafter.model.vocab_parallel import ShardedHead
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.losses import CE_ONLY, Mix, as_mix, leading_runs, term_value
+from draftdeck.drafter.train.losses import leading_runs
 
 DEFAULT_DECAY = 0.8
 

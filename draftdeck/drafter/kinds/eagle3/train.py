@@ -16,11 +16,11 @@ from draftdeck.drafter.kinds.eagle3.objective import target_draft_view, ttt_loss
 from draftdeck.drafter.kinds.eagle3.options import DEFAULT_DRAFT_VOCAB
 from draftdeck.drafter.kinds.eagle3.walked import eagle3_heldout_pass
 from draftdeck.drafter.model.attention import Backend
+from draftdeck.drafter.model.loss_terms import term_words
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import TrainData, collate
 from draftdeck.drafter.train.drafters import DRAFTER_JSON, MicroBatch, config_json
-from draftdeck.drafter.train.losses import term_words
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.ranks import Ranks

@@ -21,9 +21,9 @@ import torch
 
 from draftdeck.drafter.kinds.eagle3.model import Eagle3Drafter
 from draftdeck.drafter.kinds.eagle3.objective import DEFAULT_DECAY, target_draft_view, ttt_loss
+from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.losses import CE_ONLY, Mix
 from draftdeck.drafter.train.truth import Batch
 from draftdeck.drafter.train.walked import known_runs, tally, walk_steps
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from draftdeck.drafter.model.head import head_loss
-from draftdeck.drafter.train.losses import Mix, parse_mix
+from draftdeck.drafter.model.loss_terms import Mix, parse_mix
 from draftdeck.drafter.train.params import TrainParams
 
 torch.set_num_threads(1)

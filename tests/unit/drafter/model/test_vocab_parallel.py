@@ -15,6 +15,7 @@ from torch import nn
 
 from draftdeck.drafter.kinds.eagle3.objective import target_draft_view
 from draftdeck.drafter.model.head import head_argmax, head_loss
+from draftdeck.drafter.model.loss_terms import Mix, parse_mix
 from draftdeck.drafter.model.vocab_parallel import (
     ShardedEmbedding,
     ShardedHead,
@@ -22,7 +23,6 @@ from draftdeck.drafter.model.vocab_parallel import (
     embed_rows,
     shard_vocab,
 )
-from draftdeck.drafter.train.losses import Mix, parse_mix
 
 VOCAB, HIDDEN = 37, 16  # 19 ids on rank 0, 18 on rank 1
 MIX = (0.5, 2.0)
