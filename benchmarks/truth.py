@@ -3,6 +3,7 @@
 when the data is the target's own greedy answers, its own sampled answers, or another model's?
 
     python benchmarks/truth.py [--quick] [--workdir DIR] [--losses ce,kl,ce+kl] [--cases own,own-text]
+        [--position-weights dflash,dpace] [--optimizers adamw,muon]
 
 Steps, as a user runs them: build the demo world (target A, seed 0) and a second one (target B, seed
 1, as `build_tiny_demo(seed=1)`); answer A's demo prompts with `regenerate --local` three ways (A
@@ -16,7 +17,9 @@ training figure's gap to real, and the alerts raised before step 1, while traini
 With `--losses`, the loss is a dimension (issue 34): on A's greedy answers, its T 0.7 samples and B's
 answers, each loss trains the same steps; the table gives each run's held-out tau both ways, real
 greedy tau and real sampled tau (the target sampling at temperature 1, the drafter drafting its
-argmax), and the held-out expected acceptance of slot 1 at T = 1.
+argmax), and the held-out expected acceptance of slot 1 at T = 1. `--position-weights` and
+`--optimizers` (issue 54) add each slot's weighting and the optimizer as dimensions of the same grid:
+every loss x position weights x optimizer trains the same steps from the same seed.
 """
 
 from __future__ import annotations
@@ -117,21 +120,22 @@ def prepare(root: Path, slug: str, answerer: Path, temperature: float, world_a: 
 
 
 def train_case(
-    root: Path, slug: str, dataset: Path, world_a: Path, size: dict, loss: str | None = None
+    root: Path, slug: str, dataset: Path, world_a: Path, size: dict, loss: str | None = None, **options: str
 ) -> tuple:
-    """Train on `dataset` exactly as `draftdeck demo` trains (with `loss`, else the default): (run folder,
-    context)."""
+    """Train on `dataset` exactly as `draftdeck demo` trains (with `loss`, else the default, and the
+    `options` given, e.g. position_weights, optimizer): (run folder, context)."""
     loss = loss or TrainParams.model_fields["loss"].default
-    run = root / f"run-{slug}-{loss}"
+    name = "-".join([slug, loss.replace("*", "x"), *options.values()])
+    run = root / f"run-{name}"
     # trained afresh: a run left in a kept workdir would resume at its last step and chart nothing new
     shutil.rmtree(run, ignore_errors=True)
-    train_ctx = LocalContext(root / "ctx" / f"train-{slug}-{loss}")
+    train_ctx = LocalContext(root / "ctx" / f"train-{name}")
     steps = size["train_steps"]
     run_train(TrainParams(
         inputs=[str(dataset)], target=str(world_a / "target"), out=str(run), block_size=8, layers=1,
         anchors_per_seq=8, batch_size=32, lr=3e-3, warmup_ratio=0.05, max_steps=steps, device="cpu", seed=0,
         heldout_fraction=0.1, checkpoint_every=max(10, steps // 4), eval_every=max(10, steps // 4),
-        log_every=5, loss=loss,  # type: ignore[arg-type]
+        log_every=5, loss=loss, **options,  # type: ignore[arg-type]
     ), train_ctx)  # fmt: skip
     return run, train_ctx
 
@@ -182,8 +186,12 @@ def run_case(
 LOSS_CASES = ["own", "own-text", "own-t07", "other"]
 
 
-def loss_row(root: Path, slug: str, name: str, dataset: Path, world_a: Path, size: dict, loss: str) -> dict:
-    run, train_ctx = train_case(root, slug, dataset, world_a, size, loss)
+def loss_row(
+    root: Path, slug: str, name: str, dataset: Path, world_a: Path, size: dict, loss: str, **options: str
+) -> dict:
+    started = time.monotonic()
+    run, train_ctx = train_case(root, slug, dataset, world_a, size, loss, **options)
+    train_s = time.monotonic() - started
     greedy, _ = eval_case(root, slug, dataset, run, world_a, size)
     sampled, _ = eval_case(root, slug, dataset, run, world_a, size, mode="sampled", temperature=1.0, seed=0)
     last = dict(train_ctx.series("heldout/pos/1/accept_total"))
@@ -191,6 +199,9 @@ def loss_row(root: Path, slug: str, name: str, dataset: Path, world_a: Path, siz
     return {
         "case": name,
         "loss": loss,
+        "weights": options.get("position_weights", "dflash"),
+        "optimizer": options.get("optimizer", "adamw"),
+        "train_s": train_s,
         "data": greedy["training"]["data_judged_tau_incl_bonus"],
         "target": greedy["training"]["target_judged_tau_incl_bonus"],
         "real": greedy["methods"]["drafter"]["tau_incl_bonus_pooled"],
@@ -200,24 +211,32 @@ def loss_row(root: Path, slug: str, name: str, dataset: Path, world_a: Path, siz
     }
 
 
-def loss_table(root: Path, worlds: dict, size: dict, losses: list[str], cases: list[str]) -> None:
+def loss_table(
+    root: Path, worlds: dict, size: dict, losses: list[str], cases: list[str], grid: list[dict[str, str]]
+) -> None:
     started = time.monotonic()
     rows = []
     for slug, name, w, t in (c for c in CASES if c[0] in cases):
         dataset = prepare(root, slug, worlds[w].target_dir, t, root / "A", size)
-        rows += [loss_row(root, slug, name, dataset, root / "A", size, loss) for loss in losses]
+        for options in grid:
+            for loss in losses:
+                rows.append(loss_row(root, slug, name, dataset, root / "A", size, loss, **options))
     took = time.monotonic() - started
     print(
         f"\nThe loss as a dimension, tiny demo world, {size['train_steps']} steps each,"
         f" {size['eval_prompts']} eval prompts, block 8, every tau incl. bonus ({took:.0f} s)\n"
     )
-    head = ("data the drafter trained on", "loss", "data-judged", "target-judged", "real greedy",
-            "real sampled T=1", "slot 1: p(draft) T=1", "slot 1: Σmin(p,q)")  # fmt: skip
+    head = ("data the drafter trained on", "loss", "position weights", "optimizer", "train s", "data-judged",
+            "target-judged", "real greedy", "real sampled T=1", "slot 1: p(draft) T=1", "slot 1: Σmin(p,q)",
+            "greedy vs first row", "sampled vs first row")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
+    base = rows[0]
     for r in rows:
-        print(f"| {r['case']} | {r['loss']} | {r['data']:.3f} | {r['target']:.3f} | {r['real']:.3f}"
-              f" | {r['sampled']:.3f} | {r['draft_prob']:.3f} | {r['expected']:.3f} |")  # fmt: skip
+        print(f"| {r['case']} | {r['loss']} | {r['weights']} | {r['optimizer']} | {r['train_s']:.0f}"
+              f" | {r['data']:.3f} | {r['target']:.3f} | {r['real']:.3f} | {r['sampled']:.3f}"
+              f" | {r['draft_prob']:.3f} | {r['expected']:.3f} | {r['real'] / base['real']:.3f}x"
+              f" | {r['sampled'] / base['sampled']:.3f}x |")  # fmt: skip
     print(
         "\nreal greedy / real sampled: the eval's tau over every eval prompt (pooled), the target greedy or"
         " sampling at T = 1 with the drafter drafting its argmax. slot 1: the held-out expected acceptance"
@@ -232,6 +251,8 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None, help="keep the worlds and runs here")
     ap.add_argument("--losses", default="", help="e.g. ce,kl,ce+kl: the loss as a dimension (issue 34)")
     ap.add_argument("--cases", default="", help="the cases to run, e.g. own,own-text (default: all)")
+    ap.add_argument("--position-weights", default="", help="with --losses: e.g. dflash,dpace (issue 54)")
+    ap.add_argument("--optimizers", default="", help="with --losses: e.g. adamw,muon (issue 54)")
     args = ap.parse_args()
     cases = args.cases.split(",") if args.cases else None
     unknown = set(cases or ()) - {c[0] for c in CASES}
@@ -250,7 +271,14 @@ def main() -> None:
             for w, seed in (("A", 0), ("B", 1))
         }
         if args.losses:
-            loss_table(root, worlds, size, args.losses.split(","), cases or LOSS_CASES)
+            weights = args.position_weights.split(",") if args.position_weights else [None]
+            optimizers = args.optimizers.split(",") if args.optimizers else [None]
+            grid = [
+                {k: v for k, v in (("position_weights", w), ("optimizer", o)) if v}
+                for w in weights
+                for o in optimizers
+            ]
+            loss_table(root, worlds, size, args.losses.split(","), cases or LOSS_CASES, grid)
             return
         rows = [
             run_case(root, slug, name, worlds[w].target_dir, t, root / "A", size)
