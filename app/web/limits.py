@@ -25,6 +25,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY_BYTES = 1 << 20
+DRAIN_BYTES = 16 << 20  # what of a refused body is read (and dropped) so its client hears the 413
 MAX_ID = 2**31 - 1
 # Query parameters that are chart coordinates, not ids: epoch milliseconds and token counts pass 2^31
 # (a zoom on a run's time or tokens axis); they stay within a 64-bit column.
@@ -135,9 +136,9 @@ class RequestLimits:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
+        declared = headers.get("content-length")
         try:
             check_url(scope)
-            declared = headers.get("content-length")
             if declared is not None:
                 if not declared.isdigit():
                     raise Rejected(400, f"Content-Length {declared[:40]!r} is not a number")
@@ -149,6 +150,8 @@ class RequestLimits:
             body = await self._read(receive)
             check_body(body, headers.get("content-type", ""))
         except Rejected as exc:
+            if exc.status == 413 and declared is not None and declared.isdigit():
+                await self._drain(receive, int(declared))
             await reply(send, exc.status, exc.message)
             return
 
@@ -177,6 +180,22 @@ class RequestLimits:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    async def _drain(self, receive: Receive, declared: int) -> None:
+        """Read and drop a declared body too large to take when it is at most DRAIN_BYTES: a client
+        that writes its whole body before it reads the answer (urllib, the run reporter) would
+        otherwise meet a closed connection mid-write (a reset, not the 413) and could only retry.
+        A larger declared body, or one of undeclared length, is not read: the connection closes."""
+        if declared > DRAIN_BYTES:
+            return
+        drained = 0
+        while drained < declared:
+            message = await receive()
+            if message["type"] != "http.request":
+                return
+            drained += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return
 
     def _too_large(self) -> Rejected:
         return Rejected(413, f"the request body is over {self.max_body:,} bytes")
