@@ -48,7 +48,7 @@ from draftdeck.drafter.kinds.dflash.position_weights import (
     fixed_weights,
 )
 from draftdeck.drafter.model.attention import Backend, BlockLayout
-from draftdeck.drafter.model.head import head_loss
+from draftdeck.drafter.model.head import HeadOut, head_loss
 from draftdeck.drafter.model.loss_terms import CE_ONLY, Mix, as_mix, describe_terms, term_words
 from draftdeck.drafter.model.vocab_parallel import embed_rows
 from draftdeck.drafter.train.counts import Counts
@@ -240,6 +240,45 @@ def teacher_rows(teacher: torch.Tensor, batch: BlockBatch) -> torch.Tensor:
     return teacher[row, batch.anchors[row, anchor] + k - 1]
 
 
+def counted_slot_loss(
+    logits_fn: nn.Module,
+    hidden: torch.Tensor,
+    batch: BlockBatch,
+    w: torch.Tensor,
+    *,
+    teacher: torch.Tensor | None = None,
+    mix: Mix = CE_ONLY,
+    drafter: nn.Module | None = None,
+    chunked: bool = True,
+) -> HeadOut:
+    """The head's output over `batch`'s counted slots weighted `w` (N,): through `drafter`'s own
+    `slot_loss` where it has its own terms (DSpark's Markov bias, DFlash2's selector), else the
+    target's head. `teacher` (N, H) the target's rows before each slot (`teacher_rows`)."""
+    sel = batch.label_valid
+    labels = batch.labels[sel]
+    if drafter is None:
+        return head_loss(logits_fn, hidden[sel], labels, w, teacher=teacher, mix=mix, chunked=chunked)
+    previous = batch.previous()
+    features = drafter.block_features(hidden, previous)  # type: ignore[operator]
+    return drafter.slot_loss(  # type: ignore[operator,no-any-return]
+        logits_fn, hidden[sel], previous[sel], None if features is None else features[sel], labels, w,
+        teacher=teacher, mix=mix, chunked=chunked,
+    )  # fmt: skip
+
+
+def counted_slot_ce(
+    logits_fn: nn.Module, hidden: torch.Tensor, batch: BlockBatch, drafter: nn.Module | None = None,
+    chunked: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """(N,) each counted slot's cross-entropy against its label, without gradients (D-PACE's input):
+    `counted_slot_loss` with zero weights and no teacher, in the head's chunks."""
+    with torch.no_grad():
+        zeros = torch.zeros(int(batch.label_valid.sum()), dtype=torch.float32, device=hidden.device)
+        return counted_slot_loss(
+            logits_fn, hidden.detach(), batch, zeros, drafter=drafter, chunked=chunked
+        ).ce
+
+
 def block_loss(
     logits_fn: nn.Module,
     hidden: torch.Tensor,
@@ -263,17 +302,11 @@ def block_loss(
     passes the global sum over micro-batches and ranks, and sums the gradients over ranks)."""
     sel = batch.label_valid
     labels = batch.labels[sel]
-    w = counted_weights(gamma, logits_fn, hidden, batch, drafter, chunked_head)  # D-PACE: no_grad pass
+    w = counted_weights(gamma, sel, lambda: counted_slot_ce(logits_fn, hidden, batch, drafter, chunked_head))
     rows = teacher_rows(teacher, batch) if teacher is not None else None
-    if drafter is not None:
-        previous = batch.previous()
-        features = drafter.block_features(hidden, previous)  # type: ignore[operator]
-        out = drafter.slot_loss(  # type: ignore[operator]
-            logits_fn, hidden[sel], previous[sel], None if features is None else features[sel], labels, w,
-            teacher=rows, mix=mix, chunked=chunked_head,
-        )  # fmt: skip
-    else:
-        out = head_loss(logits_fn, hidden[sel], labels, w, teacher=rows, mix=mix, chunked=chunked_head)
+    out = counted_slot_loss(
+        logits_fn, hidden, batch, w, teacher=rows, mix=mix, drafter=drafter, chunked=chunked_head
+    )
     pred_sel = out.pred
     wsum = batch_normalizer(gamma, w)  # sum w; D-PACE's: the counted slots
     denom = wsum if normalizer is None else torch.tensor(normalizer, device=hidden.device)

@@ -16,25 +16,21 @@ With k the slot's index in the verify block (slot 0 the anchor, never counted):
   is sum w * loss / N, N the counted slots (speculators' denominator, `loss_mask.sum()`), which
   micro-batches and ranks still share before any forward.
 
-D-PACE's CE comes from a pass through the head without gradients before the loss's own: one more
-(N, V) matmul per counted slot, in the head's chunks (no full-vocabulary logits held).
+D-PACE's CE comes from a pass through the head without gradients before the loss's own
+(`objective.counted_slot_ce`): one more (N, V) matmul per counted slot, in the head's chunks (no
+full-vocabulary logits held).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
-from torch import nn
 
 from draftdeck.drafter.kinds.dflash.options import DEFAULT_DPACE_ALPHA, DEFAULT_EXP_DECAY
-from draftdeck.drafter.model.head import head_loss
-from draftdeck.drafter.model.loss_terms import CE_ONLY
-
-if TYPE_CHECKING:
-    from draftdeck.drafter.kinds.dflash.objective import BlockBatch
 
 Scheme = Literal["dflash", "exp", "dpace"]
 SCHEMES: tuple[Scheme, ...] = ("dflash", "exp", "dpace")
@@ -145,47 +141,15 @@ def dpace_weights(ce: torch.Tensor, counted: torch.Tensor, alpha: float) -> torc
         return suffix * mask
 
 
-def slot_ce(
-    logits_fn: nn.Module,
-    hidden: torch.Tensor,
-    batch: BlockBatch,
-    drafter: nn.Module | None,
-    chunked: bool = True,
-) -> torch.Tensor:
-    """(N,) each counted slot's cross-entropy against its label (`batch.labels[batch.label_valid]`),
-    without gradients, through the drafter's own logits where it has its own terms (DSpark's Markov
-    bias): `slot_loss` with zero weights and no teacher, in the head's chunks."""
-    sel = batch.label_valid
-    labels = batch.labels[sel]
-    with torch.no_grad():
-        h = hidden.detach()
-        zeros = torch.zeros(labels.shape, dtype=torch.float32, device=h.device)
-        if drafter is None:
-            return head_loss(logits_fn, h[sel], labels, zeros, chunked=chunked).ce
-        previous = batch.previous()
-        features = drafter.block_features(h, previous)  # type: ignore[operator]
-        out = drafter.slot_loss(  # type: ignore[operator]
-            logits_fn, h[sel], previous[sel], None if features is None else features[sel], labels, zeros,
-            teacher=None, mix=CE_ONLY, chunked=chunked,
-        )  # fmt: skip
-        return out.ce
-
-
 def counted_weights(
-    weights: float | PositionWeights,
-    logits_fn: nn.Module,
-    hidden: torch.Tensor,
-    batch: BlockBatch,
-    drafter: nn.Module | None = None,
-    chunked: bool = True,
+    weights: float | PositionWeights, counted: torch.Tensor, slot_ce: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
-    """(N,) the weight of each counted slot of `batch` (a `BlockBatch`), in the order of
-    `batch.labels[batch.label_valid]`; `hidden` (bsz, A, slots, H) the drafter's final hidden states,
-    read (without gradients) by D-PACE only."""
+    """(N,) the weight of each counted slot (`counted`, a batch's (..., slots) mask), in the order of
+    `counted.nonzero()`; `slot_ce` gives those slots' cross-entropy without gradients, asked for by
+    D-PACE only (the objective's extra pass through the head)."""
     pw = as_position_weights(weights)
-    sel = batch.label_valid
     if pw.known_before_forward:
-        return fixed_weights(pw, sel.shape[-1], hidden.device).expand_as(sel)[sel]
-    ce = torch.zeros(sel.shape, dtype=torch.float32, device=hidden.device)
-    ce[sel] = slot_ce(logits_fn, hidden, batch, drafter, chunked).float()
-    return dpace_weights(ce, sel, pw.dpace_alpha)[sel]
+        return fixed_weights(pw, counted.shape[-1], counted.device).expand_as(counted)[counted]
+    ce = torch.zeros(counted.shape, dtype=torch.float32, device=counted.device)
+    ce[counted] = slot_ce().float()
+    return dpace_weights(ce, counted, pw.dpace_alpha)[counted]

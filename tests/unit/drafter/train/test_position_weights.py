@@ -14,7 +14,13 @@ from pydantic import ValidationError
 from torch import nn
 from torch.nn import functional as F
 
-from draftdeck.drafter.kinds.dflash.objective import block_loss, build_blocks, label_weight_sum, slot_weights
+from draftdeck.drafter.kinds.dflash.objective import (
+    block_loss,
+    build_blocks,
+    counted_slot_ce,
+    label_weight_sum,
+    slot_weights,
+)
 from draftdeck.drafter.kinds.dflash.position_weights import (
     PositionWeights,
     counted_weights,
@@ -155,7 +161,9 @@ def test_dpace_reads_each_kinds_own_slot_ce_and_its_step_trains_the_drafter(kind
         target.lm_head, hidden[sel], previous[sel], rows, labels, torch.ones(labels.shape)
     )
     expected = dpace_weights(torch.zeros(sel.shape).masked_scatter(sel, own.ce), sel, 0.5)[sel]
-    w = counted_weights(PositionWeights("dpace"), target.lm_head, hidden, bb, drafter)
+    w = counted_weights(
+        PositionWeights("dpace"), sel, lambda: counted_slot_ce(target.lm_head, hidden, bb, drafter)
+    )
     torch.testing.assert_close(w, expected)
     head_only = head_loss(target.lm_head, hidden[sel].detach(), labels, torch.ones(labels.shape)).ce
     assert torch.equal(own.ce, head_only) == (kind == "dflash2")  # DSpark's bias moves its CE
