@@ -276,7 +276,8 @@ def _num(value: float | None, spec: str) -> str:
 
 def plan(params: PlanParams, *, as_json: bool) -> None:
     from draftdeck.drafter.kinds import get_kind
-    from draftdeck.drafter.train.plan import describe, plan_for, to_json
+    from draftdeck.drafter.train.plan import describe, to_json
+    from draftdeck.drafter.train.plan_advice import plan_for
 
     try:
         result = plan_for(params)

@@ -57,7 +57,7 @@ from draftdeck.drafter.train.optimizers import OptimizerName, state_bytes
 from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
-from draftdeck.units import binary_size, parse_size
+from draftdeck.units import binary_size
 
 # Measured: a CUDA context and the caching allocator's slack (H100, PyTorch 2.x) is about 1 GiB; on
 # the CPU a training process's RSS before its first tensor (Python, torch, transformers) is about
@@ -390,22 +390,6 @@ def shape_of(
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
         optimizer=params.optimizer,
     )  # fmt: skip
-
-
-def plan_for(params: PlanParams) -> Plan:
-    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices; when nothing
-    fits, what would (draftdeck.drafter.train.plan_advice)."""
-    from draftdeck.drafter.train.plan_advice import advise
-
-    e, world = (2 if params.dtype == "bf16" else 4), params.devices * params.nodes
-    shape = shape_of(params, seq_length=params.seq_length, element_size=e, world=world)
-    _, config_from = resolve_target(params.target)
-    target = count_target(target_config(params.target))
-    result = plan_counted(target, shape, parse_size(params.device_memory))
-    result.config_from = config_from
-    if not result.fits:
-        result.advice = advise(result, target, devices=params.devices, nodes=params.nodes)
-    return result
 
 
 def ddp_fits(

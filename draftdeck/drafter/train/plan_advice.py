@@ -1,5 +1,6 @@
-"""When no sharding fits (`draftdeck plan`), what would: each lever of the train job alone, at the
-value nearest the one asked that fits, from the same counts (draftdeck.drafter.train.plan):
+"""`draftdeck plan`'s plan (`plan_for`), and when no sharding fits, what would: each lever of the
+train job alone, at the value nearest the one asked that fits, from the same counts
+(draftdeck.drafter.train.plan):
 
 - more devices: the fewest ranks (more on this node up to 8, then whole nodes) with a strategy that
   fits, or, when none up to 4,096 does, what a rank still needs then (an EAGLE-3 drafter's state and
@@ -19,8 +20,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from draftdeck.drafter.kinds import get_kind
-from draftdeck.drafter.train.plan import CountedTarget, Plan, PlannedDrafter, Shape, plan_counted
-from draftdeck.units import binary_size
+from draftdeck.drafter.train.params import PlanParams
+from draftdeck.drafter.train.plan import (
+    CountedTarget,
+    Plan,
+    PlannedDrafter,
+    Shape,
+    count_target,
+    plan_counted,
+    resolve_target,
+    shape_of,
+    target_config,
+)
+from draftdeck.units import binary_size, parse_size
 
 MAX_RANKS = 4096  # PlanParams' bound on devices and nodes alike
 NODE = 8  # devices a node holds, when the plan's one node could take more
@@ -174,3 +186,17 @@ def _more(per_node: int, n: int, fit: tuple[str, int]) -> Advice:
 
 def _peak(fit: tuple[str, int]) -> str:
     return f"{fit[0]}, {binary_size(fit[1])} per rank"
+
+
+def plan_for(params: PlanParams) -> Plan:
+    """`draftdeck plan`'s plan: the target's config, the train job's shape, the devices; when nothing
+    fits, what would (`advise`)."""
+    e, world = (2 if params.dtype == "bf16" else 4), params.devices * params.nodes
+    shape = shape_of(params, seq_length=params.seq_length, element_size=e, world=world)
+    _, config_from = resolve_target(params.target)
+    target = count_target(target_config(params.target))
+    result = plan_counted(target, shape, parse_size(params.device_memory))
+    result.config_from = config_from
+    if not result.fits:
+        result.advice = advise(result, target, devices=params.devices, nodes=params.nodes)
+    return result

@@ -227,7 +227,7 @@ def test_nothing_fits_says_so_and_what_would_each_lever_alone_exactly() -> None:
     """Each advised value fits when planned on its own, and the next one past it does not: the advice
     is the planner's own figure, not a rule of thumb."""
     from draftdeck.drafter.train.params import PlanParams
-    from draftdeck.drafter.train.plan import plan_for
+    from draftdeck.drafter.train.plan_advice import plan_for
 
     base = PlanParams(target="qwen3-8b", layers=8, devices=1, device_memory="40GiB")
     p = plan_for(base)
