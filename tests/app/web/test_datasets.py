@@ -928,6 +928,20 @@ def test_which_rows_kept_the_targets_own_ids_is_counted_and_noted(client: Any, m
     assert 'id="note-ids_from_target"' not in edited and _badges(edited) == ["ids_reencoded"]
 
 
+def _made_by_a_tokenize_job(session: Any, source: Path, made: Path) -> tuple[Any, Any]:
+    """A copy of the dataset `source` at `made`, recorded as made by a succeeded tokenize job:
+    (the job, the dataset record)."""
+    from app.store.dataset_records import add_datasets, found_at
+    from app.store.models import Job
+
+    shutil.copytree(source, made)
+    job = Job(kind="tokenize", params={}, status="succeeded", queue="cpu")
+    session.add(job)
+    session.commit()
+    [ds] = add_datasets(session, [found_at(made.resolve())], job_id=job.id)
+    return job, ds
+
+
 def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
     client: Any, chat: dict[str, Path], migrated: Path
 ) -> None:
@@ -935,17 +949,11 @@ def test_a_dataset_shows_the_open_alerts_of_the_job_that_made_it(
     the dataset's page show the alerts of the job that made it."""
     from sqlmodel import select
 
-    from app.store.dataset_records import add_datasets, found_at
     from app.store.db import session_scope
-    from app.store.models import Alert, Job
+    from app.store.models import Alert
 
-    made = migrated / "datasets" / "made-by-job"
-    shutil.copytree(chat["dataset"], made)
     with session_scope() as s:
-        job = Job(kind="tokenize", params={}, status="succeeded", queue="cpu")
-        s.add(job)
-        s.commit()
-        [ds] = add_datasets(s, [found_at(made.resolve())], job_id=job.id)
+        job, ds = _made_by_a_tokenize_job(s, chat["dataset"], migrated / "datasets" / "made-by-job")
         s.commit()
         own = len(s.exec(select(Alert).where(Alert.dataset == ds.path)).all())  # what the shards raise
         s.add(Alert(job_id=job.id, kind="high_duplicated", message="219 of 1,000 rows are duplicates"))
@@ -963,17 +971,11 @@ def test_alerts_page_links_each_dataset_alert_to_its_dataset(
 ) -> None:
     """/alerts showed a tokenize job's high_truncation with its job's button alone: an alert of a
     dataset (named by it, or raised by the job that made it) links to the dataset's page too."""
-    from app.store.dataset_records import add_datasets, found_at
     from app.store.db import session_scope
-    from app.store.models import Alert, Job
+    from app.store.models import Alert
 
-    made = migrated / "datasets" / "cut-by-job"
-    shutil.copytree(chat["dataset"], made)
     with session_scope() as s:
-        job = Job(kind="tokenize", params={}, status="succeeded", queue="cpu")
-        s.add(job)
-        s.commit()
-        [ds] = add_datasets(s, [found_at(made.resolve())], job_id=job.id)
+        job, ds = _made_by_a_tokenize_job(s, chat["dataset"], migrated / "datasets" / "cut-by-job")
         cut = Alert(job_id=job.id, kind="high_truncation", message=f"job {job.id}: 3 of 10 rows truncated")
         named = Alert(dataset=ds.path, kind="no_trained_tokens", message="1 of 10 rows have no trained token")
         alone = Alert(kind="worker_lost", message="a worker stopped answering")
