@@ -55,8 +55,11 @@ docs: $(STAMP)  ## serve the documentation site (docs/, mkdocs.yml) on http://12
 # Every CPU benchmark; benchmarks/train_gpu.py and serve_gpu.py are the checks for a machine with a GPU.
 BENCHES := $(filter-out benchmarks/_% benchmarks/train_gpu.py benchmarks/serve_gpu.py,$(wildcard benchmarks/*.py))
 
+# Every one runs even when one fails; the target fails naming those that did (a loop's status is its
+# last command's, which hid every failure but the last script's).
 bench: $(STAMP)
-	@for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b; done
+	@failed=""; for b in $(BENCHES); do echo "== $$b"; $(BIN)/python $$b || failed="$$failed $$b"; done; \
+	if [ -n "$$failed" ]; then echo "failed:$$failed" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) var site .pytest_cache .mypy_cache .ruff_cache .coverage
