@@ -200,9 +200,21 @@ def test_generated_mixed_file(tmp_path: Path) -> None:
     assert one.rows_expanded > 0
     assert one.warnings["invalid_tool_arguments"] > 0
     assert two.extra["parallel"]["chunks"] > 20
-    assert one.examples["json_error"][-1].reason.endswith("(the last line is truncated)") or (
-        one.rejected["json_error"] > 5
-    )
+
+
+def test_truncated_last_line_is_named(tmp_path: Path) -> None:
+    """A last line with no newline that fails to parse says it is truncated, read by the parent and by
+    a worker from the last of several chunks alike. Apart from the mixed file: its other JSON errors
+    fill the examples kept per code before its last line is read."""
+    src = tmp_path / "truncated.jsonl"
+    rows = b"".join(orjson.dumps(_chat(f"question {i}", f"answer {i} " * 4)) + b"\n" for i in range(30))
+    src.write_bytes(rows + b'{"messages": [{"role": "user"')
+    one, two = _both(tmp_path, [src], chunk_bytes=512)
+    assert two.extra["parallel"]["chunks"] > 2
+    assert one.rows_out == 30 and one.rejected["json_error"] == 1
+    (example,) = one.examples["json_error"]
+    assert example.line == 31
+    assert example.reason.endswith("(the last line is truncated)"), example.reason
 
 
 def test_generated_mixed_file_other_options(tmp_path: Path) -> None:
