@@ -318,7 +318,10 @@ def main() -> None:
         "--repeat", type=int, default=3, help="rounds per size; the best round of each tool is kept"
     )
     ap.add_argument("--keep", action="store_true", help="keep the outputs under benchmarks/.work/")
+    ap.add_argument("--smoke", action="store_true", help="1 MB, one round: the tests' check")
     args = ap.parse_args()
+    if args.smoke:  # the tests' size (tests/project/test_benchmarks_smoke.py): every tool, one range
+        args.sizes, args.repeat = "1", 1
     WORK.mkdir(exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
@@ -349,17 +352,19 @@ def main() -> None:
             results.append((mb, nbytes, rows, name, wall, cpu, rss, err, ratios[name]))
     print()
     print(
-        f"{'input':>6} {'rows':>7} {'tool':<20} {'seconds':>7} {'MB/s':>6} {'rows/s':>7} {'CPU s':>6}"
-        f" {'peak RSS':>9} {'speedup (best)':>14} {'per round':>18}"
+        f"| {'input':>6} | {'rows':>7} | {'tool':<20} | {'seconds':>7} | {'MB/s':>6} | {'rows/s':>7}"
+        f" | {'CPU s':>6} | {'peak RSS':>9} | {'speedup (best)':>14} | {'per round':>18} |"
     )
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     plain: dict[int, float] = {}
     for mb, nbytes, rows, name, wall, cpu, rss, _, rounds in results:
         if name.startswith("plain"):
             plain[mb] = wall
         shown = " ".join(f"{r:.2f}" for r in rounds)
         print(
-            f"{nbytes / 1e6:>4.0f}MB {rows:>7,} {name:<20} {wall:>7.2f} {nbytes / 1e6 / wall:>6.1f} "
-            f"{rows / wall:>7,.0f} {cpu:>6.2f} {rss:>6} MB {plain[mb] / wall:>13.2f}x {shown:>18}"
+            f"| {nbytes / 1e6:>4.0f}MB | {rows:>7,} | {name:<20} | {wall:>7.2f} | "
+            f"{nbytes / 1e6 / wall:>6.1f} | {rows / wall:>7,.0f} | {cpu:>6.2f} | {rss:>6} MB | "
+            f"{plain[mb] / wall:>13.2f}x | {shown:>18} |"
         )
     print(
         "\nspeedup (best): the plain script's best seconds / the tool's best; per round: the same ratio in"

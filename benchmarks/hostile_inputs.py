@@ -78,6 +78,9 @@ def _convert(path: Path, extra: list[str], out: Path) -> tuple[int, dict, float]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workdir", type=Path, default=None, help="keep the files here")
+    # The full run is the smoke: four converts of about a second each, and the files' sizes are the point
+    # (a smaller item or cell would not cross --max-row-bytes or the reader's buffers).
+    ap.add_argument("--smoke", action="store_true", help="the same run (seconds already): for the tests")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.workdir or Path(tmp)

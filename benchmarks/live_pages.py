@@ -86,7 +86,7 @@ def streamer(port: int, job_id: int, stop: threading.Event, tally: Tally) -> Non
 def watch(kind: str, port: int, pid: int, job_id: int, viewers: int, seconds: float) -> dict[str, float]:
     from sqlmodel import Session
 
-    from app import jobs
+    from app.store import records
     from app.store.db import get_engine
 
     tally, stop = Tally(), threading.Event()
@@ -103,7 +103,7 @@ def watch(kind: str, port: int, pid: int, job_id: int, viewers: int, seconds: fl
             time.sleep(0.7)
             value += 1000 + (1 if kind == "sse" else 0)  # distinct values per run
             written[value] = time.monotonic()
-            jobs.record_progress(session, job_id, value, None, "rows")
+            records.record_progress(session, job_id, value, None, "rows")
     time.sleep(1.2)  # the last update reaches everyone
     stop.set()
     cpu = cpu_seconds(pid) - cpu0
@@ -123,7 +123,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--viewers", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny: checks the script runs, measures nothing",
+    )
     args = parser.parse_args()
+    if args.smoke:  # long enough for a few of the 0.7 s updates to reach each viewer
+        args.viewers, args.seconds = 2, 2.0
     home = Path(tempfile.mkdtemp(prefix="dd-live-bench-"))
     (home / "data").mkdir()
     (home / "data" / "a.jsonl").write_text('{"a": 1}\n')
@@ -147,14 +154,14 @@ def main() -> None:
                 time.sleep(0.1)
         from sqlmodel import Session
 
-        from app import jobs
+        from app.store import records, state
         from app.store.db import get_engine
         from app.store.models import JobStatus
 
         with Session(get_engine()) as session:
-            job = jobs.create_job(session, "scan", {"path": str(home / "data" / "a.jsonl")}, "cpu")
+            job = records.create_job(session, "scan", {"path": str(home / "data" / "a.jsonl")}, "cpu")
             job_id = job.id
-            assert job_id is not None and jobs.transition(session, job_id, JobStatus.RUNNING)
+            assert job_id is not None and state.propose(session, job_id, JobStatus.RUNNING, "bench").accepted
         rows = {
             kind: watch(kind, port, web.pid, job_id, args.viewers, args.seconds)
             for kind in ("polling", "sse")

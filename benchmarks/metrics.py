@@ -87,7 +87,7 @@ def _live(session: Session, steps: int) -> tuple[float, float]:
     return steps / dt, steps * 24 / dt
 
 
-def bench(label: str, url: str, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+def bench(label: str, url: str, sizes: list[int], reps: int, live: int = 300) -> list[dict[str, Any]]:
     upgrade(url)
     engine = make_engine(url)
     rows = []
@@ -111,7 +111,7 @@ def bench(label: str, url: str, sizes: list[int], reps: int) -> list[dict[str, A
             r["level"] = res.level
             r["spike_kept"] = max(v for v in res.hi if v is not None) > 5
             rows.append(r)
-        live_steps, live_points = _live(session, 300)
+        live_steps, live_points = _live(session, live)
         for r in rows:
             r["live"] = (live_steps, live_points)
     engine.dispose()
@@ -125,11 +125,19 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--pg", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--no-pg", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny: checks the script runs, measures nothing",
+    )
     args = parser.parse_args()
+    if args.smoke:  # the large size past 1,000 buckets, so that the query reads a coarser store level
+        args.small, args.large, args.reps = 500, 5_000, 2
+    live = 20 if args.smoke else 300  # steps of live writes
     sizes = [args.small, args.large]
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    rows = bench("SQLite", f"sqlite:///{WORK / 'bench.db'}", sizes, args.reps)
+    rows = bench("SQLite", f"sqlite:///{WORK / 'bench.db'}", sizes, args.reps, live)
     if not args.no_pg:
         try:
             import psycopg
@@ -143,7 +151,7 @@ def main() -> int:
                 conn.execute(f'CREATE DATABASE "{name}"')
             try:
                 base = args.pg.split("://", 1)[1].rsplit("/", 1)[0]
-                rows += bench("PostgreSQL", f"postgresql+psycopg://{base}/{name}", sizes, args.reps)
+                rows += bench("PostgreSQL", f"postgresql+psycopg://{base}/{name}", sizes, args.reps, live)
             finally:
                 with psycopg.connect(args.pg, autocommit=True) as conn:
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -152,15 +160,13 @@ def main() -> int:
         f"Chart query (app.store.metric_query.query, in-process), p50 / p95 ms over {args.reps} calls; 1,000 buckets"
     )
     print(
-        f"{'db':>10} | {'points':>9} | {'level':>5} | {'full':>13} | {'zoom 1%':>13} | {'tau (counts)':>13} | {'spike':>5} | {'bulk write':>12}"
+        f"| {'db':>10} | {'points':>9} | {'level':>5} | {'full':>13} | {'zoom 1%':>13} | {'tau (counts)':>13} | {'spike':>5} | {'bulk write':>12} |"
     )
-    print(
-        f"{'-' * 10}-+-{'-' * 9}-+-{'-' * 5}-+-{'-' * 13}-+-{'-' * 13}-+-{'-' * 13}-+-{'-' * 5}-+-{'-' * 12}"
-    )
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         cells = " | ".join(f"{r[k][0]:5.1f} / {r[k][1]:5.1f}" for k in ("full", "zoom", "tau"))
         print(
-            f"{r['db']:>10} | {r['n']:>9,} | {r['level']:>5} | {cells} | {'yes' if r['spike_kept'] else 'NO':>5} | {r['write']:>8,.0f} pt/s"
+            f"| {r['db']:>10} | {r['n']:>9,} | {r['level']:>5} | {cells} | {'yes' if r['spike_kept'] else 'NO':>5} | {r['write']:>8,.0f} pt/s |"
         )
     print()
     for db in dict.fromkeys(r["db"] for r in rows):

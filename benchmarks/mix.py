@@ -215,7 +215,14 @@ def main() -> None:
     )
     ap.add_argument("--repeat", type=int, default=2, help="rounds; each tool's best round is kept")
     ap.add_argument("--keep", action="store_true", help="keep the generated data under benchmarks/.work/mix/")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny: checks the script runs, measures nothing",
+    )
     args = ap.parse_args()
+    if args.smoke:  # every source in its shape, every tool, one round (800 rows in all)
+        args.scales, args.repeat = "0.001", 1
     shapes = json.dumps([(name, shape) for name, _, shape in SOURCES])
     table = []
     for scale in (float(s) for s in args.scales.split(",")):
@@ -246,9 +253,13 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(folder)
     head = ("rows in", "tool", "seconds", "rows/s", "rows out", "peak MB", "speed")
-    print("{:>9}  {:<22} {:>8} {:>9} {:>9} {:>8} {:>6}".format(*head))
+    print("| {:>9} | {:<22} | {:>8} | {:>9} | {:>9} | {:>8} | {:>6} |".format(*head))
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for rows_in_s, name, sec, rate, rows, rss, speed in table:
-        print(f"{rows_in_s:>9}  {name:<22} {sec:8.2f} {rate:9,.0f} {rows:9,} {rss:8} {speed:5.2f}x")
+        print(
+            f"| {rows_in_s:>9} | {name:<22} | {sec:8.2f} | {rate:9,.0f} | {rows:9,} | {rss:8} "
+            f"| {speed:5.2f}x |"
+        )
 
 
 if __name__ == "__main__":

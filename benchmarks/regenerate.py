@@ -84,7 +84,14 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", default="1,4,16")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny: checks the script runs, measures nothing",
+    )
     args = ap.parse_args()
+    if args.smoke:  # both clients through the same server, one concurrency, one round
+        args.rows, args.max_tokens, args.concurrency, args.repeat = 8, 2, "4", 1
     levels = [int(c) for c in args.concurrency.split(",")]
     WORK.mkdir(parents=True, exist_ok=True)
     model = tiny_qwen3(WORK / "tiny-qwen3")
@@ -119,9 +126,10 @@ def main() -> None:
                     keep((who, c), wall, cpu, tokens)
     print(f"{args.rows} prompt-only rows, max_tokens {args.max_tokens}, greedy, best of {args.repeat}")
     print(
-        f"{'concurrency':>11} | {'client':<10} | {'rows/s':>7} | {'tok/s':>7} | {'CPU ms/req':>10} | vs bare"
+        f"| {'concurrency':>11} | {'client':<10} | {'rows/s':>7} | {'tok/s':>7} | {'CPU ms/req':>10}"
+        " | vs bare |"
     )
-    print("-" * 68)
+    print("|---:|---|---:|---:|---:|---:|")
     for c in levels:
         bare_rps = args.rows / best[("bare", c)][0]
         for who in ("draftdeck", "bare"):
@@ -129,8 +137,8 @@ def main() -> None:
             rps = args.rows / wall
             ratio = f"{rps / bare_rps:.2f}x" if who == "draftdeck" else ""
             print(
-                f"{c:>11} | {who:<10} | {rps:>7.1f} | {tokens / wall:>7.0f} | {1000 * cpu / args.rows:>10.2f}"
-                f" | {ratio}"
+                f"| {c:>11} | {who:<10} | {rps:>7.1f} | {tokens / wall:>7.0f} | "
+                f"{1000 * cpu / args.rows:>10.2f} | {ratio} |"
             )
     shutil.rmtree(WORK / "ctx", ignore_errors=True)
 
