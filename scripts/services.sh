@@ -3,6 +3,22 @@
 # on their standard ports, and Debian's chromium for the browser tests.
 set -euo pipefail
 
+# Seconds to wait for a started service to answer (a cold PostgreSQL in docker takes several).
+WAIT_S="${SERVICES_WAIT_S:-30}"
+
+# wait_up NAME PROBE...: poll PROBE once a second until it succeeds; a service that never answers
+# stops the script with an error naming it, not a later test failing on a refused connection.
+wait_up() {
+  local name=$1
+  shift
+  for _ in $(seq 1 "$WAIT_S"); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "services: $name was started but did not answer within ${WAIT_S}s ($*)" >&2
+  exit 1
+}
+
 if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
   if command -v pg_ctlcluster >/dev/null 2>&1; then
     echo "starting PostgreSQL"
@@ -12,7 +28,7 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
   else
     echo "PostgreSQL is not running and cannot be started here" >&2; exit 1
   fi
-  for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
+  wait_up PostgreSQL pg_isready -q -h 127.0.0.1 -p 5432
 fi
 
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
@@ -26,7 +42,7 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   else
     echo "Redis is not running and cannot be started here" >&2; exit 1
   fi
-  for _ in $(seq 1 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 1; done
+  wait_up Redis redis-cli -h 127.0.0.1 -p 6379 ping
 fi
 
 if ! command -v chromium >/dev/null 2>&1; then
