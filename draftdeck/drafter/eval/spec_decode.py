@@ -10,9 +10,12 @@ renormalised, so every emitted token is distributed as p.
 The target keeps one HF cache per prompt, cut back to the committed tokens after a rejection. A
 full-attention layer is simply cropped; a sliding-window layer past its window, and the convolution
 state of a linear-attention layer (Gated DeltaNet in Qwen3.5/3.6 and Qwen3-Next), keep what the block
-added until the cut (transformers' past recording); a recurrent state cannot be cut at all, so it is
-saved before the verify step, restored after a rejection, and the accepted tokens are run again (as
-serving engines do for hybrid models; `Generation.replayed` counts them).
+added until the cut (transformers' past recording). A recurrent state cannot be cut: during the verify
+forward each Gated DeltaNet layer keeps its state after every position of the block, and the one at
+the accepted length is committed (`hybrid_verify.py`, as serving engines do), so nothing runs twice.
+Only a recurrent layer of another kind (a Mamba-2 hybrid such as Bamba or Falcon-H1: none of
+DraftDeck's architectures) still has its state saved before the step, restored after a rejection and
+the accepted tokens run again (`Generation.replayed` counts them).
 
 A draft source sees the target's context features of newly committed positions only (`observe`), so a
 drafter keeps its own context incremental.
@@ -28,6 +31,7 @@ from typing import Any, Protocol
 import torch
 from transformers import DynamicCache
 
+from draftdeck.drafter.eval.hybrid_verify import BlockStates
 from draftdeck.drafter.model.target import Target, context_from_hidden_states
 
 
@@ -113,7 +117,8 @@ class Generation:
     accepted: int = 0
     proposed: int = 0
     step_taus: list[int] = field(default_factory=list)
-    # tokens the target ran twice to roll a recurrent state back to the accepted prefix (hybrid targets)
+    # tokens the target ran twice to roll a recurrent state back to the accepted prefix: 0 on Gated
+    # DeltaNet hybrids (their states per position are recorded), > 0 only on Mamba-style ones
     replayed: int = 0
     step_contexts: list[int] = field(default_factory=list)  # each verify step's context length (tokens)
 
@@ -137,6 +142,7 @@ class TargetRunner:
         # transformers 5.24 renamed `past_key_values` to `cache` (the old name warns until 5.40)
         params = inspect.signature(self.model.forward).parameters
         self.cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self.block_states = BlockStates(self.model)  # no layers for a target without Gated DeltaNet
 
     def new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
@@ -145,32 +151,49 @@ class TargetRunner:
         cache.activate_past_recording()
         return cache
 
-    @staticmethod
-    def _recurrent(cache: DynamicCache) -> list[Any]:
-        return [layer for layer in cache.layers if getattr(layer, "recurrent_states", None)]
-
-    def save_state(self, cache: DynamicCache) -> SavedState:
-        """The recurrent states that a crop cannot undo, copied before a verify step (none for a target
-        without linear-attention layers)."""
+    def _recurrent(self, cache: DynamicCache) -> list[tuple[int, Any]]:
         return [
-            {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None}
-            for layer in self._recurrent(cache)
+            (i, layer) for i, layer in enumerate(cache.layers) if getattr(layer, "recurrent_states", None)
         ]
 
+    def save_state(self, cache: DynamicCache) -> SavedState:
+        """The recurrent states to restore after a rejection, copied before a verify step: none where
+        every recurrent layer is a Gated DeltaNet layer (its states per position are recorded, see
+        `verify`) or there is none. A recurrent layer of another kind (Mamba-2 hybrids) cannot be
+        recorded, so then all are saved and `keep` replays the accepted tokens."""
+        layers = self._recurrent(cache)
+        if all(i in self.block_states.layer_ids for i, _ in layers):
+            return []
+        return [
+            {i: s.clone() for i, s in layer.recurrent_states.items() if s is not None} for _, layer in layers
+        ]
+
+    def verify(
+        self, block: list[int], start: int, cache: DynamicCache, layer_ids: list[int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward` of a verify block, with each Gated DeltaNet layer's state after every position kept
+        for `keep`."""
+        with self.block_states.recording():
+            return self.forward(block, start, cache, layer_ids)
+
     def keep(self, cache: DynamicCache, block: list[int], start: int, kept: int, saved: SavedState) -> int:
-        """Cut `cache` back to the first `kept` tokens of `block`, which was run at positions `start`..;
-        returns the tokens run again to get there (a recurrent state is restored to `saved` and
-        advanced over the kept tokens)."""
+        """Cut `cache` back to the first `kept` tokens of `block`, verified at positions `start`..;
+        returns the tokens run again to get there. A Gated DeltaNet layer takes its recorded state
+        after position kept - 1; only with `saved` states (Mamba-style layers) are the states restored
+        and the kept tokens run again."""
         replayed = 0
         if kept < len(block) and saved:
-            for layer, states in zip(self._recurrent(cache), saved, strict=True):
+            for (_, layer), states in zip(self._recurrent(cache), saved, strict=True):
                 for i, state in states.items():
                     layer.recurrent_states[i].copy_(state)
             cache.crop(-len(block))
             self.forward(block[:kept], start, cache, None)
             replayed = kept
-        elif kept < len(block):
-            cache.crop(-(len(block) - kept))
+        else:
+            if self.block_states.layers:
+                self.block_states.commit(cache, kept)
+            if kept < len(block):
+                cache.crop(-(len(block) - kept))
         cache.crop(0)  # what past recording kept beyond a window or a convolution's reach goes
         return replayed
 
@@ -255,7 +278,7 @@ def generate_speculative(
         drafts = source.propose(committed, k)[:k]
         block = [committed[-1], *drafts]
         saved = target.save_state(cache)
-        logits, feats = target.forward(block, anchor_pos, cache, layer_ids)
+        logits, feats = target.verify(block, anchor_pos, cache, layer_ids)
         if sampling.greedy:
             posterior = logits.argmax(dim=-1).tolist()
             acc = 0
