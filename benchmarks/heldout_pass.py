@@ -176,7 +176,10 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--max-run", type=int, default=BLOCK - 1, help="the longest planted accepted run")
     ap.add_argument("--reps", type=int, default=2, help="timed repetitions of each (the median is shown)")
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    if args.smoke:  # short rows, a narrow model: the real vocabulary (the head's cost) stays
+        args.rows, args.seq, args.anchors, args.hidden, args.reps = 1, 32, 8, 64, 1
     sample = args.heldout_anchors or max(1, args.anchors // 8)
 
     from draftdeck.drafter.kinds.dflash.walked import heldout_pass

@@ -116,7 +116,7 @@ def write_synthetic(n: int, path: Path) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def build_input(n: int) -> tuple[Path, list[Path]]:
+def build_input(n: int, with_real: bool = True) -> tuple[Path, list[Path]]:
     WORK.mkdir(parents=True, exist_ok=True)
     path = WORK / f"synthetic-{n}.jsonl"
     if not path.exists():
@@ -125,7 +125,9 @@ def build_input(n: int) -> tuple[Path, list[Path]]:
             for row in synthetic(n):
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         os.replace(tmp, path)
-    real = sorted(p for p in REAL.glob("*.json*") if "mt_bench" not in p.name) if REAL.exists() else []
+    if not with_real or not REAL.exists():
+        return path, []
+    real = sorted(p for p in REAL.glob("*.json*") if "mt_bench" not in p.name)
     return path, real
 
 
@@ -146,7 +148,10 @@ def main() -> None:
     ap.add_argument("--peer-workers", type=int, default=2, help="prepare-data --num-preprocessing-workers")
     ap.add_argument("--seq-length", type=int, default=65536,
                     help="prepare-data --seq-length (it needs one; DraftDeck runs without a limit)")  # fmt: skip
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    if args.smoke:  # every row but the peer's (its install is 1.5 GB), synthetic rows only, one run each
+        args.conversations, args.no_peer = 60, True
 
     from draftdeck.chat.render import ChatRenderer, conversation_dicts, load_tokenizer
     from draftdeck.chat.testing import qwen36_tokenizer
@@ -158,11 +163,13 @@ def main() -> None:
     load = os.getloadavg()
     tok_dir = qwen36_tokenizer()
     # Start-up first, in fresh processes, before anything else loads the machine.
-    startup = startup_table(ROOT, WORK / "startup", tok_dir, write_synthetic)
+    # smoke: each start-up row once, the command on 31 conversations only (every run loads the real vocabulary)
+    smoke = {"reps": 1, "sizes": (31,)} if args.smoke else {}
+    startup = startup_table(ROOT, WORK / "startup", tok_dir, write_synthetic, **smoke)
     if args.startup_only:
         print("\n".join(startup))
         return
-    synth, real = build_input(args.conversations)
+    synth, real = build_input(args.conversations, with_real=not args.smoke)
     inputs = [synth, *real]
     mb = sum(p.stat().st_size for p in inputs) / 1e6
 
@@ -238,12 +245,13 @@ def main() -> None:
           f"{report.rows_out:,} rows out ({report.rows_expanded:,} from split turns), "
           f"{report.extra['tokens']:,} tokens, encoder {report.extra['encoder']['used']}, "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'':34} {'wall s':>7} {'conv/s':>7} {'MB/s':>6} {'ratio':>7}  {'CPU s':>7} {'conv/CPU-s':>10} "
-          f"{'ratio':>7}  {'rows out':>8} {'tokens out':>11}")  # fmt: skip
+    print(f"| {'':34} | {'wall s':>7} | {'conv/s':>7} | {'MB/s':>6} | {'ratio':>7} | {'CPU s':>7} | {'conv/CPU-s':>10} | "
+          f"{'ratio':>7} | {'rows out':>8} | {'tokens out':>11} |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     dd_rate, dd_cpu_rate = convs / dd, convs / dd_cpu
     for name, n, wall, cpu, n_rows, n_tokens in rows:
-        print(f"{name:34} {wall:>7.1f} {n / wall:>7,.0f} {mb / wall:>6.2f} {dd_rate / (n / wall):>6.2f}x  "
-              f"{cpu:>7.1f} {n / cpu:>10,.0f} {dd_cpu_rate / (n / cpu):>6.2f}x  {n_rows:>8,} {n_tokens:>11,}")  # fmt: skip
+        print(f"| {name:34} | {wall:>7.1f} | {n / wall:>7,.0f} | {mb / wall:>6.2f} | {dd_rate / (n / wall):>6.2f}x | "
+              f"{cpu:>7.1f} | {n / cpu:>10,.0f} | {dd_cpu_rate / (n / cpu):>6.2f}x | {n_rows:>8,} | {n_tokens:>11,} |")  # fmt: skip
     if peer is None:
         print(f"{PEER:34} not run: {peer_why}")
     print("ratio: DraftDeck's throughput divided by the row's (DraftDeck / row)")

@@ -44,7 +44,10 @@ def main() -> None:
     ap.add_argument("--anchors", type=int, default=32)
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    if args.smoke:  # both paths, a couple of steps on short rows
+        args.steps, args.seq, args.batch, args.anchors = 2, 64, 2, 8
     torch.set_num_threads(args.threads)
 
     from draftdeck.drafter.kinds.dflash.objective import build_blocks, sample_anchors, slot_weights

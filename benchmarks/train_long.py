@@ -90,7 +90,7 @@ def run_case(
 
     per = TrainParams.model_fields["anchors_per_forward"].default
     mix = TrainParams(inputs=["-"], target="-", loss=loss).mix  # type: ignore[arg-type]
-    teacher = torch.randn(1, t, h, device=device) if mix[1] else None  # the target's final states
+    teacher = torch.randn(1, t, h, device=device) if mix.needs_teacher else None  # the target's final states
 
     def step() -> None:
         with amp:
@@ -133,7 +133,10 @@ def main() -> None:
     ap.add_argument("--shapes", default="", help="T:A,... instead of every shape (e.g. 4096:512)")
     ap.add_argument("--loss", default="ce", help=argparse.SUPPRESS)
     ap.add_argument("--case", nargs=3, metavar=("T", "A", "PATH"), help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     a = ap.parse_args()
+    if a.smoke:  # one short shape, dense and sparse (or each loss), one timed step, a small vocabulary
+        a.shapes, a.vocab, a.steps = a.shapes or "128:8", 2048, 1
     shapes = (
         [(int(t), int(n)) for t, n in (x.split(":") for x in a.shapes.split(","))] if a.shapes else SHAPES
     )

@@ -141,7 +141,17 @@ def main() -> None:
     ap.add_argument("--target-layers", type=int, default=8)
     ap.add_argument("--layers", type=int, default=4, help="drafter layers")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL")
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    if args.smoke:  # unsharded, ddp and fsdp at 2 ranks, one timed step of a tiny target and drafter
+        args.ranks, args.steps, args.seq, args.hidden, args.target_layers, args.layers = (
+            "1,2",
+            1,
+            64,
+            64,
+            2,
+            1,
+        )
     root = Path(tempfile.mkdtemp(prefix="dd-bench-sharded-"))
     rows = GLOBAL_BATCH * (args.steps + 4)
     build_world(root, seq=args.seq, rows=rows, hidden=args.hidden, layers=args.target_layers,
