@@ -38,14 +38,24 @@ def _cli(*args: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("workdir", type=Path, help="a `draftdeck demo` folder (world/, dataset/, run/)")
+    parser.add_argument(
+        "workdir", type=Path, nargs="?", help="a `draftdeck demo` folder (world/, dataset/, run/)"
+    )
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    # vLLM and a GPU are the whole of this check: the smoke is what runs before them (the arguments,
+    # vLLM's presence), so that the tests see it refuse cleanly where vLLM is absent
+    parser.add_argument("--smoke", action="store_true", help="only the checks before vLLM starts")
     args = parser.parse_args()
+    if args.workdir is None and not args.smoke:
+        parser.error("the workdir of a `draftdeck demo` is needed")
     if importlib.util.find_spec("vllm") is None:
         print("vLLM is not installed here: this check runs where it is (pip install vllm)", file=sys.stderr)
         sys.exit(2)
+    if args.smoke:
+        print("vLLM is installed; give a demo's workdir (without --smoke) to serve its drafter")
+        return
     w = args.workdir.resolve()
     target, drafter = w / "world" / "target", w / "drafter"
     print(_cli("export-drafter", str(w / "run"), "--out", str(drafter), "--target", str(target)))

@@ -37,7 +37,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--new", type=int, default=20)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    prompts = 16
+    if args.smoke:  # every architecture, the small vocabulary, one step; 12 prompts keep a held-out row
+        args.vocab, args.steps, args.new, prompts = "small", 1, 8, 12
     torch.set_num_threads(1)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dd-targets-"))
     tokenizer = qwen36_tokenizer() if args.vocab == "real" else small_bpe_tokenizer()
@@ -50,7 +54,7 @@ def main() -> None:
           "| walk = real | sampled verify steps | export = checkpoint | loaded |")  # fmt: skip
     print("|---|--:|--:|--:|--:|---|---|--:|---|---|")
     for arch in (*ARCHITECTURES, *WITH_VISION):
-        r = end_to_end(arch, work / arch, tokenizer, steps=args.steps, new=args.new)
+        r = end_to_end(arch, work / arch, tokenizer, prompts=prompts, steps=args.steps, new=args.new)
         print(
             f"| {arch} | {r.rows} | {r.train_s_per_step:.2f} | {r.plain_tokens_per_s:.0f} | "
             f"{r.speculative_tokens_per_s:.0f} | {r.lossless} | {r.walk_equals_real} | "

@@ -46,7 +46,7 @@ def build(root: Path, a: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def flops_per_step(tr: Any, a: argparse.Namespace) -> float:
-    t_cfg, d = tr.target.config, tr.cfg
+    t_cfg, d = tr.target.config, tr.drafter.config  # the DFlash drafter's DrafterConfig
     h, t, b, v = d.hidden_size, a.seq, a.batch, d.vocab_size
     q = min(a.anchors, t) * d.block_size
     t_params = sum(
@@ -75,7 +75,14 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--tiny", action="store_true", help="a small config, to check the script on a CPU")
     ap.add_argument("--no-long", action="store_true", help="skip benchmarks/train_long.py's table")
+    ap.add_argument("--smoke", action="store_true", help="--device cpu --tiny for a second: the tests' check")
     a = ap.parse_args()
+    if a.smoke:  # the CPU side of the script (world, trainer, FLOP count, table) on any machine
+        a.device, a.tiny, a.seconds, a.no_long = "cpu", True, 1.0, True
+    if a.device == "cuda" and not torch.cuda.is_available():
+        sys.exit(
+            "no CUDA device here: this benchmark is for a lent GPU (--device cpu --tiny checks the script)"
+        )
     if a.tiny:
         a.hidden, a.target_layers, a.vocab, a.seq, a.batch, a.anchors, a.block = 64, 4, 2048, 128, 2, 16, 8
 
@@ -119,8 +126,9 @@ def main() -> None:
     dt = (time.perf_counter() - t0) / n
     flops = flops_per_step(tr, a)
     mem = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else float("nan")
+    vocab = tr.drafter.config.vocab_size
     print(
-        f"drafter training, {a.device}: target {a.hidden}x{a.target_layers} vocab {tr.cfg.vocab_size}, "
+        f"drafter training, {a.device}: target {a.hidden}x{a.target_layers} vocab {vocab}, "
         f"drafter {a.layers} layers, B={a.block}, {a.batch} x {a.seq} tokens, {a.anchors} anchors/seq"
     )
     print("| steps | s/step | target tokens/s | model TFLOP/step | TFLOP/s | MFU | peak GiB |")
