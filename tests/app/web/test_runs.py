@@ -15,6 +15,7 @@ from sqlmodel import Session, func, select
 
 from app.store.metrics import record_metrics
 from app.store.models import MetricValue
+from tests.support.real_run import RealRun, add_real_run, real_run, real_world
 from tests.support.run import make_eval, make_run
 
 
@@ -134,6 +135,56 @@ def test_compare_puts_a_dflash_and_an_eagle3_run_side_by_side(client: TestClient
     cfg = json.loads(single.split("data-config='", 1)[1].split("'", 1)[0])
     pos = [n for n, _ in next(c for c in cfg["charts"] if c["id"] == "pos")["series"]]
     assert pos == ["train/pos/1/acc", "train/pos/2/acc", "train/pos/3/acc"]  # TTT steps 0..2
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RealRun]:
+    """A DFlash and an EAGLE-3 run trained for real (tiny, CPU), each with a real eval."""
+    world = real_world(tmp_path_factory.mktemp("real-runs"))
+    return {
+        "dflash": real_run(world, "dflash", drafter="dflash", block_size=4, layers=1),
+        "eagle3": real_run(world, "eagle3", drafter="eagle3", ttt_steps=3),
+    }
+
+
+@pytest.mark.slow  # two tiny runs trained and evaluated for real: half a minute on two shared cores
+def test_compare_and_run_pages_of_real_dflash_and_eagle3_runs(
+    client: TestClient, real_runs: dict[str, RealRun]
+) -> None:
+    """The compare view's "Drafts over" row and an EAGLE-3 run page's subtitle from run.json, index.json,
+    metric points and eval.json as the trainer and the eval write them: the hand-written records of the
+    test above carry fields the real ones may name otherwise or not write."""
+    with _session() as s:
+        d, d_eval = add_real_run(s, real_runs["dflash"])
+        e, e_eval = add_real_run(s, real_runs["eagle3"])
+    coverage = real_runs["eagle3"].draft_vocab_coverage  # counted apart from the run, not read from it
+    assert coverage is not None and 0 < coverage < 1
+    drafts_over = f"20 draft ids, {100 * coverage:.1f} % of trained tokens, from &lt;v&gt;.npz"
+    page = client.get(f"/runs/compare?ids={d}&ids={e}", headers={"accept": "text/html"}).text
+    table = page.split('id="compare-table"', 1)[1].split("</table>", 1)[0]
+
+    def cells(label: str) -> list[str]:  # the row's cells, in run order, as text
+        row = table.split(f'<th scope="row">{label}', 1)[1].split("</tr>", 1)[0]
+        return [" ".join(c.split("<", 1)[0].split()) for c in row.split('<td class="num">')[1:]]
+
+    assert cells("Drafter") == ["DFlash, blocks of 4 (3 drafts)", "EAGLE-3, chains of 3 drafts"]
+    assert cells("Drafts over") == ["the target&#39;s whole vocabulary", drafts_over]
+    real = [
+        json.loads((Path(r.eval_params["out"]) / "eval.json").read_text())["eval"]["methods"]["drafter"]
+        for r in (real_runs["dflash"], real_runs["eagle3"])
+    ]
+    assert cells("Real τ") == [f"{m['tau_incl_bonus_pooled']:.3f}" for m in real]
+    assert cells("Tokens per verify step") == [f"{m['tokens_per_step']:.3f}" for m in real]
+    assert cells("Training steps") == ["4", "4"]  # the trainer counts steps from 1: max_steps
+    assert all(c[0].isdigit() for c in cells("τ walked, judged by the target"))
+    single = client.get(f"/runs/{e}", headers={"accept": "text/html"}).text
+    assert (
+        f'<p class="subtitle">EAGLE-3, chains of 3 drafts over {drafts_over} · <a href="/runs">'
+    ) in single
+    assert f'href="/jobs/{e_eval}"' in single  # its real eval, matched to the run by its checkpoint
+    plain = client.get(f"/runs/{d}", headers={"accept": "text/html"}).text
+    assert '<p class="subtitle">DFlash, blocks of 4 (3 drafts) · <a href="/runs">' in plain
+    assert f'href="/jobs/{d_eval}"' in plain
 
 
 def test_a_run_lists_the_options_of_its_own_drafter_kind_only(client: TestClient) -> None:
