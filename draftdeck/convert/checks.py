@@ -3,10 +3,21 @@ conversation, run by the one-process reader and by the convert workers alike."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import orjson
 from xxhash import xxh3_64_intdigest
 
 from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, repeat_of
+from draftdeck.formats.writers import SHAREGPT_FROM
+
+# The output turn's keys and role names per JSONL target (as draftdeck.formats.writers writes them):
+# a plain conversation's duplicate key is made of its turns in this form (plain_duplicate_key).
+TURN_STYLE: dict[str, tuple[str, str, dict[str, str]]] = {
+    "sharegpt": ("from", "value", SHAREGPT_FROM),
+    "openai": ("role", "content", {r: r for r in ("system", "user", "assistant")}),
+}
+_PLAIN_ROLES = frozenset({"system", "user", "assistant"})
 
 # A field of the row that no reader took and that holds at least this much text is said, never dropped
 # quietly: a chain of thought or a second answer beside the pair that was read.
@@ -147,9 +158,35 @@ def _flag_issues(messages: list[Message], flagged: list[int]) -> list[tuple[str,
     ]
 
 
-def duplicate_key(conv: Conversation) -> int:
+def _stripped(text: str) -> str:
+    return text.strip() if text and (text[0].isspace() or text[-1].isspace()) else text  # no copy if clean
+
+
+def plain_duplicate_key(turns: Iterable[tuple[str, str]], to: str, repeat: int = 0) -> int:
+    """:func:`duplicate_key` of a plain conversation, from its (role, text) turns: the xxh3 of the turns
+    as the JSONL target `to` writes them (texts stripped), so that the fast path hashes the bytes it
+    already encoded for the output line instead of encoding the text a second time."""
+    role_key, text_key, names = TURN_STYLE[to]
+    parts: list[object] = [{role_key: names[r], text_key: _stripped(t)} for r, t in turns]
+    if repeat:
+        parts.append(("repeat", repeat))
+    return xxh3_64_intdigest(orjson.dumps(parts))
+
+
+def duplicate_key(conv: Conversation, to: str = "openai") -> int:
     """A 64-bit hash of the normalised messages, the same in every process (xxh3 of their JSON text):
-    worker processes compute it for the parent's duplicate set."""
+    worker processes compute it for the parent's duplicate set.
+
+    A plain conversation (system, user and assistant text only) hashes as :func:`plain_duplicate_key`
+    in the style of the target `to`, any other one as the list of its parts; the two encodings never
+    meet, and one read uses one target, so the same messages always give the same key within it."""
+    messages = conv.messages
+    repeat = repeat_of(conv.meta.get(PROVENANCE_KEY))
+    if all(
+        m.role in _PLAIN_ROLES and m.reasoning is None and not m.tool_calls and m.train is None
+        for m in messages
+    ):
+        return plain_duplicate_key([(m.role, m.content) for m in messages], to, repeat)
     parts: list[object] = []
     append = parts.append
     for m in conv.messages:
@@ -161,7 +198,6 @@ def duplicate_key(conv: Conversation) -> int:
             parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
         if m.train is not None:  # the same answer trained once and untrained once is not a duplicate
             parts.append(m.train)
-    repeat = repeat_of(conv.meta.get(PROVENANCE_KEY))
     if repeat:  # a repeat a mix's upsampling declared is deliberate, not a duplicate
         parts.append(("repeat", repeat))
     return xxh3_64_intdigest(orjson.dumps(parts))

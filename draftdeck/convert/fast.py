@@ -1,4 +1,9 @@
-"""The convert workers' fast path for the usual row (see :mod:`draftdeck.convert.parallel`)."""
+"""The fast path for the usual row, shared by the one-process convert and its workers (see
+:mod:`draftdeck.convert.parallel`): plain OpenAI ``messages`` and ShareGPT ``conversations`` rows, and
+instruction/answer or prompt/response columns, become their output line and duplicate key without
+the canonical model, the general checks or a second encoding of the text. Any row it does not take
+goes to the general path (detection, parser, checks, writer), which gives the same bytes for the rows
+it does take: the tests compare both paths byte for byte."""
 
 from __future__ import annotations
 
@@ -7,32 +12,47 @@ from typing import Any
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.convert.checks import UNUSED_TEXT_CHARS
+from draftdeck.convert.checks import TURN_STYLE, UNUSED_TEXT_CHARS, plain_duplicate_key
 from draftdeck.convert.placeholders import normalise
-from draftdeck.formats import sharegpt
-from draftdeck.formats.detect import media_of
+from draftdeck.formats import alpaca, preference, sharegpt
+from draftdeck.formats.common import RowRejected
+from draftdeck.formats.detect import MEDIA_KEYS, detect
+from draftdeck.formats.dialogue import dialogue_turns
 from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value, repeat_of
-from draftdeck.formats.writers import RESERVED, SHAREGPT_FROM, encode_line
+from draftdeck.formats.writers import RESERVED, encode_line
 
 _PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SHAREGPT_ROLES = {k: v for k, v in sharegpt.FROM_MAP.items() if v in ("system", "user", "assistant")}
 _OPENAI_KEYS = ("messages", "tools")
+_MEDIA = frozenset(MEDIA_KEYS)
+_LIST_KEY = {"sharegpt": "conversations", "openai": "messages"}  # the turns' key in each target
+_HEAD = {to: b'{"' + key.encode() + b'":' for to, key in _LIST_KEY.items()}  # a line's first bytes
+# instruction-style columns: (instruction, extra input, answer), as draftdeck.formats.alpaca reads them
+_INSTRUCTION_KEYS = {
+    alpaca.ALPACA: ("instruction", "input", "output"),
+    alpaca.INSTRUCTION_RESPONSE: ("instruction", "context", "response"),
+}
+_FILES: dict[str, bytes] = {}  # a file name's JSON text, for the provenance of each of its rows
+
+Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
 
 def plain_row(
     value: Any, to: str, max_chars: int, dups: bool, origin: tuple[str, int | None] = ("", None)
-) -> tuple[str, bytes, int | None] | None:
+) -> Result | None:
     """The fast path for the usual row, or None to take the general one.
 
-    A row qualifies when it is OpenAI ``messages`` or ShareGPT ``conversations`` of plain two-key turns
-    (string role/from and content/value; system, user and assistant only; no ``<think>`` or
-    ``<tool_call>`` in answers), no tools, no kept field the target reserves, and when the general
-    checks would find nothing: no empty turn, a user turn, an assistant turn last-but-not-user,
-    alternating turns, and at least one answer too long to be a placeholder candidate. Then the
-    result is what the general path gives, (family, output line, duplicate key), without building the
-    canonical model: the tests compare both paths byte for byte.
+    A list row qualifies when it is OpenAI ``messages`` or ShareGPT ``conversations`` of plain two-key
+    turns (string role/from and content/value; system, user and assistant only; no ``<think>`` or
+    ``<tool_call>`` in answers), no tools, no kept field the target reserves, no preference pair; a
+    column row (see :func:`_columns_row`) when detection reads it as alpaca, instruction_response or
+    query_response of plain text. Either must pass the general checks with nothing to say: no empty
+    turn, a user turn, an assistant turn last-but-not-user, alternating turns, at least one answer
+    too long to be a placeholder candidate and no long field left unread. Then the result is what
+    the general path gives, (family, output line, duplicate key), with `origin` (file, row) as the
+    provenance.
     """
-    if type(value) is not dict or media_of(value) is not None:  # media: the general path refuses it
+    if type(value) is not dict or not _MEDIA.isdisjoint(value):  # media: the general path refuses it
         return None
     known: tuple[str, ...]
     turns = value.get("messages")
@@ -43,7 +63,11 @@ def plain_row(
         system = None
     else:
         turns = value.get("conversations")
-        if type(turns) is not list or not turns:
+        if type(turns) is not list:
+            if "messages" in value or turns is not None:
+                return None  # a list key of another kind: the general path names the fault
+            return _columns_row(value, to, max_chars, dups, origin)
+        if not turns:
             return None
         first = turns[0]
         if type(first) is dict and "role" in first and "from" not in first:
@@ -62,11 +86,21 @@ def plain_row(
             system = None
         elif system is not None and type(system) is not str:
             return None
-    roles: list[str] = []
-    texts: list[str] = []
+    out_role, out_text, out_names = TURN_STYLE[to]
+    long_len = max_chars * 4
+    # One pass over the turns: the checks of check_conversation on the only shapes that reach here
+    # (all must pass) and the output turns. `edges`: a text the duplicate key strips.
+    out_turns: list[dict[str, str]] = []
+    roles: list[str] = []  # canonical, for the duplicate key of a row whose texts it strips
+    has_user = long_answer = edges = False
+    prev = None
     if system is not None:
+        stripped = system.strip()  # (the same object when nothing is stripped)
+        if not stripped:
+            return None  # empty_turn
+        edges = stripped is not system
+        out_turns.append({out_role: out_names["system"], out_text: system})
         roles.append("system")
-        texts.append(system)
     for t in turns:
         if type(t) is not dict or len(t) != 2:
             return None
@@ -75,55 +109,155 @@ def plain_row(
         if type(raw) is not str or type(text) is not str:
             return None
         role = role_map.get(raw)
-        if role is None or (role == "system" and system is not None and len(roles) == 1):
-            return None  # (a top-level system and then a system turn: the general path decides)
-        roles.append(role)
-        texts.append(text)
-    # the checks of check_conversation, on the only shapes that reach here: all must pass
-    has_user = long_answer = False
-    prev = None
-    for role, text in zip(roles, texts, strict=True):
-        if not text or text.isspace():
+        if role is None:
+            return None
+        stripped = text.strip()
+        if not stripped:
             return None  # empty_turn (or empty_conversation)
+        if stripped is not text:
+            edges = True
         if role == "system":
-            continue
-        if role == prev:
+            if system is not None and len(roles) == 1:
+                return None  # (a top-level system and then a system turn: the general path decides)
+        elif role == prev:
             return None  # non_alternating
-        prev = role
-        if role == "user":
-            has_user = True
-        elif "<think>" in text or "<tool_call>" in text:
-            return None  # reasoning to split, or Hermes-style calls: the general path
-        elif not long_answer and (len(text) > max_chars * 4 or len(normalise(text)) > max_chars):
-            long_answer = True  # placeholder_key is None: the row is not a candidate
+        else:
+            prev = role
+            if role == "user":
+                has_user = True
+            elif not long_answer and (len(text) > long_len or len(normalise(text)) > max_chars):
+                long_answer = True  # placeholder_key is None: the row is not a candidate
+        out_turns.append({out_role: out_names[role], out_text: text})
+        roles.append(role)
     if not has_user or prev != "assistant" or not long_answer:
         return None  # no_user_turn / no_assistant_turn / trailing_user_turn, or a placeholder candidate
-    meta = [k for k in value if k not in known]
-    if meta and not RESERVED.isdisjoint(meta):
+    meta = [k for k in value if k not in known] if len(value) > 1 else []
+    if meta:
+        if not RESERVED.isdisjoint(meta) or preference.pair_of(value) is not None:
+            return None  # a field the target reserves, or chosen/rejected sides (the preference shape)
+        if any(type(value[k]) is str and len(value[k]) >= UNUSED_TEXT_CHARS for k in meta):
+            return None  # a long field the reader leaves: the general path says whether it was unused
+    return _encoded(family, out_turns, roles, edges, value, meta, to, dups, origin)
+
+
+def _columns_row(
+    value: dict[str, Any], to: str, max_chars: int, dups: bool, origin: tuple[str, int | None]
+) -> Result | None:
+    """:func:`plain_row` for a row of text columns: detection (the general path's own, so that every
+    shape tried before these still comes first) must read it as alpaca / instruction_response
+    (instruction, input or context, answer) or query_response (a question and answer pair), with
+    text values, no system or history, and a question that is no ``Human:`` / ``Assistant:`` dialogue."""
+    try:
+        family = detect(value)[0]
+    except RowRejected:
+        return None
+    keys = _INSTRUCTION_KEYS.get(family)
+    if keys is not None:
+        first, second, answer_key = keys
+        instruction, extra = value.get(first), value.get(second)
+        if type(instruction) is not str or (extra is not None and type(extra) is not str):
+            return None  # (numbers become their JSON text there)
+        user = f"{instruction}\n{extra}" if instruction and extra else (instruction or extra or "")
+    elif family == alpaca.QUERY_RESPONSE:
+        pair = alpaca.pair_of(value)
+        assert pair is not None
+        first, answer_key = pair
+        user = value[first]
+        if dialogue_turns(user) is not None:
+            return None  # an RLHF dialogue written as text: its turns
+        keys = (first, answer_key)
+    else:
+        return None
+    answer = value.get(answer_key)
+    if type(answer) is not str or "system" in value or "history" in value:
+        return None
+    user_stripped, answer_stripped = user.strip(), answer.strip()
+    if not user_stripped or not answer_stripped:
+        return None  # empty_turn, empty_assistant_turn
+    if len(answer) <= max_chars * 4 and len(normalise(answer)) <= max_chars:
+        return None  # a placeholder candidate
+    meta = [k for k in value if k not in keys]
+    if not RESERVED.isdisjoint(meta):
         return None
     if any(type(value[k]) is str and len(value[k]) >= UNUSED_TEXT_CHARS for k in meta):
-        return None  # a long field the reader leaves: the general path says whether it was unused
-    if to == "sharegpt":
-        out: dict[str, Any] = {
-            "conversations": [
-                {"from": SHAREGPT_FROM[r], "value": t} for r, t in zip(roles, texts, strict=True)
-            ]
-        }
-    else:
-        out = {"messages": [{"role": r, "content": t} for r, t in zip(roles, texts, strict=True)]}
-    for k in meta:
-        out[k] = value[k]
-    kept = value.get(PROVENANCE_KEY)
-    found = origin_of(kept, *origin)  # as the writers do (`origin`: file, row)
-    if found is not None:
-        out[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
+        return None
+    out_role, out_text, out_names = TURN_STYLE[to]
+    out_turns = [
+        {out_role: out_names["user"], out_text: user},
+        {out_role: out_names["assistant"], out_text: answer},
+    ]
+    edges = user_stripped is not user or answer_stripped is not answer
+    return _encoded(family, out_turns, ["user", "assistant"], edges, value, meta, to, dups, origin)
+
+
+def _encoded(
+    family: str,
+    out_turns: list[dict[str, str]],
+    roles: list[str],
+    edges: bool,
+    value: dict[str, Any],
+    meta: list[str],
+    to: str,
+    dups: bool,
+    origin: tuple[str, int | None],
+) -> Result | None:
+    """The output line and duplicate key of a row the fast path took (its turns as written, the
+    kept fields `meta` of `value`), or None for an answer the general path must read."""
+    try:
+        body = orjson.dumps(out_turns)
+    except orjson.JSONEncodeError:
+        return None  # (text orjson cannot write: the general path's fallback decides)
+    # `<think>` (reasoning to split) or `<tool_call>` (Hermes-style calls) in an answer: the general
+    # path. Looked for in the encoded turns first, where orjson escapes no `<`, letter or `_`: one
+    # memchr-speed scan for `<`, then a look at each `<` (code has a few); on a hit, in the answers.
+    at = body.find(b"<")
+    while at >= 0:
+        if body.startswith(b"think>", at + 1) or body.startswith(b"tool_call>", at + 1):
+            out_role, out_text, names = TURN_STYLE[to]
+            if any(
+                "<think>" in d[out_text] or "<tool_call>" in d[out_text]
+                for d in out_turns
+                if d[out_role] == names["assistant"]
+            ):
+                return None
+            break
+        at = body.find(b"<", at + 1)
+    # The line: the turns' bytes spliced with the rest of the row (orjson writes a dict's keys in
+    # order, so this is encode_line of the whole row without encoding its text twice).
+    file, row = origin
+    kept = None
+    try:
+        if PROVENANCE_KEY not in value:  # the usual row: its provenance is where it was read, written last
+            tail = [_HEAD[to], body]
+            if meta:
+                tail += (b",", memoryview(orjson.dumps({k: value[k] for k in meta}))[1:-1])
+            if file and row is not None:
+                name = _FILES.get(file)
+                if name is None:
+                    name = _FILES[file] = orjson.dumps(file)
+                tail += (b',"' + PROVENANCE_KEY.encode() + b'":{"file":', name, b',"row":%d}' % row)
+            tail.append(b"}\n")
+            line = b"".join(tail)
+        else:  # a kept provenance: the writer's own rule, in place
+            kept = value[PROVENANCE_KEY]
+            rest: dict[str, Any] = {k: value[k] for k in meta}
+            found = origin_of(kept, file, row)
+            if found is not None:
+                rest[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
+            rb = orjson.dumps(rest)
+            line = b"".join((_HEAD[to], body, b"," if rest else b"", memoryview(rb)[1:], b"\n"))
+    except orjson.JSONEncodeError:  # integers beyond 64 bits: encode_line's fallback, on the whole row
+        whole: dict[str, Any] = {_LIST_KEY[to]: out_turns, **{k: value[k] for k in meta}}
+        found = origin_of(kept, file, row)
+        if found is not None:
+            whole[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
+        line = encode_line(whole)
     dkey = None
-    if dups:  # the parts of duplicate_key, in the same order
-        parts: list[object] = []
-        for r, t in zip(roles, texts, strict=True):
-            parts += (r, t.strip() if t[0].isspace() or t[-1].isspace() else t, None)
+    if dups:
         repeat = repeat_of(kept)
-        if repeat:
-            parts.append(("repeat", repeat))
-        dkey = xxh3_64_intdigest(orjson.dumps(parts))
-    return family, encode_line(out), dkey
+        if edges or repeat:  # plain_duplicate_key's own parts (stripped texts, the repeat)
+            texts = [d[TURN_STYLE[to][1]] for d in out_turns]
+            dkey = plain_duplicate_key(zip(roles, texts, strict=True), to, repeat)
+        else:  # the turns as written are plain_duplicate_key's parts
+            dkey = xxh3_64_intdigest(body)
+    return family, line, dkey

@@ -21,7 +21,9 @@ so line numbers in examples and reasons are those of the whole file. At most twi
 as workers are in flight, so memory stays flat whatever the input size. Inputs that are not plain
 (uncompressed) JSONL files larger than one range (JSON arrays, gzip/zstd, Parquet, Arrow,
 ``save_to_disk`` folders) are read in the parent, through the same record path. The Parquet target
-stays on the one-process path (``convert`` decides).
+stays on the one-process path (``convert`` decides). With ``workers=1`` every input is read in the
+parent through the same records (no worker process): the one-process convert of a JSONL target, whose
+usual rows take the fast path too (:func:`_apply_whole` writes them without building anything).
 """
 
 from __future__ import annotations
@@ -118,6 +120,39 @@ def _apply(
                 yield from state.placeholder(item, item.pkey, item.dkey, item.prompt)
 
 
+def _apply_whole(records: Iterable[Record], state: RowState, name: str, out: _Out) -> None:
+    """:func:`_apply` and write, for the records of a file read in this process: a usual row's record
+    ("s") is counted and written here, without the Prepared and SourceRef that _apply builds for it
+    (the one-process convert's hot loop); any other record, or a usual row that repeats an earlier
+    one, goes through _apply."""
+    report = state.report
+    formats = report.formats
+    seen = state.seen
+    dups = state.options.check_duplicates
+    file_base = state.file_base(name)
+    write_line = out.writer.write_line
+    for rec in records:
+        if rec[0] == "s":
+            data, dkey = rec[4]
+            if not dups:
+                pass
+            elif dkey in seen:  # a duplicate: its verdict and warning as _apply gives them
+                for item in _apply((rec,), state, name):
+                    out.item(item)
+                continue
+            else:
+                line = rec[1]
+                seen[dkey] = file_base | (0 if line is None else line + 1)
+            report.rows_in += 1
+            formats[rec[3]] += 1
+            state.checked += 1
+            write_line(data)
+            report.rows_out += 1
+            continue
+        for item in _apply((rec,), state, name):
+            out.item(item)
+
+
 def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_before: int) -> None:
     """:func:`_apply` for a worker's packed chunk: usual rows are written in blocks of the blob."""
     report = state.report
@@ -207,7 +242,7 @@ def write_converted(
                     and reader.size > options.chunk_bytes
                     and not (grouping and starts_grouped(f))  # a session's lines must meet in one place
                 )
-                if whole:  # read in the parent, through the same records
+                if whole or options.workers == 1:  # read in this process, through the same records
                     records = _with_progress(
                         prepare_rows(
                             group_rows(reader, options.max_row_bytes) if grouping else reader,
@@ -220,8 +255,7 @@ def write_converted(
                         total,
                         progress,
                     )
-                    for item in _apply(records, state, name):
-                        out.item(item)
+                    _apply_whole(records, state, name, out)
                     done_before += reader.size or 0
                     progress(done_before, total, "bytes")
                     continue
@@ -257,7 +291,8 @@ def write_converted(
         if pool is not None:
             pool.close()
     report.extra["placeholder"] = state.placeholder_summary()
-    report.extra["parallel"] = {"workers": options.workers, "chunks": chunks}
+    if options.workers > 1:
+        report.extra["parallel"] = {"workers": options.workers, "chunks": chunks}
 
 
 def _newlines(f: Any, start: int, end: int) -> int:

@@ -42,7 +42,10 @@ def convert(
     """Convert `inputs` into one file `out` of format `to` ("openai", "sharegpt" or "parquet").
 
     ``options.workers`` > 1 converts large JSONL inputs in that many worker processes (not for
-    Parquet output); the output bytes and the report are those of one worker.
+    Parquet output); the output bytes and the report are those of one worker. A JSONL target is
+    written through the workers' record path even with one worker (then all in this process): its
+    fast path (:mod:`draftdeck.convert.fast`) writes the usual rows without the canonical model.
+    Parquet is written from :func:`read_conversations`, whose conversations give the same rows.
 
     Returns the report when the policy passes. Raises :class:`JobFailed` (carrying the report) when it
     does not, and always when no row was written: then no output file is left behind.
@@ -60,9 +63,8 @@ def convert(
     started = time.monotonic()
     report.extra.update({"to": to, "inputs": [str(p) for p in inputs]})
     writer = Writer(out, to, report)
-    parallel = opts.workers > 1 and to != "parquet"
     with writer:
-        if parallel:
+        if to != "parquet":  # JSONL targets: the record path, whose plain rows skip the canonical model
             write_converted(inputs, writer, report, opts, to, progress)
         else:
             for conv in read_conversations(inputs, report, opts, progress):

@@ -108,7 +108,7 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
                     pkey = placeholder_key(conv, max_chars)
                     if pkey is None:
                         data = encode_line(encoder(conv, None))
-                        yield ("s", line, index, family, (data, duplicate_key(conv) if dups else None))
+                        yield ("s", line, index, family, (data, duplicate_key(conv, to) if dups else None))
                         continue
         preps = []
         for conv in convs:
@@ -146,7 +146,7 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
                     path,
                     issues,
                     pkey,
-                    duplicate_key(conv) if dups else None,
+                    duplicate_key(conv, to) if dups else None,
                     data,
                     [k for k in conv.meta if k in RESERVED] or None if conv.meta else None,
                     prompt,

@@ -1,7 +1,8 @@
 """draftdeck.convert with worker processes: the same bytes and the same report as one process.
 
-Every comparison runs both paths on the same input: ``workers=1`` (read_conversations + Writer) and
+Every comparison runs both paths on the same input: ``workers=1`` (all in this process) and
 ``workers=2`` with small ranges, so that files are cut into many chunks and rows cross chunk edges.
+(test_fast_path.py compares ``workers=1`` with read_conversations + Writer, the general path.)
 """
 
 from __future__ import annotations
@@ -515,7 +516,7 @@ def _general(value: Any, to: str, max_chars: int) -> tuple[str, bytes, int] | No
         return None
     if not RESERVED.isdisjoint(conv.meta):
         return None
-    return family, encode_line(JSONL_ENCODERS[to](conv)), duplicate_key(conv)
+    return family, encode_line(JSONL_ENCODERS[to](conv)), duplicate_key(conv, to)
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
