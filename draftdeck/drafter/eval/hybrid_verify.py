@@ -136,13 +136,19 @@ def _is_gated_delta_net(module: torch.nn.Module) -> bool:
     )
 
 
+def _layer_idx(module: torch.nn.Module) -> int:
+    """The decoder layer a Gated DeltaNet module belongs to: its index in the cache."""
+    idx: Any = module.layer_idx  # a plain int attribute, which nn.Module's typing cannot see
+    return int(idx)
+
+
 class BlockStates:
     """The Gated DeltaNet layers of one model, and the states they passed through in the last
     recorded forward. A model without such layers has none, and recording it changes nothing."""
 
     def __init__(self, model: torch.nn.Module):
         self.layers = [m for m in model.modules() if _is_gated_delta_net(m)]
-        self.layer_ids = frozenset(int(m.layer_idx) for m in self.layers)
+        self.layer_ids = frozenset(_layer_idx(m) for m in self.layers)
         self._modules = sorted({type(m).__module__ for m in self.layers})
         self._states: dict[int, list[torch.Tensor]] = {}
 
@@ -156,7 +162,7 @@ class BlockStates:
         recording = _Recording()
 
         def enter_layer(module: torch.nn.Module, _args: Any) -> None:
-            recording.layer = int(module.layer_idx)
+            recording.layer = _layer_idx(module)
 
         hooks = [m.register_forward_pre_hook(enter_layer) for m in self.layers]
         for name in self._modules:
