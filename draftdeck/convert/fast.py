@@ -32,7 +32,17 @@ _INSTRUCTION_KEYS = {
     alpaca.ALPACA: ("instruction", "input", "output"),
     alpaca.INSTRUCTION_RESPONSE: ("instruction", "context", "response"),
 }
-_FILES: dict[str, bytes] = {}  # a file name's JSON text, for the provenance of each of its rows
+# the provenance of a file's rows up to the row number: `,"draftdeck_source":{"file":"<file>","row":`
+_PROVENANCE: dict[str, bytes] = {}
+# (row family, target) -> {a row's role: the name the target writes}, for the plain roles only
+_NAMES = {
+    (family, to): {raw: names[role] for raw, role in roles.items()}
+    for family, roles in (("openai", _PLAIN_ROLES), ("sharegpt", _SHAREGPT_ROLES))
+    for to, (_, _, names) in TURN_STYLE.items()
+}
+_ROLE_OF = {to: {name: role for role, name in names.items()} for to, (_, _, names) in TURN_STYLE.items()}
+# the keys preference.pair_of needs one of: a row without any is no preference pair
+_PREFERENCE_KEYS = frozenset({chosen for chosen, _ in preference.PAIRS} | {"chosen"})
 
 Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
@@ -57,7 +67,7 @@ def plain_row(
     known: tuple[str, ...]
     turns = value.get("messages")
     if type(turns) is list:
-        family, role_key, text_key, role_map, known = "openai", "role", "content", _PLAIN_ROLES, _OPENAI_KEYS
+        family, role_key, text_key, known = "openai", "role", "content", _OPENAI_KEYS
         if value.get("tools") is not None or value.get("functions") is not None:
             return None  # tools to read (the legacy functions list becomes them)
         system = None
@@ -72,13 +82,7 @@ def plain_row(
         first = turns[0]
         if type(first) is dict and "role" in first and "from" not in first:
             return None  # OpenAI messages under `conversations`: the general path
-        family, role_key, text_key, role_map, known = (
-            "sharegpt",
-            "from",
-            "value",
-            _SHAREGPT_ROLES,
-            sharegpt.ROW_KEYS,
-        )
+        family, role_key, text_key, known = "sharegpt", "from", "value", sharegpt.ROW_KEYS
         if value.get("tools") not in (None, ""):
             return None
         system = value.get("system")
@@ -86,12 +90,15 @@ def plain_row(
             system = None
         elif system is not None and type(system) is not str:
             return None
-    out_role, out_text, out_names = TURN_STYLE[to]
+    out_role, out_text, names = TURN_STYLE[to]
+    names_of = _NAMES[family, to]  # a row's role -> the name the target writes (none: not plain)
+    system_name, user_name = names["system"], names["user"]
     long_len = max_chars * 4
     # One pass over the turns: the checks of check_conversation on the only shapes that reach here
-    # (all must pass) and the output turns. `edges`: a text the duplicate key strips.
+    # (all must pass) and the output turns, compared by the names written (one per role). `edges`: a
+    # text the duplicate key strips. A turn that is no {role: str, text: str} object (a missing key,
+    # an unknown or unhashable role, text that is no string) raises: the general path names it.
     out_turns: list[dict[str, str]] = []
-    roles: list[str] = []  # canonical, for the duplicate key of a row whose texts it strips
     has_user = long_answer = edges = False
     prev = None
     if system is not None:
@@ -99,45 +106,48 @@ def plain_row(
         if not stripped:
             return None  # empty_turn
         edges = stripped is not system
-        out_turns.append({out_role: out_names["system"], out_text: system})
-        roles.append("system")
-    for t in turns:
-        if type(t) is not dict or len(t) != 2:
-            return None
-        raw = t.get(role_key)
-        text = t.get(text_key)
-        if type(raw) is not str or type(text) is not str:
-            return None
-        role = role_map.get(raw)
-        if role is None:
-            return None
-        stripped = text.strip()
-        if not stripped:
-            return None  # empty_turn (or empty_conversation)
-        if stripped is not text:
-            edges = True
-        if role == "system":
-            if system is not None and len(roles) == 1:
-                return None  # (a top-level system and then a system turn: the general path decides)
-        elif role == prev:
-            return None  # non_alternating
-        else:
-            prev = role
-            if role == "user":
-                has_user = True
-            elif not long_answer and (len(text) > long_len or len(normalise(text)) > max_chars):
-                long_answer = True  # placeholder_key is None: the row is not a candidate
-        out_turns.append({out_role: out_names[role], out_text: text})
-        roles.append(role)
-    if not has_user or prev != "assistant" or not long_answer:
+        out_turns.append({out_role: system_name, out_text: system})
+    append = out_turns.append
+    try:
+        for t in turns:
+            if len(t) != 2:
+                return None
+            name = names_of[t[role_key]]
+            text = t[text_key]
+            stripped = text.strip()
+            if stripped is not text:
+                if not stripped:
+                    return None  # empty_turn (or empty_conversation)
+                edges = True
+            elif not text:
+                return None
+            if name == system_name:
+                if system is not None and len(out_turns) == 1:
+                    return None  # (a top-level system and then a system turn: the general path decides)
+            elif name == prev:
+                return None  # non_alternating
+            else:
+                prev = name
+                if name == user_name:
+                    has_user = True
+                elif not long_answer and (len(text) > long_len or len(normalise(text)) > max_chars):
+                    long_answer = True  # placeholder_key is None: the row is not a candidate
+            append({out_role: name, out_text: text})
+    except (KeyError, TypeError, AttributeError):
+        return None
+    if not has_user or prev != names["assistant"] or not long_answer:
         return None  # no_user_turn / no_assistant_turn / trailing_user_turn, or a placeholder candidate
     meta = [k for k in value if k not in known] if len(value) > 1 else []
     if meta:
-        if not RESERVED.isdisjoint(meta) or preference.pair_of(value) is not None:
-            return None  # a field the target reserves, or chosen/rejected sides (the preference shape)
-        if any(type(value[k]) is str and len(value[k]) >= UNUSED_TEXT_CHARS for k in meta):
-            return None  # a long field the reader leaves: the general path says whether it was unused
-    return _encoded(family, out_turns, roles, edges, value, meta, to, dups, origin)
+        if not RESERVED.isdisjoint(meta):
+            return None  # a field the target reserves
+        if not _PREFERENCE_KEYS.isdisjoint(meta) and preference.pair_of(value) is not None:
+            return None  # chosen/rejected sides (the preference shape)
+        for k in meta:
+            v = value[k]
+            if type(v) is str and len(v) >= UNUSED_TEXT_CHARS:
+                return None  # a long field the reader leaves: the general path says whether it was unused
+    return _encoded(family, out_turns, edges, value, meta, to, dups, origin)
 
 
 def _columns_row(
@@ -187,13 +197,12 @@ def _columns_row(
         {out_role: out_names["assistant"], out_text: answer},
     ]
     edges = user_stripped is not user or answer_stripped is not answer
-    return _encoded(family, out_turns, ["user", "assistant"], edges, value, meta, to, dups, origin)
+    return _encoded(family, out_turns, edges, value, meta, to, dups, origin)
 
 
 def _encoded(
     family: str,
     out_turns: list[dict[str, str]],
-    roles: list[str],
     edges: bool,
     value: dict[str, Any],
     meta: list[str],
@@ -228,16 +237,20 @@ def _encoded(
     kept = None
     try:
         if PROVENANCE_KEY not in value:  # the usual row: its provenance is where it was read, written last
-            tail = [_HEAD[to], body]
+            parts = [_HEAD[to], body]
             if meta:
-                tail += (b",", memoryview(orjson.dumps({k: value[k] for k in meta}))[1:-1])
+                parts += (b",", memoryview(orjson.dumps({k: value[k] for k in meta}))[1:-1])
             if file and row is not None:
-                name = _FILES.get(file)
-                if name is None:
-                    name = _FILES[file] = orjson.dumps(file)
-                tail += (b',"' + PROVENANCE_KEY.encode() + b'":{"file":', name, b',"row":%d}' % row)
-            tail.append(b"}\n")
-            line = b"".join(tail)
+                prefix = _PROVENANCE.get(file)
+                if prefix is None:
+                    prefix = _PROVENANCE[file] = b',"%s":{"file":%s,"row":' % (
+                        PROVENANCE_KEY.encode(),
+                        orjson.dumps(file),
+                    )
+                parts += (prefix, b"%d}}\n" % row)
+            else:
+                parts.append(b"}\n")
+            line = b"".join(parts)
         else:  # a kept provenance: the writer's own rule, in place
             kept = value[PROVENANCE_KEY]
             rest: dict[str, Any] = {k: value[k] for k in meta}
@@ -256,8 +269,9 @@ def _encoded(
     if dups:
         repeat = repeat_of(kept)
         if edges or repeat:  # plain_duplicate_key's own parts (stripped texts, the repeat)
-            texts = [d[TURN_STYLE[to][1]] for d in out_turns]
-            dkey = plain_duplicate_key(zip(roles, texts, strict=True), to, repeat)
+            role_key, text_key, _ = TURN_STYLE[to]
+            role_of = _ROLE_OF[to]
+            dkey = plain_duplicate_key([(role_of[d[role_key]], d[text_key]) for d in out_turns], to, repeat)
         else:  # the turns as written are plain_duplicate_key's parts
             dkey = xxh3_64_intdigest(body)
     return family, line, dkey

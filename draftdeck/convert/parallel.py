@@ -23,24 +23,26 @@ as workers are in flight, so memory stays flat whatever the input size. Inputs t
 ``save_to_disk`` folders) are read in the parent, through the same record path. The Parquet target
 stays on the one-process path (``convert`` decides). With ``workers=1`` every input is read in the
 parent through the same records (no worker process): the one-process convert of a JSONL target, whose
-usual rows take the fast path too (:func:`_apply_whole` writes them without building anything).
+usual rows take the fast path too (:func:`_convert_whole` writes them without building anything).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from draftdeck.convert.checks import where_prefix
+from draftdeck.convert.fast import plain_row
 from draftdeck.convert.options import PROGRESS_EVERY_ROWS, ConvertOptions
 from draftdeck.convert.reading import input_files
 from draftdeck.convert.verdicts import RowState
 from draftdeck.convert.workers import COMPLEX, Chunk, Prepared, Record, Workers, prepare_rows
 from draftdeck.errors import JobFailed
 from draftdeck.formats.grouping import group_rows, groups, starts_grouped
-from draftdeck.formats.readers import RowReader, jsonl_chunks
+from draftdeck.formats.readers import RawRow, RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
 from draftdeck.formats.writers import Writer, meta_collision
 from draftdeck.progress import Progress, no_progress
@@ -120,37 +122,50 @@ def _apply(
                 yield from state.placeholder(item, item.pkey, item.dkey, item.prompt)
 
 
-def _apply_whole(records: Iterable[Record], state: RowState, name: str, out: _Out) -> None:
-    """:func:`_apply` and write, for the records of a file read in this process: a usual row's record
-    ("s") is counted and written here, without the Prepared and SourceRef that _apply builds for it
-    (the one-process convert's hot loop); any other record, or a usual row that repeats an earlier
-    one, goes through _apply."""
+def _convert_whole(
+    rows: Iterable[RawRow], state: RowState, name: str, out: _Out, to: str, progress: Callable[[], None]
+) -> None:
+    """Convert, count and write the rows of a file read in this process, in order (the one-process
+    convert's hot loop): a usual row is given to the fast path here and, when it takes it, counted and
+    written without a record, a Prepared or a SourceRef; any other row (or a usual row that repeats an
+    earlier one) goes through prepare_rows and _apply, as a worker's would. `progress` is called every
+    PROGRESS_EVERY_ROWS rows."""
+    options = state.options
     report = state.report
     formats = report.formats
     seen = state.seen
-    dups = state.options.check_duplicates
+    dups = options.check_duplicates
+    max_chars = options.placeholder_max_chars
     file_base = state.file_base(name)
     write_line = out.writer.write_line
-    for rec in records:
-        if rec[0] == "s":
-            data, dkey = rec[4]
-            if not dups:
-                pass
-            elif dkey in seen:  # a duplicate: its verdict and warning as _apply gives them
-                for item in _apply((rec,), state, name):
+    parse_options = state.parse_options
+    # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
+    fast = parse_options.from_format is None and not parse_options.columns
+    for i, row in enumerate(rows):
+        if i % PROGRESS_EVERY_ROWS == 0:
+            progress()
+        line = row.line
+        took = (
+            plain_row(row.value, to, max_chars, dups, (name, line if line is not None else row.index))
+            if fast and row.error is None
+            else None
+        )
+        if took is None:
+            for item in _apply(prepare_rows((row,), name, options, to, fast=False), state, name):
+                out.item(item)
+            continue
+        family, data, dkey = took
+        if dups:
+            if dkey in seen:  # a duplicate: its verdict and warning as _apply gives them
+                for item in _apply((("s", line, row.index, family, (data, dkey)),), state, name):
                     out.item(item)
                 continue
-            else:
-                line = rec[1]
-                seen[dkey] = file_base | (0 if line is None else line + 1)
-            report.rows_in += 1
-            formats[rec[3]] += 1
-            state.checked += 1
-            write_line(data)
-            report.rows_out += 1
-            continue
-        for item in _apply((rec,), state, name):
-            out.item(item)
+            seen[dkey] = file_base | (0 if line is None else line + 1)
+        report.rows_in += 1
+        formats[family] += 1
+        state.checked += 1
+        write_line(data)
+        report.rows_out += 1
 
 
 def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_before: int) -> None:
@@ -198,13 +213,8 @@ def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_befo
         out.block(view[run_start:pos], run_rows)
 
 
-def _with_progress(
-    records: Iterator[Record], reader: Any, done_before: int, total: int | None, progress: Progress
-) -> Iterator[Record]:
-    for i, rec in enumerate(records):
-        if i % PROGRESS_EVERY_ROWS == 0:
-            progress(done_before + reader.bytes_read, total, "bytes")
-        yield rec
+def _progress_of(progress: Progress, reader: Any, done_before: int, total: int | None) -> None:
+    progress(done_before + reader.bytes_read, total, "bytes")
 
 
 def write_converted(
@@ -243,19 +253,14 @@ def write_converted(
                     and not (grouping and starts_grouped(f))  # a session's lines must meet in one place
                 )
                 if whole or options.workers == 1:  # read in this process, through the same records
-                    records = _with_progress(
-                        prepare_rows(
-                            group_rows(reader, options.max_row_bytes) if grouping else reader,
-                            name,
-                            options,
-                            to,
-                        ),
-                        reader,
-                        done_before,
-                        total,
-                        progress,
+                    _convert_whole(
+                        group_rows(reader, options.max_row_bytes) if grouping else reader,
+                        state,
+                        name,
+                        out,
+                        to,
+                        partial(_progress_of, progress, reader, done_before, total),
                     )
-                    _apply_whole(records, state, name, out)
                     done_before += reader.size or 0
                     progress(done_before, total, "bytes")
                     continue

@@ -10,12 +10,10 @@ as a record, and the usual rows of a byte range come back packed (:class:`Chunk`
 
 from __future__ import annotations
 
-import multiprocessing
 from array import array
 from collections.abc import Iterable, Iterator
-from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from draftdeck.convert.checks import check_conversation, duplicate_key
 from draftdeck.convert.fast import plain_row
@@ -28,9 +26,18 @@ from draftdeck.formats.readers import JsonlRange, RawRow
 from draftdeck.formats.writers import JSONL_ENCODERS, RESERVED, encode_line
 from draftdeck.quality import Action
 
-# fork: workers start at once with the converter imported, and need no `if __name__ == "__main__"`
-# guard in the caller's script. They run only this module's code (no lock of the caller is taken).
-START_METHOD = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+
+def start_method() -> str:
+    """fork: workers start at once with the converter imported, and need no `if __name__ ==
+    "__main__"` guard in the caller's script. They run only this module's code (no lock of the caller
+    is taken). (multiprocessing is imported here, not with the module: a one-process convert never
+    needs it, and it is a good part of the package's import time.)"""
+    import multiprocessing
+
+    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 class Prepared(NamedTuple):
@@ -67,8 +74,11 @@ class Prepared(NamedTuple):
 Record = tuple[Any, ...]
 
 
-def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str) -> Iterator[Record]:
-    """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state."""
+def prepare_rows(
+    rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str, *, fast: bool = True
+) -> Iterator[Record]:
+    """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state.
+    `fast`: try the fast path first (False: a caller that tried it already)."""
     encoder = JSONL_ENCODERS[to]
     parse_options = options.parse_options()
     policy = options.policy
@@ -83,13 +93,13 @@ def prepare_rows(rows: Iterable[RawRow], name: str, options: ConvertOptions, to:
             yield ("x", line, index, row.error, row.reason or "")
             continue
         # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
-        fast = (
+        took = (
             plain_row(row.value, to, max_chars, dups, (name, line if line is not None else index))
-            if parse_options.from_format is None and not parse_options.columns
+            if fast and parse_options.from_format is None and not parse_options.columns
             else None
         )
-        if fast is not None:
-            yield ("s", line, index, fast[0], (fast[1], fast[2]))
+        if took is not None:
+            yield ("s", line, index, took[0], (took[1], took[2]))
             continue
         ctx = ParseContext(parse_options)
         try:
@@ -242,7 +252,9 @@ class Workers:
     """
 
     def __init__(self, options: ConvertOptions, to: str):
-        ctx: Any = multiprocessing.get_context(START_METHOD)
+        import multiprocessing
+
+        ctx: Any = multiprocessing.get_context(start_method())
         self.conns: list[Connection] = []
         self.procs: list[Any] = []
         self.sent = self.received = 0

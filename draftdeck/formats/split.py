@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from functools import cache
+from typing import IO, TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 # orjson's own nesting limit ("depth limit exceeded"), for JSONL lines and the records here alike: far
 # above any chat file (a conversation is a few levels; a tool schema a dozen)
@@ -30,12 +32,22 @@ MAX_DEPTH = 1024
 BLOCK_BYTES = 1 << 20
 
 _QUOTE, _BACKSLASH, _COMMA, _NL, _CR = 34, 92, 44, 10, 13
-_OPEN = np.zeros(256, np.int8)
-_OPEN[[ord("["), ord("{")]] = 1
-_CLOSE = np.zeros(256, np.int8)
-_CLOSE[[ord("]"), ord("}")]] = 1
-_STRUCTURAL = np.zeros(256, bool)
-_STRUCTURAL[[ord("["), ord("{"), ord("]"), ord("}"), _COMMA]] = True
+
+
+# NumPy is imported when a scan first runs, not with this module: readers import it for every input,
+# and most inputs (JSONL) never scan here, while the import is a tenth of a second of every start.
+@cache
+def _tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per byte value: opens a level, closes one, is structural ([ { ] } ,)."""
+    import numpy as np
+
+    opens = np.zeros(256, np.int8)
+    opens[[ord("["), ord("{")]] = 1
+    closes = np.zeros(256, np.int8)
+    closes[[ord("]"), ord("}")]] = 1
+    structural = np.zeros(256, bool)
+    structural[[ord("["), ord("{"), ord("]"), ord("}"), _COMMA]] = True
+    return opens, closes, structural
 
 
 @dataclass(slots=True)
@@ -86,6 +98,8 @@ class _Escapes:
         self.odd = False
 
     def real_quotes(self, a: np.ndarray) -> np.ndarray:
+        import numpy as np
+
         quotes = np.flatnonzero(a == _QUOTE)
         slashes = np.flatnonzero(a == _BACKSLASH)
         carried, self.odd = self.odd, False
@@ -117,13 +131,16 @@ class _JsonScan:
         self.depth = 0
 
     def scan(self, data: bytes) -> tuple[list[int], list[int], list[int]]:
+        import numpy as np
+
         a = np.frombuffer(data, np.uint8)
         quotes = self.escapes.real_quotes(a)
-        marks = np.flatnonzero(_STRUCTURAL[a])
+        opens, closes, structural = _tables()
+        marks = np.flatnonzero(structural[a])
         marks = marks[(np.searchsorted(quotes, marks) + int(self.in_string)) % 2 == 0]
         self.in_string = (int(self.in_string) + quotes.size) % 2 == 1
         chars = a[marks]
-        delta = _OPEN[chars].astype(np.int64) - _CLOSE[chars]
+        delta = opens[chars].astype(np.int64) - closes[chars]
         before = self.depth + np.cumsum(delta) - delta
         if delta.size:
             self.depth = int(before[-1] + delta[-1])
@@ -191,6 +208,8 @@ def row_ends(a: np.ndarray, quoted: bool) -> tuple[np.ndarray, bool]:
     """Where rows end in a block of CSV (the positions of their last byte: a newline outside quotes)
     and whether the block ends inside quotes. A doubled quote inside quotes toggles twice: parity is
     exact for RFC 4180 quoting."""
+    import numpy as np
+
     quotes = np.flatnonzero(a == _QUOTE)
     newlines = np.flatnonzero((a == _NL) | (a == _CR))
     if newlines.size:  # "\r\n" ends a row at its "\n"
@@ -204,6 +223,8 @@ def csv_chunks(stream: IO[bytes], limit: int, block: int = BLOCK_BYTES) -> Itera
     """The rows of a CSV or TSV text: first the header row alone, then whole rows, many to a piece (about
     a block's worth). A row over `limit` bytes comes alone with no data (`size` is its size); a text that
     ends inside quotes ends with a Piece whose `reason` says so."""
+    import numpy as np
+
     gather = _Gather(limit)  # the row being read
     chunk: list[bytes] = []
     chunk_size = 0
@@ -263,6 +284,8 @@ def csv_chunks(stream: IO[bytes], limit: int, block: int = BLOCK_BYTES) -> Itera
 
 def _split_at_oversize(cuts: list[int], lengths: np.ndarray, limit: int) -> list[tuple[int, int, bool]]:
     """Byte spans [lo, hi) between `cuts`, runs of rows within the limit apart from each row over it."""
+    import numpy as np
+
     spans: list[tuple[int, int, bool]] = []
     lo = cuts[0]
     for i in np.flatnonzero(lengths > limit).tolist():
