@@ -16,7 +16,7 @@ from draftdeck.errors import InputError
 
 
 @contextmanager
-def atomic_output(path: Path, mode: str = "wb") -> Iterator[IO]:  # type: ignore[type-arg]
+def atomic_output(path: Path, mode: str = "wb") -> Iterator[IO]:
     """Write to a temporary name beside `path`, fsync, then rename over `path`.
 
     If the block raises (or the process dies), `path` is untouched and the temporary file is removed

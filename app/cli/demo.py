@@ -58,7 +58,7 @@ def demo_world(size: dict[str, int], seed: int, arch: str, rebuild: bool, say: A
         say(f"reusing the tiny world built earlier in {folder} (--rebuild-world builds it again)")
     else:
         say(f"building the tiny world in {folder} (tokenizer, {arch} target trained {steps} steps)")
-        params = TinyTargetParams(out=str(folder), arch=arch, target_steps=steps, prompts=prompts, seed=seed)  # type: ignore[arg-type]
+        params = TinyTargetParams(out=str(folder), arch=arch, target_steps=steps, prompts=prompts, seed=seed)
         _run("tiny-target", params, say)
     return TinyDemo(folder / "tokenizer", folder / "target", folder / "prompts.jsonl")
 

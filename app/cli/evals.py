@@ -68,7 +68,7 @@ def _record(session: Session, params: EvalParams, ctx: LocalContext, started: fl
         worker=f"cli:{host}",
     )  # fmt: skip
     began = datetime.fromtimestamp(started, UTC)  # the eval's own start, not the moment it was recorded
-    session.execute(update(Job).where(col(Job.id) == job.id).values(started_at=began))  # type: ignore[call-overload]
+    session.execute(update(Job).where(col(Job.id) == job.id).values(started_at=began))
     for level, message, code, n in ctx.events:
         records.add_event(session, job.id, level, message, code=code, count=n, commit=False)
     for kind, message in ctx.alerts:

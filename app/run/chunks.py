@@ -129,7 +129,7 @@ def enqueue_chunks(job_id: int, indexes: list[int], *, queue: str) -> None:
     for index in indexes:
         task_id = _send(job_id, index, queue)
         with session_scope() as session:
-            session.execute(  # type: ignore[call-overload]
+            session.execute(
                 update(JobChunk)
                 .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
                 .values(task_id=task_id, sent_at=utcnow())
@@ -242,7 +242,7 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
 def _claim_final_step(job_id: int, me: str) -> bool:
     """Of the tasks that saw every chunk done, exactly one wins the final step."""
     with session_scope() as session:
-        claimed = session.execute(  # type: ignore[call-overload]
+        claimed = session.execute(
             update(JobChunk)
             .where(
                 col(JobChunk.job_id) == job_id,
@@ -307,7 +307,7 @@ def _rerun(job_id: int, again: core.RerunChunks) -> None:
             state.propose_chunk(session, job_id, index, ChunkStatus.PENDING, again.reason, commit=False,
                                 worker=None, started_at=None, finished_at=None,
                                 reused_from=None)  # fmt: skip
-        session.execute(  # type: ignore[call-overload]
+        session.execute(
             update(JobChunk)
             .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
             .values(finalized_by=None)

@@ -70,7 +70,7 @@ def register(
     assert job.id is not None
     folder = get_settings().jobs_dir / str(job.id)  # the run page reads the mirrored files here
     folder.mkdir(parents=True, exist_ok=True)
-    session.execute(  # type: ignore[call-overload]
+    session.execute(
         update(Job).where(col(Job.id) == job.id)
         .values(external_key=key, report_seq=0, params={**stored, "out": str(folder)})
     )  # fmt: skip
@@ -114,11 +114,11 @@ def _apply_one(session: Session, job: Job, item: ReportItem) -> None:
     assert job.id is not None
     mark = update(Job).where(col(Job.id) == job.id).values(report_seq=item.seq)
     if isinstance(item, report_items.End):
-        session.execute(mark)  # type: ignore[call-overload]
+        session.execute(mark)
         _end(session, job, item)
         return
     if isinstance(item, report_items.Metrics):
-        session.execute(mark)  # type: ignore[call-overload]
+        session.execute(mark)
         points = [
             MetricPoint(item.step, name, math.nan if v is None else v, item.tokens)
             for name, v in item.values.items()
@@ -135,7 +135,7 @@ def _apply_one(session: Session, job: Job, item: ReportItem) -> None:
         records.raise_alert(session, item.alert, f"job {job.id}: {item.message}", job_id=job.id, commit=False)
     else:
         _mirror(job, item.name, item.text)
-    session.execute(mark)  # type: ignore[call-overload]
+    session.execute(mark)
     session.commit()
 
 
@@ -156,5 +156,5 @@ def _end(session: Session, job: Job, item: report_items.End) -> None:
         state.propose(session, job.id, to, reason, result=result)
         return
     if to == JobStatus.CANCELLED:  # stopped where it runs (Ctrl-C, the page's Cancel): the flag says so
-        session.execute(update(Job).where(col(Job.id) == job.id).values(cancel_requested=True))  # type: ignore[call-overload]
+        session.execute(update(Job).where(col(Job.id) == job.id).values(cancel_requested=True))
     state.propose(session, job.id, to, item.message or to.value, result=result)

@@ -27,7 +27,7 @@ FORGET_AFTER_SECONDS = 24 * 3600
 
 def beat(session: Session, name: str, queues: list[str]) -> None:
     now = utcnow()
-    result = session.execute(  # type: ignore[call-overload]
+    result = session.execute(
         update(Worker).where(col(Worker.name) == name).values(heartbeat_at=now, queues=",".join(queues))
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]
@@ -36,14 +36,14 @@ def beat(session: Session, name: str, queues: list[str]) -> None:
 
 
 def forget(session: Session, name: str) -> None:
-    session.execute(delete(Worker).where(col(Worker.name) == name))  # type: ignore[call-overload]
+    session.execute(delete(Worker).where(col(Worker.name) == name))
     session.commit()
 
 
 def prune(session: Session, older_than_seconds: float = FORGET_AFTER_SECONDS) -> int:
     """Forget workers silent for a day (killed without their shutdown); return how many."""
     cutoff = utcnow() - timedelta(seconds=older_than_seconds)
-    result = session.execute(delete(Worker).where(col(Worker.heartbeat_at) < cutoff))  # type: ignore[call-overload]
+    result = session.execute(delete(Worker).where(col(Worker.heartbeat_at) < cutoff))
     session.commit()
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
@@ -136,5 +136,5 @@ def _chunk_facts(session: Session, job: Job, cutoff: datetime) -> tuple[bool, bo
 
     beats = chunk(col(JobChunk.status) == ChunkStatus.RUNNING, col(JobChunk.heartbeat_at) >= cutoff)
     sent = chunk(col(JobChunk.status) == ChunkStatus.PENDING, col(JobChunk.sent_at).is_not(None))
-    got = session.execute(select(beats, sent)).one()  # type: ignore[call-overload]
+    got = session.execute(select(beats, sent)).one()
     return bool(got[0]), bool(got[1])

@@ -159,9 +159,7 @@ def take_over(session: Session, job_id: int, out: Path, parts: Path) -> Reuse:
         else:
             problems.append(f"chunk {index}: {why}")
     # Whatever was not taken is of no use to anyone now (one retry per attempt).
-    session.execute(  # type: ignore[call-overload]
-        update(JobChunk).where(col(JobChunk.job_id) == old_id).values(shard_path=None)
-    )
+    session.execute(update(JobChunk).where(col(JobChunk.job_id) == old_id).values(shard_path=None))
     session.commit()
     shutil.rmtree(kept, ignore_errors=True)
     if problems:
@@ -184,7 +182,7 @@ def _reuse_one(
         return "its shard was not kept (it had no rows, or was deleted after the retention time)"
     if old.input_sha256 is None or old.input_sha256 != key:
         return "its input, the tokenizer or the options changed"
-    claimed = session.execute(  # type: ignore[call-overload]
+    claimed = session.execute(
         update(JobChunk)
         .where(col(JobChunk.id) == old.id, col(JobChunk.shard_path) == shard_path)
         .values(shard_path=None)
@@ -243,7 +241,7 @@ def delete_expired(session: Session, keep_hours: float, *, limit: int = 100) -> 
         .limit(limit)
     ).all()
     for job_id in jobs:
-        session.execute(  # type: ignore[call-overload]
+        session.execute(
             update(JobChunk)
             .where(col(JobChunk.job_id) == job_id, col(JobChunk.shard_path).is_not(None))
             .values(shard_path=None)

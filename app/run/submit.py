@@ -93,7 +93,7 @@ def enqueue(session: Session, job: Job) -> None:
         log.exception("could not enqueue job %s", job.id)
         state.propose(session, job.id, JobStatus.FAILED, f"could not enqueue: {exc}")
         return
-    session.execute(update(Job).where(col(Job.id) == job.id).values(task_id=task_id, sent_at=utcnow()))  # type: ignore[call-overload]
+    session.execute(update(Job).where(col(Job.id) == job.id).values(task_id=task_id, sent_at=utcnow()))
     session.commit()
     job.task_id = task_id
 
@@ -111,7 +111,7 @@ def request_cancel(session: Session, job_id: int, settings: Settings) -> Job:
         job = _reloaded(session, job_id)  # it started meanwhile
     if job.status != JobStatus.RUNNING:
         raise JobStateError(f"job {job_id} is {job.status}; only queued or running jobs can be cancelled")
-    session.execute(update(Job).where(col(Job.id) == job_id).values(cancel_requested=True))  # type: ignore[call-overload]
+    session.execute(update(Job).where(col(Job.id) == job_id).values(cancel_requested=True))
     records.add_event(session, job_id, "info", "cancellation requested")
     live = liveness.of_job(session, job, settings.lost_after_seconds)
     if not live.beating:

@@ -208,7 +208,7 @@ def resend_lost_messages(
         except Exception:  # the broker is still down: the next round tries again
             log.warning("job %s: could not re-send its message", job_id, exc_info=True)
             continue
-        session.execute(update(Job).where(col(Job.id) == job_id).values(task_id=new_id))  # type: ignore[call-overload]
+        session.execute(update(Job).where(col(Job.id) == job_id).values(task_id=new_id))
         session.commit()
         log.warning("job %s: its message was lost; sent again", job_id)
         resent_jobs.append(job_id)
@@ -240,7 +240,7 @@ def resend_lost_messages(
 def _claim_resend(session: Session, table: type, where: tuple[object, ...], sent_at: datetime | None) -> bool:
     """Compare-and-set on `sent_at`: of several sweepers, one re-sends."""
     same = col(table.sent_at).is_(None) if sent_at is None else col(table.sent_at) == sent_at  # type: ignore[attr-defined]
-    result = session.execute(update(table).where(*where, same).values(sent_at=utcnow()))  # type: ignore[call-overload,arg-type]
+    result = session.execute(update(table).where(*where, same).values(sent_at=utcnow()))  # type: ignore[arg-type]
     session.commit()
     return bool(result.rowcount == 1)  # type: ignore[attr-defined]
 
@@ -251,7 +251,7 @@ def _send_chunk(session: Session, job_id: int, index: int, queue_name: str) -> b
     except Exception:  # the broker is down: the chunk stays pending and is re-sent next round
         log.warning("job %s chunk %s: could not send its message", job_id, index, exc_info=True)
         return False
-    session.execute(  # type: ignore[call-overload]
+    session.execute(
         update(JobChunk)
         .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
         .values(task_id=task_id)

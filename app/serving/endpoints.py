@@ -96,8 +96,8 @@ def create_endpoint(
 def delete_endpoint(session: Session, ep: ServingEndpoint) -> None:
     """Forget an endpoint and its windows; its alerts stay (their messages name it), detached."""
     for table in (ServingWindow, ServingHour):
-        session.execute(delete(table).where(col(table.endpoint_id) == ep.id))  # type: ignore[call-overload]
-    session.execute(update(Alert).where(col(Alert.endpoint_id) == ep.id).values(endpoint_id=None))  # type: ignore[call-overload]
+        session.execute(delete(table).where(col(table.endpoint_id) == ep.id))
+    session.execute(update(Alert).where(col(Alert.endpoint_id) == ep.id).values(endpoint_id=None))
     session.delete(ep)
     session.commit()
 
@@ -203,7 +203,7 @@ def _open_alert(session: Session, ep: ServingEndpoint, kind: str) -> Alert | Non
 
 
 def _clear(session: Session, ep: ServingEndpoint, kind: str) -> None:
-    session.execute(  # type: ignore[call-overload]
+    session.execute(
         update(Alert)
         .where(col(Alert.endpoint_id) == ep.id, col(Alert.kind) == kind, col(Alert.acknowledged).is_(False))
         .values(acknowledged=True, acknowledged_at=utcnow())

@@ -35,7 +35,7 @@ PER_ROUND = 50  # endpoints one round scrapes at most
 def _claim(session: Session, ep: ServingEndpoint) -> bool:
     """Move the endpoint's next scrape one interval on, if no other process did it first."""
     due = ep.next_scrape_at
-    result = session.execute(  # type: ignore[call-overload]
+    result = session.execute(
         update(ServingEndpoint)
         .where(col(ServingEndpoint.id) == ep.id, col(ServingEndpoint.next_scrape_at) == due)
         .values(next_scrape_at=utcnow() + timedelta(seconds=ep.interval_s))

@@ -29,7 +29,7 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):  # type: ignore[no-untyped-def]
+        def _sqlite_pragmas(dbapi_conn, _record):
             # WAL lets the web process read while a worker writes; the busy timeout rides out
             # short write locks instead of failing.
             cur = dbapi_conn.cursor()

@@ -103,7 +103,7 @@ def raise_alert(
 
 
 def acknowledge_alert(session: Session, alert_id: int) -> bool:
-    result = session.execute(  # type: ignore[call-overload]
+    result = session.execute(
         update(Alert).where(col(Alert.id) == alert_id).values(acknowledged=True, acknowledged_at=utcnow())
     )
     session.commit()
@@ -111,7 +111,7 @@ def acknowledge_alert(session: Session, alert_id: int) -> bool:
 
 
 def heartbeat(session: Session, job_id: int) -> None:
-    session.execute(  # type: ignore[call-overload]
+    session.execute(
         update(Job)
         .where(col(Job.id) == job_id, col(Job.status) == JobStatus.RUNNING)
         .values(heartbeat_at=utcnow())
@@ -120,7 +120,7 @@ def heartbeat(session: Session, job_id: int) -> None:
 
 
 def heartbeat_chunk(session: Session, job_id: int, index: int) -> None:
-    session.execute(  # type: ignore[call-overload]
+    session.execute(
         update(JobChunk)
         .where(
             col(JobChunk.job_id) == job_id,
@@ -134,7 +134,7 @@ def heartbeat_chunk(session: Session, job_id: int, index: int) -> None:
 
 def record_progress(session: Session, job_id: int, done: int, total: int | None, unit: str) -> bool:
     """Store progress and refresh the heartbeat; return True when cancellation was requested."""
-    session.execute(  # type: ignore[call-overload]
+    session.execute(
         update(Job)
         .where(col(Job.id) == job_id, col(Job.status) == JobStatus.RUNNING)
         .values(progress_done=done, progress_total=total, progress_unit=unit, heartbeat_at=utcnow())

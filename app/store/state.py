@@ -183,7 +183,7 @@ def propose(
     if rule is None or why_not is not None:
         session.commit()
         return Decision(False, current, why_not or "")
-    result = session.execute(  # type: ignore[call-overload]
+    result = session.execute(
         update(Job)
         .where(col(Job.id) == job_id, col(Job.status) == current)
         .values(status=p.to, **rule.values(p), **fields)
@@ -332,7 +332,7 @@ def propose_chunk(
     rule = _CHUNK_PAIRS.get((current, to))
     if rule is None or any(fields.get(name) is None for name in rule.REQUIRES):
         return Decision(False, current, f"chunk {index} is {current}; it cannot become {to}")
-    result = session.execute(  # type: ignore[call-overload]
+    result = session.execute(
         update(JobChunk)
         .where(
             col(JobChunk.job_id) == job_id,

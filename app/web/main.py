@@ -76,7 +76,7 @@ def create_app() -> FastAPI:
     app.add_middleware(AccessGuard)
 
     @app.middleware("http")
-    async def security_headers(request: Request, call_next):  # type: ignore[no-untyped-def]
+    async def security_headers(request: Request, call_next):
         response: Response = await call_next(request)
         path = request.url.path
         docs = path in DOCS_PATHS

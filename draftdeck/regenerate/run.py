@@ -161,7 +161,7 @@ class _Job:
         if self.fatal is not None:
             raise self.fatal
         self._tick(force=True)
-        return backend.health()  # type: ignore[no-any-return]
+        return backend.health()
 
     def _tick(self, force: bool = False) -> None:
         """Progress (which may raise Cancelled) and count metrics since the previous point."""

@@ -195,7 +195,7 @@ class BlockedAttention(torch.autograd.Function):
     chunk's scores. All softmax arithmetic is float32 whatever the inputs' dtype."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         q: torch.Tensor,
         k_ctx: torch.Tensor,
@@ -212,7 +212,7 @@ class BlockedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> Any:
         q, k_ctx, k_blk, v_ctx, v_blk, out, lse = ctx.saved_tensors
         kv = KV(k_ctx, k_blk, v_ctx, v_blk)
         dq, dkc, dkb, dvc, dvb = _blocked_backward(q, kv, out, lse, grad_out, ctx.layout, ctx.scale)

@@ -159,7 +159,7 @@ class _ChunkedLinearLoss(torch.autograd.Function):
     only scales them by the incoming gradient. The teacher is the frozen target's: no gradient."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: torch.Tensor,
         weight: torch.Tensor,
@@ -199,7 +199,7 @@ class _ChunkedLinearLoss(torch.autograd.Function):
         return (out.total, *parts)
 
     @staticmethod
-    def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> Any:  # type: ignore[override]
+    def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> Any:
         grad_h, grad_w, grad_b = ctx.grads  # freed with the graph
         grad_u, grad_w2 = ctx.low_rank_grads
         scale = grad_loss.float()

@@ -99,8 +99,8 @@ def shard(drafter: Any, strategy: Sharding, device: torch.device, world: int) ->
     for name in (*ROOT_METHODS, *getattr(drafter, "fsdp_methods", ())):  # a kind's heads read root weights
         register_fsdp_forward_method(drafter, name)
     for module in (*drafter.decoder_layers, drafter):  # each sharded module reduces its own gradients
-        module.set_gradient_divide_factor(1.0)  # type: ignore[operator]
-        module.set_force_sum_reduction_for_comms(True)  # type: ignore[operator]  # gloo: no PREMUL_SUM
+        module.set_gradient_divide_factor(1.0)
+        module.set_force_sum_reduction_for_comms(True)  # gloo: no PREMUL_SUM
 
 
 def target_layers(model: nn.Module) -> list[nn.Module]:

@@ -260,7 +260,7 @@ def counted_slot_loss(
         return head_loss(logits_fn, hidden[sel], labels, w, teacher=teacher, mix=mix, chunked=chunked)
     previous = batch.previous()
     features = drafter.block_features(hidden, previous)  # type: ignore[operator]
-    return drafter.slot_loss(  # type: ignore[operator,no-any-return]
+    return drafter.slot_loss(  # type: ignore[operator]
         logits_fn, hidden[sel], previous[sel], None if features is None else features[sel], labels, w,
         teacher=teacher, mix=mix, chunked=chunked,
     )  # fmt: skip
