@@ -164,7 +164,19 @@ def _kill_running_chunk(stack: Stack, job_id: int, losses: int) -> str:
         return next((c for c in rows if c.status == "running" and c.worker and c.losses == losses), None)
 
     chunk = wait_for(running, 60, f"the chunk to run (losses={losses})", stack, every=0.05)
-    os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)
+    pid = int(chunk.worker.rsplit(":", 1)[1])
+    # Stopped first, then killed only once the chunk is seen still running: on a loaded machine this
+    # process can be starved between the read and the kill while the chunk ends, and the kill then hits
+    # the job's final step instead (the job failed "no heartbeat", not the loss the test is about).
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        still = running()
+        statuses = [c.status for c in _chunk_rows(job_id)]
+        assert still is not None and still.worker == chunk.worker, (
+            f"the chunk ended before the kill: {statuses}"
+        )
+    finally:
+        os.kill(pid, signal.SIGKILL)
     return str(chunk.worker)
 
 
@@ -238,7 +250,8 @@ def test_a_chunk_lost_twice_fails_the_job_and_retry_with_out_works(
     set) runs and succeeds."""
     stack.start_worker()
     out = stack.data / "out"
-    job_id = _submit_big(client, stack, small_tokenizer, out=str(out))
+    # the long rows keep the chunk running for seconds: the second kill finds it running
+    job_id = _submit_big(client, stack, small_tokenizer, out=str(out), heavy_tail=True)
     _kill_running_chunk(stack, job_id, 0)
     _kill_running_chunk(stack, job_id, 1)
     job = wait_for(_ended(client, job_id), 60, "the job to be marked lost", stack)
