@@ -49,6 +49,7 @@ from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Action, Report
 
 CHUNK_BYTES = 4 << 20
+_FAST_BLOCK_BYTES = 1 << 20  # as the writer's own buffer
 
 
 # -- the parent ---------------------------------------------------------------------------------------
@@ -137,10 +138,26 @@ def _convert_whole(
     dups = options.check_duplicates
     max_chars = options.placeholder_max_chars
     file_base = state.file_base(name)
-    write_line = out.writer.write_line
     parse_options = state.parse_options
     # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
     fast = parse_options.from_format is None and not parse_options.columns
+    # The lines of the rows the fast path took since the last general row, written and counted (rows
+    # in, checked, out) as one block: before any other row is judged (it may read the counts, or fail
+    # the job after them) and every _FAST_BLOCK_BYTES.
+    block: list[bytes] = []
+    block_bytes = 0
+
+    def flush() -> None:
+        nonlocal block_bytes
+        n = len(block)
+        if n:
+            out.writer.write_block(b"".join(block), n)
+            report.rows_in += n
+            state.checked += n
+            report.rows_out += n
+            block.clear()
+            block_bytes = 0
+
     for i, row in enumerate(rows):
         if i % PROGRESS_EVERY_ROWS == 0:
             progress()
@@ -151,21 +168,24 @@ def _convert_whole(
             else None
         )
         if took is None:
+            flush()
             for item in _apply(prepare_rows((row,), name, options, to, fast=False), state, name):
                 out.item(item)
             continue
         family, data, dkey = took
         if dups:
             if dkey in seen:  # a duplicate: its verdict and warning as _apply gives them
+                flush()
                 for item in _apply((("s", line, row.index, family, (data, dkey)),), state, name):
                     out.item(item)
                 continue
             seen[dkey] = file_base | (0 if line is None else line + 1)
-        report.rows_in += 1
         formats[family] += 1
-        state.checked += 1
-        write_line(data)
-        report.rows_out += 1
+        block.append(data)
+        block_bytes += len(data)
+        if block_bytes >= _FAST_BLOCK_BYTES:
+            flush()
+    flush()
 
 
 def _apply_chunk(chunk: Chunk, state: RowState, name: str, out: _Out, lines_before: int) -> None:
