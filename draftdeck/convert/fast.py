@@ -161,7 +161,7 @@ def _columns_row(
         family = detect(value)[0]
     except RowRejected:
         return None
-    keys = _INSTRUCTION_KEYS.get(family)
+    keys: tuple[str, ...] | None = _INSTRUCTION_KEYS.get(family)
     if keys is not None:
         first, second, answer_key = keys
         instruction, extra = value.get(first), value.get(second)
@@ -237,7 +237,7 @@ def _encoded(
     kept = None
     try:
         if PROVENANCE_KEY not in value:  # the usual row: its provenance is where it was read, written last
-            parts = [_HEAD[to], body]
+            parts: list[bytes | memoryview] = [_HEAD[to], body]
             if meta:
                 parts += (b",", memoryview(orjson.dumps({k: value[k] for k in meta}))[1:-1])
             if file and row is not None:

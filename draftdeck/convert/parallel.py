@@ -173,7 +173,7 @@ def _convert_whole(
                 out.item(item)
             continue
         family, data, dkey = took
-        if dups:
+        if dkey is not None:  # (None: duplicates are not checked)
             if dkey in seen:  # a duplicate: its verdict and warning as _apply gives them
                 flush()
                 for item in _apply((("s", line, row.index, family, (data, dkey)),), state, name):
