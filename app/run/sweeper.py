@@ -163,7 +163,12 @@ def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 
         live = liveness.of_job(session, job, lost_after_seconds)  # the rule Cancel and the page use
         if not live.stranded:
             continue
-        if live.waiting:
+        lost_chunk = _lost_chunk_error(session, job.id)
+        if lost_chunk is not None:
+            # another sweeper marked a chunk lost and is about to fail the job for it (two commits):
+            # the job fails for that reason, whichever sweeper gets there first
+            detail = lost_chunk
+        elif live.waiting:
             detail = f"no live worker serves queue {job.queue} (chunks {_pending(session, job.id)} wait)"
         elif job.external_key is not None:  # a run launched elsewhere: its reporter went silent
             detail = f"its reporter ({job.worker}) sent nothing for {lost_after_seconds:.0f} s"
@@ -172,6 +177,17 @@ def mark_lost_jobs(session: Session, lost_after_seconds: float, *, limit: int = 
         if fail_lost(session, job.id, detail).accepted:
             lost.append(job.id)
     return lost
+
+
+def _lost_chunk_error(session: Session, job_id: int) -> str | None:
+    """The reason the first chunk of `job_id` marked lost was lost, if one was."""
+    return session.exec(
+        select(JobChunk.error)
+        .where(
+            JobChunk.job_id == job_id, JobChunk.status == ChunkStatus.LOST, col(JobChunk.error).is_not(None)
+        )
+        .order_by(col(JobChunk.chunk_index))
+    ).first()
 
 
 def _pending(session: Session, job_id: int) -> str:

@@ -220,6 +220,39 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
     assert run_chunk(job_id, 0) == "skipped:job-failed"
 
 
+def test_a_job_failed_between_its_chunk_lost_and_its_failure_names_the_chunk(
+    migrated: Path, small_dir: Path
+) -> None:
+    """Two sweepers: one marks chunk 0 lost (committed) and is about to fail the job; the other, in
+    between, finds the job stale with no chunk running or waiting. It fails the job for the lost
+    chunk, not for a missing heartbeat."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.store import records as jobs
+    from app.store.db import session_scope
+    from app.store.models import Job, JobChunk, utcnow
+
+    job_id, _, _ = _submit(migrated, small_dir, 20, chunk_rows=10)
+    assert run_job(job_id) == "handed-off"
+    n = len(_chunks(job_id))
+    assert [run_chunk(job_id, i) for i in range(1, n)] == ["done"] * (n - 1)
+    why = "chunk 0 lost twice (worker celery@w:1, no heartbeat for 13 s)"
+    with session_scope() as session:
+        session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == 0)  # type: ignore[call-overload,arg-type]
+                        .values(status="lost", losses=1, error=why))  # fmt: skip
+        session.execute(
+            update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
+        )  # type: ignore[call-overload,arg-type]
+        session.commit()
+        assert mark_lost_jobs(session, 30) == [job_id]
+        job = jobs.get_job(session, job_id)
+    assert job is not None and job.error == f"worker lost: {why}"
+
+
 def _unreachable_token_tokenizer(small_dir: Path, dest: Path) -> Path:
     """The small BPE plus a vocabulary entry no merge produces: tiktoken and HF disagree on 'qqqq'."""
     spec = json.loads((small_dir / "tokenizer.json").read_text())
