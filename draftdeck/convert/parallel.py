@@ -142,8 +142,8 @@ def _convert_whole(
     # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
     fast = parse_options.from_format is None and not parse_options.columns
     # The lines of the rows the fast path took since the last general row, written and counted (rows
-    # in, checked, out) as one block: before any other row is judged (it may read the counts, or fail
-    # the job after them) and every _FAST_BLOCK_BYTES.
+    # in, checked, out) at once: before any other row is judged (it may read the counts, or fail the
+    # job after them) and every _FAST_BLOCK_BYTES.
     block: list[bytes] = []
     block_bytes = 0
 
@@ -151,7 +151,7 @@ def _convert_whole(
         nonlocal block_bytes
         n = len(block)
         if n:
-            out.writer.write_block(b"".join(block), n)
+            out.writer.write_lines(block, block_bytes)
             report.rows_in += n
             state.checked += n
             report.rows_out += n

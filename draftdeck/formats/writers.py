@@ -308,10 +308,27 @@ class Writer:
         if self._buf_bytes >= _FLUSH_BYTES:
             self._flush()
 
+    def write_lines(self, lines: list[bytes], nbytes: int) -> None:
+        """Append rows already encoded by :func:`encode_line` (`nbytes` in all): :meth:`write_line` for
+        many at once."""
+        self.rows += len(lines)
+        self._buf.extend(lines)
+        self._buf_bytes += nbytes
+        if self._buf_bytes >= _FLUSH_BYTES:
+            self._flush()
+
     def write_block(self, data: bytes | memoryview, rows: int) -> None:
-        """Append `rows` rows already encoded and joined (a worker's block of lines), without a copy."""
-        self._flush()
+        """Append `rows` rows already encoded and joined (a worker's block of lines), without a copy
+        when it is large. A small block is buffered (copied) instead: each block handed to the writer's
+        thread costs a hand-over, and runs of lines between two rows of another kind can be short."""
         self.rows += rows
+        if len(data) < _FLUSH_BYTES // 4:
+            self._buf.append(bytes(data))
+            self._buf_bytes += len(data)
+            if self._buf_bytes >= _FLUSH_BYTES:
+                self._flush()
+            return
+        self._flush()
         self._emit(data)
 
     def _flush(self) -> None:

@@ -306,3 +306,38 @@ def test_csv_and_tsv_rows_are_read_by_their_header_as_text(tmp_path: Path) -> No
         InputError, match=r"twice\.csv: the header row \['output', 'output'\] must name every"
     ):
         _read(twice)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["line", "lines", "block"]), st.integers(1, 40), st.integers(1, 600_000)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_lines_and_blocks_in_any_mix_write_the_same_bytes(calls: list[tuple[str, int, int]]) -> None:
+    """write_line, write_lines and write_block (small blocks are buffered, large ones handed over
+    whole) keep the order: the file, its sha256 and the row count are those of the lines one by one."""
+    import hashlib
+    import tempfile
+
+    expected: list[bytes] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "o.jsonl"
+        with Writer(out, "sharegpt") as w:
+            for i, (how, rows, size) in enumerate(calls):
+                lines = [b'{"n":%d,"x":"%s"}\n' % (i * 100 + k, b"y" * (size // rows)) for k in range(rows)]
+                expected += lines
+                if how == "line":
+                    for line in lines:
+                        w.write_line(line)
+                elif how == "lines":
+                    w.write_lines(lines, sum(map(len, lines)))
+                else:
+                    w.write_block(memoryview(b"".join(lines)), rows)
+        data = b"".join(expected)
+        assert out.read_bytes() == data
+        assert w.output is not None
+        assert (w.output.rows, w.output.bytes) == (len(expected), len(data))
+        assert w.output.sha256 == hashlib.sha256(data).hexdigest()
