@@ -24,7 +24,7 @@ from app.store.run_figures import (
     truth,
 )
 from app.web.run_compare import drafter_kind, drafter_label, vocabulary_note
-from draftdeck.drafter.kinds import Options
+from app.web.run_params import option_names, run_parameters
 
 MAX_SOURCE_SERIES = 12  # a chart of more lines than this is unreadable; the table below has them all
 
@@ -157,8 +157,7 @@ def kind_params(params: Mapping[str, Any], trains: Mapping[str, Any]) -> dict[st
     others' unused defaults, so a DFlash run lists no ttt_steps. The kind's own option groups
     (`DrafterKind.options`) and the fields every run has stay. (run.json's `drafter` is the drafter's
     config, not its kind: the kind is read from the job's parameters.)"""
-    read = {name for group in drafter_kind(dict(trains)).options for name in group.model_fields}
-    others = {name for group in Options.groups() for name in group.model_fields} - read
+    _, others = option_names(trains)
     return {k: v for k, v in params.items() if k not in others}
 
 
@@ -189,7 +188,8 @@ def run_view(session: Session, job: Job, names: dict[str, MetricSeries]) -> dict
         "checkpoints": ckpts,
         "evals": ev_rows,
         "alarms": alarms(session, job, ev_rows),
-        "params": kind_params(params, job.params),  # as the page lists them; truth reads them all
+        "params": kind_params(params, job.params),  # run.json's own fields; truth reads them all
+        "parameters": run_parameters(params, job.params),  # the Parameters table's, broken out
         "errors": [e for e in (ckpt_error, params_error, *(r["error"] for r in ev_rows)) if e],
         "hist_step": hist_step,
         "hist": hist,

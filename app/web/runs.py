@@ -21,7 +21,6 @@ from app.store.models import TERMINAL, Job, MetricSeries
 from app.store.run_figures import (
     RUN_KIND,
     RUNS_SHOWN,
-    SHOWN_APART,
     alarms,
     checkpoints,
     evals,
@@ -32,6 +31,7 @@ from app.web.deps import SessionDep
 from app.web.job_views import regenerate_with_target
 from app.web.render import render
 from app.web.run_compare import side_by_side
+from app.web.run_params import param_table
 from app.web.run_views import (
     latest,
     run_charts,
@@ -58,8 +58,6 @@ def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
     for v in views:
         union.update(v["names"])
     charts = run_charts(runs[0], union)
-    keys = sorted({k for v in views for k in v["params"] if k not in SHOWN_APART})
-    differing = {k for k in keys if len({json.dumps(v["params"].get(k), sort_keys=True) for v in views}) > 1}
     markers = [  # the eval's own figure, over every prompt it decoded
         {"job": v["job"].id, "eval": e["job"].id, "step": e["step"], "tau": e["real_all"]}
         for v in views
@@ -80,8 +78,7 @@ def _page(request: Request, session: Session, runs: list[Job]) -> HTMLResponse:
             "live": any(not v["terminal"] for v in views),
             "budget_max": MAX_BUDGET,
         },
-        param_keys=keys,
-        differing=differing,
+        param_rows=param_table([v["parameters"] for v in views]),
         latest=latest,
         regenerate_link=regenerate_with_target(runs[0]),
         side=side_by_side(views) if len(views) > 1 else [],
