@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 from app.cli.demo import demo_train_params
+from benchmarks._smoke import smoke_world
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.kinds import NAMES, get_kind
@@ -45,6 +46,12 @@ from draftdeck.tokenize.job import run as run_tokenize
 
 FULL = {"target_steps": 600, "prompts": 1000, "max_new": 128, "train_steps": 400, "eval_prompts": 100}
 QUICK = {"target_steps": 200, "prompts": 160, "max_new": 96, "train_steps": 100, "eval_prompts": 32}
+# The tests' check that the script runs (both budgets, both evals, the confidence rows) on the small
+# world of benchmarks/_smoke.py, measuring nothing; 40 prompts keep held-out rows (heldout_fraction 0.1).
+SMOKE = {"prompts": 40, "max_new": 16, "train_steps": 2, "eval_prompts": 2}
+# DFlash (the clock) and DSpark (confidence-scheduled rows): the other kinds take the same path here,
+# and EAGLE-3's training alone costs more than the rest of the smoke (their own tests cover them)
+SMOKE_KINDS = "dflash,dspark"
 REFERENCE = "dflash"  # the kind whose training time the others get
 THRESHOLD = 0.5  # DSpark's confidence cut: a block stops where the product of its confidences falls below
 
@@ -78,21 +85,25 @@ def _train_seconds(ctx: Recorded) -> float:
     return total
 
 
-def _train_alone(kind: str, dataset: Path, target: Path, run: Path, steps: int, ctx_dir: Path) -> tuple:
+def _train_alone(
+    kind: str, dataset: Path, target: Path, run: Path, steps: int, ctx_dir: Path, threads: int = 2
+) -> tuple:
     """One run in a process of its own: its peak memory is its own, not what earlier runs left behind."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     ctx = LocalContext(ctx_dir)
     started = time.perf_counter()
     run_train(demo_train_params(kind, [str(dataset)], str(target), run, steps, seed=0), ctx)
     return {name: ctx.series(name) for name in SERIES}, time.perf_counter() - started
 
 
-def train(root: Path, kind: str, dataset: Path, target: Path, steps: int) -> tuple[Path, Recorded, float]:
+def train(
+    root: Path, kind: str, dataset: Path, target: Path, steps: int, threads: int = 2
+) -> tuple[Path, Recorded, float]:
     run = root / f"run-{kind}-{steps}"
     shutil.rmtree(run, ignore_errors=True)  # trained afresh, never resumed
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         series, wall = pool.submit(
-            _train_alone, kind, dataset, target, run, steps, root / "ctx" / run.name
+            _train_alone, kind, dataset, target, run, steps, root / "ctx" / run.name, threads
         ).result()
     return run, Recorded(series), wall
 
@@ -161,16 +172,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the quick demo's world and run")
     ap.add_argument("--workdir", type=Path, default=None, help="keep the world and runs here")
-    ap.add_argument("--kinds", default=",".join(NAMES), help="the kinds compared (DFlash always: the clock)")
+    ap.add_argument(
+        "--kinds",
+        default="",
+        help=f"the kinds compared (DFlash always: the clock; default {','.join(NAMES)})",
+    )
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
-    kinds = [REFERENCE] + [k for k in args.kinds.split(",") if k and k != REFERENCE]
-    size = QUICK if args.quick else FULL
-    torch.set_num_threads(2)
+    chosen = args.kinds or (SMOKE_KINDS if args.smoke else ",".join(NAMES))
+    kinds = [REFERENCE] + [k for k in chosen.split(",") if k and k != REFERENCE]
+    size = SMOKE if args.smoke else QUICK if args.quick else FULL
+    # the smoke runs beside other tests: one thread (two threads on two busy cores ran 4x slower)
+    threads = 1 if args.smoke else 2
+    torch.set_num_threads(threads)
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.workdir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        world = build_tiny_demo(root / "world", target_steps=size["target_steps"], n_prompts=size["prompts"])
+        if args.smoke:
+            world = smoke_world(root / "world", n_prompts=size["prompts"])
+        else:
+            world = build_tiny_demo(
+                root / "world", target_steps=size["target_steps"], n_prompts=size["prompts"]
+            )
         target, answers, dataset = world.target_dir, root / "answers.jsonl", root / "dataset"
         if not dataset.exists():
             run_regenerate(RegenerateParams(
@@ -182,7 +206,7 @@ def main() -> None:
                          LocalContext(root / "ctx" / "tok"))  # fmt: skip
 
         def measured(kind: str, steps: int, budget: str) -> dict:
-            run, ctx, wall = train(root, kind, dataset, target, steps)
+            run, ctx, wall = train(root, kind, dataset, target, steps, threads)
             confident = get_kind(kind).confidence  # the demo's drafters have their kind's default heads
             threshold = {"confidence_threshold": THRESHOLD} if confident else {}
             greedy = evaluate(root, run, dataset, target, size, **threshold)
