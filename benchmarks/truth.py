@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 
+from benchmarks._smoke import smoke_world
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.tiny import build_tiny_demo
@@ -52,6 +53,10 @@ from draftdeck.tokenize.job import run as run_tokenize
 
 FULL = {"target_steps": 600, "prompts": 1000, "max_new": 128, "train_steps": 400, "eval_prompts": 100}
 QUICK = {"target_steps": 200, "prompts": 300, "max_new": 64, "train_steps": 120, "eval_prompts": 30}
+# The tests' check that the script runs, measuring nothing: the small world of benchmarks/_smoke.py,
+# A's greedy answers kept and re-encoded from text (both ways a case's data is made), 2 steps each
+SMOKE = {"prompts": 40, "max_new": 16, "train_steps": 2, "eval_prompts": 2}
+SMOKE_CASES = "own,own-text"
 CASES = [  # (slug, what the drafter trains on, which world answers, temperature)
     ("own", "A's own greedy answers", "A", 0.0),
     # the same answers with the token ids A generated dropped: tokenize encodes their text again
@@ -257,22 +262,31 @@ def main() -> None:
     ap.add_argument("--optimizers", default="", help="with --losses: e.g. adamw,muon (issue 54)")
     # 2 on a free machine; 1 when it is shared: on 2 busy cores one thread ran the demo's training 2x faster
     ap.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    if args.smoke:  # one thread: the smoke runs beside other tests
+        args.cases, args.threads = args.cases or SMOKE_CASES, 1
     cases = args.cases.split(",") if args.cases else None
     unknown = set(cases or ()) - {c[0] for c in CASES}
     if unknown:
         ap.error(f"unknown case {', '.join(sorted(unknown))}; cases: {', '.join(c[0] for c in CASES)}")
-    size = QUICK if args.quick else FULL
+    size = SMOKE if args.smoke else QUICK if args.quick else FULL
     torch.set_num_threads(args.threads)
+    # world B (another model) only where a case reads its answers
+    used = [c for c in CASES if c[0] in (cases or (LOSS_CASES if args.losses else [c[0] for c in CASES]))]
+    needed = {"A"} | {w for _, _, w, _ in used}
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         root = args.workdir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         worlds = {
-            w: build_tiny_demo(
+            w: smoke_world(root / w, n_prompts=size["prompts"], seed=seed)
+            if args.smoke
+            else build_tiny_demo(
                 root / w, target_steps=size["target_steps"], n_prompts=size["prompts"], seed=seed
             )
             for w, seed in (("A", 0), ("B", 1))
+            if w in needed
         }
         if args.losses:
             weights = args.position_weights.split(",") if args.position_weights else [None]
