@@ -26,6 +26,19 @@ from pathlib import Path
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# --smoke: the same `draftdeck demo --quick` (its CLI, jobs and summary) with the quick size shrunk in
+# its own process, so that the tests run this script end to end in about a minute; it measures nothing.
+# 40 target steps: the target's answers are words, not the placeholders tokenize rejects (2 were).
+SMOKE_SIZE = {"target_steps": 40, "prompts": 40, "max_new": 16, "train_steps": 2, "eval_prompts": 2}
+SMOKE_ENV = "DRAFTDECK_DEMO_BENCH_SMOKE"  # set by main for its children
+SMOKE_DEMO = """
+import json, sys
+from app.cli import demo
+from app.cli.main import app
+demo.QUICK.update(json.loads(sys.argv[1]))
+app(["demo", *sys.argv[2:]])
+"""
+
 
 def _measure(home: Path, args: list[str]) -> dict:
     """One `draftdeck demo ARGS` on `home`, run by this interpreter as its only child: wall and CPU
@@ -37,8 +50,10 @@ def _measure(home: Path, args: list[str]) -> dict:
     env.pop("DATABASE_URL", None), env.pop("REDIS_URL", None)  # the embedded defaults, as `make up`
     load = os.getloadavg()[0]
     started = time.monotonic()
-    run = subprocess.run([str(Path(sys.executable).parent / "draftdeck"), "demo", *args], env=env,
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    command = [str(Path(sys.executable).parent / "draftdeck"), "demo", *args]
+    if os.environ.get(SMOKE_ENV):
+        command = [sys.executable, "-c", SMOKE_DEMO, json.dumps(SMOKE_SIZE), *args]
+    run = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     if run.returncode:
         raise SystemExit(f"draftdeck demo {' '.join(args)} failed ({run.returncode}):\n{run.stderr[-3000:]}")
@@ -54,7 +69,13 @@ def main() -> None:
     parser.add_argument("--demos", default="quick,eagle3", help="which: quick, eagle3 (after quick), full")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: the demo's default)")
     parser.add_argument("--workdir", type=Path, help="homes under this folder (default: a temporary one)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a tiny quick demo, first run and built: the tests'"
+    )
     opts = parser.parse_args()
+    if opts.smoke:  # one thread: the smoke runs beside other tests
+        os.environ[SMOKE_ENV] = "1"
+        opts.demos, opts.threads = "quick", opts.threads or 1
     root = Path(opts.workdir or tempfile.mkdtemp(prefix="draftdeck-demo-bench-"))
     extra = ["--threads", str(opts.threads)] if opts.threads else []
     demos = opts.demos.split(",")
