@@ -201,8 +201,7 @@ class RowReader:
         return self._incremental()
 
     def _jsonl(self) -> Iterator[RawRow]:
-        lines = _lines_with_prefix(self._consumed, self._opened.stream, self.max_row_bytes)
-        return _jsonl_rows(self.name, lines, self.max_row_bytes)
+        return _jsonl_rows(self.name, self._opened.stream, self._consumed, self.max_row_bytes)
 
     def _incremental(self) -> Iterator[RawRow]:
         """The records of a JSON array (its items) or of concatenated JSON values, each framed first
@@ -238,63 +237,54 @@ def _parsed(name: str, index: int, line: int | None, data: bytes) -> RawRow:
 
 
 def _jsonl_rows(
-    name: str, lines: Iterator[tuple[int, bytes, int]], limit: int, *, bom: bool = True
+    name: str, stream: IO[bytes], prefix: bytes, limit: int, first_line: int = 1, *, bom: bool = True
 ) -> Iterator[RawRow]:
-    """The rows of JSONL `lines` (from :func:`_lines_with_prefix`); a BOM is dropped on line 1 if `bom`."""
-    index = 0
-    for lineno, line, overflow in lines:
-        if bom and lineno == 1 and line.startswith(_BOM):
-            line = line[3:]
-        if overflow:
-            yield RawRow(
-                name,
-                index,
-                lineno,
-                None,
-                overflow,
-                "oversize_row",
-                f"row of {overflow:,} bytes exceeds the limit of {limit:,} bytes",
-            )
-            index += 1
-            continue
-        if not line or line.isspace():  # blank (isspace: no copy of the line, unlike strip)
-            continue
-        row = _parsed(name, index, lineno, line)
-        if row.error == "json_error" and not line.endswith(b"\n"):
-            row.reason = f"{row.reason} (the last line is truncated)"
-        yield row
-        index += 1
-
-
-def _lines_with_prefix(
-    prefix: bytes, stream: IO[bytes], limit: int, first_line: int = 1
-) -> Iterator[tuple[int, bytes, int]]:
-    """Yield (line number, line, overflow) where overflow is the full size of a line over `limit`.
-
-    A line over the limit is skipped in chunks, never held whole. Lines are numbered from `first_line`.
-    """
+    """The rows of the JSONL text `prefix` + `stream`, its lines numbered from `first_line`; a BOM is
+    dropped on line 1 if `bom`. A line over `limit` is skipped in chunks, never held whole (its row is
+    oversize_row with its full size). Lines are read, framed and parsed in this one loop: it runs once
+    per row of every JSONL input (convert's hot path), where a generator per stage cost a resume and a
+    tuple each."""
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
+    readline = stream.readline
+    cap = limit + 1
     lineno = first_line - 1
+    index = 0
     pending = prefix
     while True:
         if pending:
             line, pending = pending, b""
             if not line.endswith(b"\n"):
-                line += stream.readline(max(limit + 1 - len(line), 1))
+                line += readline(max(cap - len(line), 1))
         else:
-            line = stream.readline(limit + 1)
+            line = readline(cap)
         if not line:
             return
         lineno += 1
         if len(line) > limit and not line.endswith(b"\n"):
             size = len(line)
             while True:
-                chunk = stream.readline(_SKIP_CHUNK)
+                chunk = readline(_SKIP_CHUNK)
                 size += len(chunk)
                 if not chunk or chunk.endswith(b"\n"):
                     break
-            yield lineno, b"", size
+            why = f"row of {size:,} bytes exceeds the limit of {limit:,} bytes"
+            yield RawRow(name, index, lineno, None, size, "oversize_row", why)
+            index += 1
             continue
-        yield lineno, line, 0
+        if bom and lineno == 1 and line.startswith(_BOM):
+            line = line[3:]
+        if not line or line.isspace():  # blank (isspace: no copy of the line, unlike strip)
+            continue
+        try:
+            value = loads(line)
+        except decode_error as exc:
+            code, reason = _classify_error(line, exc)
+            if code == "json_error" and not line.endswith(b"\n"):
+                reason = f"{reason} (the last line is truncated)"
+            yield RawRow(name, index, lineno, None, len(line), code, reason)
+        else:
+            yield RawRow(name, index, lineno, value, len(line))
+        index += 1
 
 
 class _RangeReader(io.RawIOBase):
@@ -351,8 +341,9 @@ class JsonlRange:
         raw = open(self.path, "rb", buffering=0)  # noqa: SIM115 - closed with the stream below
         counter = _RangeReader(raw, self.start, self.end)
         with io.BufferedReader(counter, buffer_size=1 << 20) as stream:
-            lines = _lines_with_prefix(b"", stream, self.max_row_bytes, self.first_line)
-            yield from _jsonl_rows(self.name, lines, self.max_row_bytes, bom=self.start == 0)
+            yield from _jsonl_rows(
+                self.name, stream, b"", self.max_row_bytes, self.first_line, bom=self.start == 0
+            )
             self.newlines = counter.newlines
 
 
