@@ -90,10 +90,11 @@ def run_parameters(record: Mapping[str, Any], trains: Mapping[str, Any]) -> list
 
 
 def param_table(columns: Sequence[Sequence[Param]]) -> list[dict[str, Any]]:
-    """The table's rows over runs' `run_parameters`: {key, group, name, cells, differ}, a cell None where
-    the run has no such field and otherwise {text, title}; `differ` where the runs' values are not all
-    the same (a field one run lacks differs). Rows in rank order; within a rank each run's order is
-    kept, a field only a later run has after the one before it there."""
+    """The table's rows over runs' `run_parameters`: {key, group, name, cells, differ, first}, a cell
+    None where the run has no such field and otherwise {text, title}; `differ` where the runs' values
+    are not all the same (a field one run lacks differs); `first` for a field compared first (FIRST).
+    Rows in rank order; within a rank each run's order is kept, a field only a later run has after the
+    one before it there."""
     values = [{p.path: p.value for p in column} for column in columns]
     ranks: dict[str, int] = {}
     merged: list[str] = []
@@ -117,6 +118,7 @@ def param_table(columns: Sequence[Sequence[Param]]) -> list[dict[str, Any]]:
                 "name": name,
                 "cells": [_cell(c[key]) if key in c else None for c in values],
                 "differ": len(set(seen)) > 1,
+                "first": ranks[key] < len(FIRST),  # one of the fields compared first
             }
         )
     return rows

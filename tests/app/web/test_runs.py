@@ -176,6 +176,7 @@ def test_runs_table_filters_and_compare_highlights_differences(
     page = client.get(f"/runs/compare?ids={a}&ids={b}", headers={"accept": "text/html"}).text
     params = _params(page)
     assert [k for k, (diff, _) in params.items() if diff] == ["loss"]
+    assert '<p class="small" id="params-differ">1 field differs (highlighted): loss</p>' in page
     loss = params["loss"][1]
     assert "CE_k + KL" in loss[0] and "CE" not in loss[1] and "KL(p_target || q_draft)" in loss[1]
     # the drafter's config and the lr schedule, a row a field, the same in both runs
