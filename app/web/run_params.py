@@ -19,8 +19,9 @@ from app.store.run_figures import SHOWN_APART
 from app.web.run_compare import drafter_kind
 from draftdeck.drafter.kinds import Options
 
-# where the run got to (RunRecord's progress fields): outputs, not parameters
-OUTPUTS = frozenset({"steps_done", "best_step", "checkpoints"})
+# where the run got to (RunRecord's progress fields) and, in a job's parameters before run.json, where it
+# writes: outputs, not parameters (each run's own, so they would differ between any two)
+OUTPUTS = frozenset({"steps_done", "best_step", "checkpoints", "out"})
 # The fields compared first, in this order, by path (a job's flat parameters by their last name);
 # KIND: the drafter kind's own options (draftdeck.drafter.kinds.DrafterKind.options), wherever recorded.
 KIND = "<kind options>"
