@@ -29,6 +29,7 @@ import json
 import re
 import unicodedata
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,9 @@ Literal = list[tuple[int, int]]
 
 class EncoderUnsupported(Exception):
     """The tokenizer cannot be represented by the fast encoder (the reason says why)."""
+
+
+_NO_SPECIALS: frozenset[str] = frozenset()  # tiktoken reads it each call: no new set per segment
 
 
 def pieces(text: str, literal: Literal) -> list[tuple[int, int, bool]]:
@@ -65,6 +69,12 @@ def char_starts_from_bytes(text: str, byte_starts: np.ndarray) -> np.ndarray:
     raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     char_of_byte = np.cumsum((raw & 0xC0) != 0x80) - 1
     return char_of_byte[byte_starts]
+
+
+def _starts(offsets: list[tuple[int, int]]) -> np.ndarray:
+    """The start of each (start, end) offset pair HF gives: read straight from the tuples (not through
+    a (n, 2) array of them, which costs more than the reading on the rows the HF encoder verifies)."""
+    return np.fromiter(map(itemgetter(0), offsets), dtype=np.int64, count=len(offsets))
 
 
 class HFEncoder:
@@ -98,8 +108,7 @@ class HFEncoder:
         if plain:
             encs = self.backend.encode_batch([texts[i] for i in plain], add_special_tokens=False)
             for i, enc in zip(plain, encs, strict=True):
-                offs = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
-                out[i] = (np.asarray(enc.ids, dtype=np.int32), offs[:, 0].copy())
+                out[i] = (np.asarray(enc.ids, dtype=np.int32), _starts(enc.offsets))
         for i, lit in enumerate(literals):
             if lit:
                 out[i] = self._encode_pieces(texts[i], lit)
@@ -114,7 +123,7 @@ class HFEncoder:
             else:
                 enc = self.backend.encode(text[a:b], add_special_tokens=False)
                 pid = np.asarray(enc.ids, dtype=np.int32)
-                pst = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
+                pst = _starts(enc.offsets)
             ids.append(pid)
             starts.append(pst + a)
         return np.concatenate(ids).astype(np.int32), np.concatenate(starts).astype(np.int64)
@@ -191,6 +200,8 @@ class TiktokenEncoder:
             "draftdeck", pat_str=pattern, mergeable_ranks=ranks, special_tokens=self.specials
         )
         self.allowed = set(self.specials)
+        core = getattr(self.enc, "_core_bpe", None)  # looked up once: _encode_ordinary runs per segment
+        self._to_buffer = getattr(core, "encode_to_tiktoken_buffer", None)
         self._special_ids = {s: np.asarray([i], dtype=np.uint32) for s, i in self.specials.items()}
         longest_first = sorted(self.specials, key=len, reverse=True)
         # added tokens that are a prefix of another one: where they occur, matching order matters
@@ -198,6 +209,7 @@ class TiktokenEncoder:
             a for a in self.specials if any(b != a and b.startswith(a) for b in self.specials)
         )
         self.special_re = re.compile("|".join(map(re.escape, longest_first)) or "(?!)")
+        self.special_split = re.compile(f"({self.special_re.pattern})").split  # keeps the tokens
         n = max(max(ranks.values()), max(self.specials.values(), default=0)) + 1
         by_id = [b""] * n  # every token's bytes by id (b"" for unused ids)
         for b, r in ranks.items():
@@ -237,32 +249,36 @@ class TiktokenEncoder:
         longest first, as HF's added-vocabulary matcher), the text between them encoded on its own: HF
         splits on added tokens before pre-tokenising, so this is the same encoding, and a segment seen
         before in `cache` (a system prompt, the shared turns of split rows) need not be encoded again."""
-        pos = 0
+        # one C call splits the text: [segment, added token, segment, ..., segment] (segments maybe
+        # empty); per segment the loop below is a lookup, not a match object and two slices
+        split = self.special_split(text)
         special = self._special_ids
-        for m in self.special_re.finditer(text):
-            if m.start() > pos:
-                parts.append(self._ordinary(text[pos : m.start()], cache))
-            parts.append(special[m.group()])
-            pos = m.end()
-        if pos < len(text):
-            parts.append(self._ordinary(text[pos:] if pos else text, cache))
+        if cache is None:
+            for j in range(0, len(split) - 1, 2):
+                if split[j]:
+                    parts.append(self._encode_ordinary(split[j]))
+                parts.append(special[split[j + 1]])
+            if split[-1]:
+                parts.append(self._encode_ordinary(split[-1]))
+            return
+        get = cache.get
+        for j in range(0, len(split), 2):
+            segment = split[j]
+            if segment:
+                got = get(segment)
+                if got is None:
+                    got = cache[segment] = self._encode_ordinary(segment)
+                parts.append(got)
+            if j + 1 < len(split):
+                parts.append(special[split[j + 1]])
 
     def _encode_ordinary(self, segment: str) -> np.ndarray:
         """Ids of `segment` as plain text (no added token matched), as a uint32 array."""
-        core = getattr(self.enc, "_core_bpe", None)
-        if core is not None and hasattr(core, "encode_to_tiktoken_buffer"):
+        if self._to_buffer is not None:
             # tiktoken's own buffer (encode_to_numpy's path): no Python list of ints; with no special
             # token allowed this is encode_ordinary
-            return np.frombuffer(core.encode_to_tiktoken_buffer(segment, set()), dtype=np.uint32)
+            return np.frombuffer(self._to_buffer(segment, _NO_SPECIALS), dtype=np.uint32)
         return np.asarray(self.enc.encode_ordinary(segment), dtype=np.uint32)
-
-    def _ordinary(self, segment: str, cache: dict[str, np.ndarray] | None) -> np.ndarray:
-        if cache is None:
-            return self._encode_ordinary(segment)
-        got = cache.get(segment)
-        if got is None:
-            got = cache[segment] = self._encode_ordinary(segment)
-        return got
 
     def encode_one(self, text: str, literal: Literal, cache: dict[str, np.ndarray] | None = None) -> Encoded:
         """Ids and char starts of `text`; `literal` ranges are plain text even if they spell an added
