@@ -277,7 +277,7 @@ class Workers:
             status, chunk, task = conn.recv()
             if status != "ok":
                 raise WorkerError(f"a convert worker failed on {task}: {chunk}")
-            return chunk._replace(blob=conn.recv_bytes())  # type: ignore[no-any-return]
+            return chunk._replace(blob=conn.recv_bytes())
         except EOFError:
             raise WorkerError("a convert worker process ended unexpectedly") from None
 

@@ -95,7 +95,7 @@ class _PrefixedReader(io.RawIOBase):
 
 @dataclass
 class OpenedFile:
-    stream: io.BufferedReader  # type: ignore[type-arg]
+    stream: io.BufferedReader
     counter: _CountingReader
     size: int | None
     compression: str | None
@@ -121,12 +121,12 @@ def open_data_file(path: Path) -> OpenedFile:
     size = st.st_size if stat.S_ISREG(st.st_mode) else None
     if magic.startswith(_GZIP_MAGIC):
         inner: Any = gzip.GzipFile(fileobj=buffered, mode="rb")
-        return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "gzip")  # type: ignore[arg-type]
+        return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "gzip")
     if magic == _ZSTD_MAGIC:
         import zstandard
 
         inner = zstandard.ZstdDecompressor().stream_reader(buffered, read_across_frames=True)
-        return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "zstd")  # type: ignore[arg-type]
+        return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "zstd")
     return OpenedFile(buffered, counter, size, None)  # type: ignore[arg-type]
 
 
