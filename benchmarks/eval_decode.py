@@ -143,9 +143,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
-    if args.smoke:  # 40 target steps answer in words; 80 rows keep held-out ones; --rollback: 1 rep
-        args.target_steps, args.train_prompts, args.train_steps = 40, 80, 2
-        args.eval_prompts, args.max_new, args.reps = 2, 16, 1
+    if args.smoke:  # 80 rows keep held-out ones (heldout_fraction 0.05); --rollback: 1 rep
+        args.target_steps, args.train_prompts, args.train_steps = 5, 80, 2
+        args.eval_prompts, args.max_new, args.reps = 2, 8, 1
     torch.set_num_threads(1)
     if args.rollback:
         rollback_table(args.reps)

@@ -39,9 +39,17 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
-    prompts = 16
-    if args.smoke:  # every architecture, the small vocabulary, one step; 12 prompts keep a held-out row
-        args.vocab, args.steps, args.new, prompts = "small", 1, 8, 12
+    prompts, archs = 16, (*ARCHITECTURES, *WITH_VISION)
+    # smoke: the table's path on the reference and a vision checkpoint, small vocabulary, one step, 12
+    # prompts (a held-out row); tests/unit/drafter/test_targets.py runs every architecture end to end
+    if args.smoke:
+        args.vocab, args.steps, args.new, prompts, archs = (
+            "small",
+            1,
+            8,
+            12,
+            (ARCHITECTURES[0], WITH_VISION[0]),
+        )
     torch.set_num_threads(1)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dd-targets-"))
     tokenizer = qwen36_tokenizer() if args.vocab == "real" else small_bpe_tokenizer()
@@ -53,7 +61,7 @@ def main() -> None:
     print("| architecture | rows | train s/step | eval tokens/s target-only | speculative | lossless "
           "| walk = real | sampled verify steps | export = checkpoint | loaded |")  # fmt: skip
     print("|---|--:|--:|--:|--:|---|---|--:|---|---|")
-    for arch in (*ARCHITECTURES, *WITH_VISION):
+    for arch in archs:
         r = end_to_end(arch, work / arch, tokenizer, prompts=prompts, steps=args.steps, new=args.new)
         print(
             f"| {arch} | {r.rows} | {r.train_s_per_step:.2f} | {r.plain_tokens_per_s:.0f} | "
