@@ -154,14 +154,16 @@ def main() -> None:
         args.conversations, args.no_peer = 60, True
 
     from draftdeck.chat.render import ChatRenderer, conversation_dicts, load_tokenizer
-    from draftdeck.chat.testing import qwen36_tokenizer
+    from draftdeck.chat.testing import qwen36_tokenizer, small_bpe_tokenizer
     from draftdeck.convert import read_conversations
     from draftdeck.quality import Report
     from draftdeck.tokenize.encoders import TiktokenEncoder
     from draftdeck.tokenize.pipeline import TokenizeOptions, _load, tokenize_files
 
     load = os.getloadavg()
-    tok_dir = qwen36_tokenizer()
+    # smoke: the project's small BPE (a load of the real 248K vocabulary is seconds in each of the
+    # start-up table's fresh processes); the same template rules and encoders
+    tok_dir = small_bpe_tokenizer() if args.smoke else qwen36_tokenizer()
     # Start-up first, in fresh processes, before anything else loads the machine.
     # smoke: each start-up row once, the command on 31 conversations only (every run loads the real vocabulary)
     smoke = {"reps": 1, "sizes": (31,)} if args.smoke else {}
