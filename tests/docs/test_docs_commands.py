@@ -144,3 +144,74 @@ def test_code_paths_the_docs_name_exist() -> None:
             if not (REPO_ROOT / name).exists():
                 missing.append(f"{path.name}: {quoted}")
     assert missing == []
+
+
+# `python benchmarks/NAME.py ARGS` as the docs print it, in a bash block or in inline code (a code span
+# may wrap onto the next line); the arguments end at a comment or the next command.
+_BENCH = re.compile(r"\bpython3?\s+(benchmarks/[\w./-]+\.py)([^`]*)")
+
+
+def _bench_commands(path: Path) -> list[tuple[str, list[str]]]:
+    """The `python benchmarks/...` invocations of a page: (script, its arguments)."""
+    # the inline code outside fenced blocks (whose backticks would pair with the wrong ones)
+    text = re.sub(r"^```.*?^```", "", path.read_text(encoding="utf-8"), flags=re.M | re.S)
+    spans = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", text)]
+    found = []
+    for piece in [*_bash_lines(path), *spans]:
+        for script, rest in _BENCH.findall(piece):
+            rest = re.split(r"\s#|;|&&|\|", rest, maxsplit=1)[0]
+            found.append((script, shlex.split(rest.replace("[", " ").replace("]", " "))))
+    return found
+
+
+# One process parses each invocation with the script's own argparse parser and stops there (the
+# benchmark never runs): an unknown option or a bad value exits 2 with argparse's message. `--help`
+# after the options would not do: argparse prints the help and exits 0 before it rejects an unknown one.
+PARSES = """
+import argparse, contextlib, io, json, runpy, sys
+
+class Parsed(BaseException):  # not an Exception: a script's own `except Exception` does not catch it
+    pass
+
+def parse_args(self, args=None, namespace=None):
+    PARSE(self, args, namespace)
+    raise Parsed
+
+PARSE, argparse.ArgumentParser.parse_args = argparse.ArgumentParser.parse_args, parse_args
+out, path = {}, list(sys.path)
+for script, argv in json.loads(sys.argv[1]):
+    sys.argv, err = [script, *argv], io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            runpy.run_path(script, run_name="__main__")
+        said = "ran to its end without parsing its arguments"
+    except Parsed:
+        said = ""
+    except SystemExit as exc:
+        said = f"exit {exc.code}: {err.getvalue()[-400:]}"
+    sys.path[:] = path  # a script's import-path fix stays its own
+    out[json.dumps([script, argv])] = said
+print(json.dumps(out))
+"""
+
+
+def test_docs_benchmark_commands_run_with_the_options_they_print() -> None:
+    """Every `python benchmarks/...` line of the README and the pages names a script of the checkout
+    whose argparse accepts the options and values printed with it: a figure the docs quote stays
+    reproducible with the command beside it (issue 56)."""
+    commands = {path: _bench_commands(path) for path in [README, *PAGES]}
+    every = {(script, tuple(argv)) for found in commands.values() for script, argv in found}
+    assert len(every) >= 20, every  # the pages really were read
+    assert any(argv for _, argv in every), every  # and their options with them
+    missing = sorted({script for script, _ in every if not (REPO_ROOT / script).is_file()})
+    assert missing == [], f"the docs run benchmarks that do not exist: {missing}"
+    argv = [sys.executable, "-c", PARSES, json.dumps(sorted(every))]
+    r = subprocess.run(argv, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = json.loads(r.stdout.strip().splitlines()[-1])
+    refused = []
+    for path, found in commands.items():
+        for script, args in found:
+            why = said[json.dumps([script, args])]
+            refused += [f"{path.name}: python {' '.join([script, *args])}: {why}"] if why else []
+    assert refused == [], "\n".join(refused)
