@@ -38,9 +38,7 @@ def _cli(*args: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "workdir", type=Path, nargs="?", help="a `draftdeck demo` folder (world/, dataset/, run/)"
-    )
+    parser.add_argument("workdir", type=Path, nargs="?", help="a `draftdeck demo` folder (dataset/, run/)")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=96)
@@ -57,7 +55,8 @@ def main() -> None:
         print("vLLM is installed; give a demo's workdir (without --smoke) to serve its drafter")
         return
     w = args.workdir.resolve()
-    target, drafter = w / "world" / "target", w / "drafter"
+    # the run records its target: the demo's world is under the home's demo-worlds/, not in its workdir
+    target, drafter = Path(json.loads((w / "run" / "run.json").read_text())["target"]), w / "drafter"
     print(_cli("export-drafter", str(w / "run"), "--out", str(drafter), "--target", str(target)))
     block = json.loads((drafter / "config.json").read_text())["dflash_config"]["block_size"]
     spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": block - 1}
