@@ -80,6 +80,7 @@ def test_benchmark_runs_at_its_smoke_size_and_prints_its_table(
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
     }
+    env["TMPDIR"] = str(tmp_path)  # the scripts' mkdtemp worlds and runs go with the test's folder
     for var in ("DATABASE_URL", "REDIS_URL", "DRAFTDECK_TOKEN"):  # the embedded defaults, as `make bench`
         env.pop(var, None)
     started = time.monotonic()
