@@ -1,10 +1,12 @@
 """Every script in benchmarks/ still runs and prints its table (issue 56): nothing else runs them, so a
-figure the docs quote could stop being reproducible unseen (eval_decode.py --rollback crashed for weeks).
+figure the docs quote could stop being reproducible unseen (eval_decode.py --rollback crashed, KeyError).
 
 Each script a user runs (benchmarks/*.py less the `_*.py` helpers: found by globbing, so a new script
 without a `--smoke` size fails here) runs with `--smoke`, its own smallest size: the same code path and
-the same table in seconds, measuring nothing. Asserted: exit 0 and a markdown table on stdout (a header
-row, its `|---|` rule and at least one row of as many cells), the table the full size prints.
+the same table, measuring nothing: seconds where it can be, about a minute where a script's point
+is fresh processes (train_sharded's ranks, the demo's runs, drafters' training processes). Asserted:
+exit 0 and a markdown table on stdout (a header row, its `|---|` rule and at least one row of as many
+cells), the table the full size prints.
 
 benchmarks/serve_gpu.py needs vLLM (and a GPU): where vLLM is absent, its smoke is that it says so and
 exits 2 without a traceback, before it touches anything."""
