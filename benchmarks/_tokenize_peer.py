@@ -67,12 +67,12 @@ def peer_install(venv: Path = PEER_VENV) -> tuple[Path | None, str]:
             f.write(f"$ {' '.join(cmd)}\n")
             f.flush()
             try:
-                r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+                done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
             except OSError as exc:
                 return None, f"install failed at {name}: {exc}"
-            if r.returncode != 0:
+            if done.returncode != 0:
                 f.close()
-                return None, f"install failed at {name} (exit {r.returncode}): {_tail(log)} (log {log})"
+                return None, f"install failed at {name} (exit {done.returncode}): {_tail(log)} (log {log})"
     print(f"peer installed in {time.perf_counter() - t0:.0f} s", flush=True)
     return cli, ""
 

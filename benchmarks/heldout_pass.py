@@ -66,7 +66,7 @@ def _world(
     )  # fmt: skip
     target = Target(Qwen3ForCausalLM(config).eval())
     cfg = DrafterConfig.from_target(
-        target.config, layers=2, block_size=BLOCK, target_layer_ids=(0, 1), mask_token_id=VOCAB - 1
+        target.config, layers=2, block_size=BLOCK, target_layer_ids=[0, 1], mask_token_id=VOCAB - 1
     )
     drafter = DFlashDrafter(cfg).eval()
     ids = torch.randint(0, VOCAB - 1, (rows, seq))

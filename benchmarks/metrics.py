@@ -28,6 +28,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(REPO))
 
 import argparse
+import functools
 import math
 import random
 import shutil
@@ -97,15 +98,15 @@ def bench(label: str, url: str, sizes: list[int], reps: int, live: int = 300) ->
             job, rate = _write_run(session, n)
             mid = n // 2
             r: dict[str, Any] = {"db": label, "n": n, "write": rate}
-            r["full"] = p50_p95(lambda job=job: query(session, [job], ["train/loss"], budget=1000), reps)
+            r["full"] = p50_p95(functools.partial(query, session, [job], ["train/loss"], budget=1000), reps)
             r["zoom"] = p50_p95(
-                lambda job=job, mid=mid, n=n: query(
-                    session, [job], ["train/loss"], lo=mid, hi=mid + n // 100, budget=1000
+                functools.partial(
+                    query, session, [job], ["train/loss"], lo=mid, hi=mid + n // 100, budget=1000
                 ),
                 reps,
             )
             r["tau"] = p50_p95(
-                lambda job=job: query(session, [job], ["heldout/tau_walked"], budget=1000), reps
+                functools.partial(query, session, [job], ["heldout/tau_walked"], budget=1000), reps
             )
             res = query(session, [job], ["train/loss"], budget=1000).series[0]
             r["level"] = res.level

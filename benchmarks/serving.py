@@ -26,6 +26,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 sys.path.insert(0, str(REPO))
 
 import argparse
+import functools
 import random
 import shutil
 import time
@@ -58,7 +59,7 @@ def _endpoint(session: Session, n: int) -> tuple[ServingEndpoint, float]:
             per = [round(drafts * p * rng.uniform(0.9, 1.0)) for p in (0.8, 0.6, 0.45, 0.3, 0.2, 0.1, 0.05)]
             rows.append(ServingWindow(endpoint_id=ep.id or 0, wall_ms=T0 + i * EVERY_MS, model_name="m",
                                       seconds=15.0, engines=2, drafts=drafts, draft_tokens=7 * drafts,
-                                      accepted=sum(per), per_position=per))  # fmt: skip
+                                      accepted=sum(per), per_position=list(per)))  # fmt: skip
         endpoints.add_windows(session, ep, rows)
         session.commit()
     return ep, n / (time.perf_counter() - t0)
@@ -108,9 +109,9 @@ def main() -> int:
             )
             rows.append({
                 "n": n, "agree": agree, "rate": rate, "level": chart_data(session, ep, budget=1000)["series"][0]["level"],
-                "chart": p50_p95(lambda ep=ep: chart_data(session, ep, budget=1000), args.reps),
-                "zoom": p50_p95(lambda ep=ep, mid=mid, span=span: chart_data(session, ep, mid, mid + span // 100, 1000), args.reps),
-                "naive": p50_p95(lambda ep=ep: _naive(session, ep, 1000), max(3, args.reps // 4)),
+                "chart": p50_p95(functools.partial(chart_data, session, ep, budget=1000), args.reps),
+                "zoom": p50_p95(functools.partial(chart_data, session, ep, mid, mid + span // 100, 1000), args.reps),
+                "naive": p50_p95(functools.partial(_naive, session, ep, 1000), max(3, args.reps // 4)),
             })  # fmt: skip
     engine.dispose()
     print()

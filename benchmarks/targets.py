@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--smoke", action="store_true", help="tiny: checks the script runs, measures nothing")
     args = ap.parse_args()
+    archs: tuple[str, ...]
     prompts, archs = 16, (*ARCHITECTURES, *WITH_VISION)
     # smoke: the table's path on the reference and a vision checkpoint, small vocabulary, one step, 12
     # prompts (a held-out row); tests/unit/drafter/test_targets.py runs every architecture end to end

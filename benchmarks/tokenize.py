@@ -47,6 +47,7 @@ import os
 import random
 import shutil
 import time
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -82,7 +83,7 @@ def _prose(rng: random.Random, n_words: int) -> str:
 
 
 def _answer(rng: random.Random, size: int) -> str:
-    parts = []
+    parts: list[str] = []
     while sum(map(len, parts)) < size:
         if rng.random() < 0.35:
             name = rng.choice(WORDS)
@@ -166,7 +167,7 @@ def main() -> None:
     tok_dir = small_bpe_tokenizer() if args.smoke else qwen36_tokenizer()
     # Start-up first, in fresh processes, before anything else loads the machine.
     # smoke: each start-up row once, the command on 31 conversations only (every run loads the real vocabulary)
-    smoke = {"reps": 1, "sizes": (31,)} if args.smoke else {}
+    smoke: dict[str, Any] = {"reps": 1, "sizes": (31,)} if args.smoke else {}
     startup = startup_table(ROOT, WORK / "startup", tok_dir, write_synthetic, **smoke)
     if args.startup_only:
         print("\n".join(startup))

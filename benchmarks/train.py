@@ -50,6 +50,7 @@ def main() -> None:
         args.steps, args.seq, args.batch, args.anchors = 2, 64, 2, 8
     torch.set_num_threads(args.threads)
 
+    from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
     from draftdeck.drafter.kinds.dflash.objective import build_blocks, sample_anchors, slot_weights
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.drafter.train.trainer import Trainer
@@ -74,6 +75,9 @@ def main() -> None:
     )
     tr = Trainer(params, LocalContext(root / "ctx"))
     drafter, tgt = tr.drafter, tr.target
+    assert isinstance(drafter, DFlashDrafter)  # the default kind; the bare side reads its attributes
+    embed_weight = tgt.embedding.weight
+    assert isinstance(embed_weight, torch.Tensor)
 
     # the bare side: one fixed batch, everything prepared outside the timed region
     ids = torch.stack([torch.from_numpy(tr.data.example(tr.data.train[i])[0]) for i in range(args.batch)])
@@ -83,7 +87,7 @@ def main() -> None:
     sel = bb.label_valid
     labels = bb.labels[sel]
     w = slot_weights(args.block, params.gamma).expand_as(sel)[sel]
-    noise = torch.nn.functional.embedding(bb.block_ids, tgt.embedding.weight)
+    noise = torch.nn.functional.embedding(bb.block_ids, embed_weight)
     opt = torch.optim.AdamW(drafter.parameters(), lr=1e-3)
 
     def bare() -> None:

@@ -86,6 +86,7 @@ def main() -> None:
     if a.tiny:
         a.hidden, a.target_layers, a.vocab, a.seq, a.batch, a.anchors, a.block = 64, 4, 2048, 128, 2, 16, 8
 
+    from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.drafter.train.trainer import Trainer
     from draftdeck.jobs.context import LocalContext
@@ -126,6 +127,7 @@ def main() -> None:
     dt = (time.perf_counter() - t0) / n
     flops = flops_per_step(tr, a)
     mem = torch.cuda.max_memory_allocated() / 2**30 if a.device == "cuda" else float("nan")
+    assert isinstance(tr.drafter, DFlashDrafter)  # the default kind
     vocab = tr.drafter.config.vocab_size
     print(
         f"drafter training, {a.device}: target {a.hidden}x{a.target_layers} vocab {vocab}, "

@@ -89,7 +89,7 @@ def run_case(
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     per = TrainParams.model_fields["anchors_per_forward"].default
-    mix = TrainParams(inputs=["-"], target="-", loss=loss).mix  # type: ignore[arg-type]
+    mix = TrainParams(inputs=["-"], target="-", loss=loss).mix
     teacher = torch.randn(1, t, h, device=device) if mix.needs_teacher else None  # the target's final states
 
     def step() -> None:

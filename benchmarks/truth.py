@@ -140,7 +140,7 @@ def train_case(
         inputs=[str(dataset)], target=str(world_a / "target"), out=str(run), block_size=8, layers=1,
         anchors_per_seq=8, batch_size=32, lr=3e-3, warmup_ratio=0.05, max_steps=steps, device="cpu", seed=0,
         heldout_fraction=0.1, checkpoint_every=max(10, steps // 4), eval_every=max(10, steps // 4),
-        log_every=5, loss=loss, **options,  # type: ignore[arg-type]
+        log_every=5, loss=loss, **options,
     ), train_ctx)  # fmt: skip
     return run, train_ctx
 
