@@ -19,3 +19,10 @@ def token_in(html: str) -> str:
 def form_token(client: Any) -> str:
     """The CSRF token the server gives `client` (a TestClient keeping its cookies) in its forms."""
     return token_in(client.get("/login").text)
+
+
+def compare_cells(page: str, label: str) -> list[str]:
+    """The cells of the compare view's row `label`, in run order, as text (tags dropped)."""
+    table = page.split('id="compare-table"', 1)[1].split("</table>", 1)[0]
+    row = table.split(f'<th scope="row">{label}', 1)[1].split("</tr>", 1)[0]
+    return [" ".join(c.split("<", 1)[0].split()) for c in row.split('<td class="num">')[1:]]

@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 from sqlmodel import Session
 
 from tests.support.real_run import RealRun, add_real_run, real_run, real_world
+from tests.support.web import compare_cells
 
 
 @pytest.fixture
@@ -130,11 +131,9 @@ def test_compare_and_run_pages_of_real_dflash_and_eagle3_runs(
     assert coverage is not None and 0 < coverage < 1
     drafts_over = f"20 draft ids, {100 * coverage:.1f} % of trained tokens, from &lt;v&gt;.npz"
     page = client.get(f"/runs/compare?ids={d}&ids={e}", headers={"accept": "text/html"}).text
-    table = page.split('id="compare-table"', 1)[1].split("</table>", 1)[0]
 
-    def cells(label: str) -> list[str]:  # the row's cells, in run order, as text
-        row = table.split(f'<th scope="row">{label}', 1)[1].split("</tr>", 1)[0]
-        return [" ".join(c.split("<", 1)[0].split()) for c in row.split('<td class="num">')[1:]]
+    def cells(label: str) -> list[str]:
+        return compare_cells(page, label)
 
     assert cells("Drafter") == ["DFlash, blocks of 4 (3 drafts)", "EAGLE-3, chains of 3 drafts"]
     assert cells("Drafts over") == ["the target&#39;s whole vocabulary", drafts_over]

@@ -15,6 +15,7 @@ from sqlmodel import Session, func, select
 from app.store.metrics import record_metrics
 from app.store.models import MetricValue
 from tests.support.run import make_eval, make_run
+from tests.support.web import compare_cells
 
 
 @pytest.fixture
@@ -96,11 +97,9 @@ def test_compare_puts_a_dflash_and_an_eagle3_run_side_by_side(client: TestClient
         make_eval(s, _jobs_dir(), d, 50, real_tau=2.25, data_tau=2.4, target_tau=2.3, tokens_per_step=2.2)
         make_eval(s, _jobs_dir(), e, 50, real_tau=1.75, data_tau=1.8, target_tau=1.76)
     page = client.get(f"/runs/compare?ids={d}&ids={e}", headers={"accept": "text/html"}).text
-    table = page.split('id="compare-table"', 1)[1].split("</table>", 1)[0]
 
-    def cells(label: str) -> list[str]:  # the row's cells, in run order, as text
-        row = table.split(f'<th scope="row">{label}', 1)[1].split("</tr>", 1)[0]
-        return [" ".join(c.split("<", 1)[0].split()) for c in row.split('<td class="num">')[1:]]
+    def cells(label: str) -> list[str]:
+        return compare_cells(page, label)
 
     assert cells("Drafter") == ["DFlash, blocks of 4 (3 drafts)", "EAGLE-3, chains of 3 drafts"]
     assert cells("Drafts over") == [

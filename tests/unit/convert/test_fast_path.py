@@ -22,6 +22,7 @@ from draftdeck.convert import run as convert_run
 from draftdeck.errors import JobFailed
 from draftdeck.quality import Action, Policy, Report, Rule
 from tests.conftest import FIXTURES, REAL_DATA
+from tests.support.convert import general_row
 from tests.unit.convert.test_parallel import _comparable, _mixed_file
 
 
@@ -37,7 +38,7 @@ def _outcome(paths: list[Path], out: Path, to: str, opts: dict[str, Any]) -> tup
     try:
         report = convert(paths, out, to, options=ConvertOptions(**opts))
     except JobFailed as exc:
-        assert not out.exists()
+        assert not out.exists() and isinstance(exc.report, Report)
         return None, _comparable(exc.report), str(exc)
     return out.read_bytes(), _comparable(report), None
 
@@ -146,31 +147,6 @@ def _line(row: Any) -> bytes:
         return json.dumps(row).encode() + b"\n"
 
 
-def _general_row(value: Any, to: str, origin: tuple[str, int]) -> tuple[str, bytes, int] | None:
-    """The general path's (family, line, duplicate key) of a row read at `origin`, when it keeps the
-    row with nothing to say (what the fast path must give for the rows it takes)."""
-    from draftdeck.convert import check_conversation, duplicate_key, placeholder_key
-    from draftdeck.formats.common import ParseContext, RowRejected
-    from draftdeck.formats.detect import parse
-    from draftdeck.formats.model import SourceRef
-    from draftdeck.formats.writers import JSONL_ENCODERS, RESERVED, encode_line
-
-    ctx = ParseContext()
-    try:
-        family, convs = parse(value, ctx)
-    except RowRejected:
-        return None
-    if len(convs) != 1 or ctx.warnings:
-        return None
-    conv = convs[0]
-    conv.source = SourceRef(origin[0], origin[1], 0)
-    if check_conversation(conv, False) or placeholder_key(conv, 24) is not None:
-        return None
-    if not RESERVED.isdisjoint(conv.meta):
-        return None
-    return family, encode_line(JSONL_ENCODERS[to](conv)), duplicate_key(conv, to)
-
-
 @pytest.mark.parametrize("to", ["sharegpt", "openai"])
 def test_generated_rows_as_the_general_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, to: str) -> None:
     src = _bench_like(tmp_path / "bench.jsonl", 1500, seed=11)
@@ -208,7 +184,7 @@ def test_column_rows_fast_path_is_the_general_path(row: dict[str, Any], to: str)
 
     fast = plain_row(row, to, 24, True, ("f.jsonl", 3))
     if fast is not None:
-        assert fast == _general_row(row, to, ("f.jsonl", 3))
+        assert fast == general_row(row, to, origin=("f.jsonl", 3))
 
 
 def test_the_usual_column_rows_take_the_fast_path() -> None:
@@ -226,7 +202,7 @@ def test_the_usual_column_rows_take_the_fast_path() -> None:
     ):
         for to in ("sharegpt", "openai"):
             fast = plain_row(row, to, 24, True, ("f.jsonl", 3))
-            assert fast is not None and fast == _general_row(row, to, ("f.jsonl", 3))
+            assert fast is not None and fast == general_row(row, to, origin=("f.jsonl", 3))
     assert plain_row({"query": "Human: hi\n\nAssistant:", "response": answer}, "sharegpt", 24, True) is None
     preference = {**_chat("q", answer), "chosen": "c", "rejected": "r"}  # the preference shape's
     assert plain_row(preference, "sharegpt", 24, True) is None

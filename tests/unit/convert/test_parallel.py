@@ -24,6 +24,7 @@ from draftdeck.formats.readers import JsonlRange, RowReader, jsonl_chunks
 from draftdeck.quality import Action, Policy, Report, Rule
 from tests.conftest import FIXTURES as TEST_FIXTURES
 from tests.conftest import real_file
+from tests.support.convert import general_row
 
 FIXTURES = TEST_FIXTURES / "formats"
 REAL_JSONL = [
@@ -350,7 +351,7 @@ def test_range_reader_matches_the_whole_file_reader(tmp_path: Path) -> None:
     src = _mixed_file(tmp_path / "m.jsonl", n=400, seed=9, tail=b"{truncated")
     with RowReader(src) as reader:
         whole = [(r.line, r.value, r.error, r.reason) for r in reader]
-    parts = []
+    parts: list[tuple[Any, ...]] = []
     first = 1
     for s, e in jsonl_chunks(src, 777):
         rng = JsonlRange(src, s, e, first)
@@ -426,8 +427,8 @@ def test_a_failing_worker_is_an_error_not_a_hang(tmp_path: Path) -> None:
     src = _mixed_file(tmp_path / "m.jsonl", n=50, seed=4)
     workers = Workers(ConvertOptions(workers=2), "openai")
     try:
-        workers.send((str(src), "m.jsonl", 0, src.stat().st_size))
-        workers.send((str(tmp_path / "gone.jsonl"), "gone.jsonl", 0, 10))
+        workers.send((str(src), "m.jsonl", 0, src.stat().st_size, 1))  # from line 1
+        workers.send((str(tmp_path / "gone.jsonl"), "gone.jsonl", 0, 10, 1))
         assert workers.receive().kinds  # the first worker converted its range
         with pytest.raises(WorkerError, match="FileNotFoundError"):
             workers.receive()
@@ -498,27 +499,6 @@ def _plain_ish(draw: st.DrawFn) -> Any:
     return row
 
 
-def _general(value: Any, to: str, max_chars: int) -> tuple[str, bytes, int] | None:
-    from draftdeck.convert import check_conversation, duplicate_key, placeholder_key
-    from draftdeck.formats.common import ParseContext, RowRejected
-    from draftdeck.formats.detect import parse
-    from draftdeck.formats.writers import JSONL_ENCODERS, RESERVED, encode_line
-
-    ctx = ParseContext()
-    try:
-        family, convs = parse(value, ctx)
-    except RowRejected:
-        return None
-    if len(convs) != 1 or ctx.warnings:
-        return None
-    conv = convs[0]
-    if check_conversation(conv, False) or placeholder_key(conv, max_chars) is not None:
-        return None
-    if not RESERVED.isdisjoint(conv.meta):
-        return None
-    return family, encode_line(JSONL_ENCODERS[to](conv)), duplicate_key(conv, to)
-
-
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(row=_plain_ish(), to=st.sampled_from(["sharegpt", "openai"]))
 def test_plain_row_fast_path_is_the_general_path(row: Any, to: str) -> None:
@@ -526,7 +506,7 @@ def test_plain_row_fast_path_is_the_general_path(row: Any, to: str) -> None:
 
     fast = plain_row(row, to, 24, True)
     if fast is not None:  # whenever the fast path answers, it answers what the general path does
-        assert fast == _general(row, to, 24)
+        assert fast == general_row(row, to)
 
 
 def test_plain_row_fast_path_takes_the_usual_rows() -> None:
@@ -540,7 +520,7 @@ def test_plain_row_fast_path_takes_the_usual_rows() -> None:
     ):
         for to in ("sharegpt", "openai"):
             fast = plain_row(row, to, 24, True)
-            assert fast is not None and fast == _general(row, to, 24)
+            assert fast is not None and fast == general_row(row, to)
     assert plain_row(_chat("q", "OK."), "sharegpt", 24, True) is None  # a placeholder candidate
 
 
