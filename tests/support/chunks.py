@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -42,7 +42,21 @@ def write_chat_input(path: Path, n: int = 60) -> Path:
 
 # The loss thresholds a tokenize job gets by default (draftdeck/tokenize/job.py), for in-process runs
 # whose dataset is compared with a job's: the manifest records them.
-JOB_LIMITS = {"max_rejected": 0.5, "alert_rejected": 0.05, "alert_duplicated": 0.05, "alert_truncated": 0.05}
+class JobLimits(TypedDict):
+    """TokenizeOptions' loss thresholds, as keyword arguments."""
+
+    max_rejected: float
+    alert_rejected: float
+    alert_duplicated: float
+    alert_truncated: float
+
+
+JOB_LIMITS: JobLimits = {
+    "max_rejected": 0.5,
+    "alert_rejected": 0.05,
+    "alert_duplicated": 0.05,
+    "alert_truncated": 0.05,
+}
 
 
 def table(path: Path) -> pa.Table:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
-from sqlmodel import Session
+from sqlmodel import Session, col
 
 from app.run import submit
 from app.settings import get_settings
@@ -52,7 +52,7 @@ def test_retry_of_a_train_job_resumes_in_the_failed_attempts_folder(migrated: Pa
     with session_scope() as session:
         first = records.create_job(session, "train", params, "gpu")
         assert first.id is not None
-        session.execute(update(Job).where(Job.id == first.id).values(status=JobStatus.FAILED))
+        session.execute(update(Job).where(col(Job.id) == first.id).values(status=JobStatus.FAILED))
         session.commit()
         second = submit.retry(session, first.id, settings)
         # where the first attempt's checkpoints are: the trainer resumes from the last one there

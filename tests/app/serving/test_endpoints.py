@@ -173,4 +173,4 @@ def test_sglang_gauges_are_kept_as_reported_and_registration_refuses_bad_fields(
         ):
             fields = {"name": "x", "kind": "vllm", "metrics_url": server.url} | bad
             with pytest.raises(endpoints.EndpointError, match=re.escape(message)):
-                endpoints.create_endpoint(s, **fields)  # type: ignore[arg-type]
+                endpoints.create_endpoint(s, **fields)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.store.db import make_engine, upgrade
 from app.store.metric_query import QueryError, query
@@ -74,7 +74,9 @@ def test_points_summary_and_nonfinite_flags(session: Session) -> None:
     record_metrics(session, job, 0, {"train/loss": 3.0, "train/lr": 0.001}, 64)
     record_metrics(session, job, 1, {"train/loss": math.nan, "train/lr": 0.002}, 128)
     record_metrics(session, job, 2, {"train/loss": 2.0, "train/lr": math.inf}, 192)
-    rows = session.exec(select(MetricValue).where(MetricValue.job_id == job).order_by(MetricValue.id)).all()
+    rows = session.exec(
+        select(MetricValue).where(col(MetricValue.job_id) == job).order_by(col(MetricValue.id))
+    ).all()
     assert len(rows) == 6
     nan = next(r for r in rows if r.name == "train/loss" and r.step == 1)
     assert (nan.value, nan.flag) == (None, 1)
@@ -181,7 +183,7 @@ def test_per_position_acceptance_pools_windows(session: Session) -> None:
     record_points(session, job, pts)
     r = query(session, [job], ["train/pos/2/acc"], budget=4).series[0]
     assert r.level >= 1
-    assert all(abs(y - 0.5) < 1e-9 for y in r.y[1:-1])  # (3 + 1) / 8 pooled, per bucket
+    assert all(y is not None and abs(y - 0.5) < 1e-9 for y in r.y[1:-1])  # (3 + 1) / 8 pooled, per bucket
     assert r.y[0] == 0.75 and r.y[-1] == 0.25  # first and last points exact
 
 
@@ -193,7 +195,7 @@ def test_zoom_re_resolves_to_finer_levels(session: Session) -> None:
     narrow = query(session, [job], ["train/loss"], lo=5000, hi=5150, budget=100).series[0]
     assert narrow.level == 0
     assert narrow.x[0] == 5000 and narrow.x[-1] == 5150
-    assert max(narrow.hi) == 5150.0
+    assert max(v for v in narrow.hi if v is not None) == 5150.0
 
 
 def test_tokens_and_time_axes(session: Session) -> None:
@@ -240,12 +242,13 @@ def test_migration_matches_the_models_and_downgrades(session: Session) -> None:
     from alembic import command
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext
-    from sqlalchemy import inspect
+    from sqlalchemy import Engine, inspect
 
     from app.store.db import alembic_config
     from app.store.models import SQLModel
 
     engine = session.get_bind()
+    assert isinstance(engine, Engine)
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     mine = [d for d in diff if "metric" in repr(d)]

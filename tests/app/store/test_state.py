@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.store import records, state
 from app.store.models import (
@@ -26,7 +28,7 @@ from draftdeck.quality import Output, Policy, Report
 
 
 @pytest.fixture
-def session(migrated: Path) -> Session:
+def session(migrated: Path) -> Iterator[Session]:
     from app.store.db import session_scope
 
     with session_scope() as s:
@@ -37,7 +39,7 @@ def _job(session: Session, status: JobStatus = JobStatus.QUEUED, **values: objec
     job = records.create_job(session, "scan", {"inputs": ["x.jsonl"]}, "cpu")
     assert job.id is not None
     if status != JobStatus.QUEUED or values:
-        session.execute(update(Job).where(Job.id == job.id).values(status=status, **values))
+        session.execute(update(Job).where(col(Job.id) == job.id).values(status=status, **values))
         session.commit()
     return job.id
 
@@ -144,7 +146,7 @@ class TestCancelRunning:
         job_id = _job(session, JobStatus.RUNNING)
         refused = state.propose(session, job_id, JobStatus.CANCELLED, "stopped")
         assert not refused.accepted and refused.reason == "no cancellation was requested"
-        session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+        session.execute(update(Job).where(col(Job.id) == job_id).values(cancel_requested=True))
         session.commit()
         assert state.propose(session, job_id, JobStatus.CANCELLED, "cancelled while running").accepted
 
@@ -234,7 +236,7 @@ class TestChunkRules:
         self, session: Session, rule: type[state.ChunkRule], start: ChunkStatus, refused: ChunkStatus
     ) -> None:
         job_id, index = _chunk(session, start)
-        fields = {name: job_id for name in rule.REQUIRES}
+        fields: dict[str, Any] = {name: job_id for name in rule.REQUIRES}
         assert state.propose_chunk(session, job_id, index, rule.TO, rule.__name__, **fields).accepted
         assert _chunk_status(session, job_id) == rule.TO
         [h] = session.exec(
@@ -319,7 +321,7 @@ class TestSqlRunContext:
         ]
         assert [a.kind for a in session.exec(select(Alert).where(Alert.job_id == job_id))] == ["loss_spike"]
         ctx.check_cancelled()
-        session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+        session.execute(update(Job).where(col(Job.id) == job_id).values(cancel_requested=True))
         session.commit()
         with pytest.raises(Cancelled):
             ctx.check_cancelled()

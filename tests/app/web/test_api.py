@@ -199,19 +199,23 @@ def test_sweeper_fails_jobs_without_heartbeat(migrated: Path) -> None:
     with session_scope() as s:
         stale = records.create_job(s, "scan", {"inputs": ["x"]}, "cpu")
         fresh = records.create_job(s, "scan", {"inputs": ["y"]}, "cpu")
+        assert stale.id is not None and fresh.id is not None
         assert state.propose(s, stale.id, JobStatus.RUNNING, "test", worker="w:1").accepted
         from sqlalchemy import update
+        from sqlmodel import col
 
         from app.store.models import Job, utcnow
 
         s.execute(
-            update(Job).where(Job.id == stale.id).values(heartbeat_at=utcnow() - timedelta(seconds=120))
+            update(Job).where(col(Job.id) == stale.id).values(heartbeat_at=utcnow() - timedelta(seconds=120))
         )
         s.commit()
         assert state.propose(s, fresh.id, JobStatus.RUNNING, "test", worker="w:2").accepted
         assert mark_lost_jobs(s, lost_after_seconds=60) == [stale.id]
-        assert records.get_job(s, stale.id).error.startswith("worker lost")
-        assert records.get_job(s, fresh.id).status == JobStatus.RUNNING
+        lost, running = records.get_job(s, stale.id), records.get_job(s, fresh.id)
+        assert lost is not None and lost.error is not None and running is not None
+        assert lost.error.startswith("worker lost")
+        assert running.status == JobStatus.RUNNING
         # a terminal job cannot be moved again: the rules refuse, naming the current status
         decision = state.propose(s, stale.id, JobStatus.SUCCEEDED, "late")
         assert not decision.accepted and decision.status == JobStatus.FAILED
@@ -227,6 +231,7 @@ def test_redelivered_message_does_not_run_a_job_twice(migrated: Path) -> None:
     path = _file(migrated)
     with session_scope() as s:
         job = records.create_job(s, "scan", {"inputs": [str(path)]}, "cpu")
+    assert job.id is not None
     assert run_job(job.id) == JobStatus.SUCCEEDED
     assert run_job(job.id) == "skipped:succeeded"
     with session_scope() as s:
