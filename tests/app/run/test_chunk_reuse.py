@@ -9,7 +9,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import func, update
-from sqlmodel import select
+from sqlmodel import col, select
 
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
 from tests.app.run.test_tokenize_chunks import _chunks, _submit
@@ -28,14 +28,15 @@ def _fail_in_chunk(job_id: int, index: int) -> None:
     old = utcnow() - timedelta(hours=1)
     with session_scope() as session:
         liveness.beat(session, "celery@test", ["cpu"])
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == index)  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk)
+                        .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
                         .values(status="running", losses=1, started_at=old, heartbeat_at=old))  # fmt: skip
-        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
+        session.execute(update(Job).where(col(Job.id) == job_id).values(heartbeat_at=old))
         session.commit()
         assert sweep(session, 30).lost_chunks == [(job_id, index)]
 
 
-def _job(job_id: int):  # type: ignore[no-untyped-def]
+def _job(job_id: int):
     from app.store import records
     from app.store.db import session_scope
 
@@ -181,7 +182,7 @@ def test_kept_chunks_are_deleted_after_the_retention_time(migrated: Path, small_
         assert sweep(session, 30, keep_failed_chunks_hours=24).expired_kept == []
         assert kept_dir(job_id).is_dir()
         failed_at = _job(job_id).finished_at
-        session.execute(  # type: ignore[call-overload]
+        session.execute(
             update(Job).where(Job.id == job_id).values(finished_at=failed_at - timedelta(hours=25))  # type: ignore[arg-type]
         )
         session.commit()
@@ -209,13 +210,13 @@ def test_a_retry_with_every_chunk_reused_runs_the_final_step_at_once(
     job_id, src, tok = _submit(migrated, small_dir, 30, chunk_rows=10, out=str(out))
     assert run_job(job_id) == "handed-off"
     with session_scope() as session:  # a dead worker holds the final step
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == 0)  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk).where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
                         .values(finalized_by="celery@dead"))  # fmt: skip
         session.commit()
     assert [run_chunk(job_id, c.chunk_index) for c in _chunks(job_id)] == ["done"] * 4
     with session_scope() as session:
         old = utcnow() - timedelta(hours=1)
-        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
+        session.execute(update(Job).where(col(Job.id) == job_id).values(heartbeat_at=old))
         session.commit()
         assert sweep(session, 30).lost_jobs == [job_id]
     new_id = _retry(job_id)

@@ -96,7 +96,9 @@ def test_scan_convert_tokenize_each_page_offers_the_next(client: TestClient, mig
     from app.store.models import Job
 
     with session_scope() as s:
-        result = s.get(Job, tokenize).result  # type: ignore[union-attr]
+        tokenized = s.get(Job, tokenize)
+        assert tokenized is not None and tokenized.result is not None
+        result = tokenized.result
     assert result["tokens"] > result["trained_tokens"] > 0
     counts = dict(re.findall(r'data-count="(\w+)"><span class="num">([\d,]+)</span>', page))
     assert (
@@ -205,7 +207,7 @@ def test_rates_and_time_left_come_from_counts_and_timestamps(
 
 
 def test_rates_show_on_the_job_page_and_the_jobs_list(client: TestClient, migrated: Path) -> None:
-    from sqlmodel import update
+    from sqlmodel import col, update
 
     from app.store import records, state
     from app.store.db import session_scope
@@ -214,8 +216,10 @@ def test_rates_show_on_the_job_page_and_the_jobs_list(client: TestClient, migrat
     with session_scope() as s:
         job = records.create_job(s, "scan", {"inputs": [str(migrated / "data" / "x.jsonl")]}, "cpu")
         assert state.propose(s, job.id or 0, JobStatus.RUNNING, "test", worker="w:1").accepted
-        started = records.get_job(s, job.id or 0).started_at  # type: ignore[union-attr]
-        s.execute(update(Job).where(Job.id == job.id).values(
+        got = records.get_job(s, job.id or 0)
+        assert got is not None and got.started_at is not None
+        started = got.started_at
+        s.execute(update(Job).where(col(Job.id) == job.id).values(
             progress_done=400, progress_total=1000, progress_unit="rows",
             heartbeat_at=started + timedelta(seconds=4)))  # fmt: skip
         s.commit()
@@ -226,7 +230,7 @@ def test_rates_show_on_the_job_page_and_the_jobs_list(client: TestClient, migrat
 
 def test_a_chunked_tokenize_shows_rows_and_tokens_per_second(client: TestClient, migrated: Path) -> None:
     """Its progress unit is chunks; the rate is the finished chunks' rows and tokens over the time."""
-    from sqlmodel import update
+    from sqlmodel import col, update
 
     from app.store import records, state
     from app.store.db import session_scope
@@ -234,9 +238,12 @@ def test_a_chunked_tokenize_shows_rows_and_tokens_per_second(client: TestClient,
 
     with session_scope() as s:
         job = records.create_job(s, "tokenize", {"inputs": ["x"], "tokenizer": "t"}, "cpu")
+        assert job.id is not None
         assert state.propose(s, job.id or 0, JobStatus.RUNNING, "test", worker="w:1").accepted
-        started = records.get_job(s, job.id or 0).started_at  # type: ignore[union-attr]
-        s.execute(update(Job).where(Job.id == job.id).values(
+        got = records.get_job(s, job.id or 0)
+        assert got is not None and got.started_at is not None
+        started = got.started_at
+        s.execute(update(Job).where(col(Job.id) == job.id).values(
             progress_done=1, progress_total=3, progress_unit="chunks",
             heartbeat_at=started + timedelta(seconds=10)))  # fmt: skip
         s.add(JobChunk(job_id=job.id, chunk_index=0, status=ChunkStatus.DONE, rows_out=30,

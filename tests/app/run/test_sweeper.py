@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy import update
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from app.run import liveness
 from app.run.sweeper import mark_lost_chunks, mark_lost_jobs, resend_lost_messages, sweep
@@ -60,9 +60,10 @@ def _die_in_chunk(job_id: int, index: int) -> None:
 
 def _age(session: Session, job_id: int, index: int | None = None) -> None:
     old = utcnow() - OLD
-    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
+    session.execute(update(Job).where(col(Job.id) == job_id).values(heartbeat_at=old))
     if index is not None:
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == index)  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk)
+                        .where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == index)
                         .values(heartbeat_at=old, started_at=old))  # fmt: skip
     session.commit()
 
@@ -167,7 +168,7 @@ def test_queued_chunks_keep_their_job_alive_only_while_a_live_worker_serves_the_
         _age(session, job_id)
         liveness.beat(session, "celery@cpu", ["cpu"])
         assert mark_lost_jobs(session, LIMIT) == []
-        session.execute(update(liveness.Worker).values(heartbeat_at=utcnow() - OLD))  # type: ignore[call-overload]
+        session.execute(update(liveness.Worker).values(heartbeat_at=utcnow() - OLD))
         session.commit()
         assert mark_lost_jobs(session, LIMIT) == [job_id]
     job = _job(job_id)
@@ -187,7 +188,7 @@ def test_a_lost_job_message_is_sent_again_and_a_double_delivery_runs_once(migrat
     [message] = _messages()
     with session_scope() as session:
         assert resend_lost_messages(session, LIMIT) == ([], [])  # young: left alone
-        session.execute(update(Job).where(Job.id == job.id).values(sent_at=utcnow() - OLD))  # type: ignore[call-overload,arg-type]
+        session.execute(update(Job).where(col(Job.id) == job.id).values(sent_at=utcnow() - OLD))
         session.commit()
         assert resend_lost_messages(session, LIMIT) == ([], []), "its message is still in the broker"
     message.unlink()  # the broker lost it
@@ -210,7 +211,7 @@ def test_lost_chunk_messages_are_sent_again(migrated: Path, small_dir: Path) -> 
     for m in _messages():
         m.unlink()  # a Redis restarted without its data: every chunk message gone
     with session_scope() as session:
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(sent_at=utcnow() - OLD))  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk).where(col(JobChunk.job_id) == job_id).values(sent_at=utcnow() - OLD))
         session.commit()
         swept = sweep(session, LIMIT)
     assert sorted(swept.resent_chunks) == [(job_id, i) for i in range(n)]
@@ -241,7 +242,7 @@ def test_workers_silent_for_a_day_are_forgotten(migrated: Path) -> None:
     _live_worker("cpu")
     with session_scope() as session:
         liveness.beat(session, "celery@gone", ["gpu"])
-        session.execute(update(liveness.Worker).where(liveness.Worker.name == "celery@gone")  # type: ignore[call-overload,arg-type]
+        session.execute(update(liveness.Worker).where(col(liveness.Worker.name) == "celery@gone")
                         .values(heartbeat_at=utcnow() - timedelta(days=2)))  # fmt: skip
         session.commit()
         assert liveness.serves(session, "cpu", LIMIT) and not liveness.serves(session, "gpu", LIMIT)
@@ -292,7 +293,7 @@ def _running(session: Session, *, beat_age: timedelta | None, chunks_waiting: bo
     job = records.create_job(session, "tokenize", {"inputs": ["x.jsonl"], "tokenizer": "t"}, "cpu")
     assert job.id is not None
     beat = None if beat_age is None else utcnow() - beat_age
-    session.execute(update(Job).where(Job.id == job.id).values(status="running", heartbeat_at=beat))  # type: ignore[call-overload,arg-type]
+    session.execute(update(Job).where(col(Job.id) == job.id).values(status="running", heartbeat_at=beat))
     if chunks_waiting:
         session.add(JobChunk(job_id=job.id, chunk_index=0, status="pending", task_id="t-0", sent_at=utcnow()))
     session.commit()
@@ -382,7 +383,9 @@ def test_a_redelivered_message_of_a_job_whose_chunks_wait_does_not_fail_it(migra
     assert run_job(job_id) == "skipped:running"
     assert _job(job_id).status == "running"
     with session_scope() as session:
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None, sent_at=None))  # type: ignore[call-overload,arg-type]
+        session.execute(
+            update(JobChunk).where(col(JobChunk.job_id) == job_id).values(task_id=None, sent_at=None)
+        )
         session.commit()
     assert run_job(job_id) == "skipped:failed"  # chunks never sent: nothing will run them, it is lost
     assert (_job(job_id).error or "").startswith("worker lost: redelivered after")

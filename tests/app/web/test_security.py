@@ -23,7 +23,7 @@ LOCAL = ("127.0.0.1", 40000)
 TOKEN = "s3cret-token"
 
 
-def _app(monkeypatch: pytest.MonkeyPatch, host: str | None = None, token: str | None = None):  # type: ignore[no-untyped-def]
+def _app(monkeypatch: pytest.MonkeyPatch, host: str | None = None, token: str | None = None):
     from app.settings import get_settings
     from app.web.main import create_app
 

@@ -227,7 +227,7 @@ class TestJobKind:
             kind, confined, queue = submit.validate("convert", params, get_settings())
             return jobs.create_job(session, kind, confined, queue).id or 0
 
-    def _get(self, job_id: int):  # type: ignore[no-untyped-def]
+    def _get(self, job_id: int):
         from sqlmodel import select
 
         from app.store import records as jobs

@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 STEPS, NEW = 3, 20
 
 
-def _inputs(target, drafter, ids):  # type: ignore[no-untyped-def]
+def _inputs(target, drafter, ids):
     with torch.no_grad():
         out = target.model(input_ids=ids, output_hidden_states=True)
     aux = torch.cat([out.hidden_states[i] for i in drafter.config.aux_layer_ids], dim=-1)

@@ -97,7 +97,7 @@ def test_labels_are_two_plus_k_ahead_under_the_shifted_loss_mask() -> None:
     assert bool(counted[0, 0, 1]) and int(labels[0, 0, 1]) == 103
 
 
-def test_the_draft_vocabulary_is_checked_and_kept_with_the_weights(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_draft_vocabulary_is_checked_and_kept_with_the_weights(tmp_path) -> None:
     counts = np.zeros(64, dtype=np.int64)
     counts[[3, 9, 10, 40]] = [5, 50, 7, 9]
     np.save(tmp_path / TOKEN_COUNTS, counts)

@@ -167,7 +167,7 @@ def test_dpace_reads_each_kinds_own_slot_ce_and_its_step_trains_the_drafter(kind
     torch.testing.assert_close(w, expected)
     head_only = head_loss(target.lm_head, hidden[sel].detach(), labels, torch.ones(labels.shape)).ce
     assert torch.equal(own.ce, head_only) == (kind == "dflash2")  # DSpark's bias moves its CE
-    res = block_loss(target.lm_head, hidden, bb, PositionWeights("dpace"), drafter=drafter)  # type: ignore[arg-type]
+    res = block_loss(target.lm_head, hidden, bb, PositionWeights("dpace"), drafter=drafter)
     res.loss.backward()
     assert hidden.grad is not None and hidden.grad.abs().sum() > 0
     own_heads = [p for n, p in drafter.named_parameters() if "markov" in n or "selector" in n]
@@ -179,15 +179,15 @@ def test_eagle3_refuses_position_weights_and_each_parameter_needs_its_scheme(tmp
     with pytest.raises(
         ValidationError, match=r"position_weights: a DFlash-family option \(give drafter dflash"
     ):
-        TrainParams(**base, drafter="eagle3", position_weights="dpace")  # type: ignore[arg-type]
+        TrainParams(**base, drafter="eagle3", position_weights="dpace")
     with pytest.raises(ValidationError, match="dpace_alpha: read with position_weights dpace only"):
-        TrainParams(**base, dpace_alpha=0.3)  # type: ignore[arg-type]
+        TrainParams(**base, dpace_alpha=0.3)
     with pytest.raises(ValidationError, match="exp_decay: read with position_weights exp only"):
-        TrainParams(**base, position_weights="dpace", exp_decay=0.5)  # type: ignore[arg-type]
+        TrainParams(**base, position_weights="dpace", exp_decay=0.5)
     for kind in ("dflash", "dflash2", "dspark"):
-        p = TrainParams(**base, drafter=kind, position_weights="dpace", dpace_alpha=0.3)  # type: ignore[arg-type]
+        p = TrainParams(**base, drafter=kind, position_weights="dpace", dpace_alpha=0.3)
         assert (p.position_weights, p.dpace_alpha) == ("dpace", 0.3)
-    assert TrainParams(**base, drafter="eagle3").position_weights == "dflash"  # type: ignore[arg-type]
+    assert TrainParams(**base, drafter="eagle3").position_weights == "dflash"
 
 
 def test_a_tiny_dpace_run_trains_and_names_its_weights_in_run_json(tmp_path: Path) -> None:
