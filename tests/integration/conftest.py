@@ -160,7 +160,7 @@ def stack(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.Mo
     get_celery.cache_clear()
 
 
-def wait_for(predicate, timeout: float, what: str, stack: Stack | None = None, every: float = 0.2):  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float, what: str, stack: Stack | None = None, every: float = 0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()

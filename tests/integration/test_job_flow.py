@@ -37,7 +37,7 @@ def _submit(client: TestClient, path: str) -> int:
     return r.json()["id"]
 
 
-def _ended(client: TestClient, job_id: int):  # type: ignore[no-untyped-def]
+def _ended(client: TestClient, job_id: int):
     def check() -> dict | None:
         job = _job(client, job_id)
         return job if job["status"] in ("succeeded", "failed", "cancelled") else None

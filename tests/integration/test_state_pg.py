@@ -75,7 +75,7 @@ def test_a_claim_landing_mid_check_does_not_strand_the_job(pg_engine: Any) -> No
                 now = utcnow()
                 other.execute(
                     update(JobChunk)
-                    .where(JobChunk.job_id == job.id)  # type: ignore[arg-type]
+                    .where(JobChunk.job_id == job.id)
                     .values(
                         status=ChunkStatus.RUNNING, worker="celery@live:1", started_at=now, heartbeat_at=now
                     )

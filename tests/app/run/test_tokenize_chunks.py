@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlmodel import select
+from sqlmodel import col, select
 
 from app.run.submit import request_cancel
 from app.run.sweeper import mark_lost_jobs
 from draftdeck.errors import InputError, JobFailed, UsageError
+from draftdeck.quality import Report
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.chunks import tokenize_chunk, tokenize_files_chunked
@@ -63,6 +64,7 @@ def test_chunked_run_fails_like_the_in_process_run_and_leaves_no_shard(
     # the reading stage rejects prompt-only rows before tokenizing, in both runs
     with pytest.raises(JobFailed, match="no assistant turn") as chunked:
         tokenize_files_chunked([tmp_path / "in2.jsonl"], tmp_path / "chunked", tmp_path / "parts", opts, 4)
+    assert isinstance(chunked.value.report, Report) and isinstance(whole.value.report, Report)
     assert chunked.value.report.to_dict()["rejected"] == whole.value.report.to_dict()["rejected"]
     assert not (tmp_path / "chunked").exists() and not (tmp_path / "whole").exists()  # not even empty
 
@@ -89,13 +91,15 @@ def _submit(migrated: Path, small_dir: Path, n: int, **params: object) -> tuple[
     return job.id, src, tok
 
 
-def _chunks(job_id: int) -> list:  # type: ignore[type-arg]
+def _chunks(job_id: int) -> list:
     from app.store.db import session_scope
     from app.store.models import JobChunk
 
     with session_scope() as session:
         return list(
-            session.exec(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index))
+            session.exec(
+                select(JobChunk).where(col(JobChunk.job_id) == job_id).order_by(col(JobChunk.chunk_index))
+            )
         )
 
 
@@ -177,7 +181,7 @@ def test_a_failing_policy_fails_the_job_in_the_final_step(migrated: Path, small_
     assert [run_chunk(job_id, c.chunk_index) for c in _chunks(job_id)][-1] == "failed"
     with session_scope() as session:
         job = jobs.get_job(session, job_id)
-    assert job is not None and job.status == "failed" and "--strict" in (job.error or ""), job.error
+    assert job is not None and job.status == "failed" and "--strict" in (job.error or ""), job and job.error
     assert job.result is not None and job.result["rows_out"] > 0
     assert job.result is not None and job.result["warnings"]["truncated"] > 0
     assert not list((get_settings().jobs_dir / str(job_id) / "dataset").glob("*.arrow"))
@@ -204,15 +208,15 @@ def test_waiting_chunks_keep_the_job_alive_a_dead_chunk_does_not(migrated: Path,
     old = utcnow() - timedelta(hours=1)
     with session_scope() as session:
         liveness.beat(session, "celery@test", ["cpu"])
-        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
+        session.execute(update(Job).where(col(Job.id) == job_id).values(heartbeat_at=old))
         session.commit()
         assert mark_lost_jobs(session, 30) == []
     n = len(_chunks(job_id))
     assert n >= 2 and [run_chunk(job_id, i) for i in range(1, n)] == ["done"] * (n - 1)
     with session_scope() as session:  # chunk 0: claimed by a worker that then died, for the second time
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == 0)  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk).where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
                         .values(status="running", losses=1, started_at=old, heartbeat_at=old))  # fmt: skip
-        session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=old))  # type: ignore[call-overload,arg-type]
+        session.execute(update(Job).where(col(Job.id) == job_id).values(heartbeat_at=old))
         session.commit()
         assert sweep(session, 30).lost_chunks == [(job_id, 0)]
         job = jobs.get_job(session, job_id)
@@ -242,11 +246,11 @@ def test_a_job_failed_between_its_chunk_lost_and_its_failure_names_the_chunk(
     assert [run_chunk(job_id, i) for i in range(1, n)] == ["done"] * (n - 1)
     why = "chunk 0 lost twice (worker celery@w:1, no heartbeat for 13 s)"
     with session_scope() as session:
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id, JobChunk.chunk_index == 0)  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk).where(col(JobChunk.job_id) == job_id, col(JobChunk.chunk_index) == 0)
                         .values(status="lost", losses=1, error=why))  # fmt: skip
         session.execute(
-            update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
-        )  # type: ignore[call-overload,arg-type]
+            update(Job).where(col(Job.id) == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
+        )
         session.commit()
         assert mark_lost_jobs(session, 30) == [job_id]
         job = jobs.get_job(session, job_id)
@@ -347,10 +351,10 @@ def test_chunks_recorded_but_never_enqueued_do_not_keep_the_job_alive(
     job_id, _, _ = _submit(migrated, small_dir, 10, chunk_rows=10)
     assert run_job(job_id) == "handed-off"
     with session_scope() as session:  # the planning worker died between recording and enqueueing
-        session.execute(update(JobChunk).where(JobChunk.job_id == job_id).values(task_id=None))  # type: ignore[call-overload,arg-type]
+        session.execute(update(JobChunk).where(col(JobChunk.job_id) == job_id).values(task_id=None))
         session.execute(
-            update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
-        )  # type: ignore[call-overload,arg-type]
+            update(Job).where(col(Job.id) == job_id).values(heartbeat_at=utcnow() - timedelta(hours=1))
+        )
         session.commit()
         assert mark_lost_jobs(session, 30) == [job_id]
 

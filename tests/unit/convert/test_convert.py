@@ -153,7 +153,8 @@ class TestPolicy:
             convert([FIXTURES / "unknown_keys.jsonl"], out, "sharegpt")
         assert "empty output" in str(exc.value)
         assert "bar, baz, foo" in str(exc.value)
-        assert exc.value.report.rejected == {"unknown_format": 2}  # type: ignore[union-attr]
+        assert isinstance(exc.value.report, Report)
+        assert exc.value.report.rejected == {"unknown_format": 2}
         assert not out.exists()
 
     def test_empty_file_fails(self, tmp_path: Path) -> None:
@@ -194,7 +195,8 @@ class TestPolicy:
         with pytest.raises(JobFailed) as exc:
             convert([src], tmp_path / "o.jsonl", "openai", policy=Policy.from_file(pol))
         assert "i.jsonl:2" in str(exc.value)
-        exc.value.report.check_accounting()  # type: ignore[union-attr]
+        assert isinstance(exc.value.report, Report)
+        exc.value.report.check_accounting()
 
     def test_unknown_target_and_missing_input(self, tmp_path: Path) -> None:
         with pytest.raises(UsageError):

@@ -14,10 +14,14 @@ from draftdeck.convert.scan import scan_file
 from draftdeck.errors import InputError, JobFailed, PathNotAllowedError
 from draftdeck.formats.readers import RowReader, iter_rows
 from draftdeck.paths import resolve_in_roots
+from draftdeck.quality import Report
 from tests.conftest import FIXTURES as TEST_FIXTURES
 from tests.conftest import real_file
 
-ROWS = [{"messages": [{"role": "user", "content": "héllo"}]}, {"conversations": [], "id": 2}]
+ROWS: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "héllo"}]},
+    {"conversations": [], "id": 2},
+]
 
 
 def _jsonl(rows: list[dict]) -> bytes:
@@ -122,6 +126,7 @@ class TestScan:
             JobFailed, match=r"no row parsed out of \d+ \(\d+ (encoding_error|json_error)"
         ) as info:
             scan_file(tmp_path / "b.bin")
+        assert isinstance(info.value.report, Report)
         assert info.value.report.rows_out == 0
 
     def test_fifty_megabyte_single_line_parses(self, tmp_path: Path) -> None:

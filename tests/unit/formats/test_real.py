@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from draftdeck.convert import ConvertOptions, convert
+from draftdeck.quality import Report
 from tests.conftest import real_file
 
 # name: (rows_in, rows_out, formats, rejected, warnings)
@@ -126,6 +127,7 @@ def test_real_file_scans_as_convert_would_read_it(name: str) -> None:
 
         with pytest.raises(JobFailed, match="convert would keep none") as exc:
             scan_file(real_file(name))
+        assert isinstance(exc.value.report, Report)
         report = exc.value.report
     else:
         report = scan_file(real_file(name))
@@ -148,6 +150,7 @@ def test_forcing_a_shape_on_real_files(tmp_path: Path) -> None:
     with pytest.raises(JobFailed, match="convert would keep none of the 500 rows") as exc:
         scan_file(real_file("FastChat__dummy_conversation.json"), from_format="alpaca")
     scanned = exc.value.report
+    assert isinstance(scanned, Report)
     assert (scanned.rows_out, dict(scanned.rejected)) == (0, {"format_mismatch": 500})
     [item] = scanned.extra["would_reject"]
     assert (

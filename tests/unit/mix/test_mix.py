@@ -15,7 +15,7 @@ from draftdeck.convert import ConvertOptions
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.mix import Recipe, mix, plan_rows
 from draftdeck.mix.composition import composition
-from draftdeck.quality import Policy
+from draftdeck.quality import Policy, Report
 from tests.support.mix import RECIPE, write_sources
 
 
@@ -174,6 +174,7 @@ def test_policy_runs_over_the_mix_and_an_empty_mix_fails(tmp_path: Path) -> None
     nothing = "seed: 1\nsources:\n  - name: a\n    inputs: [chat.jsonl]\n    all: true\n    min_turns: 9\n"
     with pytest.raises(JobFailed, match="no rows were written") as err:
         mix(_recipe(tmp_path, nothing), out)
+    assert isinstance(err.value.report, Report)
     assert err.value.report.rejected["filtered_out"] == 60 and not out.exists()
     assert not list(tmp_path.glob(".m.jsonl.mix-*"))  # no temporary folder left behind
 

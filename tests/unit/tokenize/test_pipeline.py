@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from draftdeck.errors import JobFailed, UsageError
+from draftdeck.quality import Report
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_conversations, tokenize_files
 from tests.conftest import FIXTURES as TEST_FIXTURES
@@ -138,7 +139,8 @@ def test_prompt_only_rows_fail_by_default_pointing_to_regeneration(tmp_path: Pat
         tokenize_files(
             [FIXTURES / "prompt_only.jsonl"], tmp_path / "ds", TokenizeOptions(qwen_dir, workers=1)
         )
-    assert exc.value.report.rejected["no_assistant_turn"] == 1  # type: ignore[union-attr]
+    assert isinstance(exc.value.report, Report)
+    assert exc.value.report.rejected["no_assistant_turn"] == 1
     assert not (tmp_path / "ds" / "manifest.json").exists() and not list((tmp_path / "ds").glob("*.arrow"))
     report = tokenize_files(
         [FIXTURES / "prompt_only.jsonl"],
@@ -335,8 +337,9 @@ def test_decode_check_catches_tokens_that_do_not_give_back_the_text(tmp_path: Pa
     with pytest.raises(JobFailed, match="mask_mismatch") as exc:
         tokenize_conversations(convs, tmp_path / "ds", TokenizeOptions(tok_dir, workers=1))
     report = exc.value.report
-    assert report.rejected["mask_mismatch"] == 1 and report.rows_out == 1  # type: ignore[union-attr]
-    assert "Hello tHere" in report.examples["mask_mismatch"][0].reason  # type: ignore[union-attr]
+    assert isinstance(report, Report)
+    assert report.rejected["mask_mismatch"] == 1 and report.rows_out == 1
+    assert "Hello tHere" in report.examples["mask_mismatch"][0].reason
     assert not (tmp_path / "ds" / "manifest.json").exists()
 
 
@@ -458,6 +461,7 @@ def _tokenize_job_alerts(data: Path, tok: Path, long_rows: int, rows: int) -> li
     from app.store.db import session_scope
     from app.store.models import Alert
     from draftdeck.kinds import get_kind
+    from draftdeck.tokenize.job import TokenizeParams
 
     src = data / f"c{long_rows}-{rows}.jsonl"
     answers = [" ".join(["word"] * (300 if i < long_rows else 3)) for i in range(rows)]
@@ -467,6 +471,7 @@ def _tokenize_job_alerts(data: Path, tok: Path, long_rows: int, rows: int) -> li
     kind = get_kind("tokenize")
     raw = {"inputs": str(src), "tokenizer": str(tok), "seq_length": 64, "out": str(data / f"ds-{src.stem}")}
     params = kind.params.model_validate(raw).confined(get_settings().roots)
+    assert isinstance(params, TokenizeParams)
     assert params.options().max_rejected == 0.5 and params.policy().alert_truncated == 0.05
     with session_scope() as session:
         job = jobs.create_job(session, "tokenize", params.model_dump(), kind.queue)

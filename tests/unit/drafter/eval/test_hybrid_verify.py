@@ -7,9 +7,11 @@ greedy output would not notice."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from draftdeck.drafter.eval.hybrid_verify import RULES
 from draftdeck.drafter.eval.spec_decode import TargetRunner
@@ -27,7 +29,7 @@ def _ids(n: int, seed: int) -> list[int]:
     return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
-def _prefilled(runner: TargetRunner, prompt: list[int]) -> object:
+def _prefilled(runner: TargetRunner, prompt: list[int]) -> DynamicCache:
     cache = runner.new_cache()
     runner.forward(prompt, 0, cache, None)
     cache.crop(0)
@@ -57,6 +59,8 @@ def test_a_verify_step_leaves_the_cache_of_the_accepted_prefix(arch: str, kept: 
     reference.crop(0)
 
     assert verified.get_seq_length() == reference.get_seq_length() == PROMPT + kept
+    ours: Any  # a cache layer of either kind, read by its attributes
+    theirs: Any
     for ours, theirs in zip(verified.layers, reference.layers, strict=True):
         if getattr(ours, "recurrent_states", None):
             _close(ours.recurrent_states[0], theirs.recurrent_states[0])

@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,15 +39,22 @@ def test_tokenizer_has_chatml_a_mask_token_and_the_asked_vocabulary(tmp_path: Pa
     assert _digest(build_tokenizer(tmp_path / "again")) == _digest(folder)
 
 
+def _loss(line: str) -> float:
+    """The loss a training log line reports."""
+    found = re.search(r" loss ([0-9.]+)", line)
+    assert found, line
+    return float(found[1])
+
+
 def test_target_trains_loads_and_is_deterministic(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     tok = build_tokenizer(tmp_path / "tok", vocab_size=512, n_texts=500)
     losses: list[str] = []
-    kw = dict(steps=12, shape=SMALL_SHAPE, batch=4, seq_len=64, lr=1e-2)
+    kw: dict[str, Any] = dict(steps=12, shape=SMALL_SHAPE, batch=4, seq_len=64, lr=1e-2)
     a = build_target(tmp_path / "a", tok, log=losses.append, **kw)
     b = build_target(tmp_path / "b", tok, **kw)
-    first, last = (float(re.search(r" loss ([0-9.]+)", line)[1]) for line in (losses[0], losses[-1]))
+    first, last = (_loss(line) for line in (losses[0], losses[-1]))
     assert "steps/s" in losses[0] and "s left" in losses[0]  # a slow machine is told apart from a hung one
     assert last < first  # it learns
     model = AutoModelForCausalLM.from_pretrained(str(a))

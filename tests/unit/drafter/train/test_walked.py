@@ -9,6 +9,8 @@ import torch
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.kinds.dflash.objective import all_anchors, block_loss, build_blocks, drafter_hidden
 from draftdeck.drafter.kinds.dflash.walked import Drafts, first_slots, heldout_counts
+from draftdeck.drafter.model.loss_terms import CE_ONLY
+from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.walked import spans, walk, walk_steps
 from tests.support.drafter import tiny_drafter_config, tiny_target
 
@@ -107,7 +109,7 @@ def _runs_at_every_anchor(drafter: DFlashDrafter, target, ids: torch.Tensor, att
     return runs.numpy()
 
 
-def _learnt_pair(block: int = 8) -> tuple[DFlashDrafter, object, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _learnt_pair(block: int = 8) -> tuple[DFlashDrafter, Target, torch.Tensor, torch.Tensor, torch.Tensor]:
     """A drafter fitted a little to a periodic text (long accepted runs and rejections both happen),
     three rows of different lengths and spans."""
     target = tiny_target(1)
@@ -174,7 +176,7 @@ def test_phase_2_drafts_again_only_the_visited_blocks_whose_slot_1_was_right() -
         positions = torch.arange(ids.shape[1]).expand(ids.shape)
         context = (tf.context, drafter.context_kv(tf.context, positions))
         runs, _ = first_slots(
-            drafter, target, (ids, att, lm), context, tf, 7.0, per_row=0, seed=0, mix=(1.0, 0.0),
+            drafter, target, (ids, att, lm), context, tf, 7.0, per_row=0, seed=0, mix=CE_ONLY,
             attention="blocked", anchors_per_chunk=7,
         )  # fmt: skip
         drafts = Drafts(drafter, target, (ids, att, lm), context, runs, "blocked")
