@@ -18,7 +18,7 @@ import pytest
 
 from draftdeck.convert import ConvertOptions, convert, read_conversations
 from draftdeck.formats import agent_session
-from draftdeck.formats.model import Conversation
+from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.quality import Report
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
@@ -34,6 +34,19 @@ def _read(path: Path, **opts: Any) -> tuple[list[Conversation], Report]:
     report.rows_out = len(convs)
     report.check_accounting()
     return convs, report
+
+
+def _source(conv: Conversation) -> SourceRef:
+    """Where `conv` came from: every conversation read from a file has it."""
+    assert conv.source is not None
+    return conv.source
+
+
+def _line(conv: Conversation) -> int:
+    """`conv`'s source line: every one read from a JSONL file has it."""
+    line = _source(conv).line
+    assert line is not None
+    return line
 
 
 def _shape(conv: Conversation) -> list[tuple[Any, ...]]:
@@ -72,7 +85,7 @@ def test_a_session_log_is_its_conversations_with_every_line_counted() -> None:
     assert main.meta == {"session_id": "s-1", "cwd": "/home/dev/shop", "git_branch": "main",
                          "model": "claude-sonnet-4-5"}  # fmt: skip
     assert [m.role for m in side.messages] == ["user", "assistant", "tool", "assistant"]
-    assert side.meta["sidechain"] is True and side.source.line == 15
+    assert side.meta["sidechain"] is True and _source(side).line == 15
 
 
 def test_a_session_log_without_parent_links_is_one_conversation_in_file_order(tmp_path: Path) -> None:
@@ -137,7 +150,7 @@ def test_a_conversation_over_the_row_limit_is_rejected_whole_whatever_its_rows()
     """The row limit is on a conversation: a session (or an event stream) made of many small lines is
     held to it too; every line of one over it is rejected, and the other conversation is kept."""
     whole, _ = _read(AGENTS / "session.jsonl")
-    assert sorted(c.source.line for c in whole if c.source) == [2, 15]
+    assert sorted(_line(c) for c in whole if c.source) == [2, 15]
     convs, report = _read(AGENTS / "session.jsonl", max_row_bytes=3000)
     assert [c.source.line for c in convs if c.source] == [15]  # the sidechain fits, the main one does not
     # the main session's 11 lines (its abandoned branch too); the sidechain's 3 later lines merge as before
@@ -244,7 +257,7 @@ def test_distinct_branches_of_a_search_are_each_kept() -> None:
     ctx = ParseContext()
     convs = parse_row(row, ctx)
     assert [c.messages[-1].content for c in convs] == ["try A", "try B"]  # the repeat and the prefix left
-    assert [c.source.path for c in convs] == ["episode=0", "episode=1"]
+    assert [_source(c).path for c in convs] == ["episode=0", "episode=1"]
     assert ctx.warnings["contained_prefix"].startswith("2 of the 4 episodes")
     from draftdeck.formats.common import RowRejected
 
@@ -255,7 +268,7 @@ def test_distinct_branches_of_a_search_are_each_kept() -> None:
 
 def test_rlhf_prompt_pairs_read_their_turns() -> None:
     convs, report = _read(AGENTS / "rlhf_pairs.jsonl")
-    convs.sort(key=lambda c: c.source.line)
+    convs.sort(key=_line)
     assert [[(m.role, m.content) for m in c.messages] for c in convs] == [
         [("user", "How do I boil an egg?"),
          ("assistant", "Put it in boiling water for 9 minutes, then cool it in cold water.")],
@@ -274,7 +287,7 @@ def test_rlhf_prompt_pairs_read_their_turns() -> None:
 
 def test_mixed_key_conventions_and_legacy_functions(tmp_path: Path) -> None:
     convs, report = _read(AGENTS / "mixed_keys.jsonl")
-    convs.sort(key=lambda c: c.source.line)
+    convs.sort(key=_line)
     assert [[(m.role, m.content) for m in c.messages] for c in convs[:2]] == [
         [("user", "Say hello in French."), ("assistant", "Bonjour.")],
         [("user", "Say thanks in German."), ("assistant", "Danke.")],

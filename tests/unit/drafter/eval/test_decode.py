@@ -5,13 +5,14 @@ sampled mode's output distribution is the target's (chi-square on a tiny vocabul
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 import pytest
 import torch
 
 from draftdeck.drafter.eval.baselines import PromptLookup
 from draftdeck.drafter.eval.spec_decode import (
+    DraftSource,
     ReferenceDrafts,
     Sampling,
     TargetRunner,
@@ -66,7 +67,7 @@ def _check_counts(gen, block_size: int) -> None:
 def test_greedy_speculative_equals_plain_greedy_for_every_source(
     world: TinyWorld, runner: TargetRunner, plain: list[list[int]], block_size: int
 ) -> None:
-    sources = {
+    sources: dict[str, DraftSource] = {
         "prompt_lookup": PromptLookup(),
         "dflash_random": DFlashSource(_drafter(world, block_size), world.target),
     }
@@ -168,18 +169,18 @@ def test_incremental_drafter_context_equals_full_recompute(world: TinyWorld, run
 class _TableDrafts:
     """Deterministic drafts: the most likely token after each committed prefix, from a table."""
 
-    layer_ids = None
+    layer_ids: list[int] | None = None
 
     def __init__(self, table: dict[tuple[int, ...], int], prompt: list[int]):
         self.table, self.n_prompt = table, len(prompt)
 
-    def begin(self, prompt_ids):
+    def begin(self, prompt_ids: list[int]) -> None:
         pass
 
-    def observe(self, features):
+    def observe(self, features: torch.Tensor | None) -> None:
         pass
 
-    def propose(self, committed, k):
+    def propose(self, committed: list[int], k: int) -> list[int]:
         seq = tuple(committed[self.n_prompt :])
         out: list[int] = []
         for _ in range(k):
@@ -204,7 +205,7 @@ def test_sampled_speculative_output_is_distributed_as_the_target() -> None:
         logits = target.model(input_ids=torch.tensor([prompt + seq])).logits[0, -1]
         return sampling_probs(logits, temperature, top_p)
 
-    expected: Counter[tuple[int, int]] = Counter()
+    expected: defaultdict[tuple[int, int], float] = defaultdict(float)  # a probability per cell
     table: dict[tuple[int, ...], int] = {}
     p1 = probs([])
     table[()] = int(p1.argmax())

@@ -18,7 +18,7 @@ from draftdeck.chat.templates import QWEN35_STYLE
 from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.spec_decode import Sampling, TargetRunner
+from draftdeck.drafter.eval.spec_decode import DraftSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import ALL, decode_turns
 from draftdeck.drafter.eval.tally import Decoded, decode
 from draftdeck.drafter.export.drafters import load_drafter
@@ -81,7 +81,7 @@ def test_a_changed_suite_file_is_refused(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_a_users_file_is_a_suite_and_every_row_is_accounted_for(tmp_path: Path) -> None:
     path = tmp_path / "mine.jsonl"
-    rows = [
+    rows: list[dict[str, object]] = [
         {"category": "sql", "turns": ["List the tables.", "Now the views."]},
         {"category": "sql", "prompt": "Count the rows."},
         {"category": "sql", "prompt": "Third sql prompt, past the sample."},
@@ -116,7 +116,7 @@ def test_a_multi_turn_prompt_is_answered_after_the_targets_own_answers(
 ) -> None:
     target = world.target
     runner = TargetRunner(target, [world.eos_id])
-    sources = {"drafter": DFlashSource(load_drafter(checkpoint), target, 4)}
+    sources: dict[str, DraftSource] = {"drafter": DFlashSource(load_drafter(checkpoint), target, 4)}
 
     def decode_nth(ids: list[int], n: int) -> Decoded:
         return decode(runner, sources, ids, MAX_NEW, 4, Sampling(seed=n))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import torch
@@ -14,17 +15,24 @@ from pydantic import ValidationError
 
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
-from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter, grouped_causal_conv
+from draftdeck.drafter.kinds.dflash2.model import (
+    DFlash2Config,
+    DFlash2Drafter,
+    LocalConv,
+    grouped_causal_conv,
+)
 from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
 from draftdeck.drafter.model.config import DrafterConfigError
 from draftdeck.drafter.model.head import head_topk
 from draftdeck.drafter.train.params import TrainParams
 from tests.support.drafter import tiny_drafter_config, tiny_target
 
+M = TypeVar("M", bound=torch.nn.Module)
+
 torch.set_num_threads(1)
 
 
-def _randomized(drafter: torch.nn.Module, seed: int = 5) -> torch.nn.Module:
+def _randomized(drafter: M, seed: int = 5) -> M:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in drafter.parameters():
@@ -33,12 +41,12 @@ def _randomized(drafter: torch.nn.Module, seed: int = 5) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def target():  # type: ignore[no-untyped-def]
+def target():
     return tiny_target(0, vocab_size=64, hidden=32, layers=2)
 
 
 @pytest.mark.parametrize("markov", ["vanilla", "gated", "rnn"])
-def test_dspark_drafts_each_token_given_the_draft_before_it(target, markov: str) -> None:  # type: ignore[no-untyped-def]
+def test_dspark_drafts_each_token_given_the_draft_before_it(target, markov: str) -> None:
     shape = asdict(tiny_drafter_config(target, block_size=4))
     drafter = _randomized(DSparkDrafter(DSparkConfig(**shape, markov_rank=8, markov_head_type=markov)))
     assert isinstance(drafter, DSparkDrafter) and drafter.slots == 5  # from the anchor: 4 drafts a block
@@ -54,7 +62,7 @@ def test_dspark_drafts_each_token_given_the_draft_before_it(target, markov: str)
     assert len({plain.choose_drafts(head, hidden, anchor=a, want=1)[0] for a in range(0, 60, 3)}) == 1
 
 
-def test_dspark_confidence_stops_a_block_where_the_product_falls_below_the_threshold(target) -> None:  # type: ignore[no-untyped-def]
+def test_dspark_confidence_stops_a_block_where_the_product_falls_below_the_threshold(target) -> None:
     shape = asdict(tiny_drafter_config(target, block_size=4))
     drafter = _randomized(DSparkDrafter(DSparkConfig(**shape, markov_rank=8)))
     assert isinstance(drafter, DSparkDrafter)
@@ -70,7 +78,7 @@ def test_dspark_confidence_stops_a_block_where_the_product_falls_below_the_thres
     assert drafter.choose_drafts(target.lm_head, hidden, anchor=3, want=4, threshold=0.5) == full
 
 
-def test_dspark_config_refuses_a_confidence_head_reading_a_missing_markov_embedding(target) -> None:  # type: ignore[no-untyped-def]
+def test_dspark_config_refuses_a_confidence_head_reading_a_missing_markov_embedding(target) -> None:
     shape = asdict(tiny_drafter_config(target))
     with pytest.raises(DrafterConfigError, match="markov_rank > 0"):
         DSparkConfig(**shape, markov_rank=0, confidence_with_markov=True)
@@ -96,7 +104,7 @@ def test_dflash2_convolution_reads_only_earlier_slots_of_its_own_block() -> None
     assert torch.equal(grouped_causal_conv(changed, delta, base, block, group)[4:], out[4:])
 
 
-def test_a_fresh_dflash2_drafter_is_a_dflash_drafter_until_trained(target) -> None:  # type: ignore[no-untyped-def]
+def test_a_fresh_dflash2_drafter_is_a_dflash_drafter_until_trained(target) -> None:
     shape = tiny_drafter_config(target, block_size=4)
     torch.manual_seed(3)
     dflash = DFlashDrafter(shape).eval()
@@ -110,11 +118,13 @@ def test_a_fresh_dflash2_drafter_is_a_dflash_drafter_until_trained(target) -> No
         b = dflash2(positions, noise_embedding=block, target_hidden=context)
     assert torch.allclose(a, b, atol=1e-6)
     with torch.no_grad():  # a trained convolution changes it
-        dflash2.decoder_layers[0].mlp_conv.base_kernel[1, 1].fill_(0.5)  # type: ignore[union-attr]
+        conv = dflash2.decoder_layers[0].mlp_conv
+        assert isinstance(conv, LocalConv)
+        conv.base_kernel[1, 1].fill_(0.5)
         assert not torch.allclose(a, dflash2(positions, noise_embedding=block, target_hidden=context))
 
 
-def test_dflash2_drafts_only_among_the_heads_top_k(target) -> None:  # type: ignore[no-untyped-def]
+def test_dflash2_drafts_only_among_the_heads_top_k(target) -> None:
     shape = asdict(tiny_drafter_config(target, block_size=4))
     drafter = _randomized(DFlash2Drafter(DFlash2Config(**shape, selector_rank=8, selector_top_k=3)))
     assert isinstance(drafter, DFlash2Drafter) and drafter.slots == 4  # after the anchor: 3 drafts
@@ -143,7 +153,7 @@ def test_a_kinds_options_reach_its_runs_and_are_refused_by_name_for_another_kind
 
 def test_dspark_warm_starts_from_a_dflash_checkpoint_of_the_same_shape_and_refuses_others(
     target,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
 ) -> None:
     from draftdeck.drafter.export.folder import CheckpointError
     from draftdeck.drafter.kinds.dflash.export import save_zlab
@@ -151,7 +161,7 @@ def test_dspark_warm_starts_from_a_dflash_checkpoint_of_the_same_shape_and_refus
 
     shape = tiny_drafter_config(target, block_size=4)
     dflash = _randomized(DFlashDrafter(shape), seed=9)
-    save_zlab(dflash, tmp_path / "dflash")  # type: ignore[arg-type]
+    save_zlab(dflash, tmp_path / "dflash")
     dspark = DSparkDrafter(DSparkConfig(**asdict(shape), markov_rank=8))
     heads = {k: v.clone() for k, v in dspark.state_dict().items() if k.startswith(("markov", "confidence"))}
     said = warm_start(dspark, tmp_path / "dflash")

@@ -21,6 +21,7 @@ from draftdeck.drafter.kinds.dflash.walked import heldout_counts
 from draftdeck.drafter.model import attention as attn
 from draftdeck.drafter.model.attention import BlockLayout, resolve_backend
 from draftdeck.drafter.model.head import head_loss
+from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.data import collate
 from tests.support.drafter import tiny_drafter_config, tiny_target
 
@@ -105,6 +106,12 @@ def test_backend_choice_is_automatic_and_a_forced_flex_without_cuda_is_refused()
         resolve_backend("flex", torch.device("cpu"))
 
 
+def _grad(t: torch.Tensor) -> torch.Tensor:
+    """A copy of the gradient the backward pass left on `t`."""
+    assert t.grad is not None
+    return t.grad.clone()
+
+
 def test_chunked_head_equals_the_unchunked_loss_gradients_and_argmax() -> None:
     g = torch.Generator().manual_seed(2)
     head = nn.Linear(16, 50, bias=True)  # a head with a bias, whose weight requires grad too
@@ -118,7 +125,7 @@ def test_chunked_head_equals_the_unchunked_loss_gradients_and_argmax() -> None:
         out = head_loss(head, hidden, labels, w, chunked=chunked, chunk_bytes=4 * 50 * 5)
         wce, ce, pred = out.total, out.ce, out.pred
         (wce * 0.5).backward()
-        grads = (hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone())
+        grads = (_grad(hidden), _grad(head.weight), _grad(head.bias))
         got.append((wce.detach(), ce, pred, *grads))
     (ref, new) = got
     for a, b in zip(ref, new, strict=True):
@@ -133,7 +140,7 @@ def test_chunked_head_equals_the_unchunked_loss_gradients_and_argmax() -> None:
     assert torch.equal(ref[2], pred)
 
 
-def _world(b: int, seed: int = 0) -> tuple[DFlashDrafter, object, tuple[torch.Tensor, ...]]:
+def _world(b: int, seed: int = 0) -> tuple[DFlashDrafter, Target, tuple[torch.Tensor, ...]]:
     target = tiny_target(seed)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(tiny_drafter_config(target, layers=2, block_size=b))
@@ -152,7 +159,7 @@ def _world(b: int, seed: int = 0) -> tuple[DFlashDrafter, object, tuple[torch.Te
 
 def _loss_and_grads(
     drafter, target, batch, *, attention, chunked_head, split=None, recompute=False, mix=(1.0, 0.0)
-):  # type: ignore[no-untyped-def]
+):
     """One forward (dflash_loss) or, with `split`, the trainer's groups of anchors (dflash_backward);
     a `mix` with a KL part reads the target's final hidden states, as the trainer does."""
     ids, att, lm, anchors, valid = batch
