@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_answered_counts_say_how_many_rows_the_target_wrote() -> None:
 def _regenerated(path: Path, who: ModelIdentity | None, n: int, start: int = 0) -> Path:
     with path.open("w", encoding="utf-8") as f:
         for i in range(start, start + n):
-            row = {
+            row: dict[str, Any] = {
                 "messages": [
                     {"role": "user", "content": f"Count to {i}."},
                     {"role": "assistant", "content": f"One, two, {i}."},

@@ -48,7 +48,8 @@ def _endpoint_with_windows(rows: list[tuple[int, int, int, list[int]]]) -> tuple
         s.add(ep)
         for dt, drafts, accepted, per in rows:
             s.add(ServingWindow(endpoint_id=ep.id or 0, wall_ms=T0 + dt, drafts=drafts,
-                                draft_tokens=3 * drafts, accepted=accepted, per_position=per))  # fmt: skip
+                                draft_tokens=3 * drafts, accepted=accepted,
+                                per_position=list(per)))  # fmt: skip
         s.commit()
         assert ep.id is not None
         return run, ep.id

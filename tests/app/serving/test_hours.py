@@ -30,7 +30,7 @@ def _windows(ep: ServingEndpoint, n: int, every_ms: int, seed: int = 7) -> list[
         per = [rng.randint(0, d) for _ in range(3)]
         gauges = {"accept_length": round(rng.uniform(2, 4), 3)} if ep.kind == "sglang" else None
         out.append(ServingWindow(endpoint_id=ep.id or 0, wall_ms=H0 + i * every_ms, drafts=d,
-                                 draft_tokens=3 * d, accepted=sum(per), per_position=per,
+                                 draft_tokens=3 * d, accepted=sum(per), per_position=list(per),
                                  gauges=gauges))  # fmt: skip
     return out
 
@@ -64,7 +64,9 @@ def test_a_long_range_is_read_from_hourly_sums_with_the_windows_figures(migrated
         assert hourly.hi == [max(1 + w.accepted / w.drafts for w in h) for h in hours]
         # p_i over a range of more windows than are summed one by one: from the hours, the same
         drafts = sum(w.drafts for w in rows)
-        expected = [sum(w.per_position[i] for w in rows) / drafts for i in range(3)]
+        counts = [[c for c in w.per_position if c is not None] for w in rows]  # every window has 3
+        assert all(len(c) == 3 for c in counts)
+        expected = [sum(c[i] for c in counts) / drafts for i in range(3)]
         assert positions(s, vllm, H0, hi).served == expected
         assert positions(s, vllm, H0, H0 + HOUR_MS - 1).served_drafts == sum(w.drafts for w in hours[0])
         gauges = tau_series(s, sglang, H0, hi, budget=10)

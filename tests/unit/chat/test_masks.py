@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -183,12 +183,14 @@ def test_generation_tags_masks_agree_with_hf(gentags_dir: Path, gentags_tok: Any
             continue
         # The one documented difference: HF marks every token overlapping a {% generation %} span; we
         # mark tokens that START inside it. Only a token straddling a span's start may differ.
-        [text], [spans] = render_jinja_template(
+        # transformers annotates it `-> str`; it returns (the rendered texts, each one's generation spans)
+        rendered = render_jinja_template(
             [msgs],
             chat_template=gentags_tok.chat_template,
             return_assistant_tokens_mask=True,
             **gentags_tok.special_tokens_map,
         )
+        [text], [spans] = cast(tuple[list[str], list[list[tuple[int, int]]]], rendered)
         offsets = gentags_tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
         for k, (o, t) in enumerate(zip(ours, theirs, strict=True)):
             if o != t:

@@ -104,7 +104,7 @@ def test_anthropic_blocks_become_structure() -> None:
         ("tool", "No such file", True),  # is_error kept
         ("user", "Try config.yml instead.", False),  # the text beside the result, after it
     ]
-    assert redacted.messages[1].redacted_reasoning.startswith("EmwK")
+    assert (redacted.messages[1].redacted_reasoning or "").startswith("EmwK")
     assert redacted.messages[1].reasoning is None and redacted.messages[1].content.startswith("The proof")
 
 

@@ -216,7 +216,7 @@ def test_endpoints_take_turns_and_report_their_health(tmp_path: Path) -> None:
 def test_tool_calls_are_checked_and_tool_results_follow_the_targets_calls(tmp_path: Path) -> None:
     call = {"id": "t1", "type": "function", "function": {"name": "get", "arguments": '{"c": "Paris"}'}}
     bad = {"id": "t2", "type": "function", "function": {"name": "get", "arguments": "{not json"}}
-    conv = {
+    conv: dict[str, Any] = {
         "messages": [
             {"role": "user", "content": "weather?"},
             {"role": "assistant", "content": "", "tool_calls": [{**call, "id": "src1"}]},
@@ -330,7 +330,10 @@ def test_duplicate_prompts_are_warned_and_raise_the_duplicated_alert(tmp_path: P
 
 
 def test_from_forces_one_input_shape(tmp_path: Path) -> None:
-    rows = [{"prompt": "a prompt row"}, {"messages": [{"role": "user", "content": "an openai row"}]}]
+    rows: list[dict[str, Any]] = [
+        {"prompt": "a prompt row"},
+        {"messages": [{"role": "user", "content": "an openai row"}]},
+    ]
     src = _rows_file(tmp_path, rows)
     with standin(StandIn(lambda msgs, n: completion("fine"))) as server:
         report = _run_on(tmp_path, server, src, from_format="openai", max_rejected=1)

@@ -33,6 +33,12 @@ def _prompts(tmp_path: Path, n: int) -> Path:
     return path
 
 
+def _counts(ds: ShardDataset) -> dict[str, Any]:
+    """The counts the dataset's manifest records (a tokenize run's manifest has its report)."""
+    assert ds.manifest.report is not None
+    return ds.manifest.report["counts"]
+
+
 def _tokenized(src: Path, to: str, tokenizer: Path, tmp_path: Path, **kw: Any) -> ShardDataset:
     """`src` converted to `to` and tokenized: the path a regenerated file takes to training."""
     converted = tmp_path / f"converted.{'parquet' if to == 'parquet' else 'jsonl'}"
@@ -87,7 +93,7 @@ def test_a_servers_token_ids_reach_the_shards_verbatim(tmp_path: Path) -> None:
     ds = _tokenized(tmp_path / "regen.jsonl", "sharegpt", tok_dir, tmp_path)
     assert id_runs(ds.row(0)["input_ids"], ds.row(0)["loss_mask"]) == [[*split, im_end]]
     assert ds.row(0)["issues"] == ["ids_from_target"] and ds.row(1)["issues"] == []
-    counts = ds.manifest.report["counts"]
+    counts = _counts(ds)
     assert counts["ids_from_target"] == 1 and "ids_reencoded" not in counts
 
 
@@ -108,7 +114,7 @@ def test_local_generation_keeps_its_ids_through_parquet_into_the_shards(tmp_path
     ds = _tokenized(
         tmp_path / "regen.jsonl", "parquet", model, tmp_path, template_kwargs={"enable_thinking": False}
     )
-    counts = ds.manifest.report["counts"]
+    counts = _counts(ds)
     assert counts["answers_ids_from_target"] == 8 and "answers_ids_reencoded" not in counts
     trained = [run for i in range(len(ds)) for run in id_runs(ds.row(i)["input_ids"], ds.row(i)["loss_mask"])]
     im_end = load_tokenizer(model).convert_tokens_to_ids("<|im_end|>")

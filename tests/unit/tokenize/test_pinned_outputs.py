@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -58,7 +58,7 @@ def _digest(rows: list[dict[str, Any]]) -> str:
 
 
 @pytest.mark.parametrize("encoder", ["tiktoken", "hf"])
-def test_fixture_rows_are_pinned(tmp_path: Path, qwen_dir: Path, encoder: str) -> None:
+def test_fixture_rows_are_pinned(tmp_path: Path, qwen_dir: Path, encoder: Literal["tiktoken", "hf"]) -> None:
     out = tmp_path / "ds"
     tokenize_files([FIXTURES / "chat.jsonl"], out, TokenizeOptions(qwen_dir, workers=1, encoder=encoder))
     assert _rows(out) == json.loads(PINNED.read_text())

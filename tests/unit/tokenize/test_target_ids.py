@@ -32,6 +32,12 @@ def _answer(tok: Any, text: str, at: int, end: bool = True) -> Message:
     return Message("assistant", text, token_ids=ids)
 
 
+def _ids(answer: Message) -> list[int]:
+    """The token ids `answer` carries (every `_answer` has them)."""
+    assert answer.token_ids is not None
+    return answer.token_ids
+
+
 def _conv(*messages: Message, vocab: str | None, line: int = 1) -> Conversation:
     meta = {"generation": {"token_ids": {"vocab": vocab}}}
     return Conversation(list(messages), [], SourceRef("regen.jsonl", line), meta=meta)
@@ -45,7 +51,7 @@ def test_the_targets_split_is_trained_not_the_tokenizers(qwen_dir: Path, qwen_to
     text = "Photosynthesis converts light into chemical energy."
     answer = _answer(qwen_tok, text, 5)  # "Photo" + "synthesis ...": the tokenizer splits otherwise
     canonical = qwen_tok.encode(text, add_special_tokens=False)
-    assert answer.token_ids[:-1] != canonical and qwen_tok.decode(answer.token_ids[:-1]) == text
+    assert _ids(answer)[:-1] != canonical and qwen_tok.decode(_ids(answer)[:-1]) == text
     conv = _conv(u("What does photosynthesis do?"), answer, vocab=vocab_fingerprint(qwen_dir))
     result = tokenize_rows([conv], _opts(qwen_dir))
     [row] = result.rows
@@ -67,7 +73,7 @@ def test_every_turn_keeps_its_ids_and_a_missing_end_token_is_added(qwen_dir: Pat
     result = tokenize_rows([conv], _opts(qwen_dir))
     im_end = qwen_tok.convert_tokens_to_ids("<|im_end|>")
     runs = [run for row in result.rows for run in id_runs(list(row.input_ids), list(row.loss_mask))]
-    assert runs == [[*first.token_ids, im_end], second.token_ids]
+    assert runs == [[*_ids(first), im_end], second.token_ids]
     assert result.report.counts["answers_ids_from_target"] == 2
     assert result.report.counts["ids_from_target"] == len(result.rows)
 
@@ -119,7 +125,9 @@ def test_rows_without_recorded_ids_count_on_neither_path_and_the_manifest_has_bo
     other = _conv(u("Capital?"), _answer(qwen_tok, "Paris.", 2), vocab="sha256:another", line=3)
     report = tokenize_conversations([plain, kept, other], tmp_path / "ds", _opts(qwen_dir))
     assert report.rows_out == 3
-    counts = ShardDataset(tmp_path / "ds").manifest.report["counts"]
+    recorded = ShardDataset(tmp_path / "ds").manifest.report
+    assert recorded is not None
+    counts = recorded["counts"]
     assert (counts["ids_from_target"], counts["ids_reencoded"]) == (1, 1)
     issues = [ShardDataset(tmp_path / "ds").row(i)["issues"] for i in range(3)]
     assert issues == [[], ["ids_from_target"], ["ids_reencoded"]]

@@ -5,6 +5,7 @@ sampling drafter's sum min(p, q), a greedy drafter's p of its argmax) checked by
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -32,7 +33,7 @@ def _case(seed: int = 0) -> tuple[nn.Linear, torch.Tensor, torch.Tensor, torch.T
 @pytest.mark.parametrize("mix", [(1.0, 0.0), (0.0, 1.0), (0.5, 2.0)])
 def test_chunked_equals_dense_in_value_parts_and_gradients(mix: tuple[float, float]) -> None:
     head, hidden, teacher, labels, weights = _case()
-    got = []
+    got: list[tuple[Any, ...]] = []  # (the loss's parts, the three gradients)
     for chunked in (False, True):
         head.zero_grad()
         hidden.grad = None
@@ -46,7 +47,7 @@ def test_chunked_equals_dense_in_value_parts_and_gradients(mix: tuple[float, flo
         torch.testing.assert_close(
             getattr(new, name).detach(), getattr(ref, name).detach(), rtol=1e-5, atol=1e-5
         )
-    assert torch.equal(new.pred, ref.pred) and torch.equal(new.target_pred, ref.target_pred)  # type: ignore[arg-type]
+    assert torch.equal(new.pred, ref.pred) and torch.equal(new.target_pred, ref.target_pred)
     for a, b in zip(ref_grads, new_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # the held-out walk's path: the same parts, no gradients

@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from draftdeck.drafter.kinds import get_kind
+from draftdeck.drafter.model.attention import Backend
 from draftdeck.drafter.train.device import DeviceError
 from draftdeck.drafter.train.memory import check_memory
 from draftdeck.drafter.train.params import TrainParams
@@ -94,7 +96,14 @@ def test_a_run_that_cannot_fit_is_refused_naming_what_to_lower() -> None:
     params = TrainParams(inputs=["unused"], target="unused", device="cpu", block_size=16, mask_token_id=299)
     kind = get_kind("dflash").trainer(params, target, None)  # DFlash's part of a run reads no data
     cpu = torch.device("cpu")
-    args = (kind, target.config, params, 100_000_000, cpu, "blocked")
+    args: tuple[Any, object, TrainParams, int, torch.device, Backend] = (
+        kind,
+        target.config,
+        params,
+        100_000_000,
+        cpu,
+        "blocked",
+    )
     with pytest.raises(DeviceError) as caught:
         check_memory(*args, heldout_rows=8)
     message = str(caught.value)

@@ -74,7 +74,7 @@ def test_attention_mask_context_strictly_before_anchor_and_own_block_only() -> N
     m = bb.layout.dense_mask()[0, 0]
     assert m.shape == (2 * B, 10 + 2 * B)
     for q in range(2 * B):
-        p = anchors[0, q // B].item()
+        p = int(anchors[0, q // B])
         assert m[q, :10].nonzero().flatten().tolist() == list(range(1, p))  # < p, never <= p
         own = list(range(10 + (q // B) * B, 10 + (q // B + 1) * B))
         assert m[q, 10:].nonzero().flatten().add(10).tolist() == own
@@ -135,6 +135,7 @@ def test_no_gradient_reaches_context_at_or_after_the_anchor_or_other_blocks(back
     assert (per_pos[0, :4] > 0).all()  # everything strictly before the anchor is used
     assert (per_pos[0, 4:] == 0).all()  # the anchor's own position and later: nothing
     assert (per_pos[1] == 0).all()  # nor another row
+    assert noise.grad is not None
     g = noise.grad.abs().sum(-1)
     assert (g[0, :B] > 0).all() and (g[0, B:] == 0).all()  # its own block, bidirectional; not block 1
 
