@@ -122,6 +122,11 @@ def package_venv(name: str, version: str, spec: str, first: tuple[str, ...] = (T
                 f" skip the tests against {name}): {res.stderr[-600:]}"
             )
     (partial / ".complete").write_text(version + "\n", encoding="utf-8")
+    if (venv / ".complete").exists():
+        # another test worker built it meanwhile and may be running a probe from it now: removing it
+        # under that probe is what this must not do; this build is the one dropped
+        shutil.rmtree(partial, ignore_errors=True)
+        return venv
     if venv.exists():  # a venv left without its marker: an interrupted build
         shutil.rmtree(venv)
     os.replace(partial, venv)
