@@ -24,6 +24,8 @@ from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.drafter.model.config import DrafterConfig
+from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.tiny_targets import tiny_causal_lm
 from tests.support.drafter import tiny_target
 from tests.support.eval import TinyWorld, build_world, chi2_bound
 
@@ -192,9 +194,16 @@ class _TableDrafts:
         return out
 
 
-def test_sampled_speculative_output_is_distributed_as_the_target() -> None:
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+def test_sampled_speculative_output_is_distributed_as_the_target(arch: str) -> None:
+    """Also on a hybrid target (Qwen3.5), whose verify forward records its recurrent states: the draws
+    follow the target's distribution there too. The state it commits is checked exactly in
+    test_hybrid_verify.py: this small model's draws depend too little on it to notice a wrong one."""
     vocab, temperature, top_p = 6, 0.9, 0.95
-    target = tiny_target(seed=5, vocab_size=vocab, layers=1, hidden=32)
+    if arch == "qwen3":
+        target = tiny_target(seed=5, vocab_size=vocab, layers=1, hidden=32)
+    else:  # three Gated DeltaNet layers and a full-attention one
+        target = Target(tiny_causal_lm(arch, vocab_size=vocab, hidden=32, layers=4, seed=5))
     with torch.no_grad():  # peaked, varied next-token distributions, so drafts are often accepted
         target.model.lm_head.weight.mul_(60.0)
     runner = TargetRunner(target, eos_ids=[])
