@@ -96,9 +96,13 @@ def make_run(
     checkpoint_every: int = 100,
 ) -> int:
     """A train job with `steps` steps of points, run.json and a checkpoint index; returns its id."""
-    defined = {"target": "/models/qwen3-tiny", "block_size": BLOCK, "lr": 3e-3, "seed": seed, "layers": 1} | (
-        params or {}
-    )
+    defined: dict[str, Any] = {
+        "target": "/models/qwen3-tiny",
+        "block_size": BLOCK,
+        "lr": 3e-3,
+        "seed": seed,
+        "layers": 1,
+    } | (params or {})
     job = Job(kind="train", params=defined, status=status, queue="gpu")
     session.add(job)
     session.commit()
@@ -126,7 +130,7 @@ def make_run(
 
 def write_index(out: Path, ckpt_steps: list[int], total_steps: int) -> None:
     """checkpoints/index.json with walked counts that rise with the step; best = the highest tau."""
-    entries = [
+    entries: list[dict[str, Any]] = [
         {
             "step": s,
             "path": str(out / "checkpoints" / f"step-{s:08d}"),

@@ -119,7 +119,8 @@ def test_template_kwargs_take_one_syntax_everywhere(migrated: Path) -> None:
     base = {"inputs": ["a.jsonl"], "tokenizer": "tok"}
     cli = params_from(TokenizeParams, {**base, "template_kwargs": ["enable_thinking=false", "effort=high",
                                                                   "budget=3"]})  # fmt: skip
-    form_params, _ = form_params(
+    assert isinstance(cli, TokenizeParams)
+    from_form, _ = form_params(
         "tokenize",
         {
             "inputs": "a.jsonl",
@@ -127,7 +128,7 @@ def test_template_kwargs_take_one_syntax_everywhere(migrated: Path) -> None:
             "template_kwargs": "enable_thinking=false\r\neffort = high\n\nbudget=3\n",
         },
     )
-    form = TokenizeParams.model_validate(form_params)
+    form = TokenizeParams.model_validate(from_form)
     submit = TokenizeParams.model_validate(
         {**base, "template_kwargs": "enable_thinking=false\neffort=high\nbudget=3"}
     )

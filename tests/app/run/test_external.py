@@ -232,5 +232,6 @@ def test_rows_stored_by_an_older_version_show_as_such(client: TestClient, migrat
     for page in ("/", "/jobs", "/jobs/table", "/api/jobs", f"/api/jobs/{job_id}", "/runs", f"/runs/{job_id}"):
         assert client.get(page).status_code in (200, 303), page
     assert client.get(f"/runs/data?jobs={job_id}&names=train/loss&x=tokens").status_code == 200
-    page = client.get(f"/jobs/{job_id}")
-    assert page.status_code == 200 and "its reported result is not one this page can show" in page.text
+    job_page = client.get(f"/jobs/{job_id}")
+    assert job_page.status_code == 200
+    assert "its reported result is not one this page can show" in job_page.text

@@ -55,6 +55,7 @@ def id_requests(c: TestClient) -> Iterator[tuple[str, str]]:
     for route in routes:
         for number in NUMBERS:
             url = re.sub(r"\{[^}]+\}", str(number), route.path)
+            assert route.methods is not None  # an API route has its methods
             for method in route.methods:
                 yield method, url
     for number in NUMBERS:
@@ -73,7 +74,7 @@ def assert_4xx(response: Any, what: str) -> None:
 
 def check_ids(c: TestClient) -> None:
     for method, url in id_requests(c):
-        body = {} if method == "POST" else None
+        body: dict[str, Any] | None = {} if method == "POST" else None
         assert_4xx(_send(c, method, url, json=body), f"{method} {url}")
 
 

@@ -172,6 +172,7 @@ def test_job_outputs_appear_in_the_list(client: Any, chat: dict[str, Path]) -> N
         job = Job(kind="tokenize", params={}, status="succeeded")
         s.add(job)
         s.flush()
+        assert job.id is not None
         for f in shards:
             s.add(JobOutput(job_id=job.id, path=str(f), rows=1, bytes=f.stat().st_size, sha256="x"))
         add_datasets(s, found, job_id=job.id)
@@ -196,6 +197,7 @@ def test_get_writes_nothing_and_40_concurrent_lists_answer(client: Any, chat: di
         job = Job(kind="tokenize", params={}, status="succeeded")
         s.add(job)
         s.flush()
+        assert job.id is not None
         for f in sorted(chat["dataset"].glob("data-*.arrow")):
             s.add(JobOutput(job_id=job.id, path=str(f), rows=1, bytes=f.stat().st_size, sha256="x"))
         s.commit()
@@ -236,8 +238,8 @@ def test_chips_match_the_row(client: Any, chat: dict[str, Path], tokenizer_dir: 
     # CJK and emoji split over byte tokens show as whole characters
     cjk = next(n for n, r in enumerate(rows) if "中" in tok.decode(r["input_ids"]))
     chips = chips_of(client.get(f"/datasets/{ds_id}/rows/{cjk}").text).chips
-    shown = [c["text"] for c in chips]
-    assert "中" in shown and "🙂" in shown and "🏽" in shown
+    texts = [c["text"] for c in chips]
+    assert "中" in texts and "🙂" in texts and "🏽" in texts
     assert any("cont" in c["class"].split() for c in chips)
     special = [c for c in chips if "special" in c["class"].split()]
     assert special and special[0]["text"] == "<|im_start|>"

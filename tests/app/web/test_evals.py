@@ -43,6 +43,7 @@ def _add(results: list[tuple[dict[str, Any], dict[str, Any]]]) -> tuple[int, lis
             job = Job(kind="eval", params=params, status="succeeded", queue="gpu", result=result)
             s.add(job)
             s.commit()
+            assert job.id is not None
             ids.append(job.id)
         s.add(Job(kind="eval", params={}, status="failed", queue="gpu"))  # not finished: not on the board
         s.commit()

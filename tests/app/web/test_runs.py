@@ -164,7 +164,7 @@ def test_stream_sends_points_after_the_cursor_then_ends_with_the_run(client: Tes
 
     t = threading.Thread(target=write)
     t.start()
-    events = []
+    events: list[list[Any]] = []  # [event name, its data...]
     with client.stream("GET", url) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
@@ -239,8 +239,8 @@ def test_an_off_target_run_says_so_on_its_run_and_job_pages_with_the_fix(
         [a] = query(s, [run], ["heldout/source//data/a.jsonl/tau_walked"]).series
     assert a.y == [2.5]
     link = truth.split('<a class="button" href="', 1)[1].split('"', 1)[0].replace("&amp;", "&")
-    query = parse_qs(urlparse(link).query)
-    assert query == {
+    link_query = parse_qs(urlparse(link).query)
+    assert link_query == {
         "kind": ["regenerate"], "inputs": ["/data/answers.jsonl"], "local": ["/models/qwen3-tiny"],
         "temperature": ["0"], "out": ["/data/answers.by-qwen3-tiny.jsonl"],
     }  # fmt: skip

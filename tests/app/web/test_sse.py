@@ -250,7 +250,9 @@ def test_an_added_feed_shares_the_cursor_and_resumes_after_it(migrated: Path) ->
     with Session(get_engine()) as session:
         job_id = new_job(session)
         finish(session, job_id)
-    points = [{"id": i, "step": i, "name": "loss", "value": 1.0 / i} for i in range(1, 9)]
+    points: list[dict[str, Any]] = [
+        {"id": i, "step": i, "name": "loss", "value": 1.0 / i} for i in range(1, 9)
+    ]
 
     def poll(session: Session, cursor: int) -> tuple[list[Any], int]:
         rows = [p for p in points if p["id"] > cursor][:2]

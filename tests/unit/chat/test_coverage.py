@@ -6,6 +6,7 @@ the trained tokens; a part the template drops on purpose can be allowed, and is 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from draftdeck.chat import testing
 from draftdeck.chat.coverage import dropped
@@ -62,7 +63,7 @@ def test_dropped_reasoning_is_rejected_unless_allowed(tmp_path: Path) -> None:
 
 def test_parts_are_found_by_their_text_in_any_template_format() -> None:
     call = {"function": {"name": "book", "arguments": {"city": 'Zürich "Old Town"', "nights": 3}}}
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Book it"},
         {"role": "assistant", "content": "", "tool_calls": [call]},

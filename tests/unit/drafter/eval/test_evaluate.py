@@ -219,7 +219,7 @@ def test_bad_prompt_rows_are_rejected_with_reasons(
 def test_params_forbid_unknown_fields_and_sampling_knobs_in_greedy_mode(world: TinyWorld) -> None:
     base = dict(inputs=world.prompts, target=world.target_dir, checkpoint=world.target_dir)
     with pytest.raises(ValueError, match="extra"):
-        EvalParams(**base, temprature=0.5)
+        EvalParams.model_validate({**base, "temprature": 0.5})  # misspelt on purpose
     with pytest.raises(ValueError, match="sampled"):
         EvalParams(**base, temperature=0.5)
     with pytest.raises(ValueError):

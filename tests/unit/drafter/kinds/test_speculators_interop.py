@@ -15,6 +15,7 @@ import torch
 
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.kinds.base import Verifier
+from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
 from draftdeck.drafter.kinds.dspark.model import DSparkConfig, DSparkDrafter
@@ -27,10 +28,10 @@ from tests.support.eval import speculators_venv
 torch.set_num_threads(1)
 
 
-def _drafter(kind: str, shape: DrafterConfig) -> torch.nn.Module:
+def _drafter(kind: str, shape: DrafterConfig) -> DFlashDrafter:
     """A drafter of `kind` with every weight drawn at random (the convolutions and heads too, which
     start as the identity and near zero), so that each of its paths decides the drafts."""
-    drafter: torch.nn.Module
+    drafter: DFlashDrafter
     if kind == "dspark":
         drafter = DSparkDrafter(DSparkConfig(**asdict(shape), markov_rank=8))
     else:
@@ -70,9 +71,9 @@ def test_speculators_own_class_loads_the_export_and_drafts_the_same_tokens(tmp_p
     assert (report["missing_keys"], report["unexpected_keys"], report["mismatched_keys"]) == ([], [], [])
     assert report["layer_ids"] == [2, 4]  # hidden_states indices: z-lab's layer ids + 1
     theirs = torch.load(tmp_path / "out.pt", weights_only=True)["drafts"].tolist()
-    source = DFlashSource(drafter, target, drafter.slots)  # type: ignore[arg-type]
+    source = DFlashSource(drafter, target, drafter.slots)
     committed = ids[0, : anchor + 1].tolist()
     source.begin(committed)
     source.observe(aux[0, :anchor])
-    ours = source.propose(committed, drafter.slots - 1)  # type: ignore[operator]
+    ours = source.propose(committed, drafter.slots - 1)
     assert ours == theirs and len(ours) == (4 if kind == "dspark" else 3)
