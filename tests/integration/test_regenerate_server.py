@@ -70,7 +70,7 @@ def _raw(url: str, model_dir: Path, messages: list[dict[str, Any]], max_tokens: 
         "temperature": 0.0,
         "chat_template_kwargs": {"enable_thinking": False},
     }
-    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]  # type: ignore[no-any-return]
+    return httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()["choices"][0]
 
 
 def test_cut_off_answers_are_rejected_by_default_and_kept_on_request(
@@ -257,7 +257,9 @@ def test_seed_prompts_padded_with_ok_become_the_targets_own_tokenized_answers(
     from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_rows
 
     ok = {"role": "assistant", "content": "OK."}
-    rows = [{"messages": [{"role": "user", "content": f"Prompt {i}"}, ok]} for i in range(40)]
+    rows: list[dict[str, Any]] = [
+        {"messages": [{"role": "user", "content": f"Prompt {i}"}, ok]} for i in range(40)
+    ]
     rows += [{"prompt": f"Plain prompt {i}"} for i in range(8)]
     data = _write(tmp_path / "seed.jsonl", rows)
     out = tmp_path / "regen.jsonl"
