@@ -213,7 +213,7 @@ class Trainer:
             return False
         from safetensors.torch import load_file
 
-        self._check_same_optimizer()
+        self._check_same_objective()
         training = load_training_state(latest / "training.pt")
         model = load_file(str(latest / "model.safetensors"), device="cpu")
         self.kind.check_resume(model)
@@ -225,17 +225,25 @@ class Trainer:
         self.pos = DataPosition.from_dict(state["position"])
         return True
 
-    def _check_same_optimizer(self) -> None:
-        """A run resumes with the optimizer it started with: the other's state cannot be loaded."""
+    def _check_same_objective(self) -> None:
+        """A run resumes with the optimizer it started with (the other's state cannot be loaded) and the
+        loss and position weights (run.json names one objective: a silent switch halfway would make it
+        name the wrong one for half the steps)."""
         path = self.out / "run.json"
         if not path.is_file():
             return
-        schedule = json.loads(path.read_text(encoding="utf-8")).get("lr_schedule") or {}
-        before = schedule.get("optimizer", "adamw")
-        if before != self.p.optimizer:
+        before = json.loads(path.read_text(encoding="utf-8"))
+        optimizer = (before.get("lr_schedule") or {}).get("optimizer", "adamw")
+        if optimizer != self.p.optimizer:
             raise UsageError(
-                f"{self.out} holds a run trained with optimizer {before}, now {self.p.optimizer}:"
-                f" resume with optimizer {before} or use a new out folder"
+                f"{self.out} holds a run trained with optimizer {optimizer}, now {self.p.optimizer}:"
+                f" resume with optimizer {optimizer} or use a new out folder"
+            )
+        loss, now = before.get("loss"), self.kind.loss_formula()
+        if loss is not None and loss != now:
+            raise UsageError(
+                f"{self.out} holds a run trained with loss {loss!r}, now {now!r}: resume with the same"
+                " --loss, its weights and --position-weights, or use a new out folder"
             )
 
     def save(self, heldout: dict[str, float] | None) -> None:

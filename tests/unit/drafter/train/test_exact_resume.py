@@ -148,3 +148,8 @@ def test_a_run_killed_after_its_step_4_checkpoint_resumes_bit_identical(
         other = _params(prepared, tmp_path / "killed", "muon", devices).model_copy(update={"max_steps": 12})
         with pytest.raises(UsageError, match="trained with optimizer adamw, now muon"):
             train(other, LocalContext(tmp_path / "c-other"))
+        # nor another objective: run.json would name one loss for steps trained with two
+        for change in ({"position_weights": "dpace"}, {"loss": "kl"}):
+            other = killed.model_copy(update={"max_steps": 12, **change})
+            with pytest.raises(UsageError, match=r"trained with loss .*, now .*--position-weights"):
+                train(other, LocalContext(tmp_path / "c-objective"))
