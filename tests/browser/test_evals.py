@@ -37,6 +37,7 @@ def evals(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             job = Job(kind="eval", params=params, status="succeeded", queue="gpu", result=result)
             s.add(job)
             s.commit()
+            assert job.id is not None
             ids.append(job.id)
     engine.dispose()
     yield ids
