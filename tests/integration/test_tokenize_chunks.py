@@ -8,14 +8,18 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlmodel import select
+from sqlmodel import col, select
 
 from draftdeck.chat import testing
 from tests.integration.conftest import Stack, wait_for
 from tests.support.chunks import JOB_LIMITS, assert_same_dataset, write_chat_input
+
+if TYPE_CHECKING:  # for the annotations; the tests import app/ inside their functions
+    from app.store.models import JobChunk
 
 pytestmark = [pytest.mark.services, pytest.mark.slow]
 
@@ -57,7 +61,9 @@ def _chunk_workers(job_id: int) -> list[str]:
     from app.store.models import JobChunk
 
     with session_scope() as session:
-        rows = session.exec(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index))
+        rows = session.exec(
+            select(JobChunk).where(col(JobChunk.job_id) == job_id).order_by(col(JobChunk.chunk_index))
+        )
         chunks = list(rows)
     assert chunks and all(c.status == "done" for c in chunks)
     return [c.worker or "" for c in chunks]
@@ -144,13 +150,15 @@ def test_a_worker_keeps_its_tokenizer_for_the_next_job(
     assert jobs[1]["result"]["encoder"]["tokenizer_load_seconds"] == 0
 
 
-def _chunk_rows(job_id: int) -> list:  # type: ignore[type-arg]
+def _chunk_rows(job_id: int) -> list:
     from app.store.db import session_scope
     from app.store.models import JobChunk
 
     with session_scope() as session:
         return list(
-            session.exec(select(JobChunk).where(JobChunk.job_id == job_id).order_by(JobChunk.chunk_index))
+            session.exec(
+                select(JobChunk).where(col(JobChunk.job_id) == job_id).order_by(col(JobChunk.chunk_index))
+            )
         )
 
 
@@ -159,7 +167,7 @@ def _kill_running_chunk(stack: Stack, job_id: int, losses: int) -> str:
     import os
     import signal
 
-    def running() -> object:
+    def running() -> JobChunk | None:
         rows = _chunk_rows(job_id)
         return next((c for c in rows if c.status == "running" and c.worker and c.losses == losses), None)
 
@@ -215,7 +223,7 @@ def _wait_for_cleanup(stack: Stack, job_id: int) -> None:
     wait_for(lambda: not parts.exists(), 10, "the failed job's chunk files to be removed", stack)
 
 
-def _ended(client: TestClient, job_id: int):  # type: ignore[no-untyped-def]
+def _ended(client: TestClient, job_id: int):
     return lambda: (
         (j := client.get(f"/api/jobs/{job_id}").json())["status"] not in ("queued", "running") and j
     )
@@ -327,7 +335,7 @@ def test_retry_after_a_chunk_lost_twice_reuses_the_chunks_already_done(
                 for c in _chunk_rows(job_id)
                 if c.status == "done"
             }
-        os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)  # type: ignore[attr-defined]
+        os.kill(int(chunk.worker.rsplit(":", 1)[1]), signal.SIGKILL)
     n = len(_chunk_rows(job_id))
     lost = next(i for i in range(n) if i not in shards)
     job = wait_for(_ended(client, job_id), 60, "the job to be marked lost", stack)

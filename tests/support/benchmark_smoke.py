@@ -30,7 +30,9 @@ SCRIPTS = sorted(p for p in (REPO_ROOT / "benchmarks").glob("*.py") if not p.nam
 # Modes of a script that print a table of their own, smoked too: eval_decode's rollback table is the
 # one that crashed unseen (KeyError 'llama3').
 MODES = {"eval_decode.py": [["--rollback"]]}
-RUNS = [(p, []) for p in SCRIPTS] + [(p, mode) for p in SCRIPTS for mode in MODES.get(p.name, [])]
+RUNS: list[tuple[Path, list[str]]] = [(p, []) for p in SCRIPTS] + [
+    (p, mode) for p in SCRIPTS for mode in MODES.get(p.name, [])
+]
 # A script that needs what this machine may lack: (the module it needs, what it says when it is absent).
 NEEDS = {"serve_gpu.py": ("vllm", "vLLM is not installed here")}
 RULE = re.compile(r"^\|(\s*:?-+:?\s*\|)+$")
