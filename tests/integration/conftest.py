@@ -5,8 +5,10 @@ filesystem broker) and services (PostgreSQL + Redis)."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -77,6 +79,14 @@ def redis_url() -> Iterator[str]:
     client.flushdb()
 
 
+def _dies_with_this_process(argv: list[str]) -> list[str]:
+    """`argv` killed when this test process dies, where Linux's setpriv can ask it: a test process killed
+    by a timeout left its Celery worker consuming the shared Redis database, and the next run's
+    services tests lost their messages to it."""
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv] if setpriv and sys.platform == "linux" else argv
+
+
 @dataclass
 class Stack:
     """A DraftDeck deployment under test: its environment, data folder and worker processes."""
@@ -93,7 +103,7 @@ class Stack:
     def start_worker(self, queues: str = "cpu,gpu") -> subprocess.Popen[bytes]:
         log = open(self.home / f"worker-{len(self.workers)}.log", "wb")  # noqa: SIM115 - kept for the process's life
         proc = subprocess.Popen(
-            worker_argv(queues, 1, name=f"test-{uuid.uuid4().hex[:6]}"),
+            _dies_with_this_process(worker_argv(queues, 1, name=f"test-{uuid.uuid4().hex[:6]}")),
             cwd=REPO_ROOT,
             env=self.env,
             stdout=log,
