@@ -50,12 +50,13 @@ from draftdeck.errors import AccountingError, UsageError
 from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress
-from draftdeck.quality import Example, Report
+from draftdeck.quality import Report
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import Block, ShardInfo, schema, write_block
 from draftdeck.tokenize import pipeline, rows
 from draftdeck.tokenize.options import TokenizeOptions
 from draftdeck.tokenize.pipeline import EncoderMismatch, Item, to_item
+from draftdeck.tokenize.report_state import report_from_state, report_state
 
 PLAN = "plan.json"
 FALLBACK = "encoder-fallback"  # present once a chunk found the fast encoder wrong: HF from then on
@@ -80,33 +81,6 @@ def shard_name(index: int) -> str:
 
 def stats_name(index: int) -> str:
     return f"stats-{index:05d}.npz"
-
-
-# -- reports as plain JSON ------------------------------------------------------------------------
-def report_state(report: Report) -> dict[str, Any]:
-    """A report's counts and examples as JSON (for SQL and plan.json); :func:`report_from_state`."""
-    return {
-        "rows_in": report.rows_in,
-        "rows_out": report.rows_out,
-        "rows_expanded": report.rows_expanded,
-        "rejected": dict(report.rejected),
-        "warnings": dict(report.warnings),
-        "formats": dict(report.formats),
-        "counts": dict(report.counts),
-        "examples": {k: [e.to_dict() for e in v] for k, v in report.examples.items()},
-        "extra": report.extra,
-    }
-
-
-def report_from_state(state: dict[str, Any]) -> Report:
-    report = Report(state["rows_in"], state["rows_out"], state["rows_expanded"])
-    report.rejected.update(state["rejected"])
-    report.warnings.update(state["warnings"])
-    report.formats.update(state["formats"])
-    report.counts.update(state.get("counts") or {})
-    report.examples = {k: [Example(**e) for e in v] for k, v in state["examples"].items()}
-    report.extra = dict(state.get("extra") or {})
-    return report
 
 
 # -- 1. plan --------------------------------------------------------------------------------------
