@@ -159,6 +159,17 @@ CODES: dict[str, IssueCode] = _codes(
         Action.WARN,
         "a server would refuse the export, or fill the draft block with another mask id than trained",
     ),
+    # cache-hidden (draftdeck.hidden.checks): a stored row that is not the target's hidden states
+    ("hidden_ids_mismatch", Action.FAIL, "a cached row's token ids are not the dataset's row"),
+    ("hidden_shape_mismatch", Action.FAIL, "a cached row's shape is not [tokens, layers, hidden]"),
+    ("hidden_nonfinite", Action.FAIL, "a cached row holds NaN or inf"),
+    ("hidden_zero_layer", Action.FAIL, "a cached layer is all zero over a row (vLLM's hybrid bug)"),
+    ("hidden_constant_layer", Action.FAIL, "a cached layer holds one value over a row"),
+    (
+        "hidden_live_mismatch",
+        Action.FAIL,
+        "a cached row differs from a live forward beyond the dtype's tolerance",
+    ),
     # mix (draftdeck.mix): what a recipe takes of each source
     ("filtered_out", Action.REJECT, "the row fails a filter of its source in the mix recipe"),
     (

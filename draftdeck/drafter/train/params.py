@@ -143,6 +143,13 @@ class TrainRun(JobParams):
         description="What data_not_target_output does: alert (the run goes on) or fail (the run"
         " stops before step 1)",
     )
+    hidden_states: str | None = Field(
+        None,
+        description="A hidden-state cache (draftdeck cache-hidden) of these datasets and this target:"
+        " the run reads the target's hidden states from it, the target's decoder layers not loaded"
+        " (only its embedding and LM head); needs truth_rows 0 (the target's own answers need its layers)"
+        " and sharding none or ddp",
+    )
 
     @field_validator("loss")
     @classmethod
@@ -155,7 +162,7 @@ class TrainParams(Options, TrainRun):
     (draftdeck.drafter.kinds.Options, each kind's options.py); every field bounded and described for
     forms and the API. A kind's options given to a run of another kind are refused, not ignored."""
 
-    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", *Options.kind_paths())
+    input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "hidden_states", *Options.kind_paths())
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
     essentials: ClassVar[tuple[str, ...]] = (
         "drafter",
@@ -182,6 +189,11 @@ class TrainParams(Options, TrainRun):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
+        if self.hidden_states is not None and (self.truth_rows or self.sharding == "fsdp"):
+            raise ValueError(
+                f"hidden_states: a run from the cache has no decoder layers to generate the target's own"
+                f" answers (truth_rows {self.truth_rows}: set 0) or to shard (sharding {self.sharding})"
+            )
         kind = get_kind(self.drafter)
         if self.sharding == "fsdp" and kind.fsdp_refused:  # refused at submission, not on every rank
             raise ValueError(f"sharding fsdp: a {kind.title} drafter cannot shard: {kind.fsdp_refused}")

@@ -25,7 +25,7 @@ import torch
 
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.model.attention import resolve_backend
-from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.model.cached_target import check_cache, load_target
 from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.checkpoint import (
     CheckpointStore,
@@ -79,13 +79,16 @@ class Trainer:
         self.local_world = (local or (rank, world))[1]  # the ranks that share this machine
         cuda = self.device.type == "cuda"
         self.amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else nullcontext()
-        self.target = Target.load(params.target, device=self.device, dtype=torch.bfloat16 if cuda else None)
+        self.target = load_target(  # whole, or without its decoder layers from a hidden-state cache
+            params.target, params.hidden_states, device=self.device, dtype=torch.bfloat16 if cuda else None
+        )
         self.data = TrainData(
             params.inputs, heldout_fraction=params.heldout_fraction, seq_length=params.seq_length
         )
         self.data.check_tokenizer(self.target.folder)
         torch.manual_seed(params.seed)
         self.kind = drafter_kind(params, self.target, self.data)
+        check_cache(self.target, self.data, self.kind.layer_ids)  # refused before any step
         self.data.check(self.target.max_positions or 10**9, self.kind.slots)
         self.global_batch = params.batch_size * params.grad_accum * world
         self.steps_per_epoch = len(self.data.train) // self.global_batch

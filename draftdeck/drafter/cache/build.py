@@ -1,0 +1,243 @@
+"""Building a hidden-state cache: the frozen target runs once over every row of the datasets (each row
+alone, unpadded: what `CachedTarget` serves a micro-batch's row), its hidden states of the layers the
+chosen drafter kinds read (the union) and its final hidden state stored (`store`), every row checked
+(`checks`), the first rows read back and compared with a live forward, the disk it takes said before
+it starts and refused when the out folder's disk cannot hold it."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from draftdeck.drafter.model.target import Target
+from draftdeck.errors import JobFailed, UsageError
+from draftdeck.hidden import checks
+from draftdeck.drafter.cache.params import CacheParams
+from draftdeck.hidden.store import DTYPES, CacheError, CacheManifest, CacheWriter, HiddenCache, dataset_entry
+from draftdeck.jobs.context import RunContext
+from draftdeck.provenance import model_fingerprint
+from draftdeck.quality import Action, Output, Policy, Report
+from draftdeck.shards.store import ShardDataset
+from draftdeck.units import binary_size
+
+
+def kind_layer_ids(params: CacheParams, config: object) -> list[int]:
+    """The target layer ids (`Target`'s: hidden_states[i + 1]) the chosen kinds read with their default
+    options for this target, and `layer_ids`: their union, sorted."""
+    from draftdeck.drafter.kinds import get_kind
+    from draftdeck.drafter.train.plan import Shape
+
+    ids = set(params.layer_ids or [])
+    for name in params.drafter:
+        planned = get_kind(name).plan(Shape(drafter=name, layers=params.layers), config)
+        ids.update(int(i) for i in planned.cfg.target_layer_ids)
+    return sorted(ids)
+
+
+def stored_layers(target_ids: list[int], num_layers: int) -> list[int]:
+    """HF hidden_states indices stored: each id's i + 1, and the final layer (after the norm) last."""
+    bad = [i for i in target_ids if not -1 <= i < num_layers]  # -1: the embeddings (EAGLE-3 on a tiny target)
+    if bad:
+        raise UsageError(f"layer ids {bad} do not exist: the target has layers 0..{num_layers - 1}")
+    return [*sorted({i + 1 for i in target_ids} - {num_layers}), num_layers]
+
+
+def disk_needed(tokens: int, layers: int, hidden: int, dtype: str) -> int:
+    """Bytes of the hidden states: tokens x layers x hidden x bytes per value (ids and headers aside)."""
+    return tokens * layers * hidden * DTYPES[dtype].itemsize
+
+
+def check_disk(out: Path, need: int) -> int:
+    """The free bytes where `out` will be written; refuses when they cannot hold `need`."""
+    at = out
+    while not at.exists():
+        at = at.parent
+    free = shutil.disk_usage(at).free
+    if need > free:
+        raise UsageError(
+            f"{out}: the cache takes {binary_size(need)} ({need:,} bytes) but its disk has "
+            f"{binary_size(free)} ({free:,} bytes) free"
+        )
+    return free
+
+
+def dataset_rows(paths: list[Path], seq_length: int | None) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(dataset index, row, ids as training reads them: cut at `seq_length`) of every row."""
+    for di, path in enumerate(paths):
+        row = 0
+        for batch in ShardDataset(path).iter_batches():
+            for ids in batch.column("input_ids").to_numpy(zero_copy_only=False):
+                yield di, row, np.asarray(ids[:seq_length] if seq_length else ids, dtype=np.int64)
+                row += 1
+
+
+def live_rows(target: Target, ids: np.ndarray, layers: list[int]) -> torch.Tensor:
+    """One row's forward alone: [tokens, len(layers), hidden] of the HF hidden_states indices `layers`."""
+    x = torch.from_numpy(ids).to(target.device)[None]
+    with torch.no_grad():
+        out = target.model(input_ids=x, output_hidden_states=True, use_cache=False, logits_to_keep=1)
+    return torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
+
+
+def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
+    """The `cache-hidden` job: build a cache (or take in speculators' files with `import_from`)."""
+    if params.import_from is not None:
+        from draftdeck.drafter.cache.formats import import_speculators
+
+        return import_speculators(params, ctx)
+    return build_cache(params, ctx)
+
+
+def _setup(
+    params: CacheParams, target: Target, layers: list[int]
+) -> tuple[list[Path], CacheManifest, int, int]:
+    """The datasets (tokenized with the target's tokenizer), the manifest to fill, rows and tokens."""
+    from draftdeck.drafter.train.data import TrainData
+
+    paths = [Path(p) for p in params.inputs]
+    TrainData(paths, heldout_fraction=0.0).check_tokenizer(target.folder)
+    sets = [ShardDataset(p) for p in paths]
+    lengths = [np.minimum(ds.lengths(), params.seq_length or 1 << 62) for ds in sets]
+    mf = CacheManifest(
+        target=str(Path(params.target).resolve()), target_fingerprint=model_fingerprint(Path(params.target)),
+        datasets=[dataset_entry(p.resolve(), len(ds)) for p, ds in zip(paths, sets, strict=True)],
+        layers=layers, num_layers=target.num_layers, hidden_size=int(target.config.hidden_size),
+        dtype=params.dtype, seq_length=params.seq_length,
+    )  # fmt: skip
+    return paths, mf, sum(len(ds) for ds in sets), int(sum(int(n.sum()) for n in lengths))
+
+
+def announce(ctx: RunContext, out: Path, rows: int, tokens: int, layers: int, hidden: int, dtype: str) -> int:
+    """Say the disk the cache takes before it starts, refuse when it cannot fit; the bytes."""
+    need = disk_needed(tokens, layers, hidden, dtype)
+    free = check_disk(out, need)
+    ctx.event(
+        "info",
+        f"the cache takes {binary_size(need)}: {rows:,} rows, {tokens:,} tokens x {layers} layers x "
+        f"{hidden:,} hidden x {DTYPES[dtype].itemsize} bytes ({dtype}); {binary_size(free)} free",
+    )
+    return need
+
+
+def build_cache(params: CacheParams, ctx: RunContext) -> Report:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    target = Target.load(params.target, device=device, dtype=torch.bfloat16 if cuda else None)
+    layers = stored_layers(kind_layer_ids(params, target.config), target.num_layers)
+    paths, mf, rows, tokens = _setup(params, target, layers)
+    out = Path(params.out)
+    announce(ctx, out, rows, tokens, len(layers), mf.hidden_size, params.dtype)
+    ctx.event("info", f"stored layers (HF hidden_states indices): {layers}, the last the final layer")
+    policy = Policy.build(None, params.strict)
+    report = Report(rows_in=rows)
+    writer = CacheWriter(out, mf, params.shard_mb << 20)
+    t0, done_tokens, written = time.perf_counter(), 0, 0
+    try:
+        for di, row, ids in dataset_rows(paths, params.seq_length):
+            hidden = live_rows(target, ids, layers)
+            stored = hidden.to(DTYPES[params.dtype])
+            t = torch.from_numpy(ids)
+            if _count(
+                report, policy, checks.row_issues(stored, t, t, len(layers), mf.hidden_size), paths[di], row
+            ):
+                continue  # rejected by the policy: not stored
+            writer.add(di, row, stored, ids)
+            report.rows_out += 1
+            done_tokens += len(ids)
+            written += stored.numel() * stored.element_size()
+            dt = max(time.perf_counter() - t0, 1e-9)
+            ctx.progress(report.rows_out + report.rows_rejected, rows, "rows")
+            if report.rows_out % 64 == 0 or report.rows_out == rows:
+                ctx.metrics(report.rows_out, _throughput(report.rows_out, done_tokens, written, dt))
+        if report.rows_out and not policy.failures(report):
+            mf = writer.close()
+        else:
+            writer.discard()
+    except BaseException:
+        writer.discard()
+        raise
+    seconds = time.perf_counter() - t0
+    report.extra.update(
+        _throughput(report.rows_out, done_tokens, written, seconds), seconds=round(seconds, 3)
+    )
+    failures = policy.failures(report)
+    if failures:
+        raise JobFailed("; ".join(f.reason for f in failures), report)
+    verify(out, target, paths, params.check_rows, report, policy)
+    return finish(out, mf, report)
+
+
+def _throughput(rows: int, tokens: int, written: int, seconds: float) -> dict[str, float]:
+    s = max(seconds, 1e-9)
+    return {
+        "cache/rows_per_s": rows / s,
+        "cache/tokens_per_s": tokens / s,
+        "cache/mb_per_s": written / s / 1e6,
+    }
+
+
+def _count(report: Report, policy: Policy, issues: list[tuple[str, str]], path: Path, row: int) -> bool:
+    """Count a row's issues in `report`; True when the policy rejects the row (it is left out)."""
+    rejected = False
+    for code, reason in issues:
+        if policy.action(code) is Action.REJECT and not rejected:  # a row is rejected once
+            report.reject(code, str(path), row, reason)
+            rejected = True
+        else:
+            report.warn(code, str(path), row, reason)
+    return rejected
+
+
+def verify(
+    folder: Path, target: Target | None, paths: list[Path], check_rows: int, report: Report, policy: Policy
+) -> None:
+    """The written cache read back: checksums, every row's ids against the dataset's, and its first
+    `check_rows` rows against a live forward of `target` (None: no live check). Raises JobFailed with
+    the counts when the policy says so."""
+    cache = HiddenCache(folder)
+    mf = cache.mf
+    damaged = cache.verify_checksums()
+    if damaged:
+        raise CacheError(f"{folder}: shards {damaged} do not have the sha256 the manifest names")
+    seen = 0
+    for di, row, ids in dataset_rows(paths, mf.seq_length):
+        e = cache.by_row.get((di, row))
+        if e is None:
+            continue  # left out by the policy, counted then
+        want = torch.from_numpy(ids)
+        if seen < check_rows and target is not None:
+            stored = cache.hidden(e)
+            issues = checks.row_issues(stored, cache.ids(e), want, len(mf.layers), mf.hidden_size)
+            if not issues:
+                live = checks.live_issue(stored, live_rows(target, ids, mf.layers), mf.dtype)
+                issues = [live] if live else []
+            _count(report, policy, issues, paths[di], row)
+            seen += 1
+        elif not torch.equal(cache.ids(e).long(), want):
+            _count(
+                report,
+                policy,
+                checks.row_issues(cache.hidden(e), cache.ids(e), want, len(mf.layers), mf.hidden_size),
+                paths[di],
+                row,
+            )
+    report.extra["live_checked_rows"] = seen
+    failures = policy.failures(report)
+    if failures:
+        shutil.rmtree(folder, ignore_errors=True)  # not a cache a run may read
+        raise JobFailed("; ".join(f.reason for f in failures), report)
+
+
+def finish(out: Path, mf: CacheManifest, report: Report) -> Report:
+    report.outputs = [Output(str(out / s.filename), s.rows, s.bytes, s.sha256) for s in mf.shards]
+    report.extra.update(
+        cache=str(out), layers=mf.layers, dtype=mf.dtype, tokens=mf.tokens, bytes=mf.bytes,
+        bytes_per_token=round(mf.bytes / max(mf.tokens, 1), 1),
+    )  # fmt: skip
+    report.check_accounting()
+    return report

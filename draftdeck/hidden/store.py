@@ -1,0 +1,226 @@
+"""A hidden-state cache on disk: safetensors shards and the manifest that names them.
+
+Each shard holds consecutive rows of one dataset: ``hidden`` [tokens, layers, hidden] (the stored
+layers in the manifest's order, HF ``hidden_states`` indices, the final layer after the norm last),
+``ids`` [tokens] (the row's token ids, checked against the dataset's) and ``offsets`` [rows + 1].
+The manifest (`MANIFEST`) names the target (its fingerprint), the datasets (their manifests'
+sha256), the layers, the dtype and every shard (dataset, first row, rows, tokens, bytes, sha256),
+so that training row (dataset d, row r) maps to one entry. A folder is written under a temporary
+name and renamed when whole: a cache that exists is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from draftdeck.errors import InputError, UsageError
+from draftdeck.fileio import sha256_file
+
+MANIFEST = "hidden_manifest.json"
+FORMAT_VERSION = 1
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+class CacheError(UsageError):
+    """A hidden-state cache that cannot serve this run: missing, damaged or of other inputs."""
+
+
+@dataclass
+class CacheShard:
+    filename: str
+    dataset: int  # index into the manifest's datasets
+    first_row: int  # the dataset row of the shard's first entry
+    rows: int
+    tokens: int
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class CacheManifest:
+    target: str
+    target_fingerprint: str
+    datasets: list[dict[str, Any]]  # {"path", "manifest_sha256", "rows"} in the order given
+    layers: list[int]  # HF hidden_states indices, in stored order; the last is the final layer
+    num_layers: int  # the target's decoder layers (hidden_states[num_layers] is the final one)
+    hidden_size: int
+    dtype: str
+    seq_length: int | None = None
+    shards: list[CacheShard] = field(default_factory=list)
+    source: str = "built"  # or "imported from <folder>"
+    version: int = FORMAT_VERSION
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.tokens for s in self.shards)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.shards)
+
+    def slot(self, target_id: int) -> int:
+        return self.layers.index(target_id + 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(rows=self.rows, tokens=self.tokens, bytes=self.bytes)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str) -> CacheManifest:
+        try:
+            shards = [CacheShard(**s) for s in d["shards"]]
+            keep = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "shards"}
+            mf = cls(**keep, shards=shards)
+        except (KeyError, TypeError) as e:
+            raise CacheError(f"{where}: not a hidden-state cache manifest ({e})") from e
+        if mf.version != FORMAT_VERSION:
+            raise CacheError(f"{where}: cache format {mf.version}, this DraftDeck reads {FORMAT_VERSION}")
+        if mf.dtype not in DTYPES or not mf.layers or mf.layers[-1] != mf.num_layers:
+            raise CacheError(f"{where}: dtype {mf.dtype!r} or layers {mf.layers} (the final layer last)")
+        return mf
+
+
+def read_manifest(folder: Path) -> CacheManifest:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise CacheError(f"{folder}: not a hidden-state cache (no {MANIFEST}); build one with cache-hidden")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise CacheError(f"{path}: cannot read: {e}") from e
+    return CacheManifest.from_dict(data, str(path))
+
+
+def row_key(ids: np.ndarray | torch.Tensor) -> bytes:
+    """A row's entry by its token ids: what a micro-batch's unpadded row looks up."""
+    a = ids.cpu().numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids)
+    return hashlib.blake2b(a.astype(np.int64).tobytes(), digest_size=16).digest()
+
+
+class CacheWriter:
+    """Rows in, shards out, under `<out>.partial` until `close` renames it to `out`."""
+
+    def __init__(self, out: Path, manifest: CacheManifest, shard_bytes: int):
+        self.out = Path(out)
+        if self.out.exists() and any(self.out.iterdir()):
+            raise UsageError(f"{self.out}: the cache folder exists and is not empty; name a new one")
+        self.tmp = self.out.with_name(self.out.name + ".partial")
+        shutil.rmtree(self.tmp, ignore_errors=True)  # a crashed build's leftovers: never read
+        self.tmp.mkdir(parents=True)
+        self.mf, self.shard_bytes = manifest, shard_bytes
+        self.dtype = DTYPES[manifest.dtype]
+        self._rows: list[tuple[torch.Tensor, np.ndarray]] = []
+        self._bytes = 0
+        self._at: tuple[int, int] | None = None  # (dataset, first row) of the pending shard
+
+    def add(self, dataset: int, row: int, hidden: torch.Tensor, ids: np.ndarray) -> torch.Tensor:
+        """Store one row's [tokens, layers, hidden]; returns it as stored (for the checks)."""
+        if self._at is not None and (self._at[0] != dataset or self._at[1] + len(self._rows) != row):
+            self._flush()
+        if self._at is None:
+            self._at = (dataset, row)
+        stored = hidden.to("cpu", self.dtype).contiguous()
+        self._rows.append((stored, np.asarray(ids, dtype=np.int32)))
+        self._bytes += stored.numel() * stored.element_size()
+        if self._bytes >= self.shard_bytes:
+            self._flush()
+        return stored
+
+    def _flush(self) -> None:
+        if not self._rows or self._at is None:
+            return
+        from safetensors.torch import save_file
+
+        lengths = [len(ids) for _, ids in self._rows]
+        tensors = {
+            "hidden": torch.cat([h for h, _ in self._rows]),
+            "ids": torch.from_numpy(np.concatenate([ids for _, ids in self._rows])),
+            "offsets": torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64),
+        }
+        name = f"hidden-{len(self.mf.shards):05d}.safetensors"
+        path = self.tmp / name
+        save_file(tensors, str(path), metadata={"format": "pt"})
+        self.mf.shards.append(
+            CacheShard(name, self._at[0], self._at[1], len(lengths), int(sum(lengths)),
+                       path.stat().st_size, sha256_file(path))
+        )  # fmt: skip
+        self._rows, self._bytes, self._at = [], 0, None
+
+    def close(self) -> CacheManifest:
+        self._flush()
+        (self.tmp / MANIFEST).write_text(json.dumps(self.mf.to_dict(), indent=2), encoding="utf-8")
+        if self.out.exists():
+            self.out.rmdir()  # empty, checked at the start
+        os.replace(self.tmp, self.out)
+        return self.mf
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class Entry:
+    shard: int
+    start: int  # token offsets in the shard
+    end: int
+
+
+class HiddenCache:
+    """A cache folder opened for reading: every entry indexed by (dataset, row) and by its ids."""
+
+    def __init__(self, folder: str | Path):
+        from safetensors import safe_open
+
+        self.folder = Path(folder)
+        self.mf = read_manifest(self.folder)
+        self.by_row: dict[tuple[int, int], Entry] = {}
+        self.by_ids: dict[bytes, Entry] = {}
+        self._files: list[Any] = []
+        for si, s in enumerate(self.mf.shards):
+            path = self.folder / s.filename
+            if not path.is_file() or path.stat().st_size != s.bytes:
+                raise CacheError(f"{path}: missing or not the {s.bytes:,} bytes the manifest names")
+            f = safe_open(str(path), framework="pt")
+            self._files.append(f)
+            ids, offsets = f.get_tensor("ids"), f.get_tensor("offsets").tolist()
+            if len(offsets) != s.rows + 1 or offsets[-1] != s.tokens:
+                raise CacheError(
+                    f"{path}: offsets disagree with the manifest ({s.rows} rows, {s.tokens} tokens)"
+                )
+            for k in range(s.rows):
+                e = Entry(si, offsets[k], offsets[k + 1])
+                self.by_row[(s.dataset, s.first_row + k)] = e
+                self.by_ids.setdefault(row_key(ids[e.start : e.end]), e)
+
+    def ids(self, e: Entry) -> torch.Tensor:
+        return self._files[e.shard].get_slice("ids")[e.start : e.end]
+
+    def hidden(self, e: Entry) -> torch.Tensor:
+        """[tokens, layers, hidden] as stored."""
+        return self._files[e.shard].get_slice("hidden")[e.start : e.end]
+
+    def verify_checksums(self) -> list[str]:
+        """The shards whose sha256 is not the manifest's."""
+        return [s.filename for s in self.mf.shards if sha256_file(self.folder / s.filename) != s.sha256]
+
+
+def dataset_entry(path: Path, rows: int) -> dict[str, Any]:
+    from draftdeck.shards.store import MANIFEST as DATASET_MANIFEST
+
+    if not (path / DATASET_MANIFEST).is_file():
+        raise InputError(f"{path}: not a dataset folder (no {DATASET_MANIFEST})")
+    return {"path": str(path), "manifest_sha256": sha256_file(path / DATASET_MANIFEST), "rows": rows}

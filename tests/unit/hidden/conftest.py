@@ -1,0 +1,19 @@
+"""The tiny world the cache tests share: a learnable 2-layer target and a dataset of its own text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.support.drafter import greedy_text, learnable_target, write_dataset
+
+
+@pytest.fixture(scope="package")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("hidden")
+    target = learnable_target(root / "target")
+    ds = write_dataset(root / "ds", greedy_text(target, 24), target)
+    return {"root": root, "target": target, "ds": ds}

@@ -1,0 +1,90 @@
+"""A run from a hidden-state cache trains as the online run does: the same losses and counts, bit-equal
+on the CPU at fp32 (DFlash and EAGLE-3, a few steps on the tiny world), without the target's decoder
+layers in memory; a cache of another target, another tokenization or missing a kind's layers is
+refused before any step, naming what differs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from draftdeck.drafter.model.cached_target import CachedTarget
+from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.run import run_train
+from draftdeck.drafter.cache.build import run_cache_hidden
+from draftdeck.drafter.cache.params import CacheParams
+from draftdeck.hidden.store import MANIFEST, CacheError
+from draftdeck.jobs.context import LocalContext
+
+# what wall time and memory make differ between two equal runs
+TIMED = ("train/tokens_per_s", "train/step_seconds", "train/peak_memory_mib", "heldout/seconds",
+         "heldout/peak_memory_mib")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cache(world: dict[str, Path]) -> Path:
+    out = world["root"] / "cache-fp32"
+    params = CacheParams(inputs=[str(world["ds"])], target=str(world["target"]), out=str(out), dtype="fp32")
+    run_cache_hidden(params, LocalContext(world["root"] / "cache-ctx"))
+    return out
+
+
+def _run(world: dict[str, Path], name: str, drafter: str, cache: Path | None) -> tuple[list, dict]:
+    extra = {"ttt_steps": 2, "draft_vocab_size": 20} if drafter == "eagle3" else {"block_size": 4}
+    params = TrainParams(
+        inputs=[str(world["ds"])], target=str(world["target"]), out=str(world["root"] / name),
+        drafter=drafter, batch_size=4, max_steps=3, eval_every=3, checkpoint_every=3, log_every=1,
+        heldout_fraction=0.15, device="cpu", truth_rows=0,
+        hidden_states=str(cache) if cache else None, **extra,
+    )  # fmt: skip
+    ctx = LocalContext(world["root"] / f"{name}-ctx")
+    run_train(params, ctx)
+    points = sorted((p.step, p.name, p.value) for p in ctx.points if p.name not in TIMED)
+    run = json.loads((world["root"] / name / "run.json").read_text())
+    return points, run
+
+
+@pytest.mark.parametrize("drafter", ["dflash", "eagle3"])
+def test_a_run_from_the_cache_equals_the_online_run(
+    world: dict[str, Path], cache: Path, drafter: str
+) -> None:
+    online, run_online = _run(world, f"online-{drafter}", drafter, None)
+    cached, run_cached = _run(world, f"cached-{drafter}", drafter, cache)
+    assert any(name == "train/loss" for _, name, _ in online)
+    assert any(name.startswith("heldout/") for _, name, _ in online)
+    assert cached == online  # every loss and count, bit for bit
+    assert run_cached["steps_done"] == run_online["steps_done"] == 3
+
+
+def test_the_cached_target_holds_no_decoder_layer(world: dict[str, Path], cache: Path) -> None:
+    t = CachedTarget.open(cache, world["target"])
+    names = [n for n, _ in t.model.named_parameters()]
+    assert names == ["embed_tokens.weight", "lm_head.weight"]
+    assert t.num_layers == 2  # the target's config, all the same
+
+
+def test_a_cache_of_other_inputs_is_refused_naming_what_differs(
+    world: dict[str, Path], cache: Path, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(cache, other)
+    mf = json.loads((other / MANIFEST).read_text())
+    mf["datasets"][0]["manifest_sha256"] = "0" * 64
+    (other / MANIFEST).write_text(json.dumps(mf))
+    with pytest.raises(CacheError, match="another tokenization"):
+        _run(world, "refused-ds", "dflash", other)
+    mf = json.loads((cache / MANIFEST).read_text())
+    mf["target_fingerprint"] = "sha256:another"
+    (other / MANIFEST).write_text(json.dumps(mf))
+    with pytest.raises(CacheError, match=r"built from the target .*sha256:another"):
+        _run(world, "refused-target", "dflash", other)
+    mf = json.loads((cache / MANIFEST).read_text())
+    mf["layers"] = [2]  # the final layer alone
+    (other / MANIFEST).write_text(json.dumps(mf))
+    with pytest.raises(
+        CacheError, match=r"the drafter reads target layers \[0\] .* holds hidden_states \[2\]"
+    ):
+        _run(world, "refused-layers", "dflash", other)
