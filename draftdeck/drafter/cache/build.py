@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.model.target import Target
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.hidden import checks
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.hidden.store import DTYPES, CacheError, CacheManifest, CacheWriter, HiddenCache, dataset_entry
 from draftdeck.jobs.context import RunContext
 from draftdeck.provenance import model_fingerprint

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from draftdeck.drafter.cache.build import run_cache_hidden
+from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.model.cached_target import CachedTarget
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import run_train
-from draftdeck.drafter.cache.build import run_cache_hidden
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.hidden.store import MANIFEST, CacheError
 from draftdeck.jobs.context import LocalContext
 
