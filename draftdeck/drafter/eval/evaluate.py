@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoConfig
+
 from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.baselines import PromptLookup
 from draftdeck.drafter.eval.drafters import check_pair, load_checkpoint, walked
@@ -26,6 +28,8 @@ from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.spec_decode import DecodeStats, DraftSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import SuiteTallies, Turn, decode_turns, read_suites
 from draftdeck.drafter.eval.tally import Decoded, Tally, decode
+from draftdeck.drafter.eval.tree import DEFAULT_TOPK, TreeShape, tree_words
+from draftdeck.drafter.eval.tree_decode import tree_refusal
 from draftdeck.drafter.eval.versus import Real, decoder_mismatch, run_figures, versus_training
 from draftdeck.drafter.model.target import Target
 from draftdeck.errors import UsageError
@@ -252,9 +256,22 @@ def _suite_record(names: list[str]) -> dict[str, Any]:
                 if n in shipped else {"file": n}) for n in names}  # fmt: skip
 
 
+def _tree_shape(params: EvalParams, block: int) -> TreeShape | None:
+    """The draft tree a verify step checks (None: a chain), its depth within the verify block's drafts."""
+    if not params.tree_budget:
+        return None
+    if params.tree_depth is not None and params.tree_depth > block - 1:
+        raise UsageError(f"tree_depth {params.tree_depth}: at most the verify block's {block - 1} drafts")
+    return TreeShape(params.tree_budget, params.tree_topk or DEFAULT_TOPK, params.tree_depth or block - 1)
+
+
 def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
+    if params.tree_budget:  # a hybrid target's trees are refused before anything loads
+        refused = tree_refusal(AutoConfig.from_pretrained(params.target))
+        if refused is not None:
+            raise UsageError(f"{params.target}: {refused}")
     out_dir.mkdir(parents=True, exist_ok=True)
     target = Target.load(params.target, device=params.device)
     ck = load_checkpoint(Path(params.checkpoint), device=params.device)
@@ -282,9 +299,11 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             ck.drafter, target, block, threshold=params.confidence_threshold
         )
 
+    tree = _tree_shape(params, block)
+
     def decode_nth(ids: list[int], n: int) -> Decoded:
         s = Sampling(sampling.temperature, sampling.top_p, sampling.seed + n)
-        return decode(runner, sources, ids, params.max_new_tokens, block, s)
+        return decode(runner, sources, ids, params.max_new_tokens, block, s, tree)
 
     fits = _fits(target, params.max_new_tokens)
     if params.suites:
@@ -309,7 +328,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         raise UsageError(f"{where}: no prompt to evaluate ({report.rows_rejected} rejected)")
     ctx.event("info", f"target: {target.loaded}")
     kwargs = f", template {params.template_kwargs}" if params.template_kwargs else ""
-    ctx.event("info", f"evaluating {what}, {ck.kind.drafting(block)}, mode {params.mode}{kwargs}")
+    drafting = ck.kind.drafting(block) + (f", {tree_words(tree)}" if tree else "")
+    ctx.event("info", f"evaluating {what}, {drafting}, mode {params.mode}{kwargs}")
 
     tally = Tally(block, sampling.greedy)
     drafted = tally.methods["drafter"]  # the drafter's counts, what the metric points carry
@@ -352,13 +372,13 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     walked_tau = 1 + w_acc / w_steps if w_steps else float("nan")
     real_tau = drafted.tau_pooled
     gap, message = decoder_mismatch(real_tau, walked_tau, params.tau_tolerance)
-    if sampling.greedy and message is not None:
+    if sampling.greedy and message is not None and tree is None:  # the walk is a chain's
         ctx.alert("decoder_mismatch", message)
     training = None
     if not params.suites:
         real = Real(real_tau, n, same.tau_pooled, same.responses)
         training, alarm = versus_training(real, run, params.tau_tolerance, params.off_target_tolerance)
-        if sampling.greedy and alarm is not None:
+        if sampling.greedy and alarm is not None and tree is None:
             ctx.alert(*alarm)
     methods = tally.method_entries()
     result: dict[str, Any] = {
@@ -372,6 +392,9 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "checkpoint": str(params.checkpoint),
         "drafter": ck.kind.name,
         "confidence_threshold": params.confidence_threshold,  # drafter_scheduled's cut, when asked
+        # the draft tree each verify step checked (drafter and untrained; prompt lookup stays a chain)
+        "tree": tree.to_dict() if tree else None,
+        "tree_label": tree_words(tree) if tree else "chain: one block or chain of drafts per verify step",
         "target": str(params.target),
         # the chat template's settings the prompts were rendered with (thinking on or off): a dimension
         "template_kwargs": dict(params.template_kwargs),

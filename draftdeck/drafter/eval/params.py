@@ -69,6 +69,30 @@ class EvalParams(JobParams):
         le=128,
         description="Verify block size B (anchor + B-1 drafts); the drafter's own block size when not given.",
     )
+    tree_budget: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="Tree verification: the draft-tree nodes one verify step checks (the anchor not counted;"
+        " 0: a chain, one block or chain of drafts per step). DFlash-family drafters grow DDTree's tree"
+        " (the budget's most probable paths over the block's per-position top-k), EAGLE-3 drafters"
+        " EAGLE-2's dynamic tree; the drafter's own chain is always in it. Not for a hybrid (recurrent)"
+        " target.",
+    )
+    tree_topk: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="With --tree-budget: the candidates per tree node (per position for DFlash; the"
+        " frontier width and each node's children for EAGLE-3); 4 when not given.",
+    )
+    tree_depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=127,
+        description="With --tree-budget: the tree's levels at most, up to the verify block's drafts"
+        " (block size - 1, its default).",
+    )
     confidence_threshold: float | None = Field(
         default=None,
         gt=0.0,
@@ -161,6 +185,14 @@ class EvalParams(JobParams):
             raise ValueError(
                 "temperature and top_p apply to mode 'sampled' only; greedy mode takes the argmax"
             )
+        if self.tree_budget == 0 and (self.tree_topk is not None or self.tree_depth is not None):
+            raise ValueError("tree_topk and tree_depth shape a draft tree: give tree_budget > 0 with them")
+        if self.tree_budget and self.confidence_threshold is not None:
+            raise ValueError(
+                "confidence_threshold schedules chain blocks; it is not combined with tree_budget"
+            )
+        if self.tree_budget and self.served_url:
+            raise ValueError("served_url: the served comparison decodes chains; not with tree_budget")
         if self.served_url and self.mode != "greedy":
             raise ValueError("served_url: the served eval decodes greedily; use mode 'greedy'")
         return self

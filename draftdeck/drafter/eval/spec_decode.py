@@ -71,7 +71,7 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0)
     return probs
 
 
-def _draw(probs: torch.Tensor, gen: torch.Generator) -> int:
+def draw(probs: torch.Tensor, gen: torch.Generator) -> int:
     # the seeded generator lives on the CPU, so draws are the same on every device
     return int(torch.multinomial(probs.detach().cpu(), 1, generator=gen).item())
 
@@ -86,8 +86,8 @@ def accept_sampled(drafts: list[int], probs: torch.Tensor, gen: torch.Generator)
         residual = probs[i].clone()
         residual[x] = 0.0
         mass = float(residual.sum())
-        return i, _draw(residual / mass if mass > 0 else probs[i], gen)
-    return len(drafts), _draw(probs[len(drafts)], gen)
+        return i, draw(residual / mass if mass > 0 else probs[i], gen)
+    return len(drafts), draw(probs[len(drafts)], gen)
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,8 @@ class Generation:
     # DeltaNet hybrids (their states per position are recorded), > 0 only on Mamba-style ones
     replayed: int = 0
     step_contexts: list[int] = field(default_factory=list)  # each verify step's context length (tokens)
+    # inputs the verify forwards ran (anchor + drafts, or anchor + tree nodes): the target's work
+    verified: int = 0
 
     @property
     def tau(self) -> float:
@@ -214,13 +216,13 @@ class TargetRunner:
         return out.logits[0].float(), feats
 
 
-def _choose(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
+def choose_token(logits: torch.Tensor, sampling: Sampling, gen: torch.Generator) -> int:
     if sampling.greedy:
         return int(logits.argmax())
-    return _draw(sampling_probs(logits, sampling.temperature, sampling.top_p), gen)
+    return draw(sampling_probs(logits, sampling.temperature, sampling.top_p), gen)
 
 
-def _generator(sampling: Sampling) -> torch.Generator:
+def seeded_generator(sampling: Sampling) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(sampling.seed)
     return gen
@@ -232,13 +234,13 @@ def generate_plain(
 ) -> Generation:
     """Target-only decoding, one token per forward, over the same KV cache: the speed baseline and the
     reference for losslessness."""
-    gen = _generator(sampling)
+    gen = seeded_generator(sampling)
     begin, cpu = time.perf_counter(), time.process_time()
     cache = target.new_cache()
     logits, _ = target.forward(prompt_ids, 0, cache, None)
     out: list[int] = []
     while True:
-        token = _choose(logits[-1], sampling, gen)
+        token = choose_token(logits[-1], sampling, gen)
         out.append(token)
         if token in target.eos_ids or len(out) >= max_new_tokens:
             break
@@ -258,7 +260,7 @@ def generate_speculative(
     """Speculative decoding of one prompt with blocks of `block_size` (anchor + up to B-1 drafts)."""
     if block_size < 2:
         raise ValueError(f"block_size must be at least 2 (an anchor and one draft), got {block_size}")
-    gen = _generator(sampling)
+    gen = seeded_generator(sampling)
     begin, cpu = time.perf_counter(), time.process_time()
     cache = target.new_cache()
     layer_ids = source.layer_ids
@@ -267,7 +269,7 @@ def generate_speculative(
     cache.crop(0)
     source.observe(feats)
     committed = list(prompt_ids)
-    committed.append(_choose(logits[-1], sampling, gen))
+    committed.append(choose_token(logits[-1], sampling, gen))
     result = Generation(output_ids=[], seconds=0.0)
     n_out = 1
     stopped = committed[-1] in target.eos_ids
@@ -305,6 +307,7 @@ def generate_speculative(
         result.steps += 1
         result.accepted += accepted
         result.proposed += len(drafts)
+        result.verified += len(block)
         result.step_taus.append(accepted + 1)
         result.step_contexts.append(anchor_pos + 1)
         # keep the cache (and features) of the anchor and the accepted drafts: the last new token is the
@@ -359,6 +362,7 @@ class DecodeStats:
     proposed: int = 0
     tokens: int = 0
     produced: int = 0  # tokens the verify steps added (no bonus past a stop or max_new_tokens)
+    verified: int = 0  # inputs the verify forwards ran: the anchor and each draft or tree node
     seconds: float = 0.0
     cpu_seconds: float = 0.0
     response_tau_sum: float = 0.0  # sum over responses with a verify step of their own tau
@@ -382,6 +386,7 @@ class DecodeStats:
         self.steps += gen.steps
         self.accepted += gen.accepted
         self.proposed += gen.proposed
+        self.verified += gen.verified
         if gen.steps:
             self.response_tau_sum += gen.tau
             self.responses_with_steps += 1
@@ -405,6 +410,12 @@ class DecodeStats:
         tau_pooled by the bonus tokens a stop dropped (a step ending at an accepted stop token, or at
         max_new_tokens, adds no bonus)."""
         return self.produced / self.steps if self.steps else float("nan")
+
+    @property
+    def verified_per_step(self) -> float:
+        """Inputs each verify forward ran, pooled: the target's work per step (a chain's block size; a
+        tree's nodes + 1). It carries over to a GPU, where tokens per second does not."""
+        return self.verified / self.steps if self.steps else float("nan")
 
     @property
     def tau_per_response(self) -> float:
@@ -434,6 +445,7 @@ class DecodeStats:
                 "accepted": self.accepted,
                 "tokens": self.tokens,
                 "produced_by_steps": self.produced,
+                "verified": self.verified,
                 "seconds": round(self.seconds, 4),
                 "cpu_seconds": round(self.cpu_seconds, 4),
                 "hist_tau_incl_bonus": {str(n): self.hist[n] for n in range(1, self.block_size + 1)},
@@ -446,6 +458,7 @@ class DecodeStats:
             },
             "tau_incl_bonus_pooled": self.tau_pooled,
             "tokens_per_step": self.tokens_per_step,
+            "verified_per_step": self.verified_per_step,
             "tau_incl_bonus_per_response_mean": self.tau_per_response,
             "acceptance_rate": self.acceptance_rate,
             "per_pos_acceptance": [p / self.steps if self.steps else float("nan") for p in self.per_pos],

@@ -17,6 +17,8 @@ from draftdeck.drafter.eval.spec_decode import (
     generate_plain,
     generate_speculative,
 )
+from draftdeck.drafter.eval.tree import TreeShape
+from draftdeck.drafter.eval.tree_decode import TreeSource, generate_tree
 
 
 def ratio(a: float, b: float) -> float | None:
@@ -36,9 +38,16 @@ def decode(
     max_new: int,
     block: int,
     s: Sampling,
+    tree: TreeShape | None = None,
 ) -> Decoded:
+    """With a `tree`, every source that drafts trees verifies one per step (prompt lookup stays a chain)."""
     plain = generate_plain(runner, ids, max_new, s)
-    gens = {name: generate_speculative(runner, src, ids, max_new, block, s) for name, src in sources.items()}
+    gens = {
+        name: generate_tree(runner, src, ids, max_new, tree, s)
+        if tree is not None and isinstance(src, TreeSource)
+        else generate_speculative(runner, src, ids, max_new, block, s)
+        for name, src in sources.items()
+    }
     return Decoded(plain, gens)
 
 

@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache
 
 from draftdeck.drafter.eval.spec_decode import crop_to
+from draftdeck.drafter.eval.tree import DraftTree, TreeShape, ddtree
 from draftdeck.drafter.model.target import Target
 
 
@@ -48,10 +49,11 @@ class DFlashSource:
             raise ValueError("a DFlash drafter needs the target's context features")
         self.pending.append(features)
 
-    @torch.inference_mode()
-    def propose(self, committed: list[int], k: int) -> list[int]:
-        shift = self.drafter.shift
-        want, k = k, max(k, self.block_size - 1) - shift  # k: the block's masked slots
+    def _block(self, committed: list[int], want: int) -> torch.Tensor:
+        """The drafter's final hidden states (slots, H) of the block after `committed`'s last token (at
+        least `want` drafting slots), its new context folded into the drafter's cache first (the block
+        itself is cropped back out)."""
+        k = max(want, self.block_size - 1) - self.drafter.shift  # the block's masked slots
         anchor_pos = len(committed) - 1
         ctx = torch.cat(self.pending, dim=0)[None]
         if self.cached + ctx.shape[1] != anchor_pos:
@@ -70,7 +72,24 @@ class DFlashSource:
         crop_to(self.cache, anchor_pos)
         self.cached = anchor_pos
         self.pending = []
+        out: torch.Tensor = hidden[0]
+        return out
+
+    @torch.inference_mode()
+    def propose(self, committed: list[int], k: int) -> list[int]:
+        hidden = self._block(committed, k)
         drafts: list[int] = self.drafter.choose_drafts(
-            self.target.lm_head, hidden[0], committed[-1], want, threshold=self.threshold
+            self.target.lm_head, hidden, committed[-1], k, threshold=self.threshold
         )
         return drafts
+
+    @torch.inference_mode()
+    def propose_tree(self, committed: list[int], shape: TreeShape) -> DraftTree:
+        """DDTree over the block's per-position distributions (the target's LM head over each draft
+        slot), the drafter's own chain (its own heads' choice, for DFlash2 and DSpark) taken first."""
+        hidden = self._block(committed, self.block_size - 1)
+        first = 1 - self.drafter.shift  # the block's first drafting slot
+        depth = min(shape.depth, self.block_size - 1)
+        chain: list[int] = self.drafter.choose_drafts(self.target.lm_head, hidden, committed[-1], depth)
+        logprobs = torch.log_softmax(self.target.lm_head(hidden[first : first + depth]).float(), dim=-1)
+        return ddtree(logprobs, chain, shape)
