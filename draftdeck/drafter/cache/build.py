@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -93,66 +94,112 @@ def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
     return build_cache(params, ctx)
 
 
-def _setup(
-    params: CacheParams, target: Target, layers: list[int]
-) -> tuple[list[Path], CacheManifest, int, int]:
-    """The datasets (tokenized with the target's tokenizer), the manifest to fill, rows and tokens."""
+@dataclass(frozen=True)
+class Projection:
+    """What a cache will hold, from the target's config and the datasets' lengths (no weight read)."""
+
+    rows: int
+    tokens: int
+    layers: list[int]  # HF hidden_states indices, the final layer last
+    hidden: int
+    dtype: str
+    copies: int = 1  # 2 with speculators' files beside the cache
+
+    @property
+    def bytes(self) -> int:
+        return self.copies * disk_needed(self.tokens, len(self.layers), self.hidden, self.dtype)
+
+    def said(self) -> str:
+        twice = " x 2 (the cache and speculators' files)" if self.copies == 2 else ""
+        return (
+            f"the cache takes {binary_size(self.bytes)} ({self.bytes:,} bytes): {self.rows:,} rows, "
+            f"{self.tokens:,} tokens x {len(self.layers)} layers x {self.hidden:,} hidden x "
+            f"{DTYPES[self.dtype].itemsize} bytes ({self.dtype}){twice}"
+        )
+
+
+def project(params: CacheParams) -> Projection:
+    """The cache `params` would build: its rows, tokens, layers and bytes."""
+    from draftdeck.causal_lm import causal_lm_config
+
+    config = causal_lm_config(params.target)
+    layers = stored_layers(kind_layer_ids(params, config), int(config.num_hidden_layers))
+    return sized(params, layers, int(config.hidden_size))
+
+
+def sized(params: CacheParams, layers: list[int], hidden: int) -> Projection:
+    """The rows and tokens of `params`' datasets (cut at seq_length) as a cache of `layers`."""
+    sets = [ShardDataset(p) for p in params.inputs]
+    tokens = sum(int(np.minimum(ds.lengths(), params.seq_length or 1 << 62).sum()) for ds in sets)
+    rows, copies = sum(len(ds) for ds in sets), 2 if params.format == "speculators" else 1
+    return Projection(rows, tokens, layers, hidden, params.dtype, copies)
+
+
+def manifest_for(params: CacheParams, num_layers: int, hidden: int, layers: list[int]) -> CacheManifest:
+    """The manifest to fill, once the datasets are known to be tokenized with the target's tokenizer."""
     from draftdeck.drafter.train.data import TrainData
 
-    paths = [Path(p) for p in params.inputs]
-    TrainData(paths, heldout_fraction=0.0).check_tokenizer(target.folder)
-    sets = [ShardDataset(p) for p in paths]
-    lengths = [np.minimum(ds.lengths(), params.seq_length or 1 << 62) for ds in sets]
-    mf = CacheManifest(
-        target=str(Path(params.target).resolve()), target_fingerprint=model_fingerprint(Path(params.target)),
-        datasets=[dataset_entry(p.resolve(), len(ds)) for p, ds in zip(paths, sets, strict=True)],
-        layers=layers, num_layers=target.num_layers, hidden_size=int(target.config.hidden_size),
-        dtype=params.dtype, seq_length=params.seq_length,
+    paths, target = [Path(p) for p in params.inputs], Path(params.target)
+    TrainData(paths, heldout_fraction=0.0).check_tokenizer(target)
+    return CacheManifest(
+        target=str(target.resolve()), target_fingerprint=model_fingerprint(target),
+        datasets=[dataset_entry(p.resolve(), len(ShardDataset(p))) for p in paths],
+        layers=layers, num_layers=num_layers, hidden_size=hidden, dtype=params.dtype,
+        seq_length=params.seq_length,
     )  # fmt: skip
-    return paths, mf, sum(len(ds) for ds in sets), int(sum(int(n.sum()) for n in lengths))
 
 
-def announce(ctx: RunContext, out: Path, rows: int, tokens: int, layers: int, hidden: int, dtype: str) -> int:
-    """Say the disk the cache takes before it starts, refuse when it cannot fit; the bytes."""
-    need = disk_needed(tokens, layers, hidden, dtype)
-    free = check_disk(out, need)
-    ctx.event(
-        "info",
-        f"the cache takes {binary_size(need)}: {rows:,} rows, {tokens:,} tokens x {layers} layers x "
-        f"{hidden:,} hidden x {DTYPES[dtype].itemsize} bytes ({dtype}); {binary_size(free)} free",
-    )
-    return need
+def announce(ctx: RunContext, out: Path, plan: Projection) -> None:
+    """Say the disk the cache takes before it starts; refuse when the out folder's disk cannot hold it."""
+    free = check_disk(out, plan.bytes)
+    ctx.event("info", f"{plan.said()}; {binary_size(free)} free")
 
 
 def build_cache(params: CacheParams, ctx: RunContext) -> Report:
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda" if cuda else "cpu")
-    target = Target.load(params.target, device=device, dtype=torch.bfloat16 if cuda else None)
-    layers = stored_layers(kind_layer_ids(params, target.config), target.num_layers)
-    paths, mf, rows, tokens = _setup(params, target, layers)
-    out = Path(params.out)
-    announce(ctx, out, rows, tokens, len(layers), mf.hidden_size, params.dtype)
-    ctx.event("info", f"stored layers (HF hidden_states indices): {layers}, the last the final layer")
+    plan = project(params)
+    announce(ctx, Path(params.out), plan)  # before the target is loaded
+    device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", None)  # as the train run loads it
+    target = Target.load(params.target, device=device, dtype=dtype)
+    mf = manifest_for(params, target.num_layers, plan.hidden, plan.layers)
+    ctx.event("info", f"stored layers (HF hidden_states indices): {plan.layers}, the last the final layer")
+
+    def forward(index: int, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return live_rows(target, ids, plan.layers), torch.from_numpy(ids)
+
+    return fill(params, ctx, plan, mf, target, forward)
+
+
+# a row's hidden states [tokens, layers, hidden] (the cache's layer order) and its ids, by its index
+# over all datasets' rows and its ids as training reads them
+Produce = Callable[[int, np.ndarray], tuple[torch.Tensor, torch.Tensor]]
+
+
+def fill(
+    params: CacheParams, ctx: RunContext, plan: Projection, mf: CacheManifest, target: Target | None,
+    produce: Produce,
+) -> Report:  # fmt: skip
+    """Store every row `produce` gives, checked and counted; then read the cache back (`verify`), and
+    write speculators' files when asked. `target`: for the live check of the first rows (None: none)."""
+    out, paths = Path(params.out), [Path(p) for p in params.inputs]
     policy = Policy.build(None, params.strict)
-    report = Report(rows_in=rows)
+    report = Report(rows_in=plan.rows)
     writer = CacheWriter(out, mf, params.shard_mb << 20)
     t0, done_tokens, written = time.perf_counter(), 0, 0
     try:
-        for di, row, ids in dataset_rows(paths, params.seq_length):
-            hidden = live_rows(target, ids, layers)
+        for index, (di, row, ids) in enumerate(dataset_rows(paths, params.seq_length)):
+            hidden, got_ids = produce(index, ids)
             stored = hidden.to(DTYPES[params.dtype])
-            t = torch.from_numpy(ids)
-            if _count(
-                report, policy, checks.row_issues(stored, t, t, len(layers), mf.hidden_size), paths[di], row
-            ):
+            issues = checks.row_issues(stored, got_ids, torch.from_numpy(ids), len(mf.layers), mf.hidden_size)
+            if _count(report, policy, issues, paths[di], row):
                 continue  # rejected by the policy: not stored
             writer.add(di, row, stored, ids)
             report.rows_out += 1
             done_tokens += len(ids)
             written += stored.numel() * stored.element_size()
-            dt = max(time.perf_counter() - t0, 1e-9)
-            ctx.progress(report.rows_out + report.rows_rejected, rows, "rows")
-            if report.rows_out % 64 == 0 or report.rows_out == rows:
+            ctx.progress(report.rows_out + report.rows_rejected, plan.rows, "rows")
+            if report.rows_out % 64 == 0 or report.rows_out == plan.rows:
+                dt = time.perf_counter() - t0
                 ctx.metrics(report.rows_out, _throughput(report.rows_out, done_tokens, written, dt))
         if report.rows_out and not policy.failures(report):
             mf = writer.close()
@@ -169,6 +216,10 @@ def build_cache(params: CacheParams, ctx: RunContext) -> Report:
     if failures:
         raise JobFailed("; ".join(f.reason for f in failures), report)
     verify(out, target, paths, params.check_rows, report, policy)
+    if params.format == "speculators":
+        from draftdeck.drafter.cache.formats import write_speculators
+
+        report.extra["speculators_files"] = write_speculators(out, paths)
     return finish(out, mf, report)
 
 
