@@ -188,6 +188,10 @@ def demo(
 
     _quiet_libraries()
     say(_set_threads(threads))
+    needed = get_drafter_kind(drafter).demo_target
+    if needed is not None and needed != target_arch:
+        say(f"--drafter {drafter} needs the demo's {needed} target, not {target_arch}: building on it")
+        target_arch = needed
     world = demo_world(size, seed, target_arch, rebuild_world, say)
     say(f"world ready: tokenizer, target, {size['prompts']:,} distinct prompts")
     target = str(world.target_dir)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from draftdeck.drafter.tiny_targets import MTP_ARCHITECTURES
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -313,7 +315,9 @@ def build_target(
     else:
         raise ValueError(f"target arch {shape.arch!r}: the demo builds qwen3 or qwen3_5")
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    weights = list(model.parameters())  # the model's own: an MTP layer beside them trains apart
+    opt = torch.optim.AdamW(weights, lr=lr, weight_decay=0.0)
+    mtp = MTPHead(model, seed, lr) if shape.arch in MTP_ARCHITECTURES else None
     warmup = max(1, steps // 20)
 
     def lr_at(step: int) -> float:
@@ -326,12 +330,15 @@ def build_target(
     batches = _token_batches(tokenizer, seed, seq_len, batch)
     for step in range(steps):
         ids = torch.tensor(next(batches), dtype=torch.long)
-        loss = model(input_ids=ids, labels=ids).loss
+        out = model(input_ids=ids, labels=ids, output_hidden_states=mtp is not None)
+        loss = out.loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(weights, 1.0)
         opt.step()
         sched.step()
+        if mtp is not None:
+            mtp.step(ids, out.hidden_states[-1].detach(), lr_at(step))
         if progress is not None:
             progress(step + 1, steps)
         if log is not None and (step % 50 == 0 or step == steps - 1):
@@ -349,6 +356,43 @@ def build_target(
     model.save_pretrained(str(out_dir))
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
+
+
+class MTPHead:
+    """The Qwen3.5 target's MTP layer (draftdeck.drafter.tiny_targets.attach_mtp), trained beside the model
+    as the published ones are: from the model's last hidden state at t (detached) and the embedding of
+    x[t + 1], predicting x[t + 2] through the model's LM head (frozen for it). Its optimizer and
+    gradients are its own: the model's weights train exactly as without it."""
+
+    def __init__(self, model: Any, seed: int, lr: float):
+        import torch
+
+        from draftdeck.drafter.tiny_targets import attach_mtp
+
+        self.model, self.lr = model, lr
+        self.layer = model.mtp if hasattr(model, "mtp") else attach_mtp(model, seed)
+        self.opt = torch.optim.AdamW(self.layer.parameters(), lr=lr, weight_decay=0.0)
+
+    def step(self, ids: Any, hidden: Any, factor: float) -> float:
+        import torch
+        from torch.nn import functional as F
+
+        from draftdeck.drafter.tiny_targets import mtp_step
+
+        n = ids.shape[1] - 2
+        with torch.no_grad():
+            embeds = self.model.get_input_embeddings()(ids[:, 1 : n + 1])
+        positions = torch.arange(n)[None].expand(ids.shape[0], n)
+        out = mtp_step(self.model, hidden[:, :n], embeds, positions)
+        logits = F.linear(out, self.model.lm_head.weight.detach())
+        loss = F.cross_entropy(logits.flatten(0, 1), ids[:, 2:].flatten())
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.layer.parameters(), 1.0)
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr * factor
+        self.opt.step()
+        return float(loss.detach())
 
 
 @dataclass(frozen=True)

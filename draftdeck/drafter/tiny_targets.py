@@ -95,7 +95,59 @@ def tiny_causal_lm(
         model = tf.DeepseekV3ForCausalLM(config)
     else:
         raise ValueError(f"unknown architecture {arch!r}; known: {', '.join((*ARCHITECTURES, *WITH_VISION))}")
+    if arch in MTP_ARCHITECTURES:  # built after the model: its weights are what they were without
+        attach_mtp(model, seed)
     return model.eval()
+
+
+# The architectures whose tiny targets carry an MTP layer, as the published checkpoints do (Qwen3.5/3.6:
+# `mtp.*` weights, `mtp_num_hidden_layers: 1`)
+MTP_ARCHITECTURES = ("qwen3_5",)
+
+
+def attach_mtp(model: Any, seed: int) -> Any:
+    """Give a Qwen3.5 causal LM its multi-token-prediction layer under the checkpoint's names (`mtp.fc`,
+    `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`, `mtp.layers.0.*`: a full-attention decoder
+    layer of its own architecture, `mtp.norm`), drawn from a generator of its own (the model's weights and
+    torch's global generator are untouched), and `mtp_num_hidden_layers: 1` in its config.
+    `save_pretrained` writes it; transformers skips `mtp.*` when loading, as for the published models."""
+    import torch
+    from torch import nn
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
+
+    config = model.config.get_text_config()
+    hidden, eps = config.hidden_size, config.rms_norm_eps
+    full = max(i for i, t in enumerate(config.layer_types) if t == "full_attention")
+    mtp = nn.Module()
+    mtp.fc = nn.Linear(2 * hidden, hidden, bias=False)
+    mtp.pre_fc_norm_embedding = Qwen3_5RMSNorm(hidden, eps=eps)
+    mtp.pre_fc_norm_hidden = Qwen3_5RMSNorm(hidden, eps=eps)
+    mtp.layers = nn.ModuleList([Qwen3_5DecoderLayer(config, full)])
+    mtp.norm = Qwen3_5RMSNorm(hidden, eps=eps)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in mtp.parameters():  # matrices as the model's init; norms near their 1 + 0 start
+            p.copy_(torch.randn(p.shape, generator=g) * (config.initializer_range if p.dim() > 1 else 0.1))
+    model.mtp = mtp.to(next(model.parameters()).dtype)
+    config.mtp_num_hidden_layers = 1
+    return mtp
+
+
+def mtp_step(model: Any, hidden: Any, embeds: Any, positions: Any) -> Any:
+    """The attached MTP layer over (bsz, n) positions, through transformers' own layer (the reference
+    DraftDeck's MTP drafter is tested against): `hidden` the target's last hidden states (or the layer's
+    previous outputs), `embeds` the target's embedding of the tokens after them, at rope `positions`,
+    causal. Its normed outputs (bsz, n, H): the LM head's input and the next draft's hidden state."""
+    import torch
+
+    mtp = model.mtp
+    x = mtp.fc(torch.cat([mtp.pre_fc_norm_embedding(embeds), mtp.pre_fc_norm_hidden(hidden)], dim=-1))
+    n = x.shape[1]
+    blocked = torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1)
+    mask = torch.zeros(n, n, dtype=x.dtype, device=x.device).masked_fill(blocked, float("-inf"))[None, None]
+    rope = model.model.rotary_emb(x, positions)
+    out = mtp.layers[0](x, position_embeddings=rope, attention_mask=mask, position_ids=positions)
+    return mtp.norm(out)
 
 
 @dataclass

@@ -35,6 +35,8 @@ class DrafterKind:
     chain: bool = False  # drafts one token after another (a chain), not a block in parallel
     # the demo's train options (`draftdeck demo --drafter NAME`): 7 drafts a step for every kind
     demo: Mapping[str, Any] = {}
+    # the demo world's target architecture it needs (draftdeck.drafter.tiny), None: any
+    demo_target: str | None = None
     # why `--sharding fsdp` cannot train it (None: it can); auto then never picks fsdp, the plan leaves it out
     fsdp_refused: str | None = None
 
