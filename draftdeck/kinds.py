@@ -19,6 +19,7 @@ from typing import Any
 
 from draftdeck.convert.job import ConvertParams
 from draftdeck.convert.scan_job import ScanParams
+from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.export.params import ExportParams
 from draftdeck.drafter.tiny_job import TinyTargetParams
@@ -76,6 +77,8 @@ KINDS: dict[str, JobKind] = {
                 " (resumable)"),
         JobKind("eval", "gpu", EvalParams, "draftdeck.drafter.eval.evaluate:run_eval",
                 "Real speculative decoding of a drafter checkpoint: tau incl. bonus, baselines, lossless"),
+        JobKind("cache-hidden", "gpu", CacheParams, "draftdeck.drafter.cache.build:run_cache_hidden",
+                "The target's hidden states of a tokenized dataset, once, as a checked cache train reads"),
         JobKind("export-drafter", "cpu", ExportParams, "draftdeck.drafter.export.params:run_export",
                 "Export a drafter checkpoint (or a run's best) to z-lab's format for vLLM and SGLang"),
         JobKind("tiny-target", "cpu", TinyTargetParams, "draftdeck.drafter.tiny_job:run_tiny_target",

@@ -38,6 +38,7 @@ KIND_PAGES = {
     "tokenize": "tokenize",
     "train": "train",
     "eval": "eval",
+    "cache-hidden": "hidden_cache",
     "export-drafter": "serving",
     "tiny-target": "jobs",
 }

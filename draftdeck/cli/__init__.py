@@ -32,12 +32,13 @@ def register(
 ) -> None:
     """Add every in-process command to `app` (`serving_commands`: the service's, in the serving group;
     `record_eval`: the service's recording of a finished `eval`, draftdeck/cli/drafter.py)."""
-    from draftdeck.cli import data, drafter, mix, regenerate, serving, tokens
+    from draftdeck.cli import cache_hidden, data, drafter, mix, regenerate, serving, tokens
 
     data.register(app)
     mix.register(app)
     tokens.register(app)
     drafter.register(app, record_eval)
+    cache_hidden.register(app)
     regenerate.register(app)
     serving.register(app, serving_commands)
 

@@ -65,6 +65,7 @@ def test_a_disk_that_cannot_hold_it_is_refused_naming_both_figures(tmp_path: Pat
         check_disk(tmp_path / "new" / "cache", free * 4)
 
 
+@pytest.mark.slow
 def test_speculators_own_offline_check_accepts_the_files(
     world: dict[str, Path], built: dict[str, object], tmp_path: Path
 ) -> None:

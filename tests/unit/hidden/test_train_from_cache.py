@@ -88,3 +88,13 @@ def test_a_cache_of_other_inputs_is_refused_naming_what_differs(
         CacheError, match=r"the drafter reads target layers \[0\] .* holds hidden_states \[2\]"
     ):
         _run(world, "refused-layers", "dflash", other)
+
+
+def test_a_run_from_the_cache_asks_for_what_it_cannot_do_to_be_off(
+    world: dict[str, Path], cache: Path
+) -> None:
+    base = {"inputs": [str(world["ds"])], "target": str(world["target"]), "hidden_states": str(cache)}
+    with pytest.raises(ValueError, match=r"own answers \(truth_rows 64: set 0\)"):
+        TrainParams(**base)
+    with pytest.raises(ValueError, match=r"to shard \(sharding fsdp\)"):
+        TrainParams(**base, truth_rows=0, sharding="fsdp")
