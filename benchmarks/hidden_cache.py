@@ -1,0 +1,166 @@
+# ruff: noqa: E402 - imports follow the sys.path fix
+"""Training from a hidden-state cache against training online, on the CPU: one table.
+
+    python benchmarks/hidden_cache.py [--steps 12] [--hidden 512] [--layers 8] [--seq 256] [--rows 96]
+
+The world is the training benchmarks' (benchmarks/_train_world.py: a random-init Qwen3 target with the
+project's small test BPE, synthetic rows). The cache is built once (`cache-hidden`, fp32 and bf16:
+rows/s, tokens/s); then a DFlash and an EAGLE-3 run train `--steps` steps online and from the fp32
+cache, each in a process of its own so that its peak RSS (VmHWM) is its own: s/step (median of the
+steps after the first), peak memory, and the target forward time a run from the cache saves per step.
+Below: bytes per token stored for fp32, bf16 and bf16 + zstd (when `zstandard` is installed), on this
+world and, computed, for a Qwen3.6-27B-class target (5,120 hidden, 3 tapped + the final layer; zstd's
+ratio is this world's random-init states', not a real model's: marked so).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+
+from benchmarks._train_world import build_world
+
+SMOKE = {"steps": 2, "hidden": 64, "layers": 2, "seq": 48, "rows": 24}
+BIG_HIDDEN, BIG_LAYERS = 5120, 4  # Qwen3.6-27B-class: 3 EAGLE-3 taps + the final layer
+
+
+def child(spec: dict[str, object]) -> None:
+    """One training run in this process: print its s/step figures and peak RSS as JSON."""
+    import torch
+
+    from draftdeck.drafter.train.device import peak_bytes
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.run import run_train
+    from draftdeck.jobs.context import LocalContext
+
+    torch.set_num_threads(1)
+    extra = {"ttt_steps": 3} if spec["drafter"] == "eagle3" else {"block_size": 8, "anchors_per_seq": 16}
+    params = TrainParams(
+        inputs=[str(spec["ds"])], target=str(spec["target"]), out=str(spec["out"]), drafter=spec["drafter"],
+        batch_size=4, max_steps=int(str(spec["steps"])), log_every=1, eval_every=10**6,
+        checkpoint_every=10**6, heldout_fraction=0.1, heldout_max_rows=4, truth_rows=0, device="cpu",
+        memory_check=False, hidden_states=spec["cache"], **extra,
+    )  # fmt: skip
+    ctx = LocalContext(Path(str(spec["out"])) / "ctx")
+    run_train(params, ctx)
+    steps = [v for _, v in ctx.series("train/step_seconds")]
+    print(json.dumps({"steps": steps, "peak": peak_bytes(torch.device("cpu"))}))
+
+
+def run_child(spec: dict[str, object]) -> dict[str, float]:
+    res = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, check=False
+    )
+    if res.returncode:
+        raise SystemExit(f"training run {spec['drafter']} failed:\n{res.stderr[-3000:]}")
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    steps = got["steps"][1:] or got["steps"]
+    return {"s_step": statistics.median(steps), "peak": got["peak"]}
+
+
+def build(target: Path, ds: Path, out: Path, dtype: str) -> tuple[dict[str, object], float]:
+    from draftdeck.drafter.cache.build import run_cache_hidden
+    from draftdeck.drafter.cache.params import CacheParams
+    from draftdeck.jobs.context import LocalContext
+
+    t0 = time.perf_counter()
+    report = run_cache_hidden(
+        CacheParams(inputs=[str(ds)], target=str(target), out=str(out), dtype=dtype),
+        LocalContext(out.with_name(out.name + "-ctx")),
+    )
+    return report.extra, time.perf_counter() - t0
+
+
+def zstd_ratio(cache: Path) -> float | None:
+    try:
+        import zstandard
+    except ImportError:
+        return None
+    raw = b"".join(p.read_bytes() for p in sorted(cache.glob("hidden-*.safetensors")))
+    return len(raw) / len(zstandard.ZstdCompressor(level=3).compress(raw))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--rows", type=int, default=96)
+    ap.add_argument("--smoke", action="store_true", help="the smallest size: the path runs, nothing measured")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(json.loads(a.child))
+        return
+    size = SMOKE if a.smoke else {k: getattr(a, k) for k in SMOKE}
+    import torch
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        h = int(size["hidden"])
+        target, ds = build_world(
+            root, seq=int(size["seq"]), rows=int(size["rows"]), hidden=h, layers=int(size["layers"]),
+            heads=max(h // 64, 1), kv_heads=max(h // 128, 1),
+        )  # fmt: skip
+        built = {d: build(target, ds, root / f"cache-{d}", d) for d in ("fp32", "bf16")}
+        rows = []
+        for drafter in ("dflash", "eagle3"):
+            figures = {}
+            for mode in ("online", "cache"):
+                spec = {"drafter": drafter, "target": str(target), "ds": str(ds), "steps": size["steps"],
+                        "out": str(root / f"run-{drafter}-{mode}"),
+                        "cache": str(root / "cache-fp32") if mode == "cache" else None}  # fmt: skip
+                figures[mode] = run_child(spec)
+            on, off = figures["online"], figures["cache"]
+            saved = on["s_step"] - off["s_step"]
+            for mode, f in figures.items():
+                rows.append(
+                    f"| {drafter} | {mode} | {f['s_step']:.3f} | {f['peak'] / 2**20:,.0f} | "
+                    + (f"{saved:+.3f} ({saved / on['s_step']:.0%})" if mode == "cache" else "-")
+                    + " |"
+                )
+        world = f"target {h} hidden x {size['layers']} layers, {size['rows']} rows x {size['seq']} tokens"
+        print(f"world: {world}; {size['steps']} steps, batch 4, 1 thread\n")
+        print("| drafter | run | s/step | peak RSS MiB | target forward saved s/step |")
+        print("|---|---|---:|---:|---:|")
+        print("\n".join(rows))
+        print()
+        for d, (extra, seconds) in built.items():
+            print(
+                f"cache build {d}: {extra['cache/rows_per_s']:,.1f} rows/s,"
+                f" {extra['cache/tokens_per_s']:,.0f} tokens/s, {extra['cache/mb_per_s']:,.1f} MB/s"
+                f" (the job {seconds:.1f} s with loading and the read-back check); layers {extra['layers']}"
+            )
+        print()
+        ratio = zstd_ratio(root / "cache-bf16")
+        n_layers = len(built["fp32"][0]["layers"])  # type: ignore[arg-type]
+        print("| storage | this world B/token | 27B-class B/token (5,120 x 4 layers) |")
+        print("|---|---:|---:|")
+        for d, width in (("fp32", 4), ("bf16", 2)):
+            per = float(built[d][0]["bytes_per_token"])  # type: ignore[arg-type]
+            print(
+                f"| {d} | {per:,.0f} (stored, {n_layers} layers x {h}) |"
+                f" {BIG_HIDDEN * BIG_LAYERS * width:,} |"
+            )
+        if ratio is not None:
+            per = float(built["bf16"][0]["bytes_per_token"]) / ratio  # type: ignore[arg-type]
+            big = BIG_HIDDEN * BIG_LAYERS * 2 / ratio
+            print(f"| bf16 + zstd 3 (x{ratio:.2f}) | {per:,.0f} | {big:,.0f} (this world's ratio) |")
+        else:
+            print("| bf16 + zstd | zstandard not installed | - |")
+
+
+if __name__ == "__main__":
+    main()
