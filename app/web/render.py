@@ -120,6 +120,15 @@ def drafting(kind: object, block: object) -> str:
 
 
 templates.env.globals["drafting"] = drafting
+
+
+def floor_name(kind: object) -> str:
+    """What an eval's floor line (`untrained`) decoded with, as its kind names it (eval.json's `drafter`)."""
+    name = kind if isinstance(kind, str) and kind in DRAFTER_KINDS else "dflash"
+    return get_drafter_kind(name).floor
+
+
+templates.env.globals["floor_name"] = floor_name
 # what a run or an eval ran with (templates/partials/provenance.html)
 templates.env.filters["provenance_rows"] = provenance_rows
 templates.env.globals["provenance_labels"] = PROVENANCE_LABELS

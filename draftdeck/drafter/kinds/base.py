@@ -37,6 +37,8 @@ class DrafterKind:
     demo: Mapping[str, Any] = {}
     # the demo world's target architecture it needs (draftdeck.drafter.tiny), None: any
     demo_target: str | None = None
+    # the eval's floor line (`untrained`: what `untrained` decodes with), as the eval page names it
+    floor: str = "untrained"
     # why `--sharding fsdp` cannot train it (None: it can); auto then never picks fsdp, the plan leaves it out
     fsdp_refused: str | None = None
 

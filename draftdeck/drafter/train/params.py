@@ -235,6 +235,7 @@ class PlanParams(JobParams):
     layers: int = _train_field("layers")
     block_size: int = _train_field("block_size")
     ttt_steps: int = _train_field("ttt_steps")
+    mtp_steps: int = _train_field("mtp_steps")
     draft_vocab_size: int | None = _train_field("draft_vocab_size")
     eagle3_layer_ids: list[int] | None = _train_field("eagle3_layer_ids")
     seq_length: int = Field(4096, ge=2, le=1_000_000, description="Tokens of the longest row trained")

@@ -95,6 +95,7 @@ class Shape:
     target_layer_ids: tuple[int, ...] | None = None
     drafter: str = "dflash"  # or "eagle3": its own shape below
     ttt_steps: int = 7
+    mtp_steps: int = 3  # MTP's unrolled steps
     draft_vocab_size: int | None = None  # None: the kind's default (at most the target's vocabulary)
     eagle3_layer_ids: tuple[int, ...] | None = None
     optimizer: OptimizerName = "adamw"  # or "muon": one state buffer for the layers' matrices, not two
@@ -385,7 +386,7 @@ def shape_of(
         gradient_checkpointing=params.gradient_checkpointing, kl=parse_mix(params.loss).needs_teacher,
         element_size=element_size, world=world,
         target_layer_ids=tuple(params.target_layer_ids) if params.target_layer_ids else None,
-        drafter=params.drafter, ttt_steps=params.ttt_steps,
+        drafter=params.drafter, ttt_steps=params.ttt_steps, mtp_steps=params.mtp_steps,
         draft_vocab_size=params.draft_vocab_size,
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
         optimizer=params.optimizer,

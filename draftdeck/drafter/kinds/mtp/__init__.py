@@ -27,6 +27,7 @@ class MTP(DrafterKind):
     chain = True
     demo = {"mtp_steps": 7}
     demo_target = "qwen3_5"  # the demo world's target with an MTP layer (draftdeck.drafter.tiny)
+    floor = "untouched MTP head"  # `untrained` is the layer as the target ships it
     fsdp_refused = (
         "the MTP layer reads logits through the target's whole LM head, which fsdp splits by vocabulary"
     )
@@ -51,13 +52,16 @@ class MTP(DrafterKind):
     def plan(self, shape: Any, target_config: Any) -> Any:
         """One layer of the target's own shape, whole on every rank; its logits over the whole
         vocabulary through the target's head."""
-        from draftdeck.drafter.kinds.mtp.model import MTPConfig, MTPDrafter
+        from draftdeck.drafter.kinds.mtp.checkpoint import no_mtp_message
+        from draftdeck.drafter.kinds.mtp.model import MTPConfig, MTPDrafter, mtp_layer_count
         from draftdeck.drafter.kinds.mtp.train import estimate_mtp
         from draftdeck.drafter.model.config import DrafterConfigError
         from draftdeck.drafter.model.head import rows_per_chunk
         from draftdeck.drafter.train.plan import PlannedDrafter, meta_count
         from draftdeck.errors import UsageError
 
+        if mtp_layer_count(target_config) == 0:
+            raise UsageError(no_mtp_message("the target", "its config declares no mtp_num_hidden_layers"))
         try:
             cfg = MTPConfig.from_target(target_config)
         except DrafterConfigError as e:

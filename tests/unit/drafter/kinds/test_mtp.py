@@ -23,6 +23,7 @@ from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.tiny import TargetShape, build_target, build_tokenizer, write_prompts
 from draftdeck.drafter.tiny_targets import mtp_step, tiny_causal_lm
 from draftdeck.drafter.train.params import TrainParams
+from draftdeck.drafter.train.plan import Shape, plan
 from draftdeck.drafter.train.run import train
 from draftdeck.errors import UsageError
 from draftdeck.jobs.context import LocalContext
@@ -62,6 +63,13 @@ def test_a_target_without_an_mtp_layer_is_refused_by_name_before_any_work(tmp_pa
     others = [n for n in NAMES if n != "mtp"]
     assert f"({', '.join(others)})" in str(refused.value) and len(others) >= 4
     assert not (tmp_path / "run" / "checkpoints").exists()
+    with pytest.raises(UsageError, match=f"instead \\({', '.join(others)}\\)"):  # the planner too
+        plan(tiny_causal_lm("qwen3").config, Shape(drafter="mtp"), 8 << 30)
+    hybrid = tiny_causal_lm("qwen3_5")
+    planned = plan(hybrid.config, Shape(drafter="mtp", mtp_steps=5), 8 << 30)
+    assert planned.trainable_params == sum(
+        p.numel() for n, p in hybrid.named_parameters() if n.startswith("mtp.")
+    )
 
 
 def test_the_layer_drafts_what_transformers_own_layer_drafts_with_the_same_weights(tmp_path: Path) -> None:
