@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse, Response
 from app.store.leaderboard import FILTERS, cell_columns, choices, eval_rows, select_rows, sort_rows, to_csv
 from app.web.deps import SessionDep
 from app.web.render import render
+from app.web.sweeps import run_sweeps
 
 router = APIRouter(include_in_schema=False)
 
@@ -31,7 +32,7 @@ def evals_page(request: Request, session: SessionDep, sort: str = "job", order: 
     query = {k: v for k, v in picked.items() if v}
     return render(request, "evals.html", session, nav="evals", rows=rows, cells=cells, picked=picked,
                   options=choices(everything), sort=sort, order=order, query=query,
-                  total=len(everything))  # fmt: skip
+                  total=len(everything), sweeps=run_sweeps(session))  # fmt: skip
 
 
 @router.get("/evals.csv")

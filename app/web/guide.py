@@ -39,6 +39,7 @@ KIND_PAGES = {
     "train": "train",
     "eval": "eval",
     "cache-hidden": "hidden_cache",
+    "sweep": "sweep",
     "export-drafter": "serving",
     "tiny-target": "jobs",
 }

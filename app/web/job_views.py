@@ -154,6 +154,8 @@ def next_steps(
         if job.kind == "mix" and files:  # re-weighting after the per-source figures is the next loop
             return [("Tokenize this", new_job_link("tokenize", {"inputs": files})),
                     ("Change the recipe", new_job_link("mix", job.params))]  # fmt: skip
+        if job.kind == "sweep":  # its points charted, and the flags of the one to serve
+            return [("Open the sweep", f"/sweeps/{job.id}")]
         if job.kind == "tokenize" and datasets:
             return [(f"Open dataset {d.name}", f"/datasets/{d.id}") for d in datasets]
         return fixes

@@ -14,7 +14,7 @@ from app.resources import resource_dir
 from app.run.sweeper import start_sweeper
 from app.serving.scraper import start_scraper
 from app.settings import get_settings
-from app.web import api, datasets, evals, guide, jobs, picker, render, runs, sse
+from app.web import api, datasets, evals, guide, jobs, picker, render, runs, sse, sweeps
 from app.web import serving as serving_routes
 from app.web.auth import CSRF_COOKIE, AccessGuard
 from app.web.limits import RequestLimits, cap_log_lines
@@ -99,6 +99,7 @@ def create_app() -> FastAPI:
     app.include_router(datasets.router)
     app.include_router(runs.router)
     app.include_router(evals.router)
+    app.include_router(sweeps.router)
     app.include_router(serving_routes.router)
     app.include_router(guide.router)
 

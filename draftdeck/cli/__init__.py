@@ -1,5 +1,5 @@
 """`draftdeck ...` in-process commands (scan, convert, mix, regenerate, tokenize, inspect, vocab, export,
-train, eval, export-drafter).
+train, eval, sweep, export-drafter).
 
 They run the core here, on any path the user can read. The console entry point (app/cli/main.py)
 joins them with the service commands (up, web, worker, db, jobs); this package imports nothing of the
@@ -32,13 +32,14 @@ def register(
 ) -> None:
     """Add every in-process command to `app` (`serving_commands`: the service's, in the serving group;
     `record_eval`: the service's recording of a finished `eval`, draftdeck/cli/drafter.py)."""
-    from draftdeck.cli import cache_hidden, data, drafter, mix, regenerate, serving, tokens
+    from draftdeck.cli import cache_hidden, data, drafter, mix, regenerate, serving, sweep, tokens
 
     data.register(app)
     mix.register(app)
     tokens.register(app)
     drafter.register(app, record_eval)
     cache_hidden.register(app)
+    sweep.register(app)
     regenerate.register(app)
     serving.register(app, serving_commands)
 

@@ -123,7 +123,7 @@ class DFlash(DrafterKind):
     def served(self, folder: Path, fmt: str, target: str | None, block: int) -> list[dict[str, Any]]:
         from draftdeck.drafter.kinds.dflash.servers import read_export
 
-        return [asdict(r) | {"problems": list(r.problems)} for r in read_export(folder, target)]
+        return [asdict(r) | {"problems": list(r.problems)} for r in read_export(folder, target, block)]
 
     def export_summary(self, config: Mapping[str, Any]) -> str:
         d = config.get("dflash_config") or {}

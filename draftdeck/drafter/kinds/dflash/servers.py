@@ -62,14 +62,14 @@ def _block(hf: Mapping[str, Any]) -> int:
     return int(_dflash(hf).get("block_size") or hf.get("block_size") or SGLANG_DEFAULT_BLOCK)
 
 
-def vllm_reading(hf: Mapping[str, Any], folder: str) -> Reading:
+def vllm_reading(hf: Mapping[str, Any], folder: str, block: int | None = None) -> Reading:
     dflash, problems = _dflash(hf), []
     mask = dflash.get("mask_token_id", hf.get("mask_token_id"))
     if mask is None:
         problems.append("vLLM refuses a DFlash drafter with no mask_token_id")
     aux = hf.get("eagle_aux_hidden_state_layer_ids")
     layers = tuple(aux) if aux else tuple(int(i) + 1 for i in dflash.get("target_layer_ids") or ())
-    block = _block(hf)
+    block = block or _block(hf)
     spec = f'{{"method": "dflash", "model": "{folder}", "num_speculative_tokens": {block - 1}}}'
     return Reading(
         "vLLM", "main, after PR #40727", None if mask is None else int(mask), "dflash_config.mask_token_id",
@@ -89,7 +89,13 @@ def _mask_by_text(text: str, tokenizer: Any) -> tuple[int, str]:
 
 
 def sglang_reading(
-    hf: Mapping[str, Any], folder: str, tokenizer: Any, vocab_size: int, *, numeric_mask: bool
+    hf: Mapping[str, Any],
+    folder: str,
+    tokenizer: Any,
+    vocab_size: int,
+    *,
+    numeric_mask: bool,
+    block: int | None = None,
 ) -> Reading:
     """SGLang's reading, newer (`numeric_mask`: mask_token_id first) or its first DFlash (text only)."""
     dflash, problems = _dflash(hf), []
@@ -117,7 +123,7 @@ def sglang_reading(
         bound = dflash.get("num_target_layers") or hf.get("num_target_layers") or hf.get("num_hidden_layers")
     if bound is not None and any(not 0 <= i < int(bound) for i in ids):
         problems.append(f"SGLang refuses target_layer_ids {list(ids)}: out of range for {bound} layers")
-    block = _block(hf)
+    block = block or _block(hf)
     return Reading(
         "SGLang", "newer, commit 00731f0" if numeric_mask else "first DFlash, commit 7f151c5",
         mask, mask_from, tuple(i + 1 for i in ids), block,
@@ -127,16 +133,19 @@ def sglang_reading(
     )  # fmt: skip
 
 
-def readings(hf: Mapping[str, Any], folder: str, tokenizer: Any = None) -> list[Reading]:
+def readings(
+    hf: Mapping[str, Any], folder: str, tokenizer: Any = None, block: int | None = None
+) -> list[Reading]:
     """Every server's reading, each with a problem added where it would fill the block with another
-    mask id than the trained one (`dflash_config.mask_token_id`)."""
+    mask id than the trained one (`dflash_config.mask_token_id`). `block`: the verify block to serve
+    with when not the config's (a sweep's recommended point), in the draft-token flags."""
     trained = _dflash(hf).get("mask_token_id")
     vocab = int(hf.get("vocab_size") or 0)
     out = []
     for r in (
-        vllm_reading(hf, folder),
-        sglang_reading(hf, folder, tokenizer, vocab, numeric_mask=True),
-        sglang_reading(hf, folder, tokenizer, vocab, numeric_mask=False),
+        vllm_reading(hf, folder, block),
+        sglang_reading(hf, folder, tokenizer, vocab, numeric_mask=True, block=block),
+        sglang_reading(hf, folder, tokenizer, vocab, numeric_mask=False, block=block),
     ):
         if r.mask_token_id is not None and r.mask_token_id != trained:
             mismatch = (
@@ -148,7 +157,7 @@ def readings(hf: Mapping[str, Any], folder: str, tokenizer: Any = None) -> list[
     return out
 
 
-def read_export(folder: Any, target: Any = None) -> list[Reading]:
+def read_export(folder: Any, target: Any = None, block: int | None = None) -> list[Reading]:
     """The readings of an export folder, with the tokenizer of the `target` folder when one is given
     (SGLang resolves the mask's text with it; without it, that reading says so)."""
     import json
@@ -160,4 +169,4 @@ def read_export(folder: Any, target: Any = None) -> list[Reading]:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(target))
-    return readings(hf, str(folder), tokenizer)
+    return readings(hf, str(folder), tokenizer, block)
