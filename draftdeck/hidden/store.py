@@ -179,24 +179,61 @@ class Entry:
     end: int
 
 
+# safetensors' dtype names for the tensors a cache holds
+ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32,
+             "I64": torch.int64}  # fmt: skip
+
+
+class ShardFile:
+    """One safetensors shard read by rows with positioned reads (os.pread), not mapped: a run reads
+    each row once an epoch, and mapped pages would count in its resident memory as if it held the
+    whole cache."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        try:
+            n = int.from_bytes(os.pread(self.fd, 8, 0), "little")
+            header = json.loads(os.pread(self.fd, n, 8))
+        except (OSError, ValueError) as e:
+            raise CacheError(f"{path}: not a safetensors file: {e}") from e
+        self.base = 8 + n
+        self.tensors: dict[str, tuple[torch.dtype, list[int], int]] = {}
+        for name in ("hidden", "ids", "offsets"):
+            t = header.get(name)
+            if t is None or t["dtype"] not in ST_DTYPES:
+                raise CacheError(f"{path}: no {name} tensor of a dtype a cache holds")
+            self.tensors[name] = (ST_DTYPES[t["dtype"]], list(t["shape"]), int(t["data_offsets"][0]))
+
+    def rows(self, name: str, start: int, end: int) -> torch.Tensor:
+        """`name`[start:end] along its first axis."""
+        dtype, shape, at = self.tensors[name]
+        inner = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        data = os.pread(self.fd, (end - start) * inner, self.base + at + start * inner)
+        if len(data) != (end - start) * inner:
+            raise CacheError(f"{self.path}: {name} rows {start}..{end} run past the end of the file")
+        return torch.frombuffer(bytearray(data), dtype=dtype).reshape(end - start, *shape[1:])
+
+    def whole(self, name: str) -> torch.Tensor:
+        return self.rows(name, 0, self.tensors[name][1][0])
+
+
 class HiddenCache:
     """A cache folder opened for reading: every entry indexed by (dataset, row) and by its ids."""
 
     def __init__(self, folder: str | Path):
-        from safetensors import safe_open
-
         self.folder = Path(folder)
         self.mf = read_manifest(self.folder)
         self.by_row: dict[tuple[int, int], Entry] = {}
         self.by_ids: dict[bytes, Entry] = {}
-        self._files: list[Any] = []
+        self._files: list[ShardFile] = []
         for si, s in enumerate(self.mf.shards):
             path = self.folder / s.filename
             if not path.is_file() or path.stat().st_size != s.bytes:
                 raise CacheError(f"{path}: missing or not the {s.bytes:,} bytes the manifest names")
-            f = safe_open(str(path), framework="pt")
+            f = ShardFile(path)
             self._files.append(f)
-            ids, offsets = f.get_tensor("ids"), f.get_tensor("offsets").tolist()
+            ids, offsets = f.whole("ids"), f.whole("offsets").tolist()
             if len(offsets) != s.rows + 1 or offsets[-1] != s.tokens:
                 raise CacheError(
                     f"{path}: offsets disagree with the manifest ({s.rows} rows, {s.tokens} tokens)"
@@ -207,11 +244,16 @@ class HiddenCache:
                 self.by_ids.setdefault(row_key(ids[e.start : e.end]), e)
 
     def ids(self, e: Entry) -> torch.Tensor:
-        return self._files[e.shard].get_slice("ids")[e.start : e.end]
+        return self._files[e.shard].rows("ids", e.start, e.end)
 
     def hidden(self, e: Entry) -> torch.Tensor:
         """[tokens, layers, hidden] as stored."""
-        return self._files[e.shard].get_slice("hidden")[e.start : e.end]
+        return self._files[e.shard].rows("hidden", e.start, e.end)
+
+    def close(self) -> None:
+        for f in self._files:
+            os.close(f.fd)
+        self._files = []
 
     def verify_checksums(self) -> list[str]:
         """The shards whose sha256 is not the manifest's."""
