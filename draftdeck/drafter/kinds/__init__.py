@@ -22,8 +22,9 @@ from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, size_problems
 from draftdeck.drafter.kinds.dflash.options import DFlashOptions
 from draftdeck.drafter.kinds.dflash2.options import DFlash2Options
 from draftdeck.drafter.kinds.dspark.options import DSparkOptions
-from draftdeck.drafter.kinds.eagle3.options import Eagle3Options
+from draftdeck.drafter.kinds.eagle3.options import Eagle3Options, Eagle3VocabOptions
 from draftdeck.drafter.kinds.mtp.options import MTPOptions
+from draftdeck.drafter.kinds.peagle.options import PEagleOptions
 from draftdeck.errors import UsageError
 
 __all__ = ["NAMES", "DrafterKind", "DrafterName", "KindOptions", "Options", "get_kind", "kind_of_config",
@@ -34,12 +35,15 @@ PACKAGES: dict[str, str] = {
     "eagle3": "draftdeck.drafter.kinds.eagle3",
     "dflash2": "draftdeck.drafter.kinds.dflash2",
     "dspark": "draftdeck.drafter.kinds.dspark",
+    "peagle": "draftdeck.drafter.kinds.peagle",
     "mtp": "draftdeck.drafter.kinds.mtp",
 }
 NAMES: tuple[str, ...] = tuple(PACKAGES)
 
 
-class Options(DFlashOptions, Eagle3Options, DFlash2Options, DSparkOptions, MTPOptions):
+class Options(
+    DFlashOptions, Eagle3Options, Eagle3VocabOptions, DFlash2Options, DSparkOptions, PEagleOptions, MTPOptions
+):
     """Every kind's options, as the train job's parameters take them (a kind's line here too)."""
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from draftdeck.drafter.kinds.base import DrafterKind, KindOptions, Verifier, size_problems
-from draftdeck.drafter.kinds.eagle3.options import DEFAULT_DRAFT_VOCAB, Eagle3Options
+from draftdeck.drafter.kinds.eagle3.options import DEFAULT_DRAFT_VOCAB, Eagle3Options, Eagle3VocabOptions
 
 
 class Eagle3(DrafterKind):
@@ -22,7 +22,7 @@ class Eagle3(DrafterKind):
         "one layer drafting a chain token by token over a draft vocabulary, trained by unrolling it over its"
         " own drafts, TTT (ttt_steps, draft_vocab_size)"
     )
-    options: tuple[type[KindOptions], ...] = (Eagle3Options,)
+    options: tuple[type[KindOptions], ...] = (Eagle3Options, Eagle3VocabOptions)
     chain = True
     demo = {"ttt_steps": 7}
     formats = ("speculators", "sglang")

@@ -15,7 +15,6 @@ DEFAULT_DRAFT_VOCAB = 32000  # EAGLE's, SpecForge's and speculators' default
 
 class Eagle3Options(KindOptions):
     title: ClassVar[str] = "EAGLE-3"
-    input_paths: ClassVar[tuple[str, ...]] = ("draft_vocab",)
 
     ttt_steps: int = Field(
         7, ge=1, le=32, description="EAGLE-3: TTT steps (training time test: the chain's drafts trained)"
@@ -23,6 +22,14 @@ class Eagle3Options(KindOptions):
     step_decay: float = Field(
         0.8, gt=0, le=1, description="EAGLE-3: weight of TTT step k is step_decay^k (EAGLE, SpecForge: 0.8)"
     )
+
+
+class Eagle3VocabOptions(KindOptions):
+    """The draft vocabulary and the tapped layers: EAGLE-3's, and P-EAGLE's (the same layer over them)."""
+
+    title: ClassVar[str] = "EAGLE-3"
+    input_paths: ClassVar[tuple[str, ...]] = ("draft_vocab",)
+
     draft_vocab_size: int | None = Field(
         None,
         ge=1,
