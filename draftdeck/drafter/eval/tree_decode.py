@@ -51,7 +51,8 @@ def tree_refusal(config: Any) -> str | None:
     text = getattr(config, "text_config", None) or config
     model_type = str(getattr(text, "model_type", ""))
     types = list(getattr(text, "layer_types", None) or [])
-    recurrent = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+    # a linear-attention layer (Gated DeltaNet) or any layer that is no attention (Mamba, convolution)
+    recurrent = sorted({t for t in types if "linear" in t or "attention" not in t})
     if model_type in RECURRENT_MODEL_TYPES or recurrent:
         what = f" ({', '.join(recurrent)} layers)" if recurrent else ""
         return (
