@@ -29,7 +29,7 @@ from draftdeck.drafter.eval.spec_decode import DecodeStats, DraftSource, Samplin
 from draftdeck.drafter.eval.suite_eval import SuiteTallies, Turn, decode_turns, read_suites
 from draftdeck.drafter.eval.tally import Decoded, Tally, decode
 from draftdeck.drafter.eval.tree import DEFAULT_TOPK, TreeShape, tree_words
-from draftdeck.drafter.eval.tree_decode import tree_refusal
+from draftdeck.drafter.eval.tree_decode import TreeSource, tree_refusal
 from draftdeck.drafter.eval.versus import Real, decoder_mismatch, run_figures, versus_training
 from draftdeck.drafter.model.target import Target
 from draftdeck.errors import UsageError
@@ -289,6 +289,11 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
         "untrained": ck.source(target, block, untrained_seed=params.seed),
         "prompt_lookup": PromptLookup(),
     }
+    if params.tree_budget and not isinstance(sources["drafter"], TreeSource):
+        raise UsageError(
+            f"tree_budget: {params.checkpoint}, a {ck.kind.title} drafter, drafts chains only;"
+            " use tree_budget 0"
+        )
     if params.confidence_threshold is not None:
         if not ck.kind.confident(ck.drafter):
             raise UsageError(

@@ -102,7 +102,7 @@ def run_sweep(params: SweepBase, ctx: RunContext) -> Report:
         "pareto": [p.point for p in pareto_front(rows)],
         "recommended": best.point if best is not None else None,
         "rule": RULE,
-        "serving": serving_flags(checkpoint, target, best.block_size) if best is not None else [],
+        "serving": serving_flags(best, checkpoint, target) if best is not None else [],
         "device": device,  # where tokens/s were measured: cpu, or the GPU's name
         "clock": clock_of(device),  # tokens/s per CPU second on a CPU, per wall-clock second on a GPU
         "note": NOTE,

@@ -55,6 +55,8 @@ class Point:
     target_tokens: int
     target_seconds: float
     lossless: bool | None  # None: sampled, lossless in distribution, not checked token by token
+    # the draft tree each step verified (budget, topk, depth); None: chains
+    tree: dict[str, int] | None = None
 
     @property
     def tau(self) -> float | None:
@@ -81,7 +83,7 @@ class Point:
 
     @classmethod
     def from_json(cls, row: dict[str, Any]) -> Point:
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})
 
     @classmethod
     def from_eval(
@@ -100,7 +102,7 @@ class Point:
             tokens=int(counts["tokens"]), seconds=float(counts[seconds]),
             target_tokens=int(ev["target_only"]["tokens"]),
             target_seconds=float(ev["target_only"][seconds]),
-            lossless=entry["lossless"],
+            lossless=entry["lossless"], tree=ev.get("tree"),
         )  # fmt: skip
 
 
@@ -127,12 +129,22 @@ def recommend(points: list[Point]) -> Point | None:
     return max(fit, key=lambda p: (p.tokens_per_s or 0.0, p.tau or 0.0), default=None)
 
 
-def serving_flags(checkpoint: str, target: str, block: int) -> list[dict[str, Any]]:
-    """How vLLM and SGLang launch the drafter drafting `block - 1` tokens a step: the drafter kind's own
-    readings (DrafterKind.served), for the checkpoint folder in the kind's first export format."""
+def serving_flags(point: Point, checkpoint: str, target: str) -> list[dict[str, Any]]:
+    """How vLLM and SGLang launch the drafter as `point` decoded: the drafter kind's own readings
+    (DrafterKind.served) drafting its block, for the checkpoint folder in the kind's first export format,
+    with the kind's tree options where the point verified trees (DrafterKind.tree_flags)."""
     from draftdeck.drafter.export.drafters import folder_kind
     from draftdeck.drafter.export.folder import resolve_checkpoint
 
     folder = resolve_checkpoint(Path(checkpoint))
     kind = folder_kind(folder)
-    return kind.served(folder, kind.formats[0], target, block)
+    readings = kind.served(folder, kind.formats[0], target, point.block_size)
+    for r in readings if point.tree else ():
+        assert point.tree is not None
+        extra = kind.tree_flags(str(r["server"]), point.tree)
+        if extra and r.get("flags"):
+            r["flags"] = f"{r['flags']} {extra}"
+        else:
+            r["problems"] = [*r.get("problems", []), f"no {r['server']} option is known to verify this"
+                             f" {kind.title} tree: these flags serve chains"]  # fmt: skip
+    return readings

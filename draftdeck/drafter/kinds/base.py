@@ -117,6 +117,12 @@ class DrafterKind:
         where it reads it otherwise than trained), and the `flags` that launch it."""
         raise NotImplementedError
 
+    def tree_flags(self, server: str, tree: Mapping[str, int]) -> str | None:
+        """Options that, added to `server`'s launch line (a `served` reading's), make it verify the draft
+        tree the eval verified (`tree`: budget, topk, depth); None where no option of that server is
+        known to (the line then serves chains)."""
+        return None
+
     def export_summary(self, config: Mapping[str, Any]) -> str:
         """An export's config in a line: "block 8, target layers [1, 3], mask id 5"."""
         raise NotImplementedError

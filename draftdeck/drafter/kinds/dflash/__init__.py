@@ -125,6 +125,13 @@ class DFlash(DrafterKind):
 
         return [asdict(r) | {"problems": list(r.problems)} for r in read_export(folder, target, block)]
 
+    def tree_flags(self, server: str, tree: Mapping[str, int]) -> str | None:
+        # DDTree over DFlash's block: SGLang PR #29907 (vLLM's, PR #42910, is open). A kind built on
+        # DFlash serves its own trees (DFlash2's beam tree, SGLang PR #36196).
+        if self.name != "dflash" or server.lower() != "sglang":
+            return None
+        return f"--speculative-ddtree-budget {tree['budget']}"
+
     def export_summary(self, config: Mapping[str, Any]) -> str:
         d = config.get("dflash_config") or {}
         return (

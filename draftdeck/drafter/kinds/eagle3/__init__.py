@@ -138,6 +138,17 @@ class Eagle3(DrafterKind):
             for r in eagle3_readings(folder, config)
         ]
 
+    def tree_flags(self, server: str, tree: Mapping[str, int]) -> str | None:
+        # SGLang's EAGLE tree: the depth in steps, topk children per node, and the verified nodes with
+        # the root (its argparse keeps the last of a repeated option, so these replace the chain's).
+        # vLLM's speculative_token_tree is a static tree, not EAGLE-2's dynamic one.
+        if self.name != "eagle3" or server.lower() != "sglang":
+            return None
+        return (
+            f"--speculative-num-steps {tree['depth']} --speculative-eagle-topk {tree['topk']}"
+            f" --speculative-num-draft-tokens {tree['budget'] + 1}"
+        )
+
     def export_summary(self, config: Mapping[str, Any]) -> str:
         taps = config.get("eagle_aux_hidden_state_layer_ids")
         return f"draft vocabulary {config.get('draft_vocab_size')}, hidden_states {taps}"

@@ -14,8 +14,9 @@ from pydantic import ValidationError
 
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.sweep_front import RULE, Point, pareto_front, recommend
+from draftdeck.drafter.eval.sweep_front import RULE, Point, pareto_front, recommend, serving_flags
 from draftdeck.drafter.eval.sweep_params import SweepParams, sweepable
+from draftdeck.drafter.kinds import get_kind
 from draftdeck.jobs.context import LocalContext
 from tests.support.sweep import MAX_NEW, RealSweep, real_sweep
 
@@ -119,3 +120,21 @@ def test_a_real_sweep_writes_one_row_per_point_equal_to_the_eval_of_that_point(
     assert all(f"--speculative-num-draft-tokens {best.block_size}" in r["flags"]
                for r in sweep["serving"] if r["server"] == "SGLang")  # fmt: skip
     assert "carry over to a GPU" in sweep["note"] and sweep["device"] == "cpu"
+
+
+def test_a_tree_point_is_served_with_the_kinds_tree_options_or_says_none_is_known(swept: RealSweep) -> None:
+    tree = {"budget": 8, "topk": 2, "depth": 3}
+    point = Point(
+        0, {"tree_budget": 8}, "points/0/eval.json", "drafter", 4, 6, 2, 18, 8, 1.0, 8, 1.0, True, tree
+    )
+    readings = serving_flags(point, str(swept.checkpoint), str(swept.world.target_dir))
+    sglang = [r for r in readings if r["server"] == "SGLang"]
+    assert sglang and all(r["flags"].endswith("--speculative-ddtree-budget 8") for r in sglang)
+    vllm = next(r for r in readings if r["server"] == "vLLM")
+    assert "ddtree" not in vllm["flags"] and any("these flags serve chains" in p for p in vllm["problems"])
+    # EAGLE-3's tree in SGLang: depth in steps, top-k, verified nodes with the root; vLLM knows none
+    eagle3 = get_kind("eagle3")
+    assert eagle3.tree_flags("sglang", tree) == (
+        "--speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 9"
+    )
+    assert eagle3.tree_flags("vllm", tree) is None

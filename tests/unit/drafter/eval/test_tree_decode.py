@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from draftdeck.drafter.eval.spec_decode import (
+    ReferenceDrafts,
     Sampling,
     TargetRunner,
     generate_plain,
@@ -21,7 +22,7 @@ from draftdeck.drafter.eval.spec_decode import (
     sampling_probs,
 )
 from draftdeck.drafter.eval.tree import DraftTree, TreeShape
-from draftdeck.drafter.eval.tree_decode import generate_tree, keep_path, tree_refusal, verify_tree
+from draftdeck.drafter.eval.tree_decode import TreeSource, generate_tree, keep_path, tree_refusal, verify_tree
 from draftdeck.drafter.kinds.dflash.model import DFlashDrafter
 from draftdeck.drafter.kinds.dflash.source import DFlashSource
 from draftdeck.drafter.kinds.dflash2.model import DFlash2Config, DFlash2Drafter
@@ -164,6 +165,14 @@ def test_a_drafter_tree_is_lossless_and_accepts_at_least_its_chain(kind: str) ->
         assert tree.proposed > tree.steps * 4  # branches beyond a chain of 4 were verified
     assert (tree_acc + tree_steps) / tree_steps > (chain_acc + chain_steps) / chain_steps  # tau incl. bonus
     assert tree_steps < chain_steps
+
+
+def test_only_sources_that_draft_trees_are_tree_sources() -> None:
+    """What the eval's refusal of a chain-only drafter (MTP) for --tree-budget asks."""
+    target = _small_target()
+    assert isinstance(_drafter_source("dflash", target), TreeSource)
+    assert isinstance(_drafter_source("eagle3", target), TreeSource)
+    assert not isinstance(ReferenceDrafts([1, 2]), TreeSource)
 
 
 def test_a_hybrid_target_is_refused_by_name() -> None:
