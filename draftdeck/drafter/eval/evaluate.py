@@ -256,6 +256,20 @@ def _suite_record(names: list[str]) -> dict[str, Any]:
                 if n in shipped else {"file": n}) for n in names}  # fmt: skip
 
 
+def _target_config(folder: str) -> Any:
+    """The target's HF config, or None where transformers cannot read it alone (the loader says why)."""
+    try:
+        return AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _refuse_tree(target: str, config: Any) -> None:
+    refused = tree_refusal(config) if config is not None else None
+    if refused is not None:
+        raise UsageError(f"{target}: {refused}")
+
+
 def _tree_shape(params: EvalParams, block: int) -> TreeShape | None:
     """The draft tree a verify step checks (None: a chain), its depth within the verify block's drafts."""
     if not params.tree_budget:
@@ -269,9 +283,7 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
     """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
     if params.tree_budget:  # a hybrid target's trees are refused before anything loads
-        refused = tree_refusal(AutoConfig.from_pretrained(params.target))
-        if refused is not None:
-            raise UsageError(f"{params.target}: {refused}")
+        _refuse_tree(params.target, _target_config(params.target))
     out_dir.mkdir(parents=True, exist_ok=True)
     target = Target.load(params.target, device=params.device)
     ck = load_checkpoint(Path(params.checkpoint), device=params.device)
@@ -304,6 +316,8 @@ def run_eval(params: EvalParams, ctx: RunContext) -> Report:
             ck.drafter, target, block, threshold=params.confidence_threshold
         )
 
+    if params.tree_budget:  # a config only the model loader could read: checked once loaded
+        _refuse_tree(params.target, target.model.config)
     tree = _tree_shape(params, block)
 
     def decode_nth(ids: list[int], n: int) -> Decoded:
