@@ -217,6 +217,11 @@ class ShardFile:
     def whole(self, name: str) -> torch.Tensor:
         return self.rows(name, 0, self.tensors[name][1][0])
 
+    def __del__(self) -> None:  # a cache is read for a whole run: its files close with it
+        fd, self.fd = getattr(self, "fd", -1), -1
+        if fd >= 0:
+            os.close(fd)
+
 
 class HiddenCache:
     """A cache folder opened for reading: every entry indexed by (dataset, row) and by its ids."""
@@ -249,11 +254,6 @@ class HiddenCache:
     def hidden(self, e: Entry) -> torch.Tensor:
         """[tokens, layers, hidden] as stored."""
         return self._files[e.shard].rows("hidden", e.start, e.end)
-
-    def close(self) -> None:
-        for f in self._files:
-            os.close(f.fd)
-        self._files = []
 
     def verify_checksums(self) -> list[str]:
         """The shards whose sha256 is not the manifest's."""

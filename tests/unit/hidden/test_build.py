@@ -169,3 +169,24 @@ def test_a_spoiled_row_is_refused_when_a_run_reads_it(
     assert t.teacher_forced(rows[0][None], None, [0]).context.abs().sum() > 0  # row 0 is untouched
     with pytest.raises(CacheError, match="hidden_zero_layer: a row of 32 tokens: stored layer 1 is all zero"):
         t.teacher_forced(rows[1][None], None, [0])
+
+
+def test_the_command_says_the_disk_before_it_runs_and_the_throughput_after(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
+    import os
+    import sys
+
+    out = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "draftdeck.cli", "cache-hidden", str(world["ds"]), "--target",
+           str(world["target"]), "--out", str(out), "--drafter", "dflash", "--dtype", "fp16"]  # fmt: skip
+    env = {**os.environ, "COLUMNS": "400", "DRAFTDECK_HOME": str(tmp_path / "home")}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    said = res.stdout.splitlines()
+    assert said[0] == (
+        "the cache takes 192.0 KiB (196,608 bytes): 24 rows, 768 tokens x 2 layers x 64 hidden x 2 bytes"
+        " (fp16)"
+    )
+    assert "hidden_states [1, 2]" in said[-1] and "rows/s" in said[-1] and "MB/s" in said[-1]
+    assert json.loads((out / MANIFEST).read_text())["dtype"] == "fp16"
