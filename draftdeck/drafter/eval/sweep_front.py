@@ -7,6 +7,7 @@ Every tau counts the bonus token, as vLLM's counters do: (accepted + verify step
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,14 @@ def recommend(points: list[Point]) -> Point | None:
     return max(fit, key=lambda p: (p.tokens_per_s or 0.0, p.tau or 0.0), default=None)
 
 
+def _with_options(line: str, extra: str) -> str:
+    """`line` with the options of `extra` appended, each replacing the value `line` gave it (a tree's
+    top-k where the chain's line says 1)."""
+    given = set(extra.split())
+    kept = re.sub(r"\s(--[\w-]+)\s+\S+", lambda m: "" if m[1] in given else m[0], line)
+    return f"{kept} {extra}"
+
+
 def serving_flags(point: Point, checkpoint: str, target: str) -> list[dict[str, Any]]:
     """How vLLM and SGLang launch the drafter as `point` decoded: the drafter kind's own readings
     (DrafterKind.served) drafting its block, for the checkpoint folder in the kind's first export format,
@@ -143,7 +152,7 @@ def serving_flags(point: Point, checkpoint: str, target: str) -> list[dict[str, 
         assert point.tree is not None
         extra = kind.tree_flags(str(r["server"]), point.tree)
         if extra and r.get("flags"):
-            r["flags"] = f"{r['flags']} {extra}"
+            r["flags"] = _with_options(str(r["flags"]), extra)
         else:
             r["problems"] = [*r.get("problems", []), f"no {r['server']} option is known to verify this"
                              f" {kind.title} tree: these flags serve chains"]  # fmt: skip

@@ -14,7 +14,14 @@ from pydantic import ValidationError
 
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
-from draftdeck.drafter.eval.sweep_front import RULE, Point, pareto_front, recommend, serving_flags
+from draftdeck.drafter.eval.sweep_front import (
+    RULE,
+    Point,
+    _with_options,
+    pareto_front,
+    recommend,
+    serving_flags,
+)
 from draftdeck.drafter.eval.sweep_params import SweepParams, sweepable
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.jobs.context import LocalContext
@@ -138,3 +145,8 @@ def test_a_tree_point_is_served_with_the_kinds_tree_options_or_says_none_is_know
         "--speculative-num-steps 3 --speculative-eagle-topk 2 --speculative-num-draft-tokens 9"
     )
     assert eagle3.tree_flags("vllm", tree) is None
+    # appended to the chain's line, the tree's options replace the values it gave them
+    chain = "launch --speculative-algorithm EAGLE3 --speculative-eagle-topk 1 --speculative-num-steps 7"
+    assert _with_options(chain, "--speculative-num-steps 3 --speculative-eagle-topk 2") == (
+        "launch --speculative-algorithm EAGLE3 --speculative-num-steps 3 --speculative-eagle-topk 2"
+    )
