@@ -6,10 +6,12 @@ into the verifier's checkpoint with nothing else changed."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from draftdeck.drafter.eval.evaluate import run_eval
 from draftdeck.drafter.eval.params import EvalParams
@@ -140,6 +142,12 @@ def test_fine_tuned_beats_the_untouched_head_decodes_as_walked_and_stitches_back
     stitched, fmt = export_drafter(run, tmp_path / "stitched")
     assert fmt == "stitched"
     assert stitched_differences(target, stitched) == []
+    tampered = tmp_path / "tampered"  # the check sees one changed element outside mtp.*
+    shutil.copytree(stitched, tampered)
+    weights = load_file(str(tampered / "model.safetensors"))
+    weights["model.norm.weight"][0] += 1e-3
+    save_file(weights, str(tampered / "model.safetensors"))
+    assert stitched_differences(target, tampered) == ["model.norm.weight: not byte-identical"]
     tuned = load_drafter(resolve_checkpoint(run))
     back = target_mtp_state(stitched)
     shipped = target_mtp_state(target)
