@@ -33,10 +33,11 @@ class ExportParams(JobParams):
         description="the target's folder (default: the one the train run's record names): the verifier"
         " speculators' format names, and its tokenizer checks the mask as SGLang resolves it",
     )
-    format: Literal["auto", "speculators", "sglang"] = Field(
+    format: Literal["auto", "speculators", "sglang", "stitched"] = Field(
         default="auto",
-        description="auto: z-lab's for DFlash, speculators' for EAGLE-3 (vllm serve <dir> loads it alone);"
-        " sglang: EAGLE-3's flat format (midlayer.*), which SGLang and vLLM load",
+        description="auto: z-lab's for DFlash, speculators' for EAGLE-3 (vllm serve <dir> loads it alone),"
+        " stitched for MTP; sglang: EAGLE-3's flat format (midlayer.*), which SGLang and vLLM load;"
+        " stitched: MTP's fine-tuned mtp.* written into a copy of the target's checkpoint",
     )
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)

@@ -151,11 +151,11 @@ class MTP(DrafterKind):
         if config.get("speculators_model_type") == "mtp":
             methods = config["speculators_config"]["proposal_methods"]
             return f"the MTP layer alone, chains of {methods[0]['speculative_tokens']} drafts"
-        return f"the verifier's checkpoint, mtp.* fine-tuned ({config.get('model_type')})"
+        return f"the target's own config ({config.get('model_type')}), its mtp.* fine-tuned"
 
     def reading_line(self, reading: Mapping[str, Any]) -> str:
         problems = reading.get("problems") or []
-        return f"{reading['server']}: " + (problems[0] if problems else "reads the stitched mtp.* layer")
+        return problems[0] if problems else f"{reading['server']}: reads the stitched mtp.* layer"
 
 
 KIND = MTP()

@@ -9,7 +9,9 @@ tensors are read alone (the rest of a large target is never loaded)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +105,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 def stitch(drafter: MTPDrafter, verifier: Path, out: Path) -> Path:
     """A copy of the `verifier` folder with `drafter`'s weights as its `mtp.*` tensors (in the
     original's dtype), every other file copied and every other tensor checked byte for byte equal to
-    the original's; written beside `out` and moved there when checked."""
+    the original's; written beside `out` and moved there when checked (replacing what `out` held)."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -113,11 +115,8 @@ def stitch(drafter: MTPDrafter, verifier: Path, out: Path) -> Path:
     absent = sorted(set(new) - set(files))
     if absent:
         raise CheckpointError(f"{verifier}: the fine-tuned layer's {absent} are not in its checkpoint")
-    if out.exists():
-        raise UsageError(f"{out} exists: stitch into a new folder")
-    work = out.with_name(out.name + ".partial")
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     for item in verifier.iterdir():  # config, tokenizer, generation config, the index: as they are
         if item.is_file() and item.name not in set(files.values()):
             shutil.copy2(item, work / item.name)
@@ -139,7 +138,11 @@ def stitch(drafter: MTPDrafter, verifier: Path, out: Path) -> Path:
         raise CheckpointError(
             f"the stitched checkpoint differs from {verifier} outside mtp.*: {problems[:5]}"
         )
-    work.rename(out)
+    if out.exists():  # an earlier export (or the job's empty folder): replaced whole, as write_folder does
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+        shutil.rmtree(old)
+    os.replace(work, out)
     return out
 
 

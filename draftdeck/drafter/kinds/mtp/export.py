@@ -151,10 +151,10 @@ def readings(folder: Path, fmt: str) -> list[dict[str, Any]]:
     if fmt == "stitched":
         return [{"server": s, "problems": []} for s in ("vllm", "sglang")]
     why = (
-        "reads the MTP layer from the served model's checkpoint: export --format stitched (or speculators'"
-        " stitch-mtp)"
+        "{} reads the MTP layer from the served model's own checkpoint: export --format stitched (or"
+        " speculators' stitch-mtp)"
     )
-    return [{"server": s, "problems": [f"{s} {why}"]} for s in ("vllm", "sglang")]
+    return [{"server": s, "problems": [why.format(s)]} for s in ("vllm", "sglang")]
 
 
 def launch_flags(server: str, folder: Path, fmt: str, target: str | None, drafts: int) -> str:

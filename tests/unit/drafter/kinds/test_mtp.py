@@ -139,6 +139,7 @@ def test_fine_tuned_beats_the_untouched_head_decodes_as_walked_and_stitches_back
         real["counts"]["verify_steps"],
     )
 
+    (tmp_path / "stitched").mkdir()  # as the export job makes its folder first: replaced whole
     stitched, fmt = export_drafter(run, tmp_path / "stitched")
     assert fmt == "stitched"
     assert stitched_differences(target, stitched) == []
