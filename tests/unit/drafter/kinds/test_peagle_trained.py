@@ -70,3 +70,34 @@ def test_peagle_trains_decodes_losslessly_as_walked_and_exports(tmp_path: Path) 
     assert all(
         torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True)
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_ranks_train_as_one_rank(tmp_path: Path, sharding: str) -> None:
+    """Over 2 gloo ranks (each half the batch, each row's COD sampling drawn from its own generator; the
+    drafter whole on each, its gradients summed; under fsdp the target split): the same losses, counts
+    and weights as one rank at the same global batch."""
+    from safetensors.torch import load_file
+
+    from tests.support.drafter import greedy_text, learnable_target
+
+    target = learnable_target(tmp_path / "target")
+    ds = write_dataset(tmp_path / "ds", greedy_text(target, 24), target)
+    base = TrainParams(
+        inputs=[str(ds)], target=str(target), drafter="peagle", num_depths=3, draft_vocab_size=20,
+        batch_size=8, lr=1e-2, max_steps=4, checkpoint_every=4, eval_every=4, heldout_fraction=0.15,
+        device="cpu", sharding=sharding,
+    )  # fmt: skip
+    one, two = LocalContext(tmp_path / "c1"), LocalContext(tmp_path / "c2")
+    train(base.model_copy(update={"out": str(tmp_path / "r1"), "sharding": "auto"}), one)
+    record = train(base.model_copy(update={"out": str(tmp_path / "r2"), "devices": 2, "batch_size": 4}), two)
+    assert record.sharding["strategy"] == sharding and "P-EAGLE" in record.sharding["why"]
+    for name in ("train/loss", "heldout/loss"):
+        a, b = dict(one.series(name)), dict(two.series(name))
+        assert a and sorted(a) == sorted(b) and all(b[s] == pytest.approx(a[s], rel=1e-4) for s in a), name
+    for name in ("train/pos/1/total", "train/pos/3/total", "heldout/walked/steps", "heldout/walked/accepted"):
+        assert one.series(name) and one.series(name) == two.series(name), name
+    w1 = load_file(str(tmp_path / "r1/checkpoints/step-00000004/model.safetensors"))
+    w2 = load_file(str(tmp_path / "r2/checkpoints/step-00000004/model.safetensors"))
+    assert all(torch.allclose(w1[k].float(), w2[k].float(), atol=1e-5) for k in w1)
