@@ -36,7 +36,8 @@ DRAFTER_JSON = "drafter.json"
 @dataclass
 class MicroBatch:
     """One micro-batch on this rank: (bsz, T) ids, attention and loss masks; DFlash's sampled anchors
-    (bsz, A) and which are real (EAGLE-3 trains at every position: none)."""
+    (bsz, A) and which are real (EAGLE-3 trains at every position: none; P-EAGLE's `anchors` are the
+    chains COD sampling keeps at each depth, (bsz, K, T) bool)."""
 
     ids: torch.Tensor
     att: torch.Tensor
