@@ -54,6 +54,7 @@ def _axis(values: list[float], floor: float | None = None) -> Axis:
         lo = min(lo, floor)
     if hi - lo < 1e-9:
         lo, hi = lo - 0.5, hi + 0.5
+    hi += (hi - lo) * 0.05  # headroom: the highest point's label stays inside the chart
     raw = (hi - lo) / 5
     step = 10 ** math.floor(math.log10(raw))
     step *= next(m for m in (1, 2, 2.5, 5, 10) if step * m >= raw)
@@ -69,7 +70,7 @@ class Chart:
     height = 360
     left = 76
     right = 20
-    top = 16
+    top = 20
     bottom = 48
     x: Axis
     y: Axis
