@@ -15,6 +15,10 @@ def main(folder: str, inputs: str, out: str) -> None:
     config = Eagle3SpeculatorConfig.from_pretrained(folder)
     config.transformer_layer_config._attn_implementation = "eager"  # no flex compile on the CPU
     model = Eagle3DraftModel.from_pretrained(folder, config=config, dtype=torch.float32)
+    # its from_pretrained takes the verifier's embedding only where the buffer reads NaN, which freshly
+    # allocated memory need not (near-zero garbage once made a draft differ at one position): take it
+    # from the verifier the config names, as its trainer does; the checkpoint's values are kept
+    model._load_verifier_weights(overwrite_embed_tokens=True)
     model.eval()
     # its from_pretrained gives no loading info: compare the file with what the model now holds
     saved = load_file(f"{folder}/model.safetensors")
