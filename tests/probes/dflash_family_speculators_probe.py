@@ -26,8 +26,15 @@ def main(folder: str, inputs: str, out: str) -> None:
     config = config_class.from_pretrained(folder)
     config.transformer_layer_config._attn_implementation = "eager"  # no flex compile on the CPU
     model = model_class.from_pretrained(folder, config=config, dtype=torch.float32)
-    model.eval()
     saved = load_file(f"{folder}/model.safetensors")
+    # its from_pretrained takes the verifier's embedding and head only where their buffers read NaN,
+    # which freshly allocated memory need not: take what the export leaves out from the verifier the
+    # config names, as its trainer does (the checkpoint's own values are kept)
+    model._load_verifier_weights(
+        overwrite_embed_tokens="embed_tokens.weight" not in saved,
+        overwrite_lm_head="lm_head.weight" not in saved,
+    )
+    model.eval()
     held = model.state_dict()
     ignored = {
         "verifier_norm.weight",
