@@ -147,9 +147,11 @@ def _typed(name: str, text: str) -> Any:
         raise ValueError(f"grid {name}={text}: {e.errors()[0]['msg']}") from None
 
 
-def _renamed(info: FieldInfo, flag: str) -> FieldInfo:
+def _renamed(info: FieldInfo, flag: str, description: str) -> FieldInfo:
     extra = dict(info.json_schema_extra) if isinstance(info.json_schema_extra, dict) else {}
-    return FieldInfo.merge_field_infos(info, json_schema_extra={**extra, "cli_flag": flag})
+    return FieldInfo.merge_field_infos(
+        info, json_schema_extra={**extra, "cli_flag": flag}, description=description
+    )
 
 
 def _sweep_params() -> type[SweepBase]:
@@ -158,7 +160,11 @@ def _sweep_params() -> type[SweepBase]:
         if name in OWN or name.startswith(NOT_SWEPT_PREFIX):
             continue
         if name == "inputs":  # the positional argument is the checkpoint: the prompts take --prompts
-            fields["prompts"] = (info.annotation, _renamed(info, "--prompts"))
+            said = (
+                "The prompts every point decodes, as eval takes them: a JSONL file of OpenAI `messages`"
+                " rows, or a tokenized dataset folder (its held-out split). Not with --suite."
+            )
+            fields["prompts"] = (info.annotation, _renamed(info, "--prompts", said))
         else:
             fields[name] = (info.annotation, info)
     model: type[SweepBase] = create_model(

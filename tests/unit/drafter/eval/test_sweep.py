@@ -70,6 +70,20 @@ def test_a_bad_grid_is_refused_by_name_before_work() -> None:
     assert "grid point temperature=0.5" in said and "mode 'sampled' only" in said
 
 
+def test_the_command_refuses_a_bad_grid_by_name_before_work(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from draftdeck.cli import app
+
+    args = ["sweep", "ckpt", "--target", "t", "--prompts", "p.jsonl", "--grid", "tree_size=8,16"]
+    res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")], terminal_width=200)
+    said = " ".join(res.output.split())  # the console wraps at its width
+    assert (
+        res.exit_code == 2 and "'tree_size' is not a sweepable eval option" in said and "tree_budget" in said
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def _pt(n: int, tau_x2: int, tps: float, lossless: bool | None = True) -> Point:
     """A point of tau `tau_x2 / 2` over 2 steps and `tps` tokens over one second."""
     return Point(n, {"block_size": n}, f"points/{n}/eval.json", "drafter", 4, tau_x2 - 2, 2, None,
