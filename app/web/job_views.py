@@ -259,10 +259,13 @@ class FormError(UsageError):
 
 def form_params(kind_name: str, form: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """(parameters for the kind, the raw text to show again on an error) from a submitted form."""
-    widgets = {f["name"]: f["widget"] for f in form_fields(kind_name)}
+    fields = {f["name"]: f for f in form_fields(kind_name)}
+    widgets = {name: f["widget"] for name, f in fields.items()}
     raw = {k: str(v) for k, v in form.items() if k not in ("kind", "csrf") and str(v).strip() != ""}
     params: dict[str, Any] = {}
     for name, text in raw.items():
+        if name in fields and text.strip() == default_text(fields[name]):
+            continue  # the prefilled default: the model's own, left unset (its `model_fields_set`)
         widget = widgets.get(name)
         if widget == "textarea":
             params[name] = [line.strip() for line in text.splitlines() if line.strip()]

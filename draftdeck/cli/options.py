@@ -174,17 +174,30 @@ def job_command(
     def command(**values: Any) -> None:
         from draftdeck.cli.common import usage_exit
 
+        # Only what the user gave: the model fills its own defaults, so that its `model_fields_set`
+        # tells an option the user set from one left alone (a cached train run's truth_rows)
+        source = values.pop(CONTEXT).get_parameter_source
+        given = {k: v for k, v in values.items() if k in field_names and _given(source(k))}
         try:
             # Absolute by the one path rule (draftdeck/paths.py), so every summary names where it wrote.
-            params = params_from(model, {k: v for k, v in values.items() if k in field_names}).absolute()
+            params = params_from(model, given).absolute()
         except UsageError as exc:
             raise usage_exit(str(exc)) from None
         body(params, **{k: v for k, v in values.items() if k not in field_names})
 
     # Positional-or-keyword order does not matter to Typer; keyword-only keeps defaults free to mix.
-    command.__signature__ = inspect.Signature([*fields, *extras])  # type: ignore[attr-defined]
+    context = inspect.Parameter(CONTEXT, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    command.__signature__ = inspect.Signature([*fields, *extras, context])  # type: ignore[attr-defined]
     command.__doc__ = doc
     return command
+
+
+CONTEXT = "typer_context"  # the command's own parameter: Typer passes its context there
+
+
+def _given(source: Any) -> bool:
+    """Whether a parameter's value came from the command line (or the environment), not its default."""
+    return source is not None and source.name != "DEFAULT"
 
 
 def option(name: str, hint: Any, default: Any, *decls: str, **kwargs: Any) -> inspect.Parameter:

@@ -23,6 +23,14 @@ from draftdeck.hidden.store import CacheError, HiddenCache, row_key
 from draftdeck.provenance import model_fingerprint
 
 
+# what a run from the cache says at its start: its truth_rows is 0 when not given (TrainParams)
+NO_TRUTH_FROM_CACHE = (
+    "truth_rows 0: a run from a hidden-state cache has no target decoder layers to check target agreement"
+    " or answer held-out prompts, so the tau judged by the target is not measured (the held-out tau judged"
+    " by the data is)"
+)
+
+
 class HeadOnly(nn.Module):
     """What a run from the cache keeps of the target: its config, embedding and LM head."""
 

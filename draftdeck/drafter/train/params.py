@@ -147,8 +147,8 @@ class TrainRun(JobParams):
         None,
         description="A hidden-state cache (draftdeck cache-hidden) of these datasets and this target:"
         " the run reads the target's hidden states from it, the target's decoder layers not loaded"
-        " (only its embedding and LM head); needs truth_rows 0 (the target's own answers need its layers)"
-        " and sharding none or ddp",
+        " (only its embedding and LM head); truth_rows is 0 unless given (the target's own answers need"
+        " its layers: a value above 0 is refused) and sharding none or ddp",
     )
 
     @field_validator("loss")
@@ -189,11 +189,15 @@ class TrainParams(Options, TrainRun):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
-        if self.hidden_states is not None and (self.truth_rows or self.sharding == "fsdp"):
-            raise ValueError(
-                f"hidden_states: a run from the cache has no decoder layers to generate the target's own"
-                f" answers (truth_rows {self.truth_rows}: set 0) or to shard (sharding {self.sharding})"
-            )
+        if self.hidden_states is not None:
+            if "truth_rows" not in self.model_fields_set:  # the default is not the user's: off, said at start
+                self.truth_rows = 0
+            if self.truth_rows or self.sharding == "fsdp":
+                raise ValueError(
+                    f"hidden_states: a run from the cache has no decoder layers to generate the target's"
+                    f" own answers (truth_rows {self.truth_rows}: set 0) or to shard (sharding"
+                    f" {self.sharding})"
+                )
         kind = get_kind(self.drafter)
         if self.sharding == "fsdp" and kind.fsdp_refused:  # refused at submission, not on every rank
             raise ValueError(f"sharding fsdp: a {kind.title} drafter cannot shard: {kind.fsdp_refused}")

@@ -25,7 +25,7 @@ import torch
 
 from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.model.attention import resolve_backend
-from draftdeck.drafter.model.cached_target import check_cache, load_target
+from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, check_cache, load_target
 from draftdeck.drafter.train import sharding
 from draftdeck.drafter.train.checkpoint import (
     CheckpointStore,
@@ -395,6 +395,8 @@ class Trainer:
         if self.rank == 0:
             self.ctx.event("info", f"target: {self.target.loaded}, {self.target.num_layers} layers")
             self.ctx.event("info", self.kind.summary())
+            if self.p.hidden_states is not None:  # truth_rows 0 when not given (TrainParams)
+                self.ctx.event("info", NO_TRUTH_FROM_CACHE)
         if self.data.truncated_rows and self.rank == 0:
             self.ctx.event(
                 "warning",

@@ -10,10 +10,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import typer
+from typer.testing import CliRunner
 
+from app.web.job_views import default_text, form_fields, form_params
+from draftdeck.cli.options import job_command
 from draftdeck.drafter.cache.build import run_cache_hidden
 from draftdeck.drafter.cache.params import CacheParams
-from draftdeck.drafter.model.cached_target import CachedTarget
+from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, CachedTarget
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import run_train
 from draftdeck.hidden.store import MANIFEST, CacheError
@@ -33,17 +37,22 @@ def cache(world: dict[str, Path]) -> Path:
 
 
 def _run(world: dict[str, Path], name: str, drafter: str, cache: Path | None) -> tuple[list, dict]:
-    extra = {"ttt_steps": 2, "draft_vocab_size": 20} if drafter == "eagle3" else {"block_size": 4}
+    extra: dict[str, object] = (
+        {"ttt_steps": 2, "draft_vocab_size": 20} if drafter == "eagle3" else {"block_size": 4}
+    )
+    # the online run turns the truth checks off; the cached one leaves truth_rows alone (0 from a cache)
+    extra |= {"hidden_states": str(cache)} if cache else {"truth_rows": 0}
     params = TrainParams(
         inputs=[str(world["ds"])], target=str(world["target"]), out=str(world["root"] / name),
         drafter=drafter, batch_size=4, max_steps=3, eval_every=3, checkpoint_every=3, log_every=1,
-        heldout_fraction=0.15, device="cpu", truth_rows=0,
-        hidden_states=str(cache) if cache else None, **extra,
+        heldout_fraction=0.15, device="cpu", **extra,
     )  # fmt: skip
     ctx = LocalContext(world["root"] / f"{name}-ctx")
     run_train(params, ctx)
     points = sorted((p.step, p.name, p.value) for p in ctx.points if p.name not in TIMED)
     run = json.loads((world["root"] / name / "run.json").read_text())
+    said = [m for level, m, _, _ in ctx.events if level == "info" and m == NO_TRUTH_FROM_CACHE]
+    assert len(said) == (1 if cache else 0)  # why the truth checks are off, once
     return points, run
 
 
@@ -90,11 +99,33 @@ def test_a_cache_of_other_inputs_is_refused_naming_what_differs(
         _run(world, "refused-layers", "dflash", other)
 
 
-def test_a_run_from_the_cache_asks_for_what_it_cannot_do_to_be_off(
+def test_a_run_from_the_cache_turns_off_the_truth_checks_unless_asked_for_them(
     world: dict[str, Path], cache: Path
 ) -> None:
+    """truth_rows left alone is 0 from a cache (the API's JSON, the CLI's options, the form's prefilled
+    default: none of them the user's); truth_rows given above 0, or fsdp, is refused by name."""
     base = {"inputs": [str(world["ds"])], "target": str(world["target"]), "hidden_states": str(cache)}
+    assert TrainParams(**base).truth_rows == 0
+    assert TrainParams(**{k: v for k, v in base.items() if k != "hidden_states"}).truth_rows == 64
     with pytest.raises(ValueError, match=r"own answers \(truth_rows 64: set 0\)"):
-        TrainParams(**base)
+        TrainParams(**base, truth_rows=64)
     with pytest.raises(ValueError, match=r"to shard \(sharding fsdp\)"):
-        TrainParams(**base, truth_rows=0, sharding="fsdp")
+        TrainParams(**base, sharding="fsdp")
+
+    got: list[TrainParams] = []
+    app = typer.Typer()
+    app.command("train")(
+        job_command(TrainParams, lambda params, **_: got.append(params), required=("out",), doc="train")
+    )
+    args = [str(world["ds"]), "--target", str(world["target"]), "--hidden-states", str(cache), "--out", "r"]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert got[0].truth_rows == 0
+    refused = CliRunner().invoke(app, [*args, "--truth-rows", "64"])
+    assert refused.exit_code != 0 and "truth_rows 64: set 0" in refused.output
+
+    shown = {f["name"]: default_text(f) for f in form_fields("train")}  # the form as first shown
+    typed = {"inputs": str(world["ds"]), "target": str(world["target"]), "hidden_states": str(cache)}
+    posted, _ = form_params("train", {**shown, **typed})
+    assert TrainParams.model_validate(posted).truth_rows == 0
+    with pytest.raises(ValueError, match="truth_rows 8: set 0"):
+        TrainParams.model_validate(form_params("train", {**shown, **typed, "truth_rows": "8"})[0])
