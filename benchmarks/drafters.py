@@ -1,7 +1,7 @@
 # ruff: noqa: E402 - imports follow the sys.path fix
 """Every drafter kind on the demo world, on this CPU: the same data, the same steps, the same training time.
 
-    python benchmarks/drafters.py [--quick] [--workdir DIR] [--kinds dflash,eagle3,dflash2,dspark]
+    python benchmarks/drafters.py [--quick] [--workdir DIR] [--kinds dflash,eagle3,dflash2,dspark,peagle,mtp]
 
 Steps, as a user runs them: build the demo world (its target, seed 0), answer its prompts with the
 target (`regenerate --local`, greedy) and tokenize them; train each kind exactly as `draftdeck demo
@@ -12,6 +12,11 @@ decoding on the same held-out prompts, greedy and sampled at T = 1, DSpark also 
 by its confidence head. One table, one run: training s/step and time, peak memory, the held-out walked
 tau judged by the target (its own answers), real tau greedy and at T = 1, the walk's gap to real
 decoding, and speculative / target-only tokens/s. Every tau counts the bonus token (vLLM's counters).
+
+The world's target is the demo's Qwen3 unless a chosen kind needs another (MTP reads the target's own
+MTP layer: the demo's Qwen3.5 hybrid has one): then every kind trains against that one target, so the
+rows stay comparable. MTP's "untrained" figure is its untouched head (the target's MTP layer as
+shipped), its row the same layer fine-tuned.
 """
 
 from __future__ import annotations
@@ -118,12 +123,21 @@ def evaluate(root: Path, run: Path, dataset: Path, target: Path, size: dict, **m
     return report.extra["eval"]
 
 
+def forwards_per_step(kind: str, block: int) -> int:
+    """Drafter forwards per verify step, by construction: a chain drafted token by token runs one per
+    draft; a block (DFlash family) or P-EAGLE's parallel chain runs one."""
+    return block - 1 if get_kind(kind).chain and kind != "peagle" else 1
+
+
 def row(kind: str, budget: str, ctx: Recorded, wall: float, greedy: dict, sampled: dict) -> dict:
     steps = ctx.series("train/loss")[-1][0]
     drafter = greedy["methods"]["drafter"]
     demo = demo_train_params(kind, ["-"], "-", Path("-"), 1, 0)
+    block = get_kind(kind).slots(demo.model_dump())
     return {
-        "drafter": get_kind(kind).drafting(get_kind(kind).slots(demo.model_dump())),
+        "drafter": get_kind(kind).drafting(block),
+        "forwards": forwards_per_step(kind, block),
+        "tok_s": drafter.get("tokens_per_s"),
         "budget": budget,
         "steps": steps,
         "s_step": _train_seconds(ctx) / steps,
@@ -146,10 +160,12 @@ def row(kind: str, budget: str, ctx: Recorded, wall: float, greedy: dict, sample
 
 def _line(r: dict) -> str:
     speed = "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"
+    tok_s = "-" if r["tok_s"] is None else f"{r['tok_s']:.0f}"
     return (
-        f"| {r['drafter']} | {r['budget']} | {r['steps']} | {r['s_step']:.3f} | {r['train_s']:.0f}"
+        f"| {r['drafter']} | {r['forwards']} | {r['budget']} | {r['steps']} | {r['s_step']:.3f}"
+        f" | {r['train_s']:.0f}"
         f" | {r['wall_s']:.0f} | {r['peak']:.0f} | {r['walked']:.3f} | {r['real']:.3f} | {r['sampled']:.3f}"
-        f" | {r['walked'] / r['real'] - 1:+.1%} | {r['eval_walked'] / r['real'] - 1:+.1%} | {speed}"
+        f" | {r['walked'] / r['real'] - 1:+.1%} | {r['eval_walked'] / r['real'] - 1:+.1%} | {tok_s} | {speed}"
         f" | {r['untrained']:.3f} | {r['lookup']:.3f} | {r['lossless']} |"
     )
 
@@ -161,8 +177,8 @@ def _scheduled(r: dict) -> str | None:
         return None
     c = s["counts"]
     return (
-        f"| {r['drafter']}, stopped by confidence < {THRESHOLD} | {r['budget']} | {r['steps']} | | | | |"
-        f" | {s['tau_incl_bonus_pooled']:.3f} | {t['tau_incl_bonus_pooled']:.3f} | | |"
+        f"| {r['drafter']}, stopped by confidence < {THRESHOLD} | 1 | {r['budget']} | {r['steps']} | | | | |"
+        f" | {s['tau_incl_bonus_pooled']:.3f} | {t['tau_incl_bonus_pooled']:.3f} | | | |"
         f" {s.get('speedup_vs_target_only', float('nan')):.2f}x ({c['proposed'] / c['verify_steps']:.2f}"
         f" drafts a step) | | | {s.get('lossless')} |"
     )
@@ -189,11 +205,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = args.workdir or Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
+        needed = {get_kind(k).demo_target for k in kinds} - {None}
+        if len(needed) > 1:
+            ap.error(
+                f"the kinds need different targets ({', '.join(sorted(map(str, needed)))}): compare apart"
+            )
+        arch = str(needed.pop()) if needed else "qwen3"
         if args.smoke:
             world = smoke_world(root / "world", n_prompts=size["prompts"])
         else:
             world = build_tiny_demo(
-                root / "world", target_steps=size["target_steps"], n_prompts=size["prompts"]
+                root / "world", target_steps=size["target_steps"], n_prompts=size["prompts"], arch=arch
             )
         target, answers, dataset = world.target_dir, root / "answers.jsonl", root / "dataset"
         if not dataset.exists():
@@ -224,13 +246,15 @@ def main() -> None:
             else:  # within 5 % of the same steps: that row is its same-time row too
                 close[k] = steps
     print(
-        f"\nDrafter kinds on the demo world ({size['prompts']} prompts, {size['eval_prompts']} eval prompts),"
+        f"\nDrafter kinds on the demo world (its {arch} target, {size['prompts']} prompts,"
+        f" {size['eval_prompts']} eval prompts),"
         f" {size['train_steps']} steps each, then each for DFlash's training time; 1 layer, batch 32,"
         f" 7 drafts a step; every tau incl. bonus ({time.monotonic() - started:.0f} s)\n"
     )
-    head = ("drafter", "budget", "steps", "train s/step", "train s", "run wall s", "peak MiB",
+    head = ("drafter", "drafter forwards / verify step", "budget", "steps", "train s/step", "train s",
+            "run wall s", "peak MiB",
             "walked tau (target)", "real tau greedy", "real tau T=1", "walked/real", "eval walk = real",
-            "spec/target tok/s", "untrained tau", "prompt lookup tau", "lossless")  # fmt: skip
+            "spec tok/s", "spec/target tok/s", "untrained tau", "prompt lookup tau", "lossless")  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
     for k in kinds:
