@@ -302,6 +302,13 @@ def plan(params: PlanParams, *, as_json: bool) -> None:
         f"{params.batch_size}, held-out batch {params.eval_batch_size}, {per_row}",
         highlight=False,
     )
+    if result.cache_disk is not None:  # --hidden-states: the run from a cache, and the cache
+        out.print(
+            "from a hidden-state cache: the target's embedding and LM head in memory, not its decoder"
+            f" layers (no fsdp); {escape(result.cache_disk.said())}",
+            highlight=False,
+            soft_wrap=True,
+        )
     rows = describe(result)
     width = max(len(r[0]) for r in rows)
     for row in rows:

@@ -94,6 +94,12 @@ def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
     return build_cache(params, ctx)
 
 
+# zstd (level 3) over bf16 hidden states: x1.26, measured by benchmarks/hidden_cache.py on the demo
+# world's random-init target; a trained model's states may compress otherwise, so a figure from it
+# is an estimate. The cache does not store compressed shards yet.
+ZSTD_RATIO = 1.26
+
+
 @dataclass(frozen=True)
 class Projection:
     """What a cache will hold, from the target's config and the datasets' lengths (no weight read)."""
@@ -109,13 +115,32 @@ class Projection:
     def bytes(self) -> int:
         return self.copies * disk_needed(self.tokens, len(self.layers), self.hidden, self.dtype)
 
+    @property
+    def zstd_bytes(self) -> int | None:
+        """About what zstd would make of bf16 states (`ZSTD_RATIO`, measured on the demo world: an
+        estimate); None for another dtype (not measured)."""
+        return int(self.bytes / ZSTD_RATIO) if self.dtype == "bf16" else None
+
     def said(self) -> str:
         twice = " x 2 (the cache and speculators' files)" if self.copies == 2 else ""
-        return (
-            f"the cache takes {binary_size(self.bytes)} ({self.bytes:,} bytes): {self.rows:,} rows, "
-            f"{self.tokens:,} tokens x {len(self.layers)} layers x {self.hidden:,} hidden x "
-            f"{DTYPES[self.dtype].itemsize} bytes ({self.dtype}){twice}"
+        zstd = self.zstd_bytes
+        compressed = (
+            f"; with zstd about {binary_size(zstd)} (an estimate: x{ZSTD_RATIO} measured on the demo world)"
+            if zstd is not None
+            else ""
         )
+        return (
+            f"the cache takes {binary_size(self.bytes)} ({self.bytes:,} bytes): {self.rows:,}"
+            f" row{'s' if self.rows != 1 else ''}, {self.tokens:,} tokens x {len(self.layers)} layers x"
+            f" {self.hidden:,} hidden x {DTYPES[self.dtype].itemsize} bytes ({self.dtype}){twice}{compressed}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "rows": self.rows, "tokens": self.tokens, "layers": self.layers, "hidden": self.hidden,
+            "dtype": self.dtype, "bytes": self.bytes, "zstd_bytes_estimate": self.zstd_bytes,
+            "zstd_ratio_measured": ZSTD_RATIO,
+        }  # fmt: skip
 
 
 def project(params: CacheParams) -> Projection:
@@ -124,15 +149,17 @@ def project(params: CacheParams) -> Projection:
 
     config = causal_lm_config(params.target)
     layers = stored_layers(kind_layer_ids(params, config), int(config.num_hidden_layers))
-    return sized(params, layers, int(config.hidden_size))
+    copies = 2 if params.format == "speculators" else 1
+    return sized(params.inputs, params.seq_length, layers, int(config.hidden_size), params.dtype, copies)
 
 
-def sized(params: CacheParams, layers: list[int], hidden: int) -> Projection:
-    """The rows and tokens of `params`' datasets (cut at seq_length) as a cache of `layers`."""
-    sets = [ShardDataset(p) for p in params.inputs]
-    tokens = sum(int(np.minimum(ds.lengths(), params.seq_length or 1 << 62).sum()) for ds in sets)
-    rows, copies = sum(len(ds) for ds in sets), 2 if params.format == "speculators" else 1
-    return Projection(rows, tokens, layers, hidden, params.dtype, copies)
+def sized(
+    inputs: list[str], seq_length: int | None, layers: list[int], hidden: int, dtype: str, copies: int = 1
+) -> Projection:
+    """The rows and tokens of the datasets `inputs` (cut at seq_length) as a cache of `layers`."""
+    sets = [ShardDataset(p) for p in inputs]
+    tokens = sum(int(np.minimum(ds.lengths(), seq_length or 1 << 62).sum()) for ds in sets)
+    return Projection(sum(len(ds) for ds in sets), tokens, layers, hidden, dtype, copies)
 
 
 def manifest_for(params: CacheParams, num_layers: int, hidden: int, layers: list[int]) -> CacheManifest:

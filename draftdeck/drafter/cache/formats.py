@@ -67,7 +67,7 @@ def import_speculators(params: CacheParams, ctx: RunContext) -> Report:
         )
     layers = [*sorted(set(file_layers) - {final}), final]
     order = [file_layers.index(j) for j in layers]  # the files' slots, in the cache's order
-    plan = sized(params, layers, hidden)
+    plan = sized(params.inputs, params.seq_length, layers, hidden, params.dtype)
     absent = [i for i in range(plan.rows) if not (folder / f"hs_{i}.safetensors").is_file()]
     if absent:
         raise UsageError(

@@ -251,8 +251,21 @@ class PlanParams(JobParams):
     loss: str = _train_field("loss")
     target_layer_ids: list[int] | None = _train_field("target_layer_ids")
     optimizer: Literal["adamw", "muon"] = _train_field("optimizer")
+    hidden_states: bool = Field(
+        False,
+        description="Plan a run from a hidden-state cache (train --hidden-states): the target's embedding"
+        " and LM head in memory, not its decoder layers (no fsdp); and the cache's disk",
+    )
+    cache_dataset: list[str] | None = Field(
+        None,
+        description="With hidden_states: dataset folders whose cache the plan sizes on disk (rows cut at"
+        " seq_length; none given: one row of seq_length tokens)",
+    )
+    cache_dtype: Literal["bf16", "fp16", "fp32"] = Field(
+        "bf16", description="With hidden_states: the cache's stored precision (cache-hidden --dtype)"
+    )
 
-    input_paths: ClassVar[tuple[str, ...]] = ("target",)
+    input_paths: ClassVar[tuple[str, ...]] = ("target", "cache_dataset")
 
     @field_validator("loss")
     @classmethod
@@ -264,3 +277,12 @@ class PlanParams(JobParams):
     def _size(cls, value: str) -> str:
         parse_size(value)  # raises ValueError naming the forms it reads
         return value
+
+    @model_validator(mode="after")
+    def _cached(self) -> PlanParams:
+        given = [n for n in ("cache_dataset", "cache_dtype") if n in self.model_fields_set]
+        if given and not self.hidden_states:
+            raise ValueError(
+                f"{', '.join(given)}: the cache's options plan a run from one (give hidden_states)"
+            )
+        return self

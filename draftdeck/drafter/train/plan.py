@@ -32,6 +32,11 @@ its draft-vocabulary logits, kept for the backward), the target's view over the 
 standing as its LM-head term; its communication, one parameter's float32 gradient in flight and
 under fsdp the split head's gathered rows and logits of one call of that view.
 
+A run from a hidden-state cache (`cached`: train --hidden-states, draftdeck.drafter.model.cached_target)
+holds of the target its embedding and LM head alone (once when tied), its decoder layers and final
+norm not loaded; it does not shard (no fsdp column: there are no decoder layers to split). The cache's
+disk (`CacheDisk`) is rows x tokens x stored layers x hidden x bytes.
+
 `tests/unit/drafter/train/test_plan.py` checks the parameter counts by hand arithmetic;
 `benchmarks/train_sharded.py` measures the per-rank peak against this figure.
 """
@@ -44,7 +49,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -58,6 +63,9 @@ from draftdeck.drafter.train.params import PlanParams, TrainParams
 from draftdeck.drafter.train.sharding import STRATEGIES, Sharding, target_layers
 from draftdeck.errors import UsageError
 from draftdeck.units import binary_size
+
+if TYPE_CHECKING:
+    from draftdeck.drafter.cache.build import Projection as CacheDisk
 
 # Measured: a CUDA context and the caching allocator's slack (H100, PyTorch 2.x) is about 1 GiB; on
 # the CPU a training process's RSS before its first tensor (Python, torch, transformers) is about
@@ -99,6 +107,16 @@ class Shape:
     draft_vocab_size: int | None = None  # None: the kind's default (at most the target's vocabulary)
     eagle3_layer_ids: tuple[int, ...] | None = None
     optimizer: OptimizerName = "adamw"  # or "muon": one state buffer for the layers' matrices, not two
+    cached: bool = False  # from a hidden-state cache: the target's embedding and head alone, no fsdp
+
+
+# why a run from a hidden-state cache has no fsdp (the trainer's choose_sharding and the plan's auto)
+CACHED_NO_FSDP = "a run from a hidden-state cache holds no target decoder layers for fsdp to shard"
+
+
+def fsdp_refused(drafter: str, cached: bool) -> str | None:
+    """Why a run of this kind, from a cache or not, cannot train under fsdp (None: it can)."""
+    return get_kind(drafter).fsdp_refused or (CACHED_NO_FSDP if cached else None)
 
 
 @dataclass
@@ -140,6 +158,7 @@ class Plan:
     config_from: str | None = None  # a bundled target's config: which (draftdeck.drafter.train.targets)
     # when nothing fits: what would (draftdeck.drafter.train.plan_advice.Advice), each alone
     advice: list[Any] = field(default_factory=list)
+    cache_disk: CacheDisk | None = None  # from a cache: what the cache of its rows takes on disk
 
     @property
     def fits(self) -> bool:
@@ -155,8 +174,9 @@ class Plan:
             return choose_sharding("auto", 1)
         fits = None if self.capacity is None else self.strategies["ddp"].fits
         if fits is False and "fsdp" not in self.strategies:  # the kind cannot shard: no strategy fits
-            refused = get_kind(self.drafter).fsdp_refused
-            return "ddp", f"does not fit replicated, and fsdp cannot train this kind: {refused}"
+            refused = fsdp_refused(self.drafter, self.shape.cached)
+            what = "run" if self.shape.cached else "kind"
+            return "ddp", f"does not fit replicated, and fsdp cannot train this {what}: {refused}"
         return choose_sharding("auto", self.shape.world, fits)
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,7 +194,11 @@ class Plan:
             "config_from": self.config_from,
             "fits": self.fits,
             "advice": [a.to_dict() for a in self.advice],
-        }
+            "hidden_states": None if not self.shape.cached else {
+                "target_weights": "embedding and LM head (decoder layers from the cache)",
+                "cache_disk": self.cache_disk.to_dict() if self.cache_disk else None,
+            },
+        }  # fmt: skip
 
 
 def resolve_target(text: str | Path) -> tuple[Path, str | None]:
@@ -285,7 +309,7 @@ def plan_counted(
         target.name, target.params, drafter.trainable, drafter.layers, shape.drafter,
         drafter.draft_vocab_size, shape, capacity,
     )  # fmt: skip
-    refused = get_kind(shape.drafter).fsdp_refused  # a kind that cannot shard: no fsdp column
+    refused = fsdp_refused(shape.drafter, shape.cached)  # a run that cannot shard: no fsdp column
     for name in [s for s in STRATEGIES if s != "fsdp" or not refused] if shape.world > 1 else ["none"]:
         terms, phase = _terms(name, models, shape)
         largest = _largest_batch(name, models, shape, capacity) if batches else 0
@@ -310,7 +334,7 @@ def _terms(name: str, m: _Models, shape: Shape) -> tuple[dict[str, int], str]:
         if name == "fsdp":  # the target is split: its head's calls gather every rank's rows
             buffers += d.fsdp_head(shape, world)
     terms = {
-        "target weights": _target_weights(name, m, world) * e,
+        "target weights": (m.target_vocab if shape.cached else _target_weights(name, m, world)) * e,
         "drafter weights": weights,
         "master copy": (n * 4 // shards) if (e == 2 or shards > 1) else 0,
         "gradients": n * 4 // shards,
@@ -389,7 +413,7 @@ def shape_of(
         drafter=params.drafter, ttt_steps=params.ttt_steps, mtp_steps=params.mtp_steps,
         draft_vocab_size=params.draft_vocab_size,
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
-        optimizer=params.optimizer,
+        optimizer=params.optimizer, cached=bool(params.hidden_states),
     )  # fmt: skip
 
 
@@ -405,6 +429,19 @@ def ddp_fits(
     e = 2 if device.type == "cuda" else 4
     shape = shape_of(params, seq_length=longest, element_size=e, world=world, heldout_rows=heldout_rows)
     return plan(config, shape, capacity).strategies["ddp"].fits
+
+
+def cache_disk(params: PlanParams, config: Any, shape: Shape) -> CacheDisk:
+    """The disk a hidden-state cache for this run takes: the layers its drafter reads and the final
+    one, over the rows of `cache_dataset` cut at seq_length (none given: one row of seq_length tokens)."""
+    from draftdeck.drafter.cache.build import Projection, sized, stored_layers
+
+    ids = get_kind(shape.drafter).plan(shape, config).cfg.target_layer_ids
+    layers = stored_layers([int(i) for i in ids], int(config.num_hidden_layers))
+    hidden, dtype = int(config.hidden_size), params.cache_dtype
+    if params.cache_dataset:
+        return sized(params.cache_dataset, params.seq_length, layers, hidden, dtype)
+    return Projection(1, params.seq_length, layers, hidden, dtype)
 
 
 def to_json(p: Plan) -> str:

@@ -26,6 +26,7 @@ from draftdeck.drafter.train.plan import (
     Plan,
     PlannedDrafter,
     Shape,
+    cache_disk,
     count_target,
     plan_counted,
     resolve_target,
@@ -197,6 +198,8 @@ def plan_for(params: PlanParams) -> Plan:
     target = count_target(target_config(params.target))
     result = plan_counted(target, shape, parse_size(params.device_memory))
     result.config_from = config_from
+    if params.hidden_states:  # what the cache takes on disk, beside what the run takes in memory
+        result.cache_disk = cache_disk(params, target.config, shape)
     if not result.fits:
         result.advice = advise(result, target, devices=params.devices, nodes=params.nodes)
     return result

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from draftdeck.drafter.kinds import get_kind
 from draftdeck.drafter.model.attention import resolve_backend
 from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, check_cache, load_target
 from draftdeck.drafter.train import sharding
@@ -42,7 +41,7 @@ from draftdeck.drafter.train.drafters import MicroBatch, drafter_kind
 from draftdeck.drafter.train.memory import check_memory, params_bytes
 from draftdeck.drafter.train.optimizers import Schedules, build
 from draftdeck.drafter.train.params import TrainParams
-from draftdeck.drafter.train.plan import ddp_fits
+from draftdeck.drafter.train.plan import ddp_fits, fsdp_refused
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
 from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.run_record import RunRecord
@@ -109,7 +108,7 @@ class Trainer:
 
             for p in self.drafter.parameters():
                 dist.broadcast(p.data, src=0)
-        refused = get_kind(params.drafter).fsdp_refused
+        refused = fsdp_refused(params.drafter, params.hidden_states is not None)
         self.strategy, why = choose_sharding(params.sharding, world, self._ddp_fits(), refused)
         why = self.kind.shard(self.strategy, why, self.device, world)
         held = "whole on every rank"

@@ -15,8 +15,6 @@ from typer.testing import CliRunner
 
 from app.web.job_views import default_text, form_fields, form_params
 from draftdeck.cli.options import job_command
-from draftdeck.drafter.cache.build import run_cache_hidden
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, CachedTarget
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import run_train
@@ -26,14 +24,6 @@ from draftdeck.jobs.context import LocalContext
 # what wall time and memory make differ between two equal runs
 TIMED = ("train/tokens_per_s", "train/step_seconds", "train/peak_memory_mib", "heldout/seconds",
          "heldout/peak_memory_mib")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def cache(world: dict[str, Path]) -> Path:
-    out = world["root"] / "cache-fp32"
-    params = CacheParams(inputs=[str(world["ds"])], target=str(world["target"]), out=str(out), dtype="fp32")
-    run_cache_hidden(params, LocalContext(world["root"] / "cache-ctx"))
-    return out
 
 
 def _run(world: dict[str, Path], name: str, drafter: str, cache: Path | None) -> tuple[list, dict]:
