@@ -10,6 +10,12 @@ Exports the run's best checkpoint (`export-drafter --target`, which prints the l
 waits for it, runs `eval --served-url` on the dataset's held-out prompts (offline real tau, walked tau
 and served tau on the same prompts), scrapes one window with `serving watch --once --json`, and prints
 one table. Needs vLLM installed on that machine; without it, it says so and exits 2.
+
+Then (`--sweep-trees`, default 0,16,32; empty to skip) DraftDeck's own decoder on the GPU: `draftdeck
+sweep` of the run over chains and trees (`--grid tree_budget=...`) on the same prompts, in wall-clock
+seconds on the device: where a CPU pays per verified node, a GPU verifies a tree for about the price of
+one token, so this is the table that says whether trees pay on the hardware served (τ incl. bonus,
+verified tokens per step, tokens/s, speed-up, lossless), and which point `sweep.json` recommends.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--sweep-trees", default="0,16,32", help="tree budgets swept on the GPU ('' skips)")
     # vLLM and a GPU are the whole of this check: the smoke is what runs before them (the arguments,
     # vLLM's presence), so that the tests see it refuse cleanly where vLLM is absent
     parser.add_argument("--smoke", action="store_true", help="only the checks before vLLM starts")
@@ -91,6 +98,29 @@ def main() -> None:
     ratio = served["tau_incl_bonus"] / served["offline_real_tau_incl_bonus"]
     print(f"served / offline: {ratio:.3f}x; other traffic: {served.get('other_traffic')}")
     print(f"a scraped window after it: {window.strip() or 'idle'}")
+    if args.sweep_trees:
+        _sweep_trees(w, target, args)
+
+
+def _sweep_trees(w: Path, target: Path, args: argparse.Namespace) -> None:
+    """Chains and trees of the run on the GPU (`draftdeck sweep`), one row per point."""
+    out = w / "sweep-gpu"
+    _cli("sweep", str(w / "run"), "--target", str(target), "--prompts", str(w / "dataset"),
+         "--grid", f"tree_budget={args.sweep_trees}", "--max-prompts", str(args.prompts),
+         "--max-new-tokens", str(args.max_new_tokens), "--heldout-fraction", "0.1", "--device", "cuda",
+         "--out", str(out))  # fmt: skip
+    sweep = json.loads((out / "sweep.json").read_text())
+    print(
+        f"\n{'tree budget':>11} {'tau incl. bonus':>16} {'verified/step':>14} {'tok/s':>8}"
+        f" {'speed-up':>9} lossless"
+    )
+    for p in sweep["points"]:
+        tau = (p["accepted"] + p["verify_steps"]) / p["verify_steps"]
+        verified = "-" if p["verified"] is None else f"{p['verified'] / p['verify_steps']:.1f}"
+        speed, target_speed = p["tokens"] / p["seconds"], p["target_tokens"] / p["target_seconds"]
+        print(f"{p['params']['tree_budget']:>11} {tau:>16.3f} {verified:>14} {speed:>8.1f}"
+              f" {speed / target_speed:>8.2f}x {p['lossless']}")  # fmt: skip
+    print(f"recommended (fastest lossless): point {sweep['recommended']}; flags in {out / 'sweep.json'}")
 
 
 if __name__ == "__main__":
