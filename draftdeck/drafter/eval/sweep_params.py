@@ -114,7 +114,8 @@ def _label(point: dict[str, Any]) -> str:
 
 
 def parse_grid(grid: list[str], shared: dict[str, Any]) -> dict[str, list[Any]]:
-    """`PARAM=V1,V2,...` strings as typed values, each checked by EvalParams with the shared options."""
+    """`PARAM=V1,V2,...` strings as typed values, each typed and bounded by its EvalParams field (the
+    combinations are checked whole, per point, by `_every_point_is_an_eval`)."""
     allowed = sweepable()
     axes: dict[str, list[Any]] = {}
     for entry in grid:
