@@ -124,7 +124,8 @@ def train_plan(request: Request, settings: SettingsDep) -> HTMLResponse:
         return render(request, "partials/train_plan.html", error="give the target to see what the run needs")
     typed = {k: form.get(k) for k in PLAN_FIELDS if form.get(k) not in (None, "")}
     typed["gradient_checkpointing"] = str(form.get("gradient_checkpointing") in ("true", "on"))
-    typed["hidden_states"] = str(bool((form.get("hidden_states") or "").strip()))  # a run from a cache
+    cache = (form.get("hidden_states") or form.get("hidden_states_cache") or "").strip()
+    typed["hidden_states"] = str(bool(cache))  # a run from a cache
     try:
         folder = resolve_in_roots(target, settings.roots, must_exist=True)
         typed["seq_length"] = typed.get("seq_length") or str(PLAN_SEQ_LENGTH)

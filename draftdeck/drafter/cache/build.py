@@ -182,8 +182,9 @@ def announce(ctx: RunContext, out: Path, plan: Projection) -> None:
     ctx.event("info", f"{plan.said()}; {binary_size(free)} free")
 
 
-def build_cache(params: CacheParams, ctx: RunContext) -> Report:
-    cuda = torch.cuda.is_available()
+def build_cache(params: CacheParams, ctx: RunContext, *, device: str = "auto") -> Report:
+    """`device`: auto (a GPU when there is one) or cpu (a CPU train run's own cache, at fp32)."""
+    cuda = torch.cuda.is_available() and device != "cpu"
     plan = project(params)
     announce(ctx, Path(params.out), plan)  # before the target is loaded
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", None)  # as the train run loads it

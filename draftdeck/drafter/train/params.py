@@ -150,6 +150,12 @@ class TrainRun(JobParams):
         " (only its embedding and LM head); truth_rows is 0 unless given (the target's own answers need"
         " its layers: a value above 0 is refused) and sharding none or ddp",
     )
+    hidden_states_cache: str | None = Field(
+        None,
+        description="A hidden-state cache folder this run makes its own: built first when it is not there"
+        " (the cache-hidden job's code, before step 1), then read as hidden_states (a resume, another"
+        " kind on the same data: no target forward); as hidden_states, truth_rows 0 unless given",
+    )
 
     @field_validator("loss")
     @classmethod
@@ -163,7 +169,7 @@ class TrainParams(Options, TrainRun):
     forms and the API. A kind's options given to a run of another kind are refused, not ignored."""
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "hidden_states", *Options.kind_paths())
-    output_paths: ClassVar[tuple[str, ...]] = ("out",)
+    output_paths: ClassVar[tuple[str, ...]] = ("out", "hidden_states_cache")
     essentials: ClassVar[tuple[str, ...]] = (
         "drafter",
         "block_size",
@@ -189,12 +195,15 @@ class TrainParams(Options, TrainRun):
             not self.target_layer_ids or min(self.target_layer_ids) < 0
         ):
             raise ValueError("target_layer_ids must be a non-empty list of layer indexes >= 0")
-        if self.hidden_states is not None:
+        cached = [n for n in ("hidden_states", "hidden_states_cache") if getattr(self, n) is not None]
+        if len(cached) == 2:
+            raise ValueError("hidden_states, hidden_states_cache: give one (a cache to read, or to make)")
+        if cached:
             if "truth_rows" not in self.model_fields_set:  # the default is not the user's: off, said at start
                 self.truth_rows = 0
             if self.truth_rows or self.sharding == "fsdp":
                 raise ValueError(
-                    f"hidden_states: a run from the cache has no decoder layers to generate the target's"
+                    f"{cached[0]}: a run from the cache has no decoder layers to generate the target's"
                     f" own answers (truth_rows {self.truth_rows}: set 0) or to shard (sharding"
                     f" {self.sharding})"
                 )

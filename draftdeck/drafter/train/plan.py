@@ -413,7 +413,8 @@ def shape_of(
         drafter=params.drafter, ttt_steps=params.ttt_steps, mtp_steps=params.mtp_steps,
         draft_vocab_size=params.draft_vocab_size,
         eagle3_layer_ids=tuple(params.eagle3_layer_ids) if params.eagle3_layer_ids else None,
-        optimizer=params.optimizer, cached=bool(params.hidden_states),
+        optimizer=params.optimizer,
+        cached=bool(params.hidden_states or getattr(params, "hidden_states_cache", None)),
     )  # fmt: skip
 
 

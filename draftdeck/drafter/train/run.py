@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from draftdeck.drafter.cache.first import cache_first
 from draftdeck.drafter.train.distributed import Launched, launch, run_launched
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.preflight import check_inputs
@@ -24,6 +25,7 @@ def train(params: TrainParams, ctx: RunContext) -> RunRecord:
     (torchrun, srun), N ranks of its own when `params.devices` > 1, else in this process."""
     check_inputs(params)  # before any target is loaded: a chat file is refused in a second, not minutes
     where = Launched.from_env()
+    params = cache_first(params, ctx, launched=where is not None)  # --hidden-states-cache: built once
     if where is not None:
         return run_launched(params, ctx, where)
     if params.devices > 1:

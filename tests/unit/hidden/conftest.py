@@ -3,7 +3,9 @@ fp32 cache."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,3 +32,29 @@ def cache(world: dict[str, Path]) -> Path:
     params = CacheParams(inputs=[str(world["ds"])], target=str(world["target"]), out=str(out), dtype="fp32")
     run_cache_hidden(params, LocalContext(world["root"] / "cache-ctx"))
     return out
+
+
+# what wall time and memory make differ between two equal runs
+TIMED = ("train/tokens_per_s", "train/step_seconds", "train/peak_memory_mib", "heldout/seconds",
+         "heldout/peak_memory_mib")  # fmt: skip
+
+
+def train_run(world: dict[str, Path], name: str, drafter: str, **given: object) -> tuple[list, dict, Any]:
+    """A 3-step run on the tiny world at fp32 on the CPU: its metric points (wall time aside), its
+    run.json and its context (the log)."""
+    from draftdeck.drafter.train.params import TrainParams
+    from draftdeck.drafter.train.run import run_train
+    from draftdeck.jobs.context import LocalContext
+
+    kind: dict[str, object] = (
+        {"ttt_steps": 2, "draft_vocab_size": 20} if drafter == "eagle3" else {"block_size": 4}
+    )
+    params = TrainParams(
+        inputs=[str(world["ds"])], target=str(world["target"]), out=str(world["root"] / name),
+        drafter=drafter, batch_size=4, max_steps=3, eval_every=3, checkpoint_every=3, log_every=1,
+        heldout_fraction=0.15, device="cpu", **kind, **given,
+    )  # fmt: skip
+    ctx = LocalContext(world["root"] / f"{name}-ctx")
+    run_train(params, ctx)
+    points = sorted((p.step, p.name, p.value) for p in ctx.points if p.name not in TIMED)
+    return points, json.loads((world["root"] / name / "run.json").read_text()), ctx

@@ -17,30 +17,14 @@ from app.web.job_views import default_text, form_fields, form_params
 from draftdeck.cli.options import job_command
 from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, CachedTarget
 from draftdeck.drafter.train.params import TrainParams
-from draftdeck.drafter.train.run import run_train
 from draftdeck.hidden.store import MANIFEST, CacheError
-from draftdeck.jobs.context import LocalContext
-
-# what wall time and memory make differ between two equal runs
-TIMED = ("train/tokens_per_s", "train/step_seconds", "train/peak_memory_mib", "heldout/seconds",
-         "heldout/peak_memory_mib")  # fmt: skip
+from tests.unit.hidden.conftest import train_run
 
 
 def _run(world: dict[str, Path], name: str, drafter: str, cache: Path | None) -> tuple[list, dict]:
-    extra: dict[str, object] = (
-        {"ttt_steps": 2, "draft_vocab_size": 20} if drafter == "eagle3" else {"block_size": 4}
-    )
     # the online run turns the truth checks off; the cached one leaves truth_rows alone (0 from a cache)
-    extra |= {"hidden_states": str(cache)} if cache else {"truth_rows": 0}
-    params = TrainParams(
-        inputs=[str(world["ds"])], target=str(world["target"]), out=str(world["root"] / name),
-        drafter=drafter, batch_size=4, max_steps=3, eval_every=3, checkpoint_every=3, log_every=1,
-        heldout_fraction=0.15, device="cpu", **extra,
-    )  # fmt: skip
-    ctx = LocalContext(world["root"] / f"{name}-ctx")
-    run_train(params, ctx)
-    points = sorted((p.step, p.name, p.value) for p in ctx.points if p.name not in TIMED)
-    run = json.loads((world["root"] / name / "run.json").read_text())
+    given: dict[str, object] = {"hidden_states": str(cache)} if cache else {"truth_rows": 0}
+    points, run, ctx = train_run(world, name, drafter, **given)
     said = [m for level, m, _, _ in ctx.events if level == "info" and m == NO_TRUTH_FROM_CACHE]
     assert len(said) == (1 if cache else 0)  # why the truth checks are off, once
     return points, run

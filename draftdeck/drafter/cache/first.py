@@ -1,0 +1,97 @@
+"""`train --hidden-states-cache CACHE`: a run that makes its own cache. When CACHE is not there yet the
+`cache-hidden` job's own code builds it first, over the run's datasets and for the layers its drafter
+reads; then, as every later start of the run (a resume, a second kind on the same data), the run trains
+from it as `--hidden-states CACHE` does. The cache is built whole before step 1, not filled during the
+first epoch: the first start pays one target forward per row, every later one none.
+
+A cache folder exists only whole (`CacheWriter` renames it when done), so a start that finds it trains
+from it; a build that died left `<CACHE>.partial`, which the next build replaces."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from draftdeck.errors import UsageError
+from draftdeck.hidden.store import MANIFEST
+from draftdeck.jobs.context import RunContext
+from draftdeck.quality import Report
+
+if TYPE_CHECKING:
+    from draftdeck.drafter.train.params import TrainParams
+
+
+class _Building:
+    """The train job's context as the build sees it: its log, progress and cancel; not its metrics,
+    which are per training step (the build's throughput is said once, in the log)."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx, self.out_dir = ctx, ctx.out_dir
+
+    def progress(self, done: int, total: int | None = None, unit: str = "rows") -> None:
+        self.ctx.progress(done, total, unit)
+
+    def check_cancelled(self) -> None:
+        self.ctx.check_cancelled()
+
+    def event(self, level: str, message: str, *, code: str | None = None, count: int = 1) -> None:
+        self.ctx.event(level, message, code=code, count=count)
+
+    def metrics(self, step: int, values: Mapping[str, float], *, tokens: int | None = None) -> None:
+        return None  # rows built are not training steps
+
+    def alert(self, kind: str, message: str) -> None:
+        self.ctx.alert(kind, message)
+
+
+def cache_first(params: TrainParams, ctx: RunContext, *, launched: bool) -> TrainParams:
+    """`params` reading its cache (`hidden_states`): built first when `hidden_states_cache` names none
+    yet. `launched`: one rank of a launcher's run, which does not build (every rank would)."""
+    folder = params.hidden_states_cache
+    if folder is None:
+        return params
+    reading = params.model_copy(update={"hidden_states": folder})
+    if (Path(folder) / MANIFEST).is_file():
+        ctx.event("info", f"hidden_states_cache {folder}: found whole; the run trains from it")
+        return reading
+    if launched:
+        raise UsageError(
+            f"hidden_states_cache {folder}: no cache there yet, and the ranks of a launcher's run do not"
+            " build one: build it with draftdeck cache-hidden, or start the run with --devices"
+        )
+    report = _build(params, folder, ctx)
+    x = report.extra
+    ctx.event(
+        "info",
+        f"hidden_states_cache {folder}: built first (the cache-hidden job's code, before step 1):"
+        f" {report.rows_out:,} rows, {x['tokens']:,} tokens, hidden_states {x['layers']} in {x['dtype']},"
+        f" {x['cache/rows_per_s']:,.1f} rows/s; the run trains from it, and so will every later start",
+    )
+    return reading
+
+
+def _build(params: TrainParams, folder: str, ctx: RunContext) -> Report:
+    from draftdeck.drafter.cache.build import build_cache
+    from draftdeck.drafter.cache.params import CacheParams
+    from draftdeck.drafter.kinds import get_kind
+    from draftdeck.drafter.train.plan import shape_of, target_config
+
+    shape = shape_of(params, seq_length=params.seq_length or 4096, element_size=4, world=1)
+    config = target_config(params.target)
+    # the layers this run's drafter reads (its options: target_layer_ids, eagle3_layer_ids ...); -1, the
+    # embeddings, is among the kind's own (CacheParams' drafter), which the cache stores too
+    ids = [int(i) for i in get_kind(params.drafter).plan(shape, config).cfg.target_layer_ids]
+    cpu = params.device == "cpu" or not _has_cuda()
+    cache = CacheParams(
+        inputs=params.inputs, target=params.target, out=folder, drafter=[params.drafter],
+        layers=params.layers, layer_ids=[i for i in ids if i >= 0] or None, dtype="fp32" if cpu else "bf16",
+        seq_length=params.seq_length,
+    )  # fmt: skip
+    return build_cache(cache, _Building(ctx), device="cpu" if cpu else "cuda")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
