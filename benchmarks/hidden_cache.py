@@ -4,10 +4,11 @@
     python benchmarks/hidden_cache.py [--steps 12] [--hidden 512] [--layers 8] [--seq 256] [--rows 96]
 
 The world is the training benchmarks' (benchmarks/_train_world.py: a random-init Qwen3 target with the
-project's small test BPE, synthetic rows). The cache is built once (`cache-hidden`, fp32 and bf16:
-rows/s, tokens/s); then a DFlash and an EAGLE-3 run train `--steps` steps online and from the fp32
-cache, each in a process of its own so that its peak RSS (VmHWM) is its own: s/step (median of the
-steps after the first), peak memory, and the target forward time a run from the cache saves per step.
+project's small test BPE, synthetic rows). The cache is built once (`cache-hidden`, fp32 and bf16,
+rows of one length batched; and fp32 one row a forward, as builds ran before: rows/s, tokens/s);
+then a DFlash and an EAGLE-3 run train `--steps` steps online and from the fp32 cache, each in a
+process of its own so that its peak RSS (VmHWM) is its own: s/step (median of the steps after the
+first), peak memory, and the target forward time a run from the cache saves per step.
 Below: bytes per token stored for fp32, bf16 and bf16 + zstd (when `zstandard` is installed), on this
 world and, computed, for a Qwen3.6-27B-class target (5,120 hidden, 3 tapped + the final layer; zstd's
 ratio is this world's random-init states', not a real model's: marked so).
@@ -68,14 +69,18 @@ def run_child(spec: dict[str, object]) -> dict[str, float]:
     return {"s_step": statistics.median(steps), "peak": got["peak"]}
 
 
-def build(target: Path, ds: Path, out: Path, dtype: str) -> tuple[dict[str, object], float]:
+def build(
+    target: Path, ds: Path, out: Path, dtype: str, batch_tokens: int = 8192
+) -> tuple[dict[str, object], float]:
     from draftdeck.drafter.cache.build import run_cache_hidden
     from draftdeck.drafter.cache.params import CacheParams
     from draftdeck.jobs.context import LocalContext
 
     t0 = time.perf_counter()
     report = run_cache_hidden(
-        CacheParams(inputs=[str(ds)], target=str(target), out=str(out), dtype=dtype),
+        CacheParams(
+            inputs=[str(ds)], target=str(target), out=str(out), dtype=dtype, batch_tokens=batch_tokens
+        ),
         LocalContext(out.with_name(out.name + "-ctx")),
     )
     return report.extra, time.perf_counter() - t0
@@ -115,6 +120,7 @@ def main() -> None:
             heads=max(h // 64, 1), kv_heads=max(h // 128, 1),
         )  # fmt: skip
         built = {d: build(target, ds, root / f"cache-{d}", d) for d in ("fp32", "bf16")}
+        alone = build(target, ds, root / "cache-fp32-alone", "fp32", batch_tokens=1)  # one row a forward
         rows = []
         for drafter in ("dflash", "eagle3"):
             figures = {}
@@ -137,12 +143,15 @@ def main() -> None:
         print("|---|---|---:|---:|---:|")
         print("\n".join(rows))
         print()
-        for d, (extra, seconds) in built.items():
+        print("| cache build | forwards | rows/s | tokens/s | MB/s | job s (loading, read-back check) |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for name, (extra, seconds) in [("fp32, one row a forward", alone), *built.items()]:
+            name = name if "forward" in name else f"{name}, rows of one length batched (8,192 tokens)"
             print(
-                f"cache build {d}: {extra['cache/rows_per_s']:,.1f} rows/s,"
-                f" {extra['cache/tokens_per_s']:,.0f} tokens/s, {extra['cache/mb_per_s']:,.1f} MB/s"
-                f" (the job {seconds:.1f} s with loading and the read-back check); layers {extra['layers']}"
+                f"| {name} | {extra['forwards']} | {extra['cache/rows_per_s']:,.1f} |"
+                f" {extra['cache/tokens_per_s']:,.0f} | {extra['cache/mb_per_s']:,.1f} | {seconds:.1f} |"
             )
+        print(f"\nstored layers {built['fp32'][0]['layers']}")
         print()
         ratio = zstd_ratio(root / "cache-bf16")
         n_layers = len(built["fp32"][0]["layers"])  # type: ignore[arg-type]

@@ -79,10 +79,59 @@ def dataset_rows(paths: list[Path], seq_length: int | None) -> Iterator[tuple[in
 
 def live_rows(target: Target, ids: np.ndarray, layers: list[int]) -> torch.Tensor:
     """One row's forward alone: [tokens, len(layers), hidden] of the HF hidden_states indices `layers`."""
-    x = torch.from_numpy(ids).to(target.device)[None]
+    return _forward(target, torch.from_numpy(ids)[None], layers)[0]
+
+
+def _forward(target: Target, ids: torch.Tensor, layers: list[int]) -> torch.Tensor:
+    """[rows, tokens, len(layers), hidden] of rows of one length, unpadded (no attention mask)."""
     with torch.no_grad():
-        out = target.model(input_ids=x, output_hidden_states=True, use_cache=False, logits_to_keep=1)
-    return torch.stack([out.hidden_states[j][0] for j in layers], dim=1)
+        out = target.model(
+            input_ids=ids.to(target.device), output_hidden_states=True, use_cache=False, logits_to_keep=1
+        )
+    return torch.stack([out.hidden_states[j] for j in layers], dim=2)
+
+
+# rows read ahead of the one being stored, in tokens: this many forwards' worth, so that rows of one
+# length among them share a forward; their states wait in memory until their turn
+WINDOW_BATCHES = 4
+
+
+class Batched:
+    """`Produce` for a build: the target's forward of rows of one length at once. It reads the same rows
+    as the build, in the same order, a window of `WINDOW_BATCHES` x `batch_tokens` tokens ahead; within a
+    window, rows of one length run in batches of at most `batch_tokens` tokens, without padding: each
+    row's states are its own forward's (bit-equal at fp32 on the CPU, tests/unit/hidden/test_build.py),
+    as a micro-batch of rows of one length reads them online."""
+
+    def __init__(self, target: Target, layers: list[int], rows: Iterator[tuple[int, int, np.ndarray]],
+                 batch_tokens: int):  # fmt: skip
+        self.target, self.layers, self.batch_tokens = target, layers, batch_tokens
+        self.rows = enumerate(rows)
+        self.done: dict[int, torch.Tensor] = {}
+        self.forwards = 0
+
+    def __call__(self, index: int, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        if index not in self.done:
+            self._window()
+        return self.done.pop(index), torch.from_numpy(ids)
+
+    def _window(self) -> None:
+        by_length: dict[int, list[tuple[int, np.ndarray]]] = {}
+        tokens = 0
+        for index, (_, _, ids) in self.rows:
+            by_length.setdefault(len(ids), []).append((index, ids))
+            tokens += len(ids)
+            if tokens >= WINDOW_BATCHES * self.batch_tokens:
+                break
+        for length, group in by_length.items():
+            per = max(1, self.batch_tokens // max(length, 1))
+            for k in range(0, len(group), per):
+                chunk = group[k : k + per]
+                x = torch.from_numpy(np.stack([ids for _, ids in chunk]))
+                states = _forward(self.target, x, self.layers).cpu()
+                self.forwards += 1
+                for (index, _), row in zip(chunk, states, strict=True):
+                    self.done[index] = row
 
 
 def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
@@ -192,10 +241,11 @@ def build_cache(params: CacheParams, ctx: RunContext, *, device: str = "auto") -
     mf = manifest_for(params, target.num_layers, plan.hidden, plan.layers)
     ctx.event("info", f"stored layers (HF hidden_states indices): {plan.layers}, the last the final layer")
 
-    def forward(index: int, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        return live_rows(target, ids, plan.layers), torch.from_numpy(ids)
-
-    return fill(params, ctx, plan, mf, target, forward)
+    paths = [Path(p) for p in params.inputs]
+    forward = Batched(target, plan.layers, dataset_rows(paths, params.seq_length), params.batch_tokens)
+    report = fill(params, ctx, plan, mf, target, forward)
+    report.extra["forwards"] = forward.forwards
+    return report
 
 
 # a row's hidden states [tokens, layers, hidden] (the cache's layer order) and its ids, by its index

@@ -54,6 +54,13 @@ class CacheParams(JobParams):
     )
     strict: bool = strict_field()
     shard_mb: int = Field(1024, ge=1, le=1 << 20, description="Megabytes of hidden states per shard")
+    batch_tokens: int = Field(
+        8192,
+        ge=1,
+        le=1 << 24,
+        description="Tokens per target forward at most: rows of one length among nearby rows run together"
+        " (no padding, so each row's states are those of its forward alone); 1: one row a forward",
+    )
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "import_from")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)

@@ -190,3 +190,21 @@ def test_the_command_says_the_disk_before_it_runs_and_the_throughput_after(
     )
     assert "hidden_states [1, 2]" in said[-1] and "rows/s" in said[-1] and "MB/s" in said[-1]
     assert json.loads((out / MANIFEST).read_text())["dtype"] == "fp16"
+
+
+def test_rows_of_one_length_share_a_forward_and_keep_their_own_states(
+    world: dict[str, Path], cache: Path, tmp_path: Path
+) -> None:
+    """The 24 rows of 32 tokens: one forward for all (the default 8,192 tokens), 12 of two rows, or one
+    row a forward: every row's stored states bit-equal at fp32, unpadded."""
+    report = run_cache_hidden(_params(world, tmp_path / "one", dtype="fp32", batch_tokens=1),
+                              LocalContext(tmp_path / "one-ctx"))  # fmt: skip
+    pairs = run_cache_hidden(_params(world, tmp_path / "two", dtype="fp32", batch_tokens=64),
+                             LocalContext(tmp_path / "two-ctx"))  # fmt: skip
+    assert report.extra["forwards"] == 24 and pairs.extra["forwards"] == 12
+    one, two, whole = HiddenCache(tmp_path / "one"), HiddenCache(tmp_path / "two"), HiddenCache(cache)
+    assert len(one.by_row) == len(whole.by_row) == 24
+    for key, e in one.by_row.items():
+        alone = one.hidden(e)
+        assert torch.equal(alone, whole.hidden(whole.by_row[key]))
+        assert torch.equal(alone, two.hidden(two.by_row[key]))
