@@ -43,13 +43,18 @@ NOTE = (
 @dataclass
 class PointContext:
     """The sweep's context as one point's eval sees it: its log lines and alerts name the point; its
-    metric points (per prompt) stay in its eval.json, the sweep's progress counts points."""
+    metric points (per prompt) stay in its eval.json; its progress counts on from the points before it
+    (every point decodes the same prompts)."""
 
     ctx: RunContext
     label: str
     out_dir: Path
+    before: int  # points done before this one
+    points: int
 
     def progress(self, done: int, total: int | None = None, unit: str = "rows") -> None:
+        if total:
+            self.ctx.progress(self.before * total + done, self.points * total, unit)
         self.ctx.check_cancelled()
 
     def check_cancelled(self) -> None:
@@ -83,13 +88,12 @@ def run_sweep(params: SweepBase, ctx: RunContext) -> Report:
         ctx.check_cancelled()
         where = out_dir / "points" / str(n)
         name = f"point {n + 1}/{len(points)} ({label(point)})"
-        done = run_eval(params.point_params(point, where), PointContext(ctx, name, where))
+        done = run_eval(params.point_params(point, where), PointContext(ctx, name, where, n, len(points)))
         ev = done.extra["eval"]
         prov = ev.get("provenance") or {}
         device = str(prov.get("gpu") or prov.get("device") or "")
         rows.append(Point.from_eval(n, point, f"points/{n}/eval.json", ev, clock_of(str(prov.get("device")))))
         report.rows_out += 1
-        ctx.progress(n + 1, len(points), "points")
     best = recommend(rows)
     checkpoint, target = params.inputs[0], str(params.shared()["target"])
     report.extra["sweep"] = {

@@ -140,7 +140,10 @@ def test_a_real_sweep_writes_one_row_per_point_equal_to_the_eval_of_that_point(
     assert f'"num_speculative_tokens": {best.block_size - 1}' in vllm["flags"]
     assert all(f"--speculative-num-draft-tokens {best.block_size}" in r["flags"]
                for r in sweep["serving"] if r["server"] == "SGLang")  # fmt: skip
-    assert "carry over to a GPU" in sweep["note"] and sweep["device"] == "cpu"
+    assert "carry over to a GPU" in sweep["note"] and sweep["device"] == "cpu" and sweep["clock"] == "cpu"
+    # the job's progress counts every point's prompts; its log names the point a line is about
+    assert swept.ctx.last_progress == (4 * 3, 4 * 3, "prompts")
+    assert any(m.startswith("point 4/4 (block_size 4, mode sampled): ") for _, m, _, _ in swept.ctx.events)
 
 
 def test_a_tree_point_is_served_with_the_kinds_tree_options_or_says_none_is_known(swept: RealSweep) -> None:
