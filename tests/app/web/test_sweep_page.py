@@ -108,3 +108,19 @@ def test_the_sweep_kind_has_its_form_and_api_from_its_parameters(client: TestCli
     assert 'name="grid"' in form and 'name="prompts"' in form and 'name="block_size"' in form
     schema = client.get("/api/kinds").json()["sweep"]["params"]
     assert {"grid", "prompts", "target", "mode"} <= set(schema["properties"]) and "grid" in schema["required"]
+
+
+def test_a_sweep_job_is_submitted_through_the_api_and_a_bad_grid_refused_by_name(
+    client: TestClient, migrated: Path
+) -> None:
+    data = migrated / "data"
+    for folder in ("ckpt", "target"):
+        (data / folder).mkdir(parents=True, exist_ok=True)
+    (data / "prompts.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    params = {"inputs": "data/ckpt", "target": "data/target", "prompts": "data/prompts.jsonl"}
+    bad = client.post("/api/jobs", json={"kind": "sweep", "params": {**params, "grid": ["tree_size=8"]}})
+    assert bad.status_code == 400 and "'tree_size' is not a sweepable eval option" in bad.text
+    r = client.post("/api/jobs", json={"kind": "sweep", "params": {**params, "grid": ["block_size=4,8"]}})
+    assert r.status_code == 201
+    job = client.get(f"/api/jobs/{r.json()['id']}").json()
+    assert job["queue"] == "gpu" and job["params"]["prompts"] == [str((data / "prompts.jsonl").resolve())]
