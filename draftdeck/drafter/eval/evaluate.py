@@ -279,15 +279,31 @@ def _tree_shape(params: EvalParams, block: int) -> TreeShape | None:
     return TreeShape(params.tree_budget, params.tree_topk or DEFAULT_TOPK, params.tree_depth or block - 1)
 
 
-def run_eval(params: EvalParams, ctx: RunContext) -> Report:
-    """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report."""
+Loaded = dict[tuple[str, str, str], tuple[Target, Any]]  # (target, checkpoint, device) -> both, loaded
+
+
+def _load(params: EvalParams, loaded: Loaded | None) -> tuple[Target, Any]:
+    """The target and the drafter checkpoint, checked as a pair; kept in `loaded` (and taken from it)
+    when the caller evaluates one pair several times (a sweep: each point would load them again)."""
+    key = (str(params.target), str(params.checkpoint), params.device)
+    if loaded is not None and key in loaded:
+        return loaded[key]
+    target = Target.load(params.target, device=params.device)
+    ck = load_checkpoint(Path(params.checkpoint), device=params.device)
+    check_pair(target, ck, params.checkpoint, params.target)
+    if loaded is not None:
+        loaded[key] = target, ck
+    return target, ck
+
+
+def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) -> Report:
+    """Evaluate `params.checkpoint`; write `<out>/eval.json`; return the row report. `loaded`: the
+    target and checkpoint a caller keeps across evals of the same pair (see `_load`)."""
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
     if params.tree_budget:  # a hybrid target's trees are refused before anything loads
         _refuse_tree(params.target, _target_config(params.target))
     out_dir.mkdir(parents=True, exist_ok=True)
-    target = Target.load(params.target, device=params.device)
-    ck = load_checkpoint(Path(params.checkpoint), device=params.device)
-    check_pair(target, ck, params.checkpoint, params.target)
+    target, ck = _load(params, loaded)
     block = params.block_size or ck.block
     report = Report()
     runner = TargetRunner(target, target.eos_ids())

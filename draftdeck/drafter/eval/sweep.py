@@ -76,7 +76,7 @@ def label(point: dict[str, Any]) -> str:
 
 def run_sweep(params: SweepBase, ctx: RunContext) -> Report:
     """Evaluate every grid point; write `<out>/sweep.json`; return the report (one row per point)."""
-    from draftdeck.drafter.eval.evaluate import run_eval
+    from draftdeck.drafter.eval.evaluate import Loaded, run_eval
 
     out_dir = Path(params.out) if params.out is not None else ctx.out_dir
     points = params.points()
@@ -84,11 +84,14 @@ def run_sweep(params: SweepBase, ctx: RunContext) -> Report:
     ctx.event("info", f"sweeping {len(points)} points of {', '.join(params.axes())}")
     rows: list[Point] = []
     device = ""
+    loaded: Loaded = {}  # the target and the checkpoint, loaded for the first point, kept for the rest
     for n, point in enumerate(points):
         ctx.check_cancelled()
         where = out_dir / "points" / str(n)
         name = f"point {n + 1}/{len(points)} ({label(point)})"
-        done = run_eval(params.point_params(point, where), PointContext(ctx, name, where, n, len(points)))
+        done = run_eval(
+            params.point_params(point, where), PointContext(ctx, name, where, n, len(points)), loaded
+        )
         ev = done.extra["eval"]
         prov = ev.get("provenance") or {}
         device = str(prov.get("gpu") or prov.get("device") or "")
