@@ -27,7 +27,7 @@ from draftdeck.drafter.eval.sweep_front import (
     recommend,
     serving_flags,
 )
-from draftdeck.drafter.eval.sweep_params import SweepBase
+from draftdeck.drafter.eval.sweep_params import TREE_SHAPE, SweepBase
 from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.jobs.context import RunContext
 from draftdeck.quality import Output, Report
@@ -71,7 +71,12 @@ class PointContext:
 
 
 def label(point: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {'default' if v is None else v}" for k, v in point.items())
+    """A point in words; a chain's unset tree shape left out."""
+    return ", ".join(
+        f"{k} {'default' if v is None else v}"
+        for k, v in point.items()
+        if not (v is None and k in TREE_SHAPE)
+    )
 
 
 def run_sweep(params: SweepBase, ctx: RunContext) -> Report:

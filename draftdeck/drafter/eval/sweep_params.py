@@ -29,6 +29,7 @@ OWN = ("checkpoint", "out")
 NOT_SWEPT_PREFIX = "served_"
 NONE_WORDS = ("none", "null")  # a grid value meaning "not set" (the drafter's own block size)
 MAX_POINTS = 256
+TREE_SHAPE = ("tree_topk", "tree_depth")  # a tree's shape beside its budget: nothing to a chain
 
 
 def _scalar(annotation: Any) -> bool:
@@ -82,9 +83,21 @@ class SweepBase(JobParams):
         return parse_grid(self.grid, self.shared())
 
     def points(self) -> list[dict[str, Any]]:
-        """Every combination of the grid's values (the first parameter varies slowest)."""
+        """Every combination of the grid's values (the first parameter varies slowest). With tree_budget
+        on the grid, a chain (budget 0) has no tree to shape: its points leave the tree's top-k and depth
+        unset and are one point, so chains and trees sweep in one grid (tree_budget=0,16 x tree_topk=2,4:
+        one chain, two trees)."""
         axes = self.axes()
-        return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+        combos = [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+        if "tree_budget" not in axes:
+            return combos
+        points: list[dict[str, Any]] = []
+        for point in combos:
+            if point["tree_budget"] == 0:
+                point = {k: None if k in TREE_SHAPE else v for k, v in point.items()}
+            if point not in points:
+                points.append(point)
+        return points
 
     def point_params(self, point: dict[str, Any], out: Path | None = None) -> EvalParams:
         return EvalParams(**{**self.shared(), **point, "out": str(out) if out else None})

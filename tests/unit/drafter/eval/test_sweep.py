@@ -54,6 +54,17 @@ def test_the_grid_is_typed_by_the_evals_own_fields_and_every_combination_is_a_po
     assert not {"target", "checkpoint", "out", "inputs", "served_url"} & set(sweepable())
 
 
+def test_chains_and_trees_sweep_in_one_grid_the_chain_once_its_tree_shape_unset() -> None:
+    p = SweepParams.model_validate({**BASE, "grid": ["tree_budget=0,16", "tree_topk=2,4"]})
+    assert p.points() == [
+        {"tree_budget": 0, "tree_topk": None}, {"tree_budget": 16, "tree_topk": 2},
+        {"tree_budget": 16, "tree_topk": 4},
+    ]  # fmt: skip
+    assert p.point_params(p.points()[0]).tree_topk is None
+    # without the budget on the grid, a top-k grid shapes no tree: refused as the eval refuses it
+    assert "give tree_budget > 0" in _refusal(grid=["tree_topk=2,4"])
+
+
 def test_a_bad_grid_is_refused_by_name_before_work() -> None:
     said = _refusal(grid=["draft_depth=2,3"])
     assert "'draft_depth' is not a sweepable eval option" in said and "block_size" in said
