@@ -216,7 +216,9 @@ class TrainParams(Options, TrainRun):
                 continue
             given = [n for n, f in group.model_fields.items() if getattr(self, n) != f.get_default()]
             if given:  # not silently ignored
-                article = "an" if group.title[:1] in "AEIOU" else "a"
+                # "an EAGLE-3", "an MTP" (an initialism read letter by letter: "em-tee-pee"), "a DSpark"
+                spelled = group.title[:2].isupper() and group.title[:1] in "FHLMNRSX"
+                article = "an" if group.title[:1] in "AEIOU" or spelled else "a"
                 what = f"{article} {group.title} option" if len(given) == 1 else f"{group.title} options"
                 kinds = " or ".join(n for n in NAMES if group in get_kind(n).options)
                 raise ValueError(f"{', '.join(given)}: {what} (give drafter {kinds})")

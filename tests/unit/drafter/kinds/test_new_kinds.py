@@ -144,6 +144,8 @@ def test_a_kinds_options_reach_its_runs_and_are_refused_by_name_for_another_kind
         TrainParams(**base, drafter="dflash", markov_rank=8)
     with pytest.raises(ValidationError, match="DFlash2 option"):
         TrainParams(**base, drafter="eagle3", selector_rank=8)
+    with pytest.raises(ValidationError, match=r"mtp_steps: an MTP option \(give drafter mtp\)"):
+        TrainParams(**base, drafter="dflash", mtp_steps=2)
     # the DFlash family's options are DSpark's and DFlash2's too
     assert TrainParams(**base, drafter="dspark", block_size=7).block_size == 7
     assert get_kind("dspark").slots({"block_size": 7}) == 8
