@@ -51,7 +51,8 @@ def cache_first(params: TrainParams, ctx: RunContext, *, launched: bool) -> Trai
     folder = params.hidden_states_cache
     if folder is None:
         return params
-    reading = params.model_copy(update={"hidden_states": folder})
+    # as `--hidden-states CACHE` alone: what the ranks a run starts validate again (one of the two)
+    reading = params.model_copy(update={"hidden_states": folder, "hidden_states_cache": None})
     if (Path(folder) / MANIFEST).is_file():
         ctx.event("info", f"hidden_states_cache {folder}: found whole; the run trains from it")
         return reading

@@ -4,6 +4,7 @@ start finds it whole and builds nothing; a launcher's rank does not build one.""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,9 @@ def test_the_first_start_builds_the_cache_and_a_later_one_reads_it(world: dict[s
     assert again == online
 
 
-def test_a_cache_to_make_is_asked_for_alone_and_not_by_a_launchers_rank(world: dict[str, Path]) -> None:
+def test_a_cache_to_make_is_asked_for_alone_and_not_by_a_launchers_rank(
+    world: dict[str, Path], cache: Path
+) -> None:
     base = {"inputs": [str(world["ds"])], "target": str(world["target"]), "out": str(world["root"] / "r")}
     own = TrainParams.model_validate({**base, "hidden_states_cache": str(world["root"] / "nowhere")})
     assert own.truth_rows == 0  # as from any cache
@@ -50,3 +53,9 @@ def test_a_cache_to_make_is_asked_for_alone_and_not_by_a_launchers_rank(world: d
     with pytest.raises(UsageError, match="the ranks of a launcher's run do not build one"):
         cache_first(own, ctx, launched=True)
     assert not (world["root"] / "nowhere").exists()
+    folder = world["root"] / "cache-fp32-own"
+    shutil.copytree(cache, folder)
+    reading = cache_first(own.model_copy(update={"hidden_states_cache": str(folder)}), ctx, launched=True)
+    # what the ranks a run starts validate again: a cache to read, alone
+    again = TrainParams.model_validate(reading.model_dump())
+    assert (again.hidden_states, again.hidden_states_cache) == (str(folder), None)
