@@ -120,7 +120,21 @@ def main() -> None:
             heads=max(h // 64, 1), kv_heads=max(h // 128, 1),
         )  # fmt: skip
         built = {d: build(target, ds, root / f"cache-{d}", d) for d in ("fp32", "bf16")}
-        alone = build(target, ds, root / "cache-fp32-alone", "fp32", batch_tokens=1)  # one row a forward
+        seq = int(size["seq"])
+        builds = {
+            f"fp32, rows of {seq}, one row a forward": build(target, ds, root / "alone", "fp32", 1),
+            f"fp32, rows of {seq}, batched": built["fp32"],
+            f"bf16, rows of {seq}, batched": built["bf16"],
+        }
+        # short rows (chat turns): there a forward's own cost, not its arithmetic, sets the pace
+        short_seq, short_rows = max(seq // 8, 8), 4 * int(size["rows"])
+        short_target, short_ds = build_world(
+            root / "short", seq=short_seq, rows=short_rows, hidden=h, layers=int(size["layers"]),
+            heads=max(h // 64, 1), kv_heads=max(h // 128, 1),
+        )  # fmt: skip
+        for bt, how in ((1, "one row a forward"), (8192, "batched")):
+            cache = root / f"short-{bt}"
+            builds[f"fp32, rows of {short_seq}, {how}"] = build(short_target, short_ds, cache, "fp32", bt)
         rows = []
         for drafter in ("dflash", "eagle3"):
             figures = {}
@@ -145,8 +159,7 @@ def main() -> None:
         print()
         print("| cache build | forwards | rows/s | tokens/s | MB/s | job s (loading, read-back check) |")
         print("|---|---:|---:|---:|---:|---:|")
-        for name, (extra, seconds) in [("fp32, one row a forward", alone), *built.items()]:
-            name = name if "forward" in name else f"{name}, rows of one length batched (8,192 tokens)"
+        for name, (extra, seconds) in builds.items():  # batched: rows of one length, 8,192 tokens a forward
             print(
                 f"| {name} | {extra['forwards']} | {extra['cache/rows_per_s']:,.1f} |"
                 f" {extra['cache/tokens_per_s']:,.0f} | {extra['cache/mb_per_s']:,.1f} | {seconds:.1f} |"
