@@ -44,3 +44,24 @@ def test_the_form_plans_a_train_job_from_the_target_config(client: TestClient, m
     outside = client.get("/jobs/new/plan", params={"target": "/etc"})
     assert "/etc: outside the data roots" in outside.text, outside.text
     assert "<script" not in client.get("/jobs/new/plan", params={"target": "<script>x</script>"}).text
+
+
+def _target_weights(page: str) -> str:
+    return page.split('<th scope="row">target weights</th>')[1].split("</tr>")[0]
+
+
+def test_the_form_plans_a_run_from_a_hidden_state_cache(client: TestClient, migrated: Path) -> None:
+    """With hidden_states (or hidden_states_cache) filled in: the target's embedding and head alone,
+    no fsdp column."""
+    target = migrated / "data" / "qwen3-8b"
+    target.mkdir()
+    (target / "config.json").write_bytes((FIXTURES / "configs/qwen3-8b.json").read_bytes())
+    shape = {"target": str(target), "devices": "2", "seq_length": "2048"}
+    online = client.get("/jobs/new/plan", params=shape).text
+    assert "from the hidden-state cache" not in online and '<th scope="col">fsdp</th>' in online
+    for field in ("hidden_states", "hidden_states_cache"):
+        cached = client.get("/jobs/new/plan", params={**shape, field: "caches/c"}).text
+        assert "from the hidden-state cache" in cached and '<th scope="col">fsdp</th>' not in cached
+        # float32 on this GPU-less server: 151,936 x 4,096 x 2 (untied) x 4 bytes = 4.64 GiB a rank
+        assert _target_weights(cached).count("<td>4.6 GiB</td>") == 2, _target_weights(cached)
+        assert "4.6 GiB" not in _target_weights(online)
