@@ -22,7 +22,6 @@ from draftdeck.hidden.checks import row_issues
 from draftdeck.hidden.store import CacheError, HiddenCache, row_key
 from draftdeck.provenance import model_fingerprint
 
-
 # what a run from the cache says at its start: its truth_rows is 0 when not given (TrainParams)
 NO_TRUTH_FROM_CACHE = (
     "truth_rows 0: a run from a hidden-state cache has no target decoder layers to check target agreement"
