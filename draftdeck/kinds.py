@@ -19,11 +19,11 @@ from typing import Any
 
 from draftdeck.convert.job import ConvertParams
 from draftdeck.convert.scan_job import ScanParams
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.sweep_params import SweepParams
 from draftdeck.drafter.export.params import ExportParams
 from draftdeck.drafter.tiny_job import TinyTargetParams
+from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.jobs.context import RunContext
 from draftdeck.jobs.params import JobParams
@@ -81,7 +81,7 @@ KINDS: dict[str, JobKind] = {
         JobKind("sweep", "gpu", SweepParams, "draftdeck.drafter.eval.sweep:run_sweep",
                 "A drafter evaluated at every point of a grid of eval options: tau against tokens/s, the"
                 " Pareto front, the flags to serve"),
-        JobKind("cache-hidden", "gpu", CacheParams, "draftdeck.drafter.cache.build:run_cache_hidden",
+        JobKind("cache-hidden", "gpu", CacheParams, "draftdeck.drafter.train.cache.build:run_cache_hidden",
                 "The target's hidden states of a tokenized dataset, once, as a checked cache train reads"),
         JobKind("export-drafter", "cpu", ExportParams, "draftdeck.drafter.export.params:run_export",
                 "Export a drafter checkpoint (or a run's best) to z-lab's format for vLLM and SGLang"),

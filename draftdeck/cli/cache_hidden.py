@@ -5,7 +5,7 @@ that `draftdeck train --hidden-states CACHE` reads without the target's decoder 
         [--format draftdeck|speculators]
     draftdeck cache-hidden DATASET --target DIR --import FOLDER --stored-layers I,J,... --out DIR
 
-Options are the `cache-hidden` job kind's parameters (draftdeck/drafter/cache/params.py). The disk it
+Options are the `cache-hidden` job kind's parameters (draftdeck/drafter/train/cache/params.py). The disk it
 takes is said before anything runs.
 """
 
@@ -20,12 +20,12 @@ from draftdeck.cli.common import out, usage_exit
 from draftdeck.cli.data import REPORT
 from draftdeck.cli.drafter import ConsoleContext, _run
 from draftdeck.cli.options import job_command
-from draftdeck.drafter.cache.params import CacheParams
+from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.errors import DraftDeckError
 
 
 def cache_hidden(params: CacheParams, *, report: Path | None) -> None:
-    from draftdeck.drafter.cache.build import project, run_cache_hidden
+    from draftdeck.drafter.train.cache.build import project, run_cache_hidden
 
     if params.import_from is None:
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftdeck.drafter.cache.first import cache_first
+from draftdeck.drafter.train.cache.first import cache_first
 from draftdeck.drafter.train.distributed import Launched, launch, run_launched
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.preflight import check_inputs

@@ -24,8 +24,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="package")
 def cache(world: dict[str, Path]) -> Path:
-    from draftdeck.drafter.cache.build import run_cache_hidden
-    from draftdeck.drafter.cache.params import CacheParams
+    from draftdeck.drafter.train.cache.build import run_cache_hidden
+    from draftdeck.drafter.train.cache.params import CacheParams
     from draftdeck.jobs.context import LocalContext
 
     out = world["root"] / "cache-fp32"

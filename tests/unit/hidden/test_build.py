@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftdeck.drafter.cache.build import check_disk, dataset_rows, run_cache_hidden
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.model.cached_target import CachedTarget
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train.cache.build import check_disk, dataset_rows, run_cache_hidden
+from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.hidden.store import MANIFEST, CacheError, HiddenCache
 from draftdeck.jobs.context import LocalContext

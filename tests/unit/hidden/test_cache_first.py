@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from draftdeck.drafter.cache.first import cache_first
+from draftdeck.drafter.train.cache.first import cache_first
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.errors import UsageError
 from draftdeck.hidden.store import MANIFEST, read_manifest

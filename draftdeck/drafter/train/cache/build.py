@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.hidden import checks
 from draftdeck.hidden.store import DTYPES, CacheError, CacheManifest, CacheWriter, HiddenCache, dataset_entry
@@ -137,7 +137,7 @@ class Batched:
 def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
     """The `cache-hidden` job: build a cache (or take in speculators' files with `import_from`)."""
     if params.import_from is not None:
-        from draftdeck.drafter.cache.formats import import_speculators
+        from draftdeck.drafter.train.cache.formats import import_speculators
 
         return import_speculators(params, ctx)
     return build_cache(params, ctx)
@@ -295,7 +295,7 @@ def fill(
         raise JobFailed("; ".join(f.reason for f in failures), report)
     verify(out, target, paths, params.check_rows, report, policy)
     if params.format == "speculators":
-        from draftdeck.drafter.cache.formats import write_speculators
+        from draftdeck.drafter.train.cache.formats import write_speculators
 
         report.extra["speculators_files"] = write_speculators(out, paths)
     return finish(out, mf, report)

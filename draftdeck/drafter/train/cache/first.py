@@ -73,9 +73,9 @@ def cache_first(params: TrainParams, ctx: RunContext, *, launched: bool) -> Trai
 
 
 def _build(params: TrainParams, folder: str, ctx: RunContext) -> Report:
-    from draftdeck.drafter.cache.build import build_cache
-    from draftdeck.drafter.cache.params import CacheParams
     from draftdeck.drafter.kinds import get_kind
+    from draftdeck.drafter.train.cache.build import build_cache
+    from draftdeck.drafter.train.cache.params import CacheParams
     from draftdeck.drafter.train.plan import shape_of, target_config
 
     shape = shape_of(params, seq_length=params.seq_length or 4096, element_size=4, world=1)

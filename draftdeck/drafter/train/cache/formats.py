@@ -15,9 +15,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftdeck.drafter.cache.build import announce, dataset_rows, fill, kind_layer_ids, manifest_for, sized
-from draftdeck.drafter.cache.params import CacheParams
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train.cache.build import (
+    announce,
+    dataset_rows,
+    fill,
+    kind_layer_ids,
+    manifest_for,
+    sized,
+)
+from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.errors import UsageError
 from draftdeck.hidden.store import HiddenCache
 from draftdeck.jobs.context import RunContext
