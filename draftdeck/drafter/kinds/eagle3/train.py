@@ -30,13 +30,72 @@ from draftdeck.errors import UsageError
 from draftdeck.shards.tools import DraftVocab, read_draft_vocab, vocab_of_counts
 
 
-class Eagle3Kind:
+class UnrolledChain:
+    """The steps a chain drafter's training shares (EAGLE-3, and the MTP layer trained as it is): one
+    layer unrolled `steps` times over every position of every row (training-time test), step k weighed
+    `decay`^k, its drafter whole on every rank."""
+
+    shards_state = False
+    p: TrainParams
+    model: nn.Module
+    layer_ids: list[int]
+    steps: int  # the unrolled steps (EAGLE-3's ttt_steps, MTP's mtp_steps)
+    decay: float  # each step's weight is decay ** k (EAGLE-3's step_decay, MTP's mtp_step_beta)
+
+    def micro_batch(
+        self, examples: list[Any], generators: list[torch.Generator], pad_id: int, device: torch.device
+    ) -> MicroBatch:
+        return MicroBatch(*collate(examples, pad_id, device))
+
+    def align(self, micro: list[MicroBatch], ranks: Ranks) -> list[MicroBatch]:
+        return micro  # every rank runs one forward per micro-batch, and as many micro-batches
+
+    def weight_sum(self, m: MicroBatch) -> float:
+        counted = ttt_labels(m.ids, m.lm, self.steps)[1]
+        per_step = counted.sum(dim=(0, 2)).double()
+        weights = self.decay ** torch.arange(self.steps, dtype=torch.float64, device=per_step.device)
+        return float((weights * per_step).sum())
+
+    def backward(
+        self, model: nn.Module, target: Target, m: MicroBatch, normalizer: float, attention: Backend
+    ) -> Counts:
+        drafter: Eagle3Drafter = model  # type: ignore[assignment]
+        tf = target.teacher_forced(m.ids, m.att, self.layer_ids)
+        # the target's view: the KL's soft labels, and the expected acceptance counts
+        view = target_draft_view(target.lm_head, tf.last_hidden, drafter.t2d.nonzero()[:, 0])
+        dtype = next(drafter.parameters()).dtype
+        res = ttt_loss(
+            drafter, tf.context.to(dtype), target.embed(m.ids).to(dtype), m.ids, m.lm, m.att,
+            self.steps, teacher=view, mix=self.p.mix, decay=self.decay, normalizer=normalizer,
+        )  # fmt: skip
+        res.loss.backward()
+        return res.counts
+
+    def reduce_gradients(self, ranks: Ranks) -> None:
+        """Sum the gradients over the ranks (each rank's loss is divided by the global weight sum)."""
+        if ranks.world == 1:
+            return
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            ranks.sum(p.grad)
+
+    def heldout(
+        self, model: nn.Module, target: Target, batches: list[Batch], sources: Sequence[Sequence[str]],
+        judge: bool, sample: bool, attention: Backend,
+    ) -> tuple[Counts, dict[str, Counts]]:  # fmt: skip
+        return eagle3_heldout_pass(
+            model, target, batches, self.steps, sources=sources, judge=judge,  # type: ignore[arg-type]
+            with_loss=sample, decay=self.decay, mix=self.p.mix,
+        )  # fmt: skip
+
+
+class Eagle3Kind(UnrolledChain):
     """An EAGLE-3 drafter: training-time test over every position of every row, its draft vocabulary
     the training split's `draft_vocab_size` most frequent trained tokens or `draft_vocab`'s file
     (stored with every checkpoint: its d2t and t2d buffers, checked on resume)."""
 
     name = "eagle3"
-    shards_state = False
 
     def __init__(self, params: TrainParams, target: Target, data: TrainData):
         self.p = params
@@ -49,6 +108,7 @@ class Eagle3Kind:
         self.coverage = vocab.coverage
         self.slots = params.ttt_steps + 1
         self.layer_ids = self.cfg.target_layer_ids
+        self.steps, self.decay = params.ttt_steps, params.step_decay
 
     def fresh(self) -> nn.Module:
         return Eagle3Drafter(self.cfg)
@@ -97,55 +157,6 @@ class Eagle3Kind:
             f"sum_k {self.p.step_decay:g}^k x ({body}) over TTT steps k = 0..{self.p.ttt_steps - 1},"
             " over the draft vocabulary, / sum of weights"
         )
-
-    def micro_batch(
-        self, examples: list[Any], generators: list[torch.Generator], pad_id: int, device: torch.device
-    ) -> MicroBatch:
-        return MicroBatch(*collate(examples, pad_id, device))
-
-    def align(self, micro: list[MicroBatch], ranks: Ranks) -> list[MicroBatch]:
-        return micro  # every rank runs one forward per micro-batch, and as many micro-batches
-
-    def weight_sum(self, m: MicroBatch) -> float:
-        counted = ttt_labels(m.ids, m.lm, self.p.ttt_steps)[1]
-        per_step = counted.sum(dim=(0, 2)).double()
-        weights = self.p.step_decay ** torch.arange(
-            self.p.ttt_steps, dtype=torch.float64, device=per_step.device
-        )
-        return float((weights * per_step).sum())
-
-    def backward(
-        self, model: nn.Module, target: Target, m: MicroBatch, normalizer: float, attention: Backend
-    ) -> Counts:
-        drafter: Eagle3Drafter = model  # type: ignore[assignment]
-        tf = target.teacher_forced(m.ids, m.att, self.layer_ids)
-        # the target's view: the KL's soft labels, and the expected acceptance counts
-        view = target_draft_view(target.lm_head, tf.last_hidden, drafter.t2d.nonzero()[:, 0])
-        dtype = next(drafter.parameters()).dtype
-        res = ttt_loss(
-            drafter, tf.context.to(dtype), target.embed(m.ids).to(dtype), m.ids, m.lm, m.att,
-            self.p.ttt_steps, teacher=view, mix=self.p.mix, decay=self.p.step_decay, normalizer=normalizer,
-        )  # fmt: skip
-        res.loss.backward()
-        return res.counts
-
-    def reduce_gradients(self, ranks: Ranks) -> None:
-        """Sum the gradients over the ranks (each rank's loss is divided by the global weight sum)."""
-        if ranks.world == 1:
-            return
-        for p in self.model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            ranks.sum(p.grad)
-
-    def heldout(
-        self, model: nn.Module, target: Target, batches: list[Batch], sources: Sequence[Sequence[str]],
-        judge: bool, sample: bool, attention: Backend,
-    ) -> tuple[Counts, dict[str, Counts]]:  # fmt: skip
-        return eagle3_heldout_pass(
-            model, target, batches, self.p.ttt_steps, sources=sources, judge=judge,  # type: ignore[arg-type]
-            with_loss=sample, decay=self.p.step_decay, mix=self.p.mix,
-        )  # fmt: skip
 
     def config_files(self) -> dict[str, bytes]:
         """The flat format's config.json (the checkpoint's weights are that format's: an export reads

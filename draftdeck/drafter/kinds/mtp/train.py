@@ -12,9 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from draftdeck.drafter.kinds.eagle3.model import ttt_labels
-from draftdeck.drafter.kinds.eagle3.objective import target_draft_view, ttt_loss
-from draftdeck.drafter.kinds.eagle3.walked import eagle3_heldout_pass
+from draftdeck.drafter.kinds.eagle3.train import UnrolledChain
 from draftdeck.drafter.kinds.mtp.checkpoint import from_target
 from draftdeck.drafter.kinds.mtp.export import speculators_config
 from draftdeck.drafter.kinds.mtp.model import MTPConfig, MTPDrafter
@@ -22,12 +20,11 @@ from draftdeck.drafter.model.attention import Backend
 from draftdeck.drafter.model.loss_terms import term_words
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.counts import Counts
-from draftdeck.drafter.train.data import TrainData, collate
-from draftdeck.drafter.train.drafters import DRAFTER_JSON, MicroBatch, config_json
+from draftdeck.drafter.train.data import TrainData
+from draftdeck.drafter.train.drafters import DRAFTER_JSON, config_json
 from draftdeck.drafter.train.memory import MemoryEstimate, Shapes
 from draftdeck.drafter.train.optimizers import state_bytes
 from draftdeck.drafter.train.params import TrainParams
-from draftdeck.drafter.train.ranks import Ranks
 from draftdeck.drafter.train.sharding import Sharding
 from draftdeck.drafter.train.truth import Batch
 
@@ -38,11 +35,11 @@ def step_weights(beta: float, steps: int) -> list[float]:
     return [w / sum(raw) for w in raw]
 
 
-class MTPKind:
-    """The target's MTP layer, fine-tuned: every position of every row, `mtp_steps` unrolled steps."""
+class MTPKind(UnrolledChain):
+    """The target's MTP layer, fine-tuned: every position of every row, `mtp_steps` unrolled steps
+    through EAGLE-3's objective and walk (UnrolledChain)."""
 
     name = "mtp"
-    shards_state = False
 
     def __init__(self, params: TrainParams, target: Target, data: TrainData):
         self.p = params
@@ -51,6 +48,7 @@ class MTPKind:
         self.cfg: MTPConfig = self.model.config
         self.slots = params.mtp_steps + 1
         self.layer_ids = self.cfg.target_layer_ids
+        self.steps, self.decay = params.mtp_steps, params.mtp_step_beta
 
     def fresh(self) -> nn.Module:
         return MTPDrafter(self.cfg).share_head(self.model.head)  # type: ignore[arg-type]
@@ -95,54 +93,13 @@ class MTPKind:
             " target's vocabulary, / sum of weights (speculators' step weights, normalised)"
         )
 
-    def micro_batch(
-        self, examples: list[Any], generators: list[torch.Generator], pad_id: int, device: torch.device
-    ) -> MicroBatch:
-        return MicroBatch(*collate(examples, pad_id, device))
-
-    def align(self, micro: list[MicroBatch], ranks: Ranks) -> list[MicroBatch]:
-        return micro
-
-    def weight_sum(self, m: MicroBatch) -> float:
-        counted = ttt_labels(m.ids, m.lm, self.p.mtp_steps)[1]
-        per_step = counted.sum(dim=(0, 2)).double()
-        weights = self.p.mtp_step_beta ** torch.arange(
-            self.p.mtp_steps, dtype=torch.float64, device=per_step.device
-        )
-        return float((weights * per_step).sum())
-
-    def backward(
-        self, model: nn.Module, target: Target, m: MicroBatch, normalizer: float, attention: Backend
-    ) -> Counts:
-        drafter: MTPDrafter = model  # type: ignore[assignment]
-        tf = target.teacher_forced(m.ids, m.att, self.layer_ids)
-        view = target_draft_view(target.lm_head, tf.last_hidden, drafter.t2d.nonzero()[:, 0])
-        dtype = next(drafter.parameters()).dtype
-        res = ttt_loss(
-            drafter, tf.context.to(dtype), target.embed(m.ids).to(dtype), m.ids, m.lm, m.att,  # type: ignore[arg-type]
-            self.p.mtp_steps, teacher=view, mix=self.p.mix, decay=self.p.mtp_step_beta, normalizer=normalizer,
-        )  # fmt: skip
-        res.loss.backward()
-        return res.counts
-
-    def reduce_gradients(self, ranks: Ranks) -> None:
-        if ranks.world == 1:
-            return
-        for p in self.model.parameters():
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            ranks.sum(p.grad)
-
     def heldout(
         self, model: nn.Module, target: Target, batches: list[Batch], sources: Sequence[Sequence[str]],
         judge: bool, sample: bool, attention: Backend,
     ) -> tuple[Counts, dict[str, Counts]]:  # fmt: skip
         drafter: MTPDrafter = model  # type: ignore[assignment]
         drafter.share_head(target.lm_head)
-        return eagle3_heldout_pass(
-            drafter, target, batches, self.p.mtp_steps, sources=sources, judge=judge,  # type: ignore[arg-type]
-            with_loss=sample, decay=self.p.mtp_step_beta, mix=self.p.mix,
-        )  # fmt: skip
+        return super().heldout(drafter, target, batches, sources, judge, sample, attention)
 
     def config_files(self) -> dict[str, bytes]:
         """speculators' config.json (a checkpoint's weights are that format's, naming the target it was
