@@ -58,3 +58,20 @@ def train_run(world: dict[str, Path], name: str, drafter: str, **given: object) 
     run_train(params, ctx)
     points = sorted((p.step, p.name, p.value) for p in ctx.points if p.name not in TIMED)
     return points, json.loads((world["root"] / name / "run.json").read_text()), ctx
+
+
+def vllm_files(world: dict[str, Path], folder: Path, order: list[int]) -> None:
+    """hs_<i>.safetensors as vLLM's hidden-state connector writes them: from the target's own forward of
+    each dataset row, the HF `hidden_states` indices `order` in that order, and the row's ids."""
+    from safetensors.torch import save_file
+
+    from draftdeck.drafter.model.target import Target
+    from draftdeck.drafter.train.cache.build import dataset_rows
+
+    folder.mkdir(parents=True)
+    target = Target.load(world["target"], with_tokenizer=False)
+    for i, (_, _, ids) in enumerate(dataset_rows([world["ds"]], None)):
+        with torch.no_grad():
+            hs = target.model(input_ids=torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states
+        save_file({"hidden_states": torch.stack([hs[j][0] for j in order], 1).contiguous(),
+                   "token_ids": torch.from_numpy(ids)}, str(folder / f"hs_{i}.safetensors"))  # fmt: skip

@@ -15,7 +15,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftdeck.drafter.model.cached_target import CachedTarget
-from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.cache.build import check_disk, dataset_rows, run_cache_hidden
 from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.errors import JobFailed, UsageError
@@ -23,6 +22,7 @@ from draftdeck.hidden.store import MANIFEST, CacheError, HiddenCache
 from draftdeck.jobs.context import LocalContext
 from tests.conftest import PROBES
 from tests.support.eval import speculators_venv
+from tests.unit.hidden.conftest import vllm_files
 
 
 def _params(world: dict[str, Path], out: Path, **kw: object) -> CacheParams:
@@ -81,21 +81,10 @@ def test_speculators_own_offline_check_accepts_the_files(
     assert got == {"found": list(range(24)), "corrupt": {}, "passed": 24, "failed": {}}
 
 
-def _vllm_files(world: dict[str, Path], folder: Path, order: list[int]) -> None:
-    """hs_<i>.safetensors from the target's own forward, the HF indices `order` in that order."""
-    folder.mkdir(parents=True)
-    target = Target.load(world["target"], with_tokenizer=False)
-    for i, (_, _, ids) in enumerate(dataset_rows([world["ds"]], None)):
-        with torch.no_grad():
-            hs = target.model(input_ids=torch.from_numpy(ids)[None], output_hidden_states=True).hidden_states
-        save_file({"hidden_states": torch.stack([hs[j][0] for j in order], 1).contiguous(),
-                   "token_ids": torch.from_numpy(ids)}, str(folder / f"hs_{i}.safetensors"))  # fmt: skip
-
-
 def test_files_in_another_layer_order_are_taken_in_as_the_built_cache(
     world: dict[str, Path], tmp_path: Path
 ) -> None:
-    _vllm_files(world, tmp_path / "vllm", [1, 0, 2])
+    vllm_files(world, tmp_path / "vllm", [1, 0, 2])
     built = tmp_path / "built"
     run_cache_hidden(_params(world, built, dtype="fp32"), LocalContext(tmp_path / "c1"))
     imported = tmp_path / "imported"

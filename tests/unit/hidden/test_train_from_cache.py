@@ -18,7 +18,7 @@ from draftdeck.cli.options import job_command
 from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, CachedTarget
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.hidden.store import MANIFEST, CacheError
-from tests.unit.hidden.conftest import train_run
+from tests.unit.hidden.conftest import train_run, vllm_files
 
 
 def _run(world: dict[str, Path], name: str, drafter: str, cache: Path | None) -> tuple[list, dict]:
@@ -40,6 +40,27 @@ def test_a_run_from_the_cache_equals_the_online_run(
     assert any(name.startswith("heldout/") for _, name, _ in online)
     assert cached == online  # every loss and count, bit for bit
     assert run_cached["steps_done"] == run_online["steps_done"] == 3
+
+
+def test_files_written_as_vllm_writes_them_train_as_the_online_run(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
+    """vLLM's hs_<i>.safetensors (its layer order, not ours), taken in with --import, train a DFlash run
+    whose every loss and count equals the online run's."""
+    from draftdeck.drafter.train.cache.build import run_cache_hidden
+    from draftdeck.drafter.train.cache.params import CacheParams
+    from draftdeck.jobs.context import LocalContext
+
+    vllm_files(world, tmp_path / "vllm", [2, 1, 0])
+    imported = tmp_path / "imported"
+    params = CacheParams(
+        inputs=[str(world["ds"])], target=str(world["target"]), out=str(imported), dtype="fp32",
+        import_from=str(tmp_path / "vllm"), stored_layers=[2, 1, 0],
+    )  # fmt: skip
+    run_cache_hidden(params, LocalContext(tmp_path / "ctx"))
+    online, _ = _run(world, "online-dflash-vllm", "dflash", None)
+    cached, _ = _run(world, "imported-dflash", "dflash", imported)
+    assert any(name == "train/loss" for _, name, _ in online) and cached == online
 
 
 def test_the_cached_target_holds_no_decoder_layer(world: dict[str, Path], cache: Path) -> None:
