@@ -312,11 +312,10 @@ def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) 
         if params.mode == "sampled"
         else Sampling(seed=params.seed)
     )
-    sources: dict[str, DraftSource] = {
-        "drafter": ck.source(target, block),
-        "untrained": ck.source(target, block, untrained_seed=params.seed),
-        "prompt_lookup": PromptLookup(),
-    }
+    sources: dict[str, DraftSource] = {"drafter": ck.source(target, block)}
+    if params.baselines:
+        sources["untrained"] = ck.source(target, block, untrained_seed=params.seed)
+        sources["prompt_lookup"] = PromptLookup()
     if params.tree_budget and not isinstance(sources["drafter"], TreeSource):
         raise UsageError(
             f"tree_budget: {params.checkpoint}, a {ck.kind.title} drafter, drafts chains only;"

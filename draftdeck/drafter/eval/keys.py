@@ -6,4 +6,3 @@ start where the `train` extra (torch) is not installed."""
 from __future__ import annotations
 
 ALL = "(all)"  # a suite's figures over every category (a user's category cannot be named so)
-METHODS = ("drafter", "untrained", "prompt_lookup")  # the draft sources every eval decodes with

@@ -102,6 +102,12 @@ class EvalParams(JobParams):
         " PR #47808), reported as drafter_scheduled beside drafter.",
     )
     seed: int = Field(default=0, ge=0, description="Seed of sampling and of the untrained baseline drafter.")
+    baselines: bool = Field(
+        default=True,
+        description="Decode the same prompts with the baselines too (an untrained drafter of the same shape,"
+        " or an MTP's untouched head, and prompt lookup): the floors the drafter's tau is read against."
+        " Off, the eval decodes a third as much (a sweep's points skip them by default).",
+    )
     device: str = Field(
         default="cpu",
         pattern=r"^(cpu|cuda(:\d+)?|mps)$",

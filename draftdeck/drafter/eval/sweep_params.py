@@ -41,11 +41,12 @@ def _scalar(annotation: Any) -> bool:
 
 
 def sweepable() -> list[str]:
-    """The eval options a grid may vary: EvalParams' scalar fields but paths and the served comparison's."""
+    """The eval options a grid may vary: EvalParams' scalar fields but paths, the served comparison's and
+    `baselines` (a sweep's own setting, off by default: its points are compared with each other)."""
     paths = set(EvalParams.path_fields())
     return [
         name for name, info in EvalParams.model_fields.items()
-        if _scalar(info.annotation) and name not in paths and name not in OWN
+        if _scalar(info.annotation) and name not in paths and name not in OWN and name != "baselines"
         and not name.startswith(NOT_SWEPT_PREFIX)
     ]  # fmt: skip
 
@@ -76,6 +77,7 @@ class SweepBase(JobParams):
     def shared(self) -> dict[str, Any]:
         """The eval options every point shares, named as EvalParams names them."""
         data = self.model_dump(exclude={"inputs", "grid", "out", "prompts"}, exclude_unset=True)
+        data["baselines"] = getattr(self, "baselines", False)  # the sweep's own default, not the eval's
         return {**data, "inputs": list(getattr(self, "prompts", [])), "checkpoint": self.inputs[0]}
 
     def axes(self) -> dict[str, list[Any]]:
@@ -179,6 +181,8 @@ def _sweep_params() -> type[SweepBase]:
                 " rows, or a tokenized dataset folder (its held-out split). Not with --suite."
             )
             fields["prompts"] = (info.annotation, _renamed(info, "--prompts", said))
+        elif name == "baselines":  # a sweep compares its points: the floors, a third of its work, are off
+            fields[name] = (info.annotation, FieldInfo.merge_field_infos(info, default=False))
         else:
             fields[name] = (info.annotation, info)
     model: type[SweepBase] = create_model(

@@ -7,7 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from draftdeck.drafter.eval.keys import METHODS
 from draftdeck.drafter.eval.spec_decode import (
     DecodeStats,
     DraftSource,
@@ -69,14 +68,15 @@ class Tally:
 
     def __post_init__(self) -> None:
         self.plain = DecodeStats(self.block)
-        self.methods = {name: DecodeStats(self.block) for name in METHODS}
-        self.differs = dict.fromkeys(METHODS)
+        # the drafter first; each other method (baselines, a scheduled drafter) as it is decoded
+        self.methods = {"drafter": DecodeStats(self.block)}
+        self.differs = {"drafter": None}
 
     def add(self, d: Decoded, where: dict[str, Any]) -> None:
         """Count one decoded prompt; `where` names it in a lossless break (prompt, file, line)."""
         self.prompts += 1
         self.plain.add(d.plain)
-        for name, gen in d.methods.items():  # a method beyond METHODS (a scheduled drafter) joins here
+        for name, gen in d.methods.items():
             self.methods.setdefault(name, DecodeStats(self.block)).add(gen)
             self.differs.setdefault(name, None)
             if self.greedy and self.differs[name] is None and gen.output_ids != d.plain.output_ids:

@@ -139,6 +139,10 @@ def test_a_real_sweep_writes_one_row_per_point_equal_to_the_eval_of_that_point(
         again = Point.from_eval(p.point, p.params, p.eval_json, ev)
         counts = ("accepted", "verify_steps", "verified", "tokens", "target_tokens", "lossless", "block_size")
         assert {k: getattr(again, k) for k in counts} == {k: getattr(p, k) for k in counts}
+        # the eval alone decodes its baselines too; the sweep's points skip them (a third of the work)
+        point_eval = json.loads((swept.out / p.eval_json).read_text())["eval"]
+        assert list(ev["methods"]) == ["drafter", "untrained", "prompt_lookup"]
+        assert list(point_eval["methods"]) == ["drafter"]
     assert [p.lossless for p in points] == [True, None, True, None]
     assert all(p.tau is not None and p.tau >= 1 and p.tokens_per_s for p in points)
     # a chain verifies the anchor and the block's drafts: at most the block a step (fewer near the end)
