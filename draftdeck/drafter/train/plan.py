@@ -65,7 +65,7 @@ from draftdeck.errors import UsageError
 from draftdeck.units import binary_size
 
 if TYPE_CHECKING:
-    from draftdeck.drafter.train.cache.build import Projection as CacheDisk
+    from draftdeck.drafter.train.cache.size import Projection as CacheDisk
 
 # Measured: a CUDA context and the caching allocator's slack (H100, PyTorch 2.x) is about 1 GiB; on
 # the CPU a training process's RSS before its first tensor (Python, torch, transformers) is about
@@ -435,7 +435,7 @@ def ddp_fits(
 def cache_disk(params: PlanParams, config: Any, shape: Shape) -> CacheDisk:
     """The disk a hidden-state cache for this run takes: the layers its drafter reads and the final
     one, over the rows of `cache_dataset` cut at seq_length (none given: one row of seq_length tokens)."""
-    from draftdeck.drafter.train.cache.build import Projection, sized, stored_layers
+    from draftdeck.drafter.train.cache.size import Projection, sized, stored_layers
 
     ids = get_kind(shape.drafter).plan(shape, config).cfg.target_layer_ids
     layers = stored_layers([int(i) for i in ids], int(config.num_hidden_layers))

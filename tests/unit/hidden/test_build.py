@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftdeck.drafter.model.cached_target import CachedTarget
-from draftdeck.drafter.train.cache.build import check_disk, dataset_rows, run_cache_hidden
+from draftdeck.drafter.train.cache.build import dataset_rows, run_cache_hidden
 from draftdeck.drafter.train.cache.params import CacheParams
+from draftdeck.drafter.train.cache.size import check_disk
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.hidden.store import MANIFEST, CacheError, HiddenCache
 from draftdeck.jobs.context import LocalContext

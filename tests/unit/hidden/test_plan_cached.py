@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from draftdeck.causal_lm import causal_lm_config
 from draftdeck.cli import app
 from draftdeck.drafter.model.cached_target import CachedTarget
-from draftdeck.drafter.train.cache.build import ZSTD_RATIO
+from draftdeck.drafter.train.cache.size import ZSTD_RATIO
 from draftdeck.drafter.train.memory import params_bytes
 from draftdeck.drafter.train.params import PlanParams
 from draftdeck.drafter.train.plan_advice import plan_for

@@ -2,14 +2,22 @@
 alone, unpadded: what `CachedTarget` serves a micro-batch's row), its hidden states of the layers the
 chosen drafter kinds read (the union) and its final hidden state stored (`store`), every row checked
 (`checks`), the first rows read back and compared with a live forward, the disk it takes said before
-it starts and refused when the out folder's disk cannot hold it."""
+it starts and refused when the out folder's disk cannot hold it (size.py).
+
+The field's offline files, both ways: speculators' and vLLM's ``hidden_states/hs_<i>.safetensors`` (one
+per sample: ``hidden_states`` [tokens, layers, hidden], the tapped layers in order then the last, and
+``token_ids`` [tokens]; speculators/data_generation/offline.py checks them on load). `write_speculators`
+writes a cache's rows so (row i of the datasets, in order, is ``hs_<i>``); `import_speculators` takes
+such a folder in as a cache: the files' layers (`stored_layers`, HF ``hidden_states`` indices in file
+order, as speculators' launch config names them) mapped to the cache's order, refused with the reason
+when a chosen kind's layers or the final layer are not there, every row checked as a built one is and
+the first rows compared with a live forward of the target."""
 
 from __future__ import annotations
 
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +25,7 @@ import torch
 
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.cache.params import CacheParams
+from draftdeck.drafter.train.cache.size import Projection, check_disk, sized, stored_layers
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.hidden import checks
 from draftdeck.hidden.store import DTYPES, CacheError, CacheManifest, CacheWriter, HiddenCache, dataset_entry
@@ -38,33 +47,6 @@ def kind_layer_ids(params: CacheParams, config: object) -> list[int]:
         planned = get_kind(name).plan(Shape(drafter=name, layers=params.layers), config)
         ids.update(int(i) for i in planned.cfg.target_layer_ids)
     return sorted(ids)
-
-
-def stored_layers(target_ids: list[int], num_layers: int) -> list[int]:
-    """HF hidden_states indices stored: each id's i + 1, and the final layer (after the norm) last."""
-    bad = [i for i in target_ids if not -1 <= i < num_layers]  # -1: the embeddings (EAGLE-3 on a tiny target)
-    if bad:
-        raise UsageError(f"layer ids {bad} do not exist: the target has layers 0..{num_layers - 1}")
-    return [*sorted({i + 1 for i in target_ids} - {num_layers}), num_layers]
-
-
-def disk_needed(tokens: int, layers: int, hidden: int, dtype: str) -> int:
-    """Bytes of the hidden states: tokens x layers x hidden x bytes per value (ids and headers aside)."""
-    return tokens * layers * hidden * DTYPES[dtype].itemsize
-
-
-def check_disk(out: Path, need: int) -> int:
-    """The free bytes where `out` will be written; refuses when they cannot hold `need`."""
-    at = out
-    while not at.exists():
-        at = at.parent
-    free = shutil.disk_usage(at).free
-    if need > free:
-        raise UsageError(
-            f"{out}: the cache takes {binary_size(need)} ({need:,} bytes) but its disk has "
-            f"{binary_size(free)} ({free:,} bytes) free"
-        )
-    return free
 
 
 def dataset_rows(paths: list[Path], seq_length: int | None) -> Iterator[tuple[int, int, np.ndarray]]:
@@ -137,59 +119,8 @@ class Batched:
 def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
     """The `cache-hidden` job: build a cache (or take in speculators' files with `import_from`)."""
     if params.import_from is not None:
-        from draftdeck.drafter.train.cache.formats import import_speculators
-
         return import_speculators(params, ctx)
     return build_cache(params, ctx)
-
-
-# zstd (level 3) over bf16 hidden states: x1.26, measured by benchmarks/hidden_cache.py on the demo
-# world's random-init target; a trained model's states may compress otherwise, so a figure from it
-# is an estimate. The cache does not store compressed shards yet.
-ZSTD_RATIO = 1.26
-
-
-@dataclass(frozen=True)
-class Projection:
-    """What a cache will hold, from the target's config and the datasets' lengths (no weight read)."""
-
-    rows: int
-    tokens: int
-    layers: list[int]  # HF hidden_states indices, the final layer last
-    hidden: int
-    dtype: str
-    copies: int = 1  # 2 with speculators' files beside the cache
-
-    @property
-    def bytes(self) -> int:
-        return self.copies * disk_needed(self.tokens, len(self.layers), self.hidden, self.dtype)
-
-    @property
-    def zstd_bytes(self) -> int | None:
-        """About what zstd would make of bf16 states (`ZSTD_RATIO`, measured on the demo world: an
-        estimate); None for another dtype (not measured)."""
-        return int(self.bytes / ZSTD_RATIO) if self.dtype == "bf16" else None
-
-    def said(self) -> str:
-        twice = " x 2 (the cache and speculators' files)" if self.copies == 2 else ""
-        zstd = self.zstd_bytes
-        compressed = (
-            f"; with zstd about {binary_size(zstd)} (an estimate: x{ZSTD_RATIO} measured on the demo world)"
-            if zstd is not None
-            else ""
-        )
-        return (
-            f"the cache takes {binary_size(self.bytes)} ({self.bytes:,} bytes): {self.rows:,}"
-            f" row{'s' if self.rows != 1 else ''}, {self.tokens:,} tokens x {len(self.layers)} layers x"
-            f" {self.hidden:,} hidden x {DTYPES[self.dtype].itemsize} bytes ({self.dtype}){twice}{compressed}"
-        )
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "rows": self.rows, "tokens": self.tokens, "layers": self.layers, "hidden": self.hidden,
-            "dtype": self.dtype, "bytes": self.bytes, "zstd_bytes_estimate": self.zstd_bytes,
-            "zstd_ratio_measured": ZSTD_RATIO,
-        }  # fmt: skip
 
 
 def project(params: CacheParams) -> Projection:
@@ -200,15 +131,6 @@ def project(params: CacheParams) -> Projection:
     layers = stored_layers(kind_layer_ids(params, config), int(config.num_hidden_layers))
     copies = 2 if params.format == "speculators" else 1
     return sized(params.inputs, params.seq_length, layers, int(config.hidden_size), params.dtype, copies)
-
-
-def sized(
-    inputs: list[str], seq_length: int | None, layers: list[int], hidden: int, dtype: str, copies: int = 1
-) -> Projection:
-    """The rows and tokens of the datasets `inputs` (cut at seq_length) as a cache of `layers`."""
-    sets = [ShardDataset(p) for p in inputs]
-    tokens = sum(int(np.minimum(ds.lengths(), seq_length or 1 << 62).sum()) for ds in sets)
-    return Projection(sum(len(ds) for ds in sets), tokens, layers, hidden, dtype, copies)
 
 
 def manifest_for(params: CacheParams, num_layers: int, hidden: int, layers: list[int]) -> CacheManifest:
@@ -295,8 +217,6 @@ def fill(
         raise JobFailed("; ".join(f.reason for f in failures), report)
     verify(out, target, paths, params.check_rows, report, policy)
     if params.format == "speculators":
-        from draftdeck.drafter.train.cache.formats import write_speculators
-
         report.extra["speculators_files"] = write_speculators(out, paths)
     return finish(out, mf, report)
 
@@ -370,3 +290,73 @@ def finish(out: Path, mf: CacheManifest, report: Report) -> Report:
     )  # fmt: skip
     report.check_accounting()
     return report
+
+
+# The field's offline files, both ways (speculators' and vLLM's hidden_states/hs_<i>.safetensors).
+FOLDER = "hidden_states"
+
+
+def write_speculators(cache: Path, paths: list[Path]) -> int:
+    """``<cache>/hidden_states/hs_<i>.safetensors`` for every cached row; the files written."""
+    from safetensors.torch import save_file
+
+    c = HiddenCache(cache)
+    folder = cache / FOLDER
+    folder.mkdir(exist_ok=True)
+    n = 0
+    for index, (di, row, _) in enumerate(dataset_rows(paths, c.mf.seq_length)):
+        e = c.by_row.get((di, row))
+        if e is None:
+            continue  # left out by the policy: counted in the report
+        tensors = {"hidden_states": c.hidden(e).contiguous(), "token_ids": c.ids(e).long().contiguous()}
+        save_file(tensors, str(folder / f"hs_{index}.safetensors"))
+        n += 1
+    return n
+
+
+def import_speculators(params: CacheParams, ctx: RunContext) -> Report:
+    from draftdeck.causal_lm import causal_lm_config
+
+    assert params.import_from is not None and params.stored_layers is not None  # the params' validator
+    src = Path(params.import_from)
+    folder = src / FOLDER if (src / FOLDER).is_dir() else src
+    config = causal_lm_config(params.target)
+    final, hidden = int(config.num_hidden_layers), int(config.hidden_size)
+    file_layers = list(params.stored_layers)
+    if final not in file_layers:
+        raise UsageError(
+            f"stored_layers {file_layers}: the final layer (hidden_states[{final}]) is not among them; the"
+            " losses read it (speculators stores it last)"
+        )
+    wanted = [i + 1 for i in kind_layer_ids(params, config)]
+    missing = sorted(set(wanted) - set(file_layers))
+    if missing:
+        raise UsageError(
+            f"{src}: drafter {' and '.join(params.drafter)} reads hidden_states {missing}, which the files do"
+            f" not hold (they hold {file_layers}): import for the kinds they serve (--drafter), or regenerate"
+        )
+    layers = [*sorted(set(file_layers) - {final}), final]
+    order = [file_layers.index(j) for j in layers]  # the files' slots, in the cache's order
+    plan = sized(params.inputs, params.seq_length, layers, hidden, params.dtype)
+    absent = [i for i in range(plan.rows) if not (folder / f"hs_{i}.safetensors").is_file()]
+    if absent:
+        raise UsageError(
+            f"{folder}: {len(absent)} of {plan.rows} rows have no hs_<i>.safetensors (first: {absent[:5]})"
+        )
+    announce(ctx, Path(params.out), plan)
+    target = Target.load(params.target) if params.check_rows else None  # the live check's forward
+    mf = manifest_for(params, final, hidden, layers)
+    mf.source = f"imported from {src} (stored_layers {file_layers})"
+
+    def read(index: int, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        data = load_file(str(folder / f"hs_{index}.safetensors"))
+        hs, got = data.get("hidden_states"), data.get("token_ids")
+        if hs is None or got is None:
+            raise UsageError(f"{folder}/hs_{index}.safetensors: no hidden_states or token_ids")
+        if hs.dim() == 3 and hs.shape[1] == len(file_layers):
+            hs = hs[:, order]
+        return hs, got
+
+    return fill(params, ctx, plan, mf, target, read)
