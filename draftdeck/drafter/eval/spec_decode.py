@@ -248,6 +248,19 @@ def generate_plain(
     return Generation(out, time.perf_counter() - begin, time.process_time() - cpu)
 
 
+def prefill(
+    target: TargetRunner, source: DraftSource, prompt_ids: list[int], sampling: Sampling, gen: torch.Generator
+) -> tuple[DynamicCache, list[int]]:
+    """The prompt through the target (its features to the source) and the first token chosen: the cache
+    and the committed ids (the prompt and that token) a speculative decoder, chain or tree, starts from."""
+    cache = target.new_cache()
+    source.begin(prompt_ids)
+    logits, feats = target.forward(prompt_ids, 0, cache, source.layer_ids)
+    cache.crop(0)
+    source.observe(feats)
+    return cache, [*prompt_ids, choose_token(logits[-1], sampling, gen)]
+
+
 @torch.inference_mode()
 def generate_speculative(
     target: TargetRunner,
@@ -262,14 +275,8 @@ def generate_speculative(
         raise ValueError(f"block_size must be at least 2 (an anchor and one draft), got {block_size}")
     gen = seeded_generator(sampling)
     begin, cpu = time.perf_counter(), time.process_time()
-    cache = target.new_cache()
     layer_ids = source.layer_ids
-    source.begin(prompt_ids)
-    logits, feats = target.forward(prompt_ids, 0, cache, layer_ids)
-    cache.crop(0)
-    source.observe(feats)
-    committed = list(prompt_ids)
-    committed.append(choose_token(logits[-1], sampling, gen))
+    cache, committed = prefill(target, source, prompt_ids, sampling, gen)
     result = Generation(output_ids=[], seconds=0.0)
     n_out = 1
     stopped = committed[-1] in target.eos_ids

@@ -28,7 +28,7 @@ from draftdeck.drafter.eval.spec_decode import (
     Generation,
     Sampling,
     TargetRunner,
-    choose_token,
+    prefill,
     sampling_probs,
     seeded_generator,
 )
@@ -155,14 +155,8 @@ def generate_tree(
         raise ValueError(refused)
     gen = seeded_generator(sampling)
     begin, cpu = time.perf_counter(), time.process_time()
-    cache = target.new_cache()
     layer_ids = source.layer_ids
-    source.begin(prompt_ids)
-    logits, feats = target.forward(prompt_ids, 0, cache, layer_ids)
-    cache.crop(0)
-    source.observe(feats)
-    committed = list(prompt_ids)
-    committed.append(choose_token(logits[-1], sampling, gen))
+    cache, committed = prefill(target, source, prompt_ids, sampling, gen)
     result = Generation(output_ids=[], seconds=0.0)
     n_out = 1
     stopped = committed[-1] in target.eos_ids
