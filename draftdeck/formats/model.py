@@ -30,6 +30,26 @@ class ToolCall:
         return self.raw_arguments is None
 
 
+# Where an image sits in a message's text: LLaMA-Factory's placeholder, which every reader writes in
+# place of an image part, so a message's text keeps the images' order among its words. A message has as
+# many placeholders as `images`; a row whose counts differ is rejected (`image_placeholder_mismatch`).
+# A row without images keeps a literal "<image>" as text.
+IMAGE_PLACEHOLDER = "<image>"
+
+
+@dataclass(slots=True)
+class ImageRef:
+    """One image of a message, as the source gave it: exactly one of `path` (a local file, absolute),
+    `data` (decoded bytes: a data URI, Anthropic base64) or `url` (http(s): never fetched, named). Once
+    stored beside the shards, `sha256` names its content-addressed file (``images/<sha256>.<ext>``)."""
+
+    path: str | None = None
+    data: bytes | None = None
+    url: str | None = None
+    sha256: str | None = None
+    mime: str | None = None  # as the source declared it ("image/png"), when it did
+
+
 @dataclass(slots=True)
 class Message:
     role: Role
@@ -49,6 +69,8 @@ class Message:
     # The token ids the answering model produced for this turn (regenerate records them): tokenize
     # trains on them as they are where they decode to the rendered turn, instead of re-encoding text.
     token_ids: list[int] | None = None
+    # The message's images in order, one per IMAGE_PLACEHOLDER in `content` (empty: a text message)
+    images: list[ImageRef] = field(default_factory=list)
 
     @property
     def trained(self) -> bool:
