@@ -77,7 +77,17 @@ CODES: dict[str, IssueCode] = _codes(
     (
         "multimodal_content",
         Action.REJECT,
-        "the row holds images, audio or video: a text drafter cannot learn them",
+        "the row holds audio or video (or images, read with --images reject): no drafter learns them",
+    ),
+    # images in the data (draftdeck.formats.images): each image of a row is loaded and checked
+    ("image_missing", Action.REJECT, "an image the row names is not there (no such file)"),
+    ("image_unreadable", Action.REJECT, "an image's bytes are not an image PIL can decode"),
+    ("image_too_large", Action.REJECT, "an image is over the byte or pixel limit (--max-image-*)"),
+    ("image_url_unread", Action.REJECT, "an image given as an http(s) URL: never fetched"),
+    (
+        "image_placeholder_mismatch",
+        Action.REJECT,
+        "the <image> placeholders in the text are not as many as the row's images",
     ),
     ("empty_conversation", Action.REJECT, "the conversation has no messages"),
     (

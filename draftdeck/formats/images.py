@@ -1,0 +1,320 @@
+"""Images in the data: where an image part points (a data URI, a file, a URL), its bytes, the checks
+that reject a row naming why, and the content-addressed store beside a dataset.
+
+Every reader turns an image part into an :class:`~draftdeck.formats.model.ImageRef`; :func:`check`
+loads its bytes and proves it is an image a processor can open; :func:`store` writes it once as
+``<sha256>.<ext>`` in an images folder, so a picture shared by a thousand rows is one file.
+
+The rejections, each an issue code of :mod:`draftdeck.quality`:
+
+- ``image_missing``: the file named is not there (or is not a file);
+- ``image_unreadable``: the bytes are not an image PIL can decode (or the data URI is not base64);
+- ``image_too_large``: over :class:`ImageLimits` (bytes, or width x height in pixels);
+- ``image_url_unread``: an http(s) or other remote URL. DraftDeck never fetches one: a dataset that
+  trains differently on each run, and a server that can be made to fetch for others, are worse than
+  a rejection that names the URL (download the images and point at the files instead).
+
+An http URL is never fetched here or anywhere else; a file path is read as given (absolute, after the
+reader resolved it against the input file's folder).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, unquote_to_bytes, urlparse
+
+from draftdeck.formats.common import RowRejected
+from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef, Message
+
+# 20 MiB: OpenAI's own limit on one image input; larger files are scans or raw photos that a
+# processor shrinks to a few megapixels anyway.
+DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# 8192 x 8192: far above what Qwen's processors keep (about 12.8 megapixels before resizing), and
+# below PIL's decompression-bomb guard (about 89 megapixels), which would otherwise warn first.
+DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192
+
+# The folder of stored images beside a dataset's output (a file's is "<out>.images" for a single file)
+IMAGES_DIR = "images"
+
+# PIL's format name -> the extension a stored file gets (PIL's own name, lower-cased, for the rest)
+_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff"}
+# What a browser shows in an <img> (the sample page serves only these)
+BROWSER_EXTENSIONS = frozenset({"jpg", "png", "gif", "webp", "bmp"})
+_REMOTE_SCHEMES = ("http", "https", "ftp", "s3", "gs", "hf", "az", "abfs")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageLimits:
+    """The largest image a row may hold: `max_bytes` of encoded file, `max_pixels` of width x height."""
+
+    max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+
+DEFAULT_LIMITS = ImageLimits()
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedImage:
+    """An image that passed :func:`check`: its bytes, their sha256, the real format (sniffed from the
+    bytes, whatever the file's name or the declared mime said) and its size."""
+
+    data: bytes
+    sha256: str
+    format: str  # PIL's name: "PNG", "JPEG"...
+    width: int
+    height: int
+
+    @property
+    def ext(self) -> str:
+        return _EXTENSIONS.get(self.format, self.format.lower())
+
+    @property
+    def mime(self) -> str:
+        from PIL import Image
+
+        return Image.MIME.get(self.format, f"image/{self.ext}")
+
+    @property
+    def name(self) -> str:
+        """The stored file's name: ``<sha256>.<ext>``."""
+        return f"{self.sha256}.{self.ext}"
+
+
+# -- where a part points ---------------------------------------------------------------------------
+def ref_from_uri(uri: str, base_dir: str | None, where: str) -> ImageRef:
+    """An image part's address as an ImageRef: a ``data:`` URI decoded, an http(s) (or other remote)
+    URL kept unread, a ``file:`` URI or a bare path resolved against `base_dir` (the input file's
+    folder; None: the working directory)."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise RowRejected("image_missing", f"{where} names no image (an empty address)")
+    uri = uri.strip()
+    head = uri[:16].lower()
+    if head.startswith("data:"):
+        return data_uri_ref(uri, where)
+    scheme = urlparse(uri).scheme.lower() if ":" in head else ""
+    if scheme in _REMOTE_SCHEMES or ("://" in head and scheme not in ("file", "")):
+        return ImageRef(url=uri)
+    if scheme == "file":
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            return ImageRef(url=uri)  # a file on another host: as remote as http
+        return ImageRef(path=resolve_path(unquote(parsed.path), base_dir))
+    return ImageRef(path=resolve_path(uri, base_dir))
+
+
+def resolve_path(path: str, base_dir: str | None) -> str:
+    """`path` absolute: a relative path is relative to `base_dir` (the input file's folder)."""
+    p = Path(path).expanduser()
+    if not p.is_absolute():
+        p = Path(base_dir or os.getcwd()) / p
+    return os.path.normpath(p)
+
+
+def data_uri_ref(uri: str, where: str) -> ImageRef:
+    """``data:[<mime>][;base64],<payload>`` decoded to bytes (the mime kept as declared)."""
+    header, sep, payload = uri.partition(",")
+    if not sep:
+        raise RowRejected("image_unreadable", f"{where} is a data URI without a comma (no payload)")
+    params = header[5:].split(";")
+    mime = params[0].strip().lower() or None
+    try:
+        if "base64" in (p.strip().lower() for p in params[1:]):
+            data = base64.b64decode(payload.strip(), validate=False)
+        else:
+            data = unquote_to_bytes(payload)
+    except (binascii.Error, ValueError) as exc:
+        raise RowRejected(
+            "image_unreadable", f"{where} is a data URI whose base64 is broken ({exc})"
+        ) from None
+    return ImageRef(data=data, mime=mime)
+
+
+def base64_ref(payload: Any, mime: Any, where: str) -> ImageRef:
+    """Anthropic's ``{"type": "base64", "media_type", "data"}`` source as an ImageRef."""
+    if not isinstance(payload, str) or not payload:
+        raise RowRejected("image_unreadable", f"{where} holds no base64 data")
+    try:
+        data = base64.b64decode(payload.strip(), validate=False)
+    except (binascii.Error, ValueError) as exc:
+        raise RowRejected("image_unreadable", f"{where} holds broken base64 ({exc})") from None
+    return ImageRef(data=data, mime=mime if isinstance(mime, str) else None)
+
+
+def describe(ref: ImageRef) -> str:
+    """The image as a reason names it: its URL, its path, or its size in bytes."""
+    if ref.url is not None:
+        return ref.url if len(ref.url) <= 200 else ref.url[:197] + "..."
+    if ref.path is not None:
+        return ref.path
+    return f"{len(ref.data or b'')} bytes of {ref.mime or 'image'} data"
+
+
+# -- bytes and checks ------------------------------------------------------------------------------
+def image_bytes(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str = "image") -> bytes:
+    """The image's encoded bytes. A URL is never fetched: ``image_url_unread``; a path that is not a
+    file: ``image_missing``; more bytes than the limit: ``image_too_large`` (a file is not read then)."""
+    if ref.url is not None:
+        raise RowRejected("image_url_unread", f"{where} is a URL, which DraftDeck never fetches: {ref.url}")
+    if ref.data is not None:
+        data = ref.data
+    elif ref.path is not None:
+        try:
+            size = os.stat(ref.path).st_size
+            if not os.path.isfile(ref.path):
+                raise FileNotFoundError(ref.path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise RowRejected("image_missing", f"{where}: no image file at {ref.path}") from None
+        except OSError as exc:
+            raise RowRejected("image_unreadable", f"{where}: {ref.path} cannot be read ({exc})") from None
+        if size > limits.max_bytes:
+            raise RowRejected(
+                "image_too_large", f"{where}: {ref.path} is {size:,} bytes (limit {limits.max_bytes:,})"
+            )
+        try:
+            data = Path(ref.path).read_bytes()
+        except OSError as exc:
+            raise RowRejected("image_unreadable", f"{where}: {ref.path} cannot be read ({exc})") from None
+    else:
+        raise RowRejected("image_missing", f"{where} names no image (no path, data or URL)")
+    if len(data) > limits.max_bytes:
+        raise RowRejected(
+            "image_too_large", f"{where}: {describe(ref)} is {len(data):,} bytes (limit {limits.max_bytes:,})"
+        )
+    return data
+
+
+def check_bytes(data: bytes, limits: ImageLimits = DEFAULT_LIMITS, where: str = "image") -> CheckedImage:
+    """Prove `data` is an image PIL decodes whole (verify, then a full load: a truncated JPEG passes
+    verify alone) within the pixel limit; its real format sniffed from the bytes."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                fmt, (width, height) = img.format or "", img.size
+                if width * height > limits.max_pixels:
+                    raise RowRejected(
+                        "image_too_large",
+                        f"{where} is {width} x {height} pixels (limit {limits.max_pixels:,} pixels)",
+                    )
+                img.verify()
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+    except RowRejected:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise RowRejected("image_too_large", f"{where}: {exc}") from None
+    except UnidentifiedImageError:
+        raise RowRejected(
+            "image_unreadable", f"{where} is not an image PIL can open ({_magic(data)})"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:  # PIL's errors for broken data
+        raise RowRejected("image_unreadable", f"{where} is a broken {fmt or 'image'} file ({exc})") from None
+    if not fmt:
+        raise RowRejected("image_unreadable", f"{where}: PIL opened it but names no format")
+    return CheckedImage(data, hashlib.sha256(data).hexdigest(), fmt, width, height)
+
+
+def _magic(data: bytes) -> str:
+    return f"{len(data)} bytes starting {data[:8]!r}" if data else "no bytes"
+
+
+def check(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str = "image") -> CheckedImage:
+    """Load and check one image; set `ref.sha256` and `ref.mime` (the real format's, not the declared
+    one) from what was found. Raises RowRejected with one of the image codes."""
+    checked = check_bytes(image_bytes(ref, limits, where), limits, f"{where} ({describe(ref)})")
+    ref.sha256 = checked.sha256
+    ref.mime = checked.mime
+    return checked
+
+
+def check_messages(messages: list[Message], limits: ImageLimits = DEFAULT_LIMITS, where: str = "row") -> int:
+    """Check every image of a conversation, and that each message has as many IMAGE_PLACEHOLDERs as
+    images (``image_placeholder_mismatch``). Returns the number of images."""
+    n = 0
+    for i, msg in enumerate(messages):
+        placeholders = msg.content.count(IMAGE_PLACEHOLDER)
+        if msg.images and placeholders != len(msg.images):
+            raise RowRejected(
+                "image_placeholder_mismatch",
+                f"{where} message {i} ({msg.role}) has {len(msg.images)} image(s) and "
+                f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s)",
+            )
+        for j, ref in enumerate(msg.images):
+            check(ref, limits, f"{where} message {i} image {j}")
+            n += 1
+    return n
+
+
+def has_images(messages: list[Message]) -> bool:
+    return any(m.images for m in messages)
+
+
+# -- the content-addressed store -------------------------------------------------------------------
+def store(ref: ImageRef, folder: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str:
+    """Write the image once as ``<folder>/<sha256>.<ext>`` and return that name (`ref.sha256` set).
+
+    Atomic: the bytes go to a temporary file in `folder`, then take the name with os.replace, so a
+    reader never sees half a file and two writers of the same image leave one. An existing file of that
+    name is the same content (the name is its hash): it is not written again."""
+    checked = check(ref, limits)
+    return store_checked(checked, folder)
+
+
+def store_checked(checked: CheckedImage, folder: str | Path) -> str:
+    folder = Path(folder)
+    name = checked.name
+    final = folder / name
+    if final.is_file():
+        return name
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{checked.sha256[:16]}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(checked.data)
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return name
+
+
+def is_stored_name(name: str) -> bool:
+    """Whether `name` has the shape of a stored image's name (a sha256 in hex, a dot, an extension):
+    what the sample page's image route serves, and nothing else."""
+    stem, dot, ext = name.partition(".")
+    return (
+        bool(dot)
+        and len(stem) == 64
+        and all(c in "0123456789abcdef" for c in stem)
+        and 1 <= len(ext) <= 5
+        and ext.isalnum()
+        and ext.islower()
+    )
+
+
+def images_folder_for(output: str | Path) -> Path:
+    """Where a written file's images go: ``<output>.images/`` beside it (a dataset folder's shards use
+    ``<folder>/images/``), so moving the file and its folder together keeps every link."""
+    output = Path(output)
+    return output.parent / f"{output.name}.{IMAGES_DIR}"
+
+
+def to_pil(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS) -> Any:
+    """The image as an RGB PIL image (what an image processor takes), checked first."""
+    from PIL import Image
+
+    checked = check(ref, limits)
+    with Image.open(io.BytesIO(checked.data)) as img:
+        return img.convert("RGB")
