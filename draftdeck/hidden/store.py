@@ -7,6 +7,14 @@ The manifest (`MANIFEST`) names the target (its fingerprint), the datasets (thei
 sha256), the layers, the dtype and every shard (dataset, first row, rows, tokens, bytes, sha256),
 so that training row (dataset d, row r) maps to one entry. A folder is written under a temporary
 name and renamed when whole: a cache that exists is complete.
+
+A compressed cache (`compression` "zstd:LEVEL", manifest version 2) holds ``hidden_zstd`` (bytes)
+and ``frames`` [rows + 1] (byte offsets) in place of ``hidden``: each row one zstd frame of its values'
+bytes split into byte planes (every value's first byte, then every second byte...: the sign and
+exponent bytes of neighbouring values repeat, the mantissa bytes do not, so the planes compress
+better and decompress faster than the values' bytes in order), read by rows as the plain one is.
+zstandard's one-shot frames, not pyarrow's codecs: the frames carry their size (a damaged one is
+caught), and on this CPU it decompressed bf16 states about 1.5x faster than pyarrow's zstd.
 """
 
 from __future__ import annotations
@@ -26,12 +34,49 @@ from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
 
 MANIFEST = "hidden_manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: compressed shards; an uncompressed cache is still written as 1 (older readers)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class CacheError(UsageError):
     """A hidden-state cache that cannot serve this run: missing, damaged or of other inputs."""
+
+
+ZSTD_LEVELS = range(1, 23)
+
+
+def parse_compression(text: str | None) -> str | None:
+    """``zstd`` or ``zstd:LEVEL`` (1-22; 3 when not given) as the manifest names it, ``zstd:3``; None or
+    ``none``: uncompressed."""
+    if text is None or text.strip().lower() in ("", "none"):
+        return None
+    codec, _, level = text.strip().lower().partition(":")
+    if codec != "zstd" or (level and not level.isdigit()) or int(level or 3) not in ZSTD_LEVELS:
+        raise ValueError(f"compression {text!r}: zstd or zstd:LEVEL (LEVEL 1-22), or none")
+    return f"zstd:{int(level or 3)}"
+
+
+def compress_row(values: torch.Tensor, level: int) -> bytes:
+    """One row's values as a zstd frame of their byte planes."""
+    import zstandard
+
+    raw = values.contiguous().view(torch.uint8).numpy()
+    planes = raw.reshape(-1, values.element_size()).T.tobytes()
+    return zstandard.ZstdCompressor(level=level).compress(planes)
+
+
+def decompress_row(frame: bytes, dtype: torch.dtype, shape: tuple[int, ...], where: str) -> torch.Tensor:
+    import zstandard
+
+    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    try:
+        planes = zstandard.ZstdDecompressor().decompress(frame)
+    except zstandard.ZstdError as e:
+        raise CacheError(f"{where}: a damaged zstd frame: {e}") from e
+    if len(planes) != size:
+        raise CacheError(f"{where}: a frame of {len(planes):,} bytes, the row takes {size:,}")
+    values = np.frombuffer(planes, np.uint8).reshape(dtype.itemsize, -1).T.copy()
+    return torch.from_numpy(values).view(dtype).reshape(shape)
 
 
 @dataclass
@@ -57,6 +102,7 @@ class CacheManifest:
     seq_length: int | None = None
     shards: list[CacheShard] = field(default_factory=list)
     source: str = "built"  # or "imported from <folder>"
+    compression: str | None = None  # "zstd:LEVEL" (`parse_compression`) or None: plain safetensors
     version: int = FORMAT_VERSION
 
     @property
@@ -87,8 +133,15 @@ class CacheManifest:
             mf = cls(**keep, shards=shards)
         except (KeyError, TypeError) as e:
             raise CacheError(f"{where}: not a hidden-state cache manifest ({e})") from e
-        if mf.version != FORMAT_VERSION:
-            raise CacheError(f"{where}: cache format {mf.version}, this DraftDeck reads {FORMAT_VERSION}")
+        if mf.version not in (1, FORMAT_VERSION):
+            raise CacheError(
+                f"{where}: cache format {mf.version}, this DraftDeck reads 1 and {FORMAT_VERSION}"
+            )
+        try:
+            if (mf.version == 1 and mf.compression) or parse_compression(mf.compression) != mf.compression:
+                raise ValueError(f"compression {mf.compression!r} in format {mf.version}")
+        except ValueError as e:
+            raise CacheError(f"{where}: {e}") from e
         if mf.dtype not in DTYPES or not mf.layers or mf.layers[-1] != mf.num_layers:
             raise CacheError(f"{where}: dtype {mf.dtype!r} or layers {mf.layers} (the final layer last)")
         return mf
@@ -122,6 +175,8 @@ class CacheWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)  # a crashed build's leftovers: never read
         self.tmp.mkdir(parents=True)
         self.mf, self.shard_bytes = manifest, shard_bytes
+        self.mf.version = FORMAT_VERSION if manifest.compression else 1  # a plain cache: older readers too
+        self.level = int(manifest.compression.split(":")[1]) if manifest.compression else None
         self.dtype = DTYPES[manifest.dtype]
         self._rows: list[tuple[torch.Tensor, np.ndarray]] = []
         self._bytes = 0
@@ -147,13 +202,20 @@ class CacheWriter:
 
         lengths = [len(ids) for _, ids in self._rows]
         tensors = {
-            "hidden": torch.cat([h for h, _ in self._rows]),
             "ids": torch.from_numpy(np.concatenate([ids for _, ids in self._rows])),
             "offsets": torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64),
         }
+        if self.level is None:
+            tensors["hidden"] = torch.cat([h for h, _ in self._rows])
+        else:
+            frames = [compress_row(h, self.level) for h, _ in self._rows]
+            tensors["hidden_zstd"] = torch.frombuffer(bytearray(b"".join(frames)), dtype=torch.uint8)
+            ends = np.cumsum([len(f) for f in frames])
+            tensors["frames"] = torch.tensor(np.concatenate([[0], ends]), dtype=torch.int64)
         name = f"hidden-{len(self.mf.shards):05d}.safetensors"
         path = self.tmp / name
-        save_file(tensors, str(path), metadata={"format": "pt"})
+        meta = {"format": "pt", **({"compression": self.mf.compression} if self.mf.compression else {})}
+        save_file(tensors, str(path), metadata=meta)
         self.mf.shards.append(
             CacheShard(name, self._at[0], self._at[1], len(lengths), int(sum(lengths)),
                        path.stat().st_size, sha256_file(path))
@@ -181,16 +243,19 @@ class Entry:
 
 # safetensors' dtype names for the tensors a cache holds
 ST_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "I32": torch.int32,
-             "I64": torch.int64}  # fmt: skip
+             "I64": torch.int64, "U8": torch.uint8}  # fmt: skip
 
 
 class ShardFile:
     """One safetensors shard read by rows with positioned reads (os.pread), not mapped: a run reads
     each row once an epoch, and mapped pages would count in its resident memory as if it held the
-    whole cache."""
+    whole cache. A compressed shard (`row_shape` given: [layers, hidden] and the stored dtype) serves
+    ``hidden`` by decompressing each row's frame."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(
+        self, path: Path, row_shape: tuple[int, int] | None = None, dtype: torch.dtype | None = None
+    ):
+        self.path, self.row_shape, self.dtype = path, row_shape, dtype
         self.fd = os.open(path, os.O_RDONLY)
         try:
             n = int.from_bytes(os.pread(self.fd, 8, 0), "little")
@@ -199,11 +264,31 @@ class ShardFile:
             raise CacheError(f"{path}: not a safetensors file: {e}") from e
         self.base = 8 + n
         self.tensors: dict[str, tuple[torch.dtype, list[int], int]] = {}
-        for name in ("hidden", "ids", "offsets"):
+        names = (
+            ("hidden", "ids", "offsets") if row_shape is None else ("hidden_zstd", "frames", "ids", "offsets")
+        )
+        for name in names:
             t = header.get(name)
             if t is None or t["dtype"] not in ST_DTYPES:
                 raise CacheError(f"{path}: no {name} tensor of a dtype a cache holds")
             self.tensors[name] = (ST_DTYPES[t["dtype"]], list(t["shape"]), int(t["data_offsets"][0]))
+        # a compressed shard: each row's frame (byte offsets) by the token offset the row starts at
+        self._frames: list[int] = self.whole("frames").tolist() if row_shape is not None else []
+        self._row_at = (
+            {int(o): k for k, o in enumerate(self.whole("offsets").tolist())} if self._frames else {}
+        )
+
+    def hidden(self, start: int, end: int) -> torch.Tensor:
+        """[end - start, layers, hidden] of the row at token offsets start..end."""
+        if self.row_shape is None:
+            return self.rows("hidden", start, end)
+        assert self.dtype is not None
+        k = self._row_at.get(start)
+        if k is None:
+            raise CacheError(f"{self.path}: no row starts at token {start}")
+        a, b = self._frames[k], self._frames[k + 1]
+        frame = os.pread(self.fd, b - a, self.base + self.tensors["hidden_zstd"][2] + a)
+        return decompress_row(frame, self.dtype, (end - start, *self.row_shape), f"{self.path} row {k}")
 
     def rows(self, name: str, start: int, end: int) -> torch.Tensor:
         """`name`[start:end] along its first axis."""
@@ -236,7 +321,8 @@ class HiddenCache:
             path = self.folder / s.filename
             if not path.is_file() or path.stat().st_size != s.bytes:
                 raise CacheError(f"{path}: missing or not the {s.bytes:,} bytes the manifest names")
-            f = ShardFile(path)
+            shape = (len(self.mf.layers), self.mf.hidden_size) if self.mf.compression else None
+            f = ShardFile(path, shape, DTYPES[self.mf.dtype])
             self._files.append(f)
             ids, offsets = f.whole("ids"), f.whole("offsets").tolist()
             if len(offsets) != s.rows + 1 or offsets[-1] != s.tokens:
@@ -253,7 +339,7 @@ class HiddenCache:
 
     def hidden(self, e: Entry) -> torch.Tensor:
         """[tokens, layers, hidden] as stored."""
-        return self._files[e.shard].rows("hidden", e.start, e.end)
+        return self._files[e.shard].hidden(e.start, e.end)
 
     def verify_checksums(self) -> list[str]:
         """The shards whose sha256 is not the manifest's."""

@@ -275,6 +275,9 @@ class PlanParams(JobParams):
     cache_dtype: Literal["bf16", "fp16", "fp32"] = Field(
         "bf16", description="With hidden_states: the cache's stored precision (cache-hidden --dtype)"
     )
+    cache_compress: str | None = Field(
+        None, description="With hidden_states: the cache's compression (cache-hidden --compress zstd[:LEVEL])"
+    )
 
     input_paths: ClassVar[tuple[str, ...]] = ("target", "cache_dataset")
 
@@ -291,7 +294,11 @@ class PlanParams(JobParams):
 
     @model_validator(mode="after")
     def _cached(self) -> PlanParams:
-        given = [n for n in ("cache_dataset", "cache_dtype") if n in self.model_fields_set]
+        from draftdeck.hidden.store import parse_compression
+
+        given = [n for n in ("cache_dataset", "cache_dtype", "cache_compress") if n in self.model_fields_set]
+        if self.cache_compress is not None:  # "zstd:3"; ValueError names the forms it reads
+            self.cache_compress = parse_compression(self.cache_compress)
         if given and not self.hidden_states:
             raise ValueError(
                 f"{', '.join(given)}: the cache's options plan a run from one (give hidden_states)"

@@ -439,10 +439,10 @@ def cache_disk(params: PlanParams, config: Any, shape: Shape) -> CacheDisk:
 
     ids = get_kind(shape.drafter).plan(shape, config).cfg.target_layer_ids
     layers = stored_layers([int(i) for i in ids], int(config.num_hidden_layers))
-    hidden, dtype = int(config.hidden_size), params.cache_dtype
+    hidden, dtype, packed = int(config.hidden_size), params.cache_dtype, params.cache_compress
     if params.cache_dataset:
-        return sized(params.cache_dataset, params.seq_length, layers, hidden, dtype)
-    return Projection(1, params.seq_length, layers, hidden, dtype)
+        return sized(params.cache_dataset, params.seq_length, layers, hidden, dtype, compression=packed)
+    return Projection(1, params.seq_length, layers, hidden, dtype, compression=packed)
 
 
 def to_json(p: Plan) -> str:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from draftdeck.causal_lm import causal_lm_config
 from draftdeck.cli import app
 from draftdeck.drafter.model.cached_target import CachedTarget
-from draftdeck.drafter.train.cache.size import ZSTD_RATIO
+from draftdeck.drafter.train.cache.size import ZSTD_RATIO, ZSTD_RATIOS
 from draftdeck.drafter.train.memory import params_bytes
 from draftdeck.drafter.train.params import PlanParams
 from draftdeck.drafter.train.plan_advice import plan_for
@@ -60,7 +60,13 @@ def test_the_cache_disk_by_hand(world: dict[str, Path], cache: Path) -> None:
         _params(world, hidden_states=True, cache_dataset=[str(world["ds"])], seq_length=8, cache_dtype="fp32")
     ).cache_disk
     assert short is not None and short.bytes == int(sum(min(int(n), 8) for n in lengths)) * 2 * 64 * 4
-    assert short.zstd_bytes is None  # fp32's ratio was not measured: no figure
+    assert short.zstd_bytes == int(short.bytes / ZSTD_RATIOS["fp32"])  # fp32's own measured ratio
+    assert short.disk_bytes == short.bytes  # not compressed: the disk check reads the whole figure
+    packed = plan_for(
+        _params(world, hidden_states=True, cache_dataset=[str(world["ds"])], cache_compress="zstd")
+    )
+    assert packed.cache_disk is not None and packed.cache_disk.disk_bytes == disk.zstd_bytes
+    assert "stored with zstd:3" in packed.cache_disk.said()
     one = plan_for(_params(world, hidden_states=True, seq_length=1000)).cache_disk
     assert one is not None and (one.rows, one.bytes) == (1, 1000 * 2 * config.hidden_size * 2)
 

@@ -130,7 +130,15 @@ def project(params: CacheParams) -> Projection:
     config = causal_lm_config(params.target)
     layers = stored_layers(kind_layer_ids(params, config), int(config.num_hidden_layers))
     copies = 2 if params.format == "speculators" else 1
-    return sized(params.inputs, params.seq_length, layers, int(config.hidden_size), params.dtype, copies)
+    return sized(
+        params.inputs,
+        params.seq_length,
+        layers,
+        int(config.hidden_size),
+        params.dtype,
+        copies,
+        params.compress,
+    )
 
 
 def manifest_for(params: CacheParams, num_layers: int, hidden: int, layers: list[int]) -> CacheManifest:
@@ -143,13 +151,13 @@ def manifest_for(params: CacheParams, num_layers: int, hidden: int, layers: list
         target=str(target.resolve()), target_fingerprint=model_fingerprint(target),
         datasets=[dataset_entry(p.resolve(), len(ShardDataset(p))) for p in paths],
         layers=layers, num_layers=num_layers, hidden_size=hidden, dtype=params.dtype,
-        seq_length=params.seq_length,
+        seq_length=params.seq_length, compression=params.compress,
     )  # fmt: skip
 
 
 def announce(ctx: RunContext, out: Path, plan: Projection) -> None:
     """Say the disk the cache takes before it starts; refuse when the out folder's disk cannot hold it."""
-    free = check_disk(out, plan.bytes)
+    free = check_disk(out, plan.disk_bytes)
     ctx.event("info", f"{plan.said()}; {binary_size(free)} free")
 
 
@@ -286,7 +294,7 @@ def finish(out: Path, mf: CacheManifest, report: Report) -> Report:
     report.outputs = [Output(str(out / s.filename), s.rows, s.bytes, s.sha256) for s in mf.shards]
     report.extra.update(
         cache=str(out), layers=mf.layers, dtype=mf.dtype, tokens=mf.tokens, bytes=mf.bytes,
-        bytes_per_token=round(mf.bytes / max(mf.tokens, 1), 1),
+        bytes_per_token=round(mf.bytes / max(mf.tokens, 1), 1), compression=mf.compression,
     )  # fmt: skip
     report.check_accounting()
     return report
@@ -337,7 +345,7 @@ def import_speculators(params: CacheParams, ctx: RunContext) -> Report:
         )
     layers = [*sorted(set(file_layers) - {final}), final]
     order = [file_layers.index(j) for j in layers]  # the files' slots, in the cache's order
-    plan = sized(params.inputs, params.seq_length, layers, hidden, params.dtype)
+    plan = sized(params.inputs, params.seq_length, layers, hidden, params.dtype, compression=params.compress)
     absent = [i for i in range(plan.rows) if not (folder / f"hs_{i}.safetensors").is_file()]
     if absent:
         raise UsageError(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from draftdeck.drafter.kinds import DrafterName
+from draftdeck.hidden.store import parse_compression
 from draftdeck.jobs.params import JobParams, inputs_field, strict_field
 
 StoreDtype = Literal["bf16", "fp16", "fp32"]
@@ -30,6 +31,11 @@ class CacheParams(JobParams):
         description="Target layer ids to store besides the kinds' (Target's ids: hidden_states[i + 1])",
     )
     dtype: StoreDtype = Field("bf16", description="Stored precision of the hidden states")
+    compress: str | None = Field(
+        None,
+        description="zstd or zstd:LEVEL (1-22, 3 by default): shards stored compressed, lossless (each row"
+        " a zstd frame of its byte planes), read by training as the plain ones; none: uncompressed",
+    )
     format: CacheFormat = Field(
         "draftdeck",
         description="draftdeck = shards + manifest; speculators = also hidden_states/hs_<i>.safetensors"
@@ -64,6 +70,11 @@ class CacheParams(JobParams):
 
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "import_from")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
+
+    @field_validator("compress")
+    @classmethod
+    def _compression(cls, value: str | None) -> str | None:
+        return parse_compression(value)  # "zstd:3"; raises ValueError naming the forms it reads
 
     @model_validator(mode="after")
     def _check(self) -> CacheParams:

@@ -1,6 +1,7 @@
 """What a hidden-state cache takes on disk, said before anything is built: the HF `hidden_states`
-indices it stores, its bytes (rows x tokens x layers x hidden x bytes per value), a zstd estimate, and the
-refusal when the out folder's disk cannot hold it. Read by the cache's job and by `draftdeck plan`."""
+indices it stores, its bytes (rows x tokens x layers x hidden x bytes per value), a zstd estimate (the
+figure the disk check reads when the cache is stored compressed), and the refusal when the out folder's
+disk cannot hold it. Read by the cache's job and by `draftdeck plan`."""
 
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ def check_disk(out: Path, need: int) -> int:
     return free
 
 
-# zstd (level 3) over bf16 hidden states: x1.26, measured by benchmarks/hidden_cache.py on the demo
-# world's random-init target; a trained model's states may compress otherwise, so a figure from it
-# is an estimate. The cache does not store compressed shards yet.
-ZSTD_RATIO = 1.26
+# what `--compress zstd` (level 3, byte planes) made of each stored dtype's hidden states, measured by
+# benchmarks/hidden_cache.py on the demo world's trained target (`draftdeck demo --quick`'s); a real
+# model's states may compress otherwise, so a figure from it is an estimate
+ZSTD_RATIOS = {"bf16": 1.39, "fp16": 1.15, "fp32": 1.17}
+ZSTD_RATIO = ZSTD_RATIOS["bf16"]
 
 
 @dataclass(frozen=True)
@@ -58,25 +60,34 @@ class Projection:
     layers: list[int]  # HF hidden_states indices, the final layer last
     hidden: int
     dtype: str
-    copies: int = 1  # 2 with speculators' files beside the cache
+    copies: int = 1  # 2 with speculators' files beside the cache (never compressed)
+    compression: str | None = None  # "zstd:LEVEL": the cache's shards stored so
 
     @property
     def bytes(self) -> int:
+        """Uncompressed: rows x tokens x layers x hidden x bytes (x 2 with speculators' files)."""
         return self.copies * disk_needed(self.tokens, len(self.layers), self.hidden, self.dtype)
 
     @property
-    def zstd_bytes(self) -> int | None:
-        """About what zstd would make of bf16 states (`ZSTD_RATIO`, measured on the demo world: an
-        estimate); None for another dtype (not measured)."""
-        return int(self.bytes / ZSTD_RATIO) if self.dtype == "bf16" else None
+    def zstd_bytes(self) -> int:
+        """About what zstd makes of the cache's states (`ZSTD_RATIOS`, measured on the demo world: an
+        estimate); speculators' files beside it stay uncompressed."""
+        one = disk_needed(self.tokens, len(self.layers), self.hidden, self.dtype)
+        return int(one / ZSTD_RATIOS[self.dtype]) + (self.copies - 1) * one
+
+    @property
+    def disk_bytes(self) -> int:
+        """What the build needs free: the compressed estimate when it compresses, else `bytes`."""
+        return self.zstd_bytes if self.compression else self.bytes
 
     def said(self) -> str:
         twice = " x 2 (the cache and speculators' files)" if self.copies == 2 else ""
-        zstd = self.zstd_bytes
+        ratio = f"x{ZSTD_RATIOS[self.dtype]} measured for {self.dtype} on the demo world"
+        zstd = binary_size(self.zstd_bytes)
         compressed = (
-            f"; with zstd about {binary_size(zstd)} (an estimate: x{ZSTD_RATIO} measured on the demo world)"
-            if zstd is not None
-            else ""
+            f"; stored with {self.compression}: about {zstd} ({self.zstd_bytes:,} bytes, estimated: {ratio})"
+            if self.compression
+            else f"; with --compress zstd about {zstd} (estimated: {ratio})"
         )
         return (
             f"the cache takes {binary_size(self.bytes)} ({self.bytes:,} bytes): {self.rows:,}"
@@ -87,15 +98,17 @@ class Projection:
     def to_dict(self) -> dict[str, object]:
         return {
             "rows": self.rows, "tokens": self.tokens, "layers": self.layers, "hidden": self.hidden,
-            "dtype": self.dtype, "bytes": self.bytes, "zstd_bytes_estimate": self.zstd_bytes,
-            "zstd_ratio_measured": ZSTD_RATIO,
+            "dtype": self.dtype, "bytes": self.bytes, "compression": self.compression,
+            "zstd_bytes_estimate": self.zstd_bytes, "zstd_ratio_measured": ZSTD_RATIOS[self.dtype],
+            "disk_bytes": self.disk_bytes,
         }  # fmt: skip
 
 
 def sized(
-    inputs: list[str], seq_length: int | None, layers: list[int], hidden: int, dtype: str, copies: int = 1
-) -> Projection:
+    inputs: list[str], seq_length: int | None, layers: list[int], hidden: int, dtype: str, copies: int = 1,
+    compression: str | None = None,
+) -> Projection:  # fmt: skip
     """The rows and tokens of the datasets `inputs` (cut at seq_length) as a cache of `layers`."""
     sets = [ShardDataset(p) for p in inputs]
     tokens = sum(int(np.minimum(ds.lengths(), seq_length or 1 << 62).sum()) for ds in sets)
-    return Projection(sum(len(ds) for ds in sets), tokens, layers, hidden, dtype, copies)
+    return Projection(sum(len(ds) for ds in sets), tokens, layers, hidden, dtype, copies, compression)
