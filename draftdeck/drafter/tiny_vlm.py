@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +158,76 @@ def write_tiny_images(folder: str | Path, n: int = 6, seed: int = 0) -> list[Pat
         image.save(path, format="PNG")
         paths.append(path)
     return paths
+
+
+@dataclass
+class ImageRow:
+    """A tokenized conversation with images, in the shard store's layout (draftdeck.shards.store):
+    `ids` with each image's tokens expanded, `mask` 1 on the answer alone (0 on every image token),
+    the `pictures` in order and their (t, h, w) `grids`."""
+
+    ids: list[int]
+    mask: list[int]
+    pictures: list[Path]
+    grids: list[tuple[int, int, int]]
+
+
+def image_row(tok: Any, processor: Any, question: str, answer: str, pictures: list[Path]) -> ImageRow:
+    """One user turn (`pictures` then `question`) and the assistant's `answer`, rendered with the chat
+    template and each `<|image_pad|>` expanded to its picture's token count, as a processor does; the
+    answer and its end token trained. For tests and benchmarks until tokenize's processor path is used."""
+    from PIL import Image
+
+    grids: list[tuple[int, int, int]] = []
+    for path in pictures:
+        with Image.open(path) as image:
+            grid = processor([image.convert("RGB")], return_tensors="pt")["image_grid_thw"][0]
+        grids.append((int(grid[0]), int(grid[1]), int(grid[2])))
+    parts: Any = [*({"type": "image"} for _ in pictures), {"type": "text", "text": question}]
+    user = [{"role": "user", "content": parts}]
+    prompt = tok.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    whole = tok.apply_chat_template([*user, {"role": "assistant", "content": answer}], tokenize=False)
+    for grid in grids:  # one placeholder at a time, in order: each its own picture's count
+        prompt = prompt.replace(IMAGE_PAD, "\0" * image_token_count(grid), 1)
+        whole = whole.replace(IMAGE_PAD, "\0" * image_token_count(grid), 1)
+    prompt_ids = tok(prompt.replace("\0", IMAGE_PAD))["input_ids"]
+    ids = tok(whole.replace("\0", IMAGE_PAD))["input_ids"]
+    if ids[: len(prompt_ids)] != prompt_ids:
+        raise ValueError("the prompt's tokens are not a prefix of the conversation's")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    trained = ids[len(prompt_ids) :].index(end) + 1 + len(prompt_ids)  # the answer and its end token
+    mask = [0] * len(prompt_ids) + [1] * (trained - len(prompt_ids)) + [0] * (len(ids) - trained)
+    return ImageRow(ids, mask, list(pictures), grids)
+
+
+def write_image_dataset(out: Path, rows: list[ImageRow], target: Path, source: str = "images.jsonl") -> Path:
+    """A shard folder of `rows` (text rows: no pictures) with the image columns, each picture stored once
+    under `images/` by its sha256 and listed in the manifest, and the target tokenizer's fingerprint."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from draftdeck.chat.render import tokenizer_fingerprint
+    from draftdeck.formats.images import check_bytes, store_checked
+    from draftdeck.shards.manifest import ImageFile, Manifest, TokenizerRef
+    from draftdeck.shards.store import IMAGES_DIR, ShardRow, ShardWriter, write_metadata
+
+    out.mkdir(parents=True, exist_ok=True)
+    writer = ShardWriter(out, shard_rows=64)
+    stored: dict[str, ImageFile] = {}
+    for i, row in enumerate(rows):
+        names = []
+        for path in row.pictures:
+            checked = check_bytes(Path(path).read_bytes(), where=str(path))
+            name = store_checked(checked, out / IMAGES_DIR)
+            stored[name] = ImageFile(name, len(checked.data), checked.sha256)
+            names.append(name)
+        flat = [v for grid in row.grids for v in grid]
+        writer.add(ShardRow(np.asarray(row.ids, np.int32), np.asarray(row.mask, np.uint8), source, i, -1,
+                            False, images=names, image_grid_thw=flat))  # fmt: skip
+    shards = writer.close()
+    template = AutoTokenizer.from_pretrained(target).chat_template or ""
+    tokenizer = TokenizerRef(path=str(target), fingerprint=tokenizer_fingerprint(target, template, {}),
+                             chat_template=template)  # fmt: skip
+    write_metadata(out, Manifest(shards=shards, tokenizer=tokenizer, parameters={"template_kwargs": {}},
+                                 images=sorted(stored.values(), key=lambda f: f.filename)))  # fmt: skip
+    return out

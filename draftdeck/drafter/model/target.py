@@ -17,7 +17,21 @@ import torch
 from torch import nn
 
 from draftdeck.causal_lm import ModelFolderError, load_causal_lm
+from draftdeck.drafter.model.vision import ImageRows, VisionInputs
 from draftdeck.drafter.model.vocab_parallel import ShardedEmbedding, VocabShard, embed_rows
+
+
+def load_vision_language_model(folder: Path, dtype: torch.dtype | None) -> tuple[Any, str]:
+    """(the whole vision-language model of `folder` in eval mode, what is in memory, for the job's log)."""
+    from transformers import AutoModelForImageTextToText
+
+    try:
+        model: Any = AutoModelForImageTextToText.from_pretrained(folder, local_files_only=True, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise ModelFolderError(
+            f"{folder}: cannot load a vision-language model (for data with images): {e}"
+        ) from e
+    return model.eval(), f"{type(model).__name__}, with its vision tower (frozen): the data has images"
 
 
 def context_from_hidden_states(
@@ -50,7 +64,11 @@ class Target:
         self.model: Any = model  # an HF PreTrainedModel: its attributes are not typed as nn.Module's
         self.folder = folder
         self.tokenizer = tokenizer
-        self.config: Any = self.model.config  # a checkpoint with a vision tower: its text config
+        # a checkpoint with a vision tower: its text config (the language model alone, or the whole VLM)
+        config: Any = self.model.config
+        self.config: Any = config.get_text_config() if hasattr(config, "get_text_config") else config
+        # a VLM loaded whole (`load(..., vision=True)`): its rows' images, set by `attach_images`
+        self.vision: VisionInputs | None = None
         # what of the folder is in memory, for the job's log
         self.loaded = loaded or type(model).__name__
         # its decoder layers sharded across the ranks (`draftdeck.drafter.train.sharding.shard_target`):
@@ -69,11 +87,16 @@ class Target:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         with_tokenizer: bool = True,
+        vision: bool = False,
     ) -> Target:
+        """`vision`: the whole vision-language model (its vision tower frozen, as the rest), for data
+        with images (`attach_images`); else its language model alone."""
         from transformers import AutoTokenizer
 
         folder = Path(folder)
-        model, loaded = load_causal_lm(folder, dtype=dtype)
+        model, loaded = (
+            load_vision_language_model(folder, dtype) if vision else load_causal_lm(folder, dtype=dtype)
+        )
         tokenizer = None
         if with_tokenizer:
             try:
@@ -135,6 +158,24 @@ class Target:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return embed_rows(self.embedding, input_ids)
 
+    def attach_images(self, rows: ImageRows) -> None:
+        """Give a target loaded with `vision=True` the images of the rows it will be run on: each
+        forward then passes its rows' pixels, grids and token types to the model, which injects the
+        vision tower's features at the image tokens and computes its M-RoPE positions."""
+        if not hasattr(self.model.config, "vision_config"):
+            raise ModelFolderError(f"{self.folder}: the data has images but the target has no vision tower")
+        if self.vision is None:
+            assert self.folder is not None, "a target with images is loaded from its folder"
+            self.vision = VisionInputs(self.folder, self.model.config, rows)
+        elif self.vision.rows is not rows:
+            for key, images in rows.by_key.items():
+                self.vision.rows.by_key.setdefault(key, images)
+                self.vision.rows.where.setdefault(key, rows.where[key])
+
+    def vision_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, Any]:
+        """The model's image inputs for these rows ({}: no images, or a text-only target)."""
+        return {} if self.vision is None else self.vision.batch(input_ids, attention_mask)
+
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int
     ) -> Any:
@@ -144,6 +185,7 @@ class Target:
             output_hidden_states=True,
             use_cache=False,
             logits_to_keep=logits_to_keep,
+            **self.vision_inputs(input_ids, attention_mask),
         )
 
     @torch.no_grad()

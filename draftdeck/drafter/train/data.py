@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from draftdeck.drafter.model.vision import ImageRows
 from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
 from draftdeck.provenance import Answered, ModelIdentity
@@ -109,8 +110,11 @@ class TrainData:
     """
 
     def __init__(
-        self, inputs: Sequence[str | Path], *, heldout_fraction: float, seq_length: int | None = None
-    ):
+        self, inputs: Sequence[str | Path], *, heldout_fraction: float, seq_length: int | None = None,
+        image_token_id: int | None = None,
+    ):  # fmt: skip
+        """`image_token_id`: the target's image token, where it has a vision tower: the rows with images
+        are then recorded in `image_rows` (None: the data has no image)."""
         if not inputs:
             raise DataError("no dataset folders given (inputs is empty)")
         self.paths = [Path(p) for p in inputs]
@@ -128,11 +132,46 @@ class TrainData:
         self.truncated_rows = self.truncated_tokens = 0  # rows longer than seq_length, and what was cut
         self.longest_used = 0  # the longest row as training reads it (after seq_length)
         self.longest: tuple[int, str, int, Path] = (0, "", 0, self.paths[0])  # length, source, row, folder
+        self.image_token_id = image_token_id
+        self.image_rows: ImageRows | None = None  # the rows with images (draftdeck.drafter.model.vision)
+        self.rows_with_images = 0
         for di, ds in enumerate(self.datasets):
             n = 0
             for batch in ds.iter_batches():
+                self._index_images(ds, batch, n)
                 n = self._index(di, ds.path, batch, n)
         self.rows_in = len(self.train) + len(self.heldout) + self.no_anchor
+
+    def _index_images(self, ds: ShardDataset, batch: pa.RecordBatch, start: int) -> None:
+        """Record the batch's rows with images (their files and grids, by their tokens up to their last
+        image token); a dataset with images for a target without a vision tower is refused."""
+        if "images" not in batch.schema.names:
+            return
+        names, grids = batch.column("images").to_pylist(), batch.column("image_grid_thw").to_pylist()
+        if not any(names):
+            return
+        if self.image_token_id is None:
+            raise DataError(
+                f"{ds.path}: the rows hold images, but the target has no vision tower to read them"
+            )
+        if self.image_rows is None:
+            self.image_rows = ImageRows(self.image_token_id)
+        ids_col = batch.column("input_ids")
+        for i, row_names in enumerate(names):
+            if not row_names:
+                continue
+            flat = grids[i] or []
+            if len(flat) != 3 * len(row_names):
+                raise DataError(
+                    f"{ds.path}: row {start + i} has {len(row_names)} images but {len(flat)} grid values"
+                )
+            try:
+                images = [(ds.image_path(name), (flat[3 * k], flat[3 * k + 1], flat[3 * k + 2]))
+                          for k, name in enumerate(row_names)]  # fmt: skip
+            except InputError as e:
+                raise DataError(f"{ds.path}: row {start + i}: {e}") from e
+            self.image_rows.add(ids_col[i].values.to_numpy(), images, f"{ds.path} row {start + i}")
+            self.rows_with_images += 1
 
     def _index(self, di: int, path: Path, batch: pa.RecordBatch, start: int) -> int:
         masks_col = batch.column("loss_mask")
@@ -290,7 +329,7 @@ class TrainData:
             "truncated_rows": self.truncated_rows,
             "truncated_tokens": self.truncated_tokens,
             "longest_row_tokens": self.longest_used,
-        }
+        } | ({"rows_with_images": self.rows_with_images} if self.rows_with_images else {})
 
 
 def collate(

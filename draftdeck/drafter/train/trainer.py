@@ -38,6 +38,7 @@ from draftdeck.drafter.train.counts import Counts
 from draftdeck.drafter.train.data import DataPosition, TrainData, anchor_generator, collate
 from draftdeck.drafter.train.device import DeviceError, peak_bytes, reset_peak, resolve_device
 from draftdeck.drafter.train.drafters import MicroBatch, drafter_kind
+from draftdeck.drafter.train.images import image_token_id, with_vision
 from draftdeck.drafter.train.memory import check_memory, params_bytes
 from draftdeck.drafter.train.optimizers import Schedules, build
 from draftdeck.drafter.train.params import TrainParams
@@ -82,9 +83,14 @@ class Trainer:
             params.target, params.hidden_states, device=self.device, dtype=torch.bfloat16 if cuda else None
         )
         self.data = TrainData(
-            params.inputs, heldout_fraction=params.heldout_fraction, seq_length=params.seq_length
-        )
+            params.inputs, heldout_fraction=params.heldout_fraction, seq_length=params.seq_length,
+            image_token_id=image_token_id(self.target.folder),
+        )  # fmt: skip
         self.data.check_tokenizer(self.target.folder)
+        if self.data.image_rows is not None:  # the whole VLM: its vision tower reads the rows' images
+            self.target = with_vision(
+                params, self.data.image_rows, self.device, torch.bfloat16 if cuda else None
+            )
         torch.manual_seed(params.seed)
         self.kind = drafter_kind(params, self.target, self.data)
         check_cache(self.target, self.data, self.kind.layer_ids)  # refused before any step

@@ -225,6 +225,9 @@ def target_answers(
             eos_token_id=sorted(eos),
             pad_token_id=pad,
             synced_gpus=target.sharded,  # every rank steps until all are done: each step gathers layers
+            **target.vision_inputs(
+                ids.to(target.device), att.to(target.device)
+            ),  # prompts with images: their pixels at the prefill
         )[:, width:].cpu()
         for r, i in enumerate(part):
             answer = new[r, : max_new_tokens[i]].tolist()

@@ -17,4 +17,5 @@ def tiny_vlm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def pictures(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    return write_tiny_images(tmp_path_factory.mktemp("pictures"), n=6, seed=0)
+    # 8: pictures 0 and 6 share a size (one grid) and differ in what they show
+    return write_tiny_images(tmp_path_factory.mktemp("pictures"), n=8, seed=0)
