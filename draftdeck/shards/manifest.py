@@ -34,6 +34,19 @@ class ShardInfo:
         return {"filename": self.filename, "rows": self.rows, "bytes": self.bytes, "sha256": self.sha256}
 
 
+@dataclass
+class ImageFile:
+    """One stored image of a dataset with images: ``images/<filename>``, its size and sha256 (the
+    name is ``<sha256>.<ext>``: the checksum is checked against the name too)."""
+
+    filename: str
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"filename": self.filename, "bytes": self.bytes, "sha256": self.sha256}
+
+
 @dataclass(frozen=True)
 class TokenizerRef:
     """The tokenizer the ids belong to: its folder (None when the writer had none) and fingerprint."""
@@ -58,6 +71,8 @@ class Manifest:
     report: dict[str, Any] | None = None
     version: int = FORMAT_VERSION
     provenance: Answered | None = None  # rows by who answered them; None: written before it was kept
+    # a dataset with images: every stored image file (None: a text dataset, whose manifest has no key)
+    images: list[ImageFile] | None = None
 
     @property
     def rows(self) -> int:
@@ -71,6 +86,12 @@ class Manifest:
         return path if path.is_absolute() or base is None else base / path
 
     def to_dict(self) -> dict[str, Any]:
+        out = self._to_dict()
+        if self.images is not None:
+            out["images"] = [f.to_dict() for f in self.images]
+        return out
+
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": self.version,
@@ -142,7 +163,23 @@ class Manifest:
         report = data.get("report")
         if report is not None and not isinstance(report, dict):
             raise bad("report", "null or an object")
-        return cls(shards, ref, inputs, parameters, mask_rule, report, version, _provenance(data, where))
+        return cls(shards, ref, inputs, parameters, mask_rule, report, version, _provenance(data, where),
+                   _images(data, where))  # fmt: skip
+
+
+def _images(data: dict[str, Any], where: str) -> list[ImageFile] | None:
+    raw = data.get("images")
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise InputError(f"{where}: images must be null or a list")
+    out = []
+    for i, f in enumerate(raw):
+        ok = isinstance(f, dict) and isinstance(f.get("filename"), str) and isinstance(f.get("sha256"), str)
+        if not ok or not _is_int(f.get("bytes")) or Path(f["filename"]).name != f["filename"]:
+            raise InputError(f"{where}: images[{i}] must be an object with filename, bytes and sha256")
+        out.append(ImageFile(f["filename"], f["bytes"], f["sha256"]))
+    return out
 
 
 def _provenance(data: dict[str, Any], where: str) -> Answered | None:

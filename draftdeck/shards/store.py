@@ -16,6 +16,13 @@ warning codes the row carries, list<string>: what the sample view shows as badge
 either column have no such column: readers take a missing ``issues`` as none and a missing
 ``mix_source`` as "" (:func:`row_mix_source`).
 
+A dataset with images (a vision-language target's: :mod:`draftdeck.tokenize.vision`) has two more
+columns after these, in every shard (:data:`IMAGE_COLUMNS`): ``images`` (list<string>: the file names,
+``<sha256>.<ext>``, of the row's images under the folder's ``images/``, in order of appearance) and
+``image_grid_thw`` (list<int32>: the processor's (t, h, w) patch grid of each image, flattened, three
+per image). The image files are stored once under ``images/`` and listed in the manifest with their
+sha256. A dataset without images has neither column: its schema is the text one, byte for byte.
+
 Each shard is written under a temporary name, fsynced and renamed; ``state.json`` and
 ``manifest.json`` are written last, so a folder without a manifest is not a finished dataset.
 """
@@ -38,6 +45,7 @@ import pyarrow.compute as pc
 
 from draftdeck.errors import InputError
 from draftdeck.fileio import atomic_output, sha256_file
+from draftdeck.shards.images import IMAGES_DIR, ImageRows, with_image_columns, write_table
 from draftdeck.shards.manifest import (
     MANIFEST,
     Manifest,
@@ -47,9 +55,10 @@ from draftdeck.shards.manifest import (
     write_dataset_files,
 )
 
-__all__ = ["COLUMNS", "MANIFEST", "Block", "Manifest", "ShardDataset", "ShardInfo", "ShardRow", "ShardWriter",
-           "features", "row_mix_source", "row_source_name", "schema", "write_block",
-           "write_metadata"]  # fmt: skip
+__all__ = ["COLUMNS", "IMAGES_DIR", "IMAGE_COLUMNS", "MANIFEST", "Block", "Manifest", "ShardDataset",
+           "ShardInfo", "ShardRow", "ShardWriter", "features", "is_multimodal", "row_mix_source",
+           "row_source_name", "schema", "with_image_columns", "write_block", "write_metadata",
+           "write_table"]  # fmt: skip
 
 
 # The columns as HF `datasets` features ("int32", or [element] for a list). The Arrow schema and
@@ -68,6 +77,8 @@ COLUMNS: dict[str, str | list[str]] = {
     "issues": ["string"],
     "mix_source": "string",  # last: the columns before it keep their places in older shards
 }
+# A dataset with images: these two after COLUMNS (see the module's docstring)
+IMAGE_COLUMNS: dict[str, str | list[str]] = {"images": ["string"], "image_grid_thw": ["int32"]}
 _ARROW = {"int32": pa.int32(), "int64": pa.int64(), "string": pa.string(), "bool": pa.bool_()}
 
 
@@ -77,18 +88,29 @@ def _feature(dtype: str | list[str]) -> dict[str, Any]:
     return {"dtype": dtype, "_type": "Value"}
 
 
-def features() -> dict[str, Any]:
-    """The columns as datasets' ``Features.to_dict()`` writes them (dataset_info.json)."""
-    return {name: _feature(dtype) for name, dtype in COLUMNS.items()}
+def _columns(multimodal: bool) -> dict[str, str | list[str]]:
+    return {**COLUMNS, **IMAGE_COLUMNS} if multimodal else COLUMNS
 
 
-def schema() -> pa.Schema:
+def features(multimodal: bool = False) -> dict[str, Any]:
+    """The columns as datasets' ``Features.to_dict()`` writes them (dataset_info.json); `multimodal`:
+    with the image columns."""
+    return {name: _feature(dtype) for name, dtype in _columns(multimodal).items()}
+
+
+def schema(multimodal: bool = False) -> pa.Schema:
     """The shards' Arrow schema, with the ``huggingface`` metadata datasets reads its features from."""
     fields = [
         pa.field(name, pa.list_(_ARROW[dtype[0]]) if isinstance(dtype, list) else _ARROW[dtype])
-        for name, dtype in COLUMNS.items()
+        for name, dtype in _columns(multimodal).items()
     ]
-    return pa.schema(fields, metadata={"huggingface": json.dumps({"info": {"features": features()}})})
+    meta = {"huggingface": json.dumps({"info": {"features": features(multimodal)}})}
+    return pa.schema(fields, metadata=meta)
+
+
+def is_multimodal(arrow_schema: pa.Schema) -> bool:
+    """Whether shards of `arrow_schema` hold the image columns."""
+    return all(name in arrow_schema.names for name in IMAGE_COLUMNS)
 
 
 @dataclass
@@ -101,6 +123,8 @@ class ShardRow:
     truncated: bool
     issues: list[str] = field(default_factory=list)
     mix_source: str = ""  # the mix source's name ("": not from a mix)
+    images: list[str] = field(default_factory=list)  # stored image file names, in order
+    image_grid_thw: list[int] = field(default_factory=list)  # 3 per image: (t, h, w)
 
     @property
     def n_trained(self) -> int:
@@ -124,6 +148,9 @@ class Block:
     # row. Counted into the statistics and the manifest, not written as a column.
     answered_by: list[str] | None = None
     mix_sources: list[str] | None = None  # per row: its mix source ("": none); None: no row has one
+    # per row: its images' stored names and their grids (3 ints each); None: a block of text rows
+    images: list[list[str]] | None = None
+    image_grids: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -147,6 +174,8 @@ class Block:
             [r.issues for r in rows],
             None,
             [r.mix_source for r in rows] if any(r.mix_source for r in rows) else None,
+            [r.images for r in rows] if any(r.images for r in rows) else None,
+            [r.image_grid_thw for r in rows] if any(r.images for r in rows) else None,
         )
 
     def slice(self, a: int, b: int) -> Block:
@@ -155,13 +184,16 @@ class Block:
         return Block(ids, masks, self.lengths[a:b], self.sources[a:b], self.source_rows[a:b], self.turns[a:b],
                      self.truncated[a:b], None if self.issues is None else self.issues[a:b],
                      None if self.answered_by is None else self.answered_by[a:b],
-                     None if self.mix_sources is None else self.mix_sources[a:b])  # fmt: skip
+                     None if self.mix_sources is None else self.mix_sources[a:b],
+                     None if self.images is None else self.images[a:b],
+                     None if self.image_grids is None else self.image_grids[a:b])  # fmt: skip
 
     @classmethod
     def concat(cls, blocks: list[Block]) -> Block:
         if len(blocks) == 1:
             return blocks[0]
         named = any(b.mix_sources is not None for b in blocks)
+        pictured = any(b.images is not None for b in blocks)
         return cls(
             np.concatenate([b.ids for b in blocks]),
             np.concatenate([b.masks for b in blocks]),
@@ -173,6 +205,8 @@ class Block:
             [x for b in blocks for x in b.row_issues()],
             [x for b in blocks for x in b.row_answered_by()],
             [x for b in blocks for x in b.row_mix_sources()] if named else None,
+            [x for b in blocks for x in b.row_images()] if pictured else None,
+            [x for b in blocks for x in b.row_image_grids()] if pictured else None,
         )
 
     def row_issues(self) -> list[list[str]]:
@@ -183,6 +217,12 @@ class Block:
 
     def row_mix_sources(self) -> list[str]:
         return self.mix_sources if self.mix_sources is not None else [""] * len(self)
+
+    def row_images(self) -> list[list[str]]:
+        return self.images if self.images is not None else [[] for _ in range(len(self))]
+
+    def row_image_grids(self) -> list[list[int]]:
+        return self.image_grids if self.image_grids is not None else [[] for _ in range(len(self))]
 
     def n_trained(self) -> np.ndarray:
         csum = np.concatenate([[0], np.cumsum(self.masks, dtype=np.int64)])
@@ -197,21 +237,24 @@ def write_block(path: Path, b: Block, arrow_schema: pa.Schema | None = None) -> 
     if off[-1] > np.iinfo(np.int32).max:
         raise ValueError("a shard would hold more than 2**31 tokens; use a smaller --shard-rows")
     off32 = pa.array(off.astype(np.int32))
-    batch = pa.record_batch(
-        [
-            pa.ListArray.from_arrays(off32, pa.array(b.ids.astype(np.int32, copy=False))),
-            pa.ListArray.from_arrays(off32, pa.array(b.masks.astype(np.int64))),
-            pa.array(b.lengths, pa.int64()),
-            pa.array(b.sources, pa.string()),
-            pa.array(b.source_rows, pa.int64()),
-            pa.array(b.turns, pa.int32()),
-            pa.array(b.n_trained(), pa.int64()),
-            pa.array(b.truncated, pa.bool_()),
-            pa.array(b.row_issues(), pa.list_(pa.string())),
-            pa.array(b.row_mix_sources(), pa.string()),
-        ],
-        schema=sch,
-    )
+    columns = [
+        pa.ListArray.from_arrays(off32, pa.array(b.ids.astype(np.int32, copy=False))),
+        pa.ListArray.from_arrays(off32, pa.array(b.masks.astype(np.int64))),
+        pa.array(b.lengths, pa.int64()),
+        pa.array(b.sources, pa.string()),
+        pa.array(b.source_rows, pa.int64()),
+        pa.array(b.turns, pa.int32()),
+        pa.array(b.n_trained(), pa.int64()),
+        pa.array(b.truncated, pa.bool_()),
+        pa.array(b.row_issues(), pa.list_(pa.string())),
+        pa.array(b.row_mix_sources(), pa.string()),
+    ]
+    if is_multimodal(sch):
+        columns.append(pa.array(b.row_images(), pa.list_(pa.string())))
+        columns.append(pa.array(b.row_image_grids(), pa.list_(pa.int32())))
+    elif b.images is not None and any(b.images):
+        raise ValueError("rows with images written with the text schema: their images would be lost")
+    batch = pa.record_batch(columns, schema=sch)
     with atomic_output(path) as f, pa.ipc.new_stream(f, sch) as w:
         w.write_batch(batch)
     return ShardInfo(path.name, len(b), path.stat().st_size, sha256_file(path))
@@ -234,9 +277,15 @@ class ShardWriter:
     def add(self, row: ShardRow) -> None:
         self.add_block(Block.from_rows([row]))
 
+    @property
+    def multimodal(self) -> bool:
+        return is_multimodal(self._schema)
+
     def add_block(self, block: Block) -> None:
         if not len(block):
             return
+        if block.images is not None and not self.multimodal:
+            self._to_multimodal()
         self._buf.append(block)
         self._buffered += len(block)
         while self._buffered >= self.shard_rows:
@@ -245,6 +294,16 @@ class ShardWriter:
             rest = whole.slice(self.shard_rows, len(whole))
             self._buf = [rest] if len(rest) else []
             self._buffered = len(rest)
+
+    def _to_multimodal(self) -> None:
+        """The first rows with images: the dataset takes the image columns, and the shards written so
+        far (text rows only) are written again with them, empty, so that every shard has one schema."""
+        self._schema = schema(multimodal=True)
+        for i, info in enumerate(self.shards):
+            path = self.out_dir / info.filename
+            with pa.memory_map(str(path), "r") as src:
+                table = pa.ipc.open_stream(src).read_all()
+            self.shards[i] = write_table(path, with_image_columns(table, schema(), self._schema))
 
     def _flush(self) -> None:
         if self._buf:
@@ -277,7 +336,7 @@ class ShardWriter:
 
 def write_metadata(out_dir: Path, manifest: Manifest) -> None:
     """dataset_info.json + state.json (for datasets.load_from_disk), then manifest.json, atomically."""
-    write_dataset_files(out_dir, manifest, features())
+    write_dataset_files(out_dir, manifest, features(multimodal=manifest.images is not None))
 
 
 def write_pretokenized_metadata(
@@ -319,7 +378,7 @@ class RowOutOfRange(InputError, IndexError):
     """A row number the dataset does not have."""
 
 
-class ShardDataset:
+class ShardDataset(ImageRows):
     """Random access to the rows of a dataset folder, memory-mapped; the one reader of the project.
 
     ``row(n)`` costs one binary search over the shard offsets and a zero-copy slice of one shard: it

@@ -52,8 +52,8 @@ from draftdeck.formats.model import Conversation
 from draftdeck.progress import Progress
 from draftdeck.quality import Report
 from draftdeck.shards.stats import Stats
-from draftdeck.shards.store import Block, ShardInfo, schema, write_block
-from draftdeck.tokenize import pipeline, rows
+from draftdeck.shards.store import Block, ShardInfo, is_multimodal, schema, write_block
+from draftdeck.tokenize import pipeline, rows, vision
 from draftdeck.tokenize.options import TokenizeOptions
 from draftdeck.tokenize.pipeline import EncoderMismatch, Item, to_item
 from draftdeck.tokenize.report_state import report_from_state, report_state
@@ -248,19 +248,21 @@ def tokenize_chunk(
     items = list(read_items(items_path))
     mismatch = 0
     try:
-        blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, fast), progress)
+        blocks, report, counts, files = _run(items, rows.State(opts, tok, renderer, hf, fast), progress)
     except EncoderMismatch as exc:
         mismatch = exc.rows
         note = f"tiktoken disagreed with the HF tokenizer ({exc}); the job ran again on the HF tokenizer"
         with atomic_output(parts_dir / FALLBACK, "w") as f:
             f.write(note)
         fast = None
-        blocks, report, counts = _run(items, rows.State(opts, tok, renderer, hf, None), progress)
+        blocks, report, counts, files = _run(items, rows.State(opts, tok, renderer, hf, None), progress)
     block = Block.concat(blocks) if blocks else Block.from_rows([])
     shard = None
     if len(block):  # the folder is made only for a shard: a job whose every row is rejected makes none
         out_dir.mkdir(parents=True, exist_ok=True)
-        shard = write_block(out_dir / shard_name(index), block)
+        vision.store_files(out_dir, files)  # into the dataset folder itself: the final step keeps them
+        multimodal = block.images is not None
+        shard = write_block(out_dir / shard_name(index), block, schema(multimodal) if multimodal else None)
     else:
         (out_dir / shard_name(index)).unlink(missing_ok=True)
     stats = Stats(len(tok))
@@ -275,10 +277,11 @@ def tokenize_chunk(
 
 def _run(
     items: list[Item], st: rows.State, progress: Progress | None
-) -> tuple[list[Block], Report, dict[str, int]]:
+) -> tuple[list[Block], Report, dict[str, int], dict[str, bytes]]:
     rows.use(st)
     report = Report()
     blocks: list[Block] = []
+    files: dict[str, bytes] = {}  # the kept rows' images, by stored name
     counts = {"fast_rows": 0, "hf_rows": 0, "verified_rows": 0}
     size = max(1, st.opts.chunk_size)
     for k, start in enumerate(range(0, len(items), size)):
@@ -289,9 +292,10 @@ def _run(
         counts["verified_rows"] += res.verified
         if len(res.block):
             blocks.append(res.block)
+        files.update(res.image_files)
         if progress is not None:
             progress(min(start + size, len(items)), len(items), "rows")
-    return blocks, report, counts
+    return blocks, report, counts, files
 
 
 # -- 3. finish ------------------------------------------------------------------------------------
@@ -360,6 +364,8 @@ def finish_chunks(
         cut = all(s.rows == opts.shard_rows for s in shards[:-1]) and all(
             s.rows <= opts.shard_rows for s in shards
         )
+        # chunks with images and chunks without: recut, which gives every shard the image columns
+        cut = cut and len({_multimodal(out_dir / s.filename) for s in shards}) <= 1
         if cut:  # already cut as shard_rows asks: rename
             n = len(shards)
             final: list[ShardInfo] = []
@@ -373,6 +379,7 @@ def finish_chunks(
     def discard() -> None:
         for s in shards:
             (out_dir / s.filename).unlink(missing_ok=True)
+        vision.remove_images(out_dir)
         pipeline.remove_if_empty(out_dir)
 
     return pipeline.conclude(out_dir, opts, plan.read_report, tok_report, stats, encoder, seconds=seconds,
@@ -386,6 +393,7 @@ def recut(out_dir: Path, shards: list[ShardInfo], shard_rows: int) -> list[Shard
     pass over memory-mapped shards, whatever their columns; the chunk shards are removed only once
     every new shard is written, so a final step that dies can run again."""
     names = [s.filename for s in shards]
+    want = schema(any(_multimodal(out_dir / name) for name in names))
     n = max(1, -(-sum(s.rows for s in shards) // shard_rows))
     final: list[ShardInfo] = []
     pending: list[pa.Table] = []
@@ -401,7 +409,7 @@ def recut(out_dir: Path, shards: list[ShardInfo], shard_rows: int) -> list[Shard
 
     for name in names:
         with pa.memory_map(str(out_dir / name)) as src:
-            table = _conformed(pa.ipc.open_stream(src).read_all())
+            table = _conformed(pa.ipc.open_stream(src).read_all(), want)
         pending.append(table)
         held += table.num_rows
         while held >= shard_rows:
@@ -416,11 +424,16 @@ def recut(out_dir: Path, shards: list[ShardInfo], shard_rows: int) -> list[Shard
     return final
 
 
-def _conformed(table: pa.Table) -> pa.Table:
-    """`table` with the columns of today's shards that it lacks (a chunk reused from an attempt written
-    before a column was added, e.g. ``mix_source``) filled as such shards read: "" or no codes. The
-    shards of one dataset then share one schema."""
-    want = schema()
+def _multimodal(path: Path) -> bool:
+    with pa.memory_map(str(path), "r") as src:
+        return is_multimodal(pa.ipc.open_stream(src).schema)
+
+
+def _conformed(table: pa.Table, want: pa.Schema) -> pa.Table:
+    """`table` with the columns of `want` (today's shards, with the image columns when a chunk has
+    images) that it lacks (a chunk reused from an attempt written before a column was added, e.g.
+    ``mix_source``; a chunk of text rows in a dataset with images) filled as such shards read: "", no
+    codes, no images. The shards of one dataset then share one schema."""
     if table.schema.names == want.names:
         return table
     n = table.num_rows

@@ -46,7 +46,7 @@ from draftdeck.quality import Output, Report
 from draftdeck.shards.manifest import MANIFEST, Manifest, ShardInfo, TokenizerRef
 from draftdeck.shards.stats import Stats
 from draftdeck.shards.store import ShardWriter, write_metadata
-from draftdeck.tokenize import loaded, rows
+from draftdeck.tokenize import loaded, rows, vision
 from draftdeck.tokenize.encoders import HFEncoder, TiktokenEncoder
 from draftdeck.tokenize.options import TokenizeOptions
 from draftdeck.tokenize.rows import ChunkResult, EncoderMismatch, Item, process_chunk, to_item
@@ -156,6 +156,7 @@ def _attempt(
             counts["hf_rows"] += res.hf_rows
             counts["verified_rows"] += res.verified
             writer.add_block(res.block)
+            vision.store_files(out_dir, res.image_files)
             stats.add_block(res.block)
             if progress is not None:
                 progress(tok_report.rows_in, None, "rows")
@@ -190,6 +191,7 @@ def tokenize(
     try:
         return _tokenize(source, out_dir, opts, progress, inputs)
     except BaseException:
+        vision.remove_images(out_dir)
         remove_if_empty(out_dir)  # a failed job leaves no output, not even an empty folder
         raise
 
@@ -292,6 +294,7 @@ def conclude(
             mask_rule=MASK_RULE,
             report=report.to_dict(),
             provenance=stats.provenance,
+            images=vision.finalize(out_dir, shards),
         ),
     )
     return report

@@ -19,11 +19,12 @@ from draftdeck.causal_lm import max_positions
 from draftdeck.chat.coverage import DROPPED, dropped
 from draftdeck.chat.render import ChatRenderer, TemplateError, conversation_dicts
 from draftdeck.chat.spans import RenderedRow, render_rows
+from draftdeck.formats.common import RowRejected
 from draftdeck.formats.model import Conversation
 from draftdeck.provenance import answered_by, vocab_fingerprint
 from draftdeck.quality import Report
 from draftdeck.shards.store import Block, ShardRow
-from draftdeck.tokenize import target_ids
+from draftdeck.tokenize import target_ids, vision
 from draftdeck.tokenize.encoders import Encoded, HFEncoder, TiktokenEncoder
 
 if TYPE_CHECKING:
@@ -74,6 +75,11 @@ class State:
         mine = (self.vocab or "none")[:19]
         return f"its ids were recorded in another vocabulary ({recorded[:19]}…; the tokenizer's: {mine}…)"
 
+    @cached_property
+    def vision(self) -> vision.Vision | None:
+        """The target's image processor (None: a text target, which rejects rows with images)."""
+        return vision.Vision.load(self.opts.tokenizer, self.tok)
+
     @property
     def may_drop(self) -> frozenset[str]:
         """The codes of the parts the template may drop on purpose (`template_may_drop`)."""
@@ -96,14 +102,15 @@ class ChunkResult:
     fast_rows: int = 0
     hf_rows: int = 0
     verified: int = 0
+    image_files: dict[str, bytes] = field(default_factory=dict)  # the kept rows' images, by stored name
 
     @property
     def rows(self) -> list[ShardRow]:
         b, off = self.block, self.block.offsets
-        issues, mix = b.row_issues(), b.row_mix_sources()
+        issues, mix, images, grids = b.row_issues(), b.row_mix_sources(), b.row_images(), b.row_image_grids()
         return [
             ShardRow(b.ids[off[i] : off[i + 1]], b.masks[off[i] : off[i + 1]], b.sources[i], b.source_rows[i],
-                     b.turns[i], b.truncated[i], issues[i], mix[i])
+                     b.turns[i], b.truncated[i], issues[i], mix[i], images[i], grids[i])
             for i in range(len(b))
         ]  # fmt: skip
 
@@ -128,6 +135,8 @@ class Item:
     # the token ids the answering model recorded, by message index, and their vocabulary (None: unknown)
     answer_ids: dict[int, list[int]] = field(default_factory=dict)
     ids_vocab: str | None = None
+    # the conversation's images in order (draftdeck.tokenize.vision.item_images); [] for a text row
+    images: list[dict[str, Any]] = field(default_factory=list)
 
 
 def to_item(conv: Conversation) -> Item:
@@ -136,11 +145,13 @@ def to_item(conv: Conversation) -> Item:
     origin = conv.origin()
     who = answered_by(conv.meta)
     ids = {i: m.token_ids for i, m in enumerate(conv.messages) if m.token_ids}
-    return Item(conversation_dicts(conv), conv.tools, src.file if src else "(memory)", line,
+    messages = conversation_dicts(conv)
+    images = vision.item_images(conv, messages) if any(m.images for m in conv.messages) else []
+    return Item(messages, conv.tools, src.file if src else "(memory)", line,
                 line if line is not None else -1, conv.has_assistant,
                 origin[0] if origin else None, origin[1] if origin else -1, tuple(conv.warnings),
                 who.key() if who else "", untrained_answers(conv), conv.mix_source, ids,
-                recorded_vocab(conv.meta) if ids else None)  # fmt: skip
+                recorded_vocab(conv.meta) if ids else None, images)  # fmt: skip
 
 
 def recorded_vocab(meta: dict[str, Any]) -> str | None:
@@ -279,6 +290,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     report = Report()
     rendered: list[RenderedRow] = []
     owners: list[Item] = []
+    pictures = vision.ChunkImages(st.vision if any(i.images for i in items) else None, str(opts.tokenizer))
     for item in items:
         report.rows_in += 1
         file, line = item.file, item.line
@@ -286,6 +298,11 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
             report.reject(
                 "no_assistant_turn", file, line, "no assistant message: the conversation is prompt-only"
             )
+            continue
+        try:
+            pictures.prepare(item)
+        except RowRejected as exc:
+            report.reject(exc.code, file, line, exc.reason)
             continue
         try:
             rows = render_rows(item.messages, item.tools, st.renderer, item.untrained)
@@ -313,6 +330,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         owners.extend([item] * len(rows))
 
     encoded, fast_set, hf_n, verified = _encode(st, rendered, first_chunk)
+    encoded = pictures.expand(rendered, encoded, owners)  # each image token -> its image's token count
 
     # Masks, the target's recorded ids where they fit, then the mask check: every other trained run
     # decodes to the rendered text it covers.
@@ -327,6 +345,8 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     truncs: list[bool] = []
     answered: list[str] = []
     mixed: list[str] = []  # per kept row: its mix source ("": none)
+    images: list[list[str]] = []  # per kept row: its images' stored names, and their grids
+    grids: list[list[int]] = []
     issues: list[list[str]] = []  # per kept row: its warning codes, the sample view's badges
     for k, (r, (ids, _)) in enumerate(zip(rendered, encoded, strict=True)):
         owner = owners[k]
@@ -334,6 +354,9 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         mask = masks[k]
         if k in bad_rows:
             report.reject("mask_mismatch", file, line, bad_rows[k])
+            continue
+        if k in pictures.bad:
+            report.reject("template_error", file, line, pictures.bad[k])
             continue
         plan = plans[k]
         ids, mask = target_ids.apply(plan, ids, mask)
@@ -344,6 +367,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
                 continue
             ids, mask = ids[: opts.seq_length], mask[: opts.seq_length]
             truncated = True
+        ids, mask, names, grid = pictures.fit(k, ids, mask)  # no image cut in two; 0 on image tokens
         if st.max_positions is not None and len(ids) > st.max_positions[0]:
             most, said = st.max_positions
             cut = "" if opts.seq_length else f"; --seq-length {most} cuts such rows to fit"
@@ -374,13 +398,16 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         truncs.append(truncated)
         answered.append(owner.answered_by)
         mixed.append(owner.mix_source)
+        images.append(names)
+        grids.append(grid)
     block = Block(
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),
         np.asarray([len(i) for i, _ in keep], dtype=np.int64),
         sources, source_rows, turns, truncs, issues, answered, mixed if any(mixed) else None,
+        images if any(images) else None, grids if any(images) else None,
     )  # fmt: skip
-    return ChunkResult(report, block, len(fast_set), hf_n, verified)
+    return ChunkResult(report, block, len(fast_set), hf_n, verified, pictures.files)
 
 
 def process_indexed(item: tuple[int, list[Item]]) -> ChunkResult:

@@ -1,0 +1,384 @@
+"""Images in tokenize: a vision-language target's image processor, its chat template's image parts,
+each image's placeholder expanded to the exact number of image tokens of its grid.
+
+The target folder (``--tokenizer``) has a ``preprocessor_config.json``: it is a vision-language target
+and rows with images are kept; without one, each such row is rejected as ``multimodal_content``, named
+and counted (a text target cannot read an image). Per row with images:
+
+1. :func:`item_images` (when the conversation becomes an :class:`~draftdeck.tokenize.rows.Item`): each
+   message with images has its text cut at the ``<image>`` placeholders into content parts, a
+   ``{"type": "image"}`` part in place of each one, as OpenAI and Qwen's processors give them to the chat
+   template; the images themselves travel as JSON (a path, base64 data, or a URL, which is never read).
+2. :meth:`ChunkImages.prepare`: every image loaded and checked (:func:`draftdeck.formats.images.check`:
+   ``image_missing``, ``image_unreadable``, ``image_too_large``, ``image_url_unread``), its patch grid
+   (t, h, w) from the image processor, the placeholders counted against the images
+   (``image_placeholder_mismatch``); an image in an assistant answer is rejected as
+   ``multimodal_content``: no drafter generates an image.
+3. The template renders each image part as its tokens (Qwen3.5: ``<|vision_start|><|image_pad|>
+   <|vision_end|>``). :meth:`ChunkImages.expand` repeats each ``<|image_pad|>`` t*h*w / merge_size^2
+   times (what the processor's ``replace_image_token`` writes), every copy at the image part's
+   character, so the loss mask (from characters) is 0 on all of them: they lie in a user turn. A row
+   whose rendered image tokens are not as many as its images is rejected (``template_error``: the
+   template dropped or repeated image parts).
+4. :meth:`ChunkImages.fit` after truncation: an image cut in the middle is cut whole (with its start
+   token), and the mask is set 0 on every image token and the vision start and end tokens. The mask
+   check (every trained run decodes to its rendered text) runs as for text rows: no trained run holds
+   an image token.
+
+The grid is what the processor computes: for Qwen2-VL's family (Qwen2-VL to Qwen3.5, whose PIL
+processor is ``Qwen2VLImageProcessorPil``) from the image's size through the processor's own
+``smart_resize`` and settings, checked against a full ``preprocess`` on the first images a process
+sees; any other processor runs its full ``preprocess``. torchvision's wheels on the package index are
+GPU builds that do not load beside the CPU torch here, so the processor is always loaded with the PIL
+backend (``backend="pil"``); the grid, and so the token count, is the same with either backend.
+
+Stored per row (:mod:`draftdeck.shards.store`): ``images`` (the files' content-addressed names under
+the dataset's ``images/``) and ``image_grid_thw`` (3 ints per image). The M-RoPE positions and
+``mm_token_type_ids`` are not stored: both follow from the ids and the grids alone (the model's own
+``get_rope_index`` computes the positions from ``input_ids`` and ``image_grid_thw``; an image token is
+one whose id is the image token's), so the trainer recomputes them exactly, with the model's code,
+and a dataset does not hold three more int64 per token.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from draftdeck.errors import InputError
+from draftdeck.formats.common import RowRejected
+from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation, ImageRef
+
+if TYPE_CHECKING:
+    from draftdeck.chat.spans import RenderedRow
+    from draftdeck.shards.manifest import ImageFile, ShardInfo
+    from draftdeck.tokenize.encoders import Encoded
+    from draftdeck.tokenize.rows import Item
+
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+IMAGE_TOKEN, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
+CHECKED_GRIDS = 4  # images per process whose fast grid is checked against the processor's preprocess
+
+
+# -- 1. the conversation's images as an Item carries them ----------------------------------------------
+def item_images(conv: Conversation, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn the placeholders of `messages` (the conversation's template dicts, changed in place) into
+    content parts, and return the images as JSON-able dicts in order (``message``: its message's index,
+    and one of ``path``, ``data`` (base64), ``url``; ``mime`` as declared)."""
+    out: list[dict[str, Any]] = []
+    for i, (msg, d) in enumerate(zip(conv.messages, messages, strict=True)):
+        if not msg.images:
+            continue
+        d["content"] = content_parts(msg.content)
+        for ref in msg.images:
+            entry: dict[str, Any] = {"message": i, "mime": ref.mime}
+            if ref.url is not None:
+                entry["url"] = ref.url
+            elif ref.data is not None:
+                entry["data"] = base64.b64encode(ref.data).decode("ascii")
+            else:
+                entry["path"] = ref.path
+            out.append(entry)
+    return out
+
+
+def content_parts(text: str) -> list[dict[str, Any]]:
+    """`text` cut at each IMAGE_PLACEHOLDER: text parts, and an image part in place of each one."""
+    parts: list[dict[str, Any]] = []
+    for j, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+        if j:
+            parts.append({"type": "image"})
+        if piece:
+            parts.append({"type": "text", "text": piece})
+    return parts
+
+
+def _ref(entry: dict[str, Any]) -> ImageRef:
+    data = entry.get("data")
+    return ImageRef(path=entry.get("path"), data=base64.b64decode(data) if data is not None else None,
+                    url=entry.get("url"), mime=entry.get("mime"))  # fmt: skip
+
+
+# -- the target's image processor -----------------------------------------------------------------------
+@dataclass
+class Vision:
+    """A vision-language target's image processor and its image tokens' ids."""
+
+    processor: Any
+    image_id: int
+    start_id: int
+    end_id: int
+    merge_size: int
+    checked: int = 0  # fast grids checked against a full preprocess in this process
+    grids: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # by sha256
+
+    @classmethod
+    def load(cls, folder: Path | str, tok: Any) -> Vision | None:
+        """The target folder's image processor (PIL backend); None: no preprocessor_config.json (a
+        text target). InputError when there is one that does not load, or the tokenizer lacks the
+        image tokens."""
+        folder = Path(folder)
+        if not (folder / PREPROCESSOR_CONFIG).is_file():
+            return None
+        from draftdeck.chat.render import transformers_lock
+
+        try:
+            with transformers_lock:
+                from transformers import AutoImageProcessor
+
+                processor = AutoImageProcessor.from_pretrained(
+                    str(folder), backend="pil", local_files_only=True
+                )
+        except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            raise InputError(
+                f"{folder / PREPROCESSOR_CONFIG}: the image processor does not load ({why})"
+            ) from exc
+        vocab = tok.get_vocab()
+        missing = [t for t in (IMAGE_TOKEN, VISION_START, VISION_END) if t not in vocab]
+        if missing:
+            raise InputError(f"{folder}: the tokenizer lacks the image tokens {', '.join(missing)}")
+        merge = int(getattr(processor, "merge_size", 1) or 1)
+        return cls(processor, vocab[IMAGE_TOKEN], vocab[VISION_START], vocab[VISION_END], merge)
+
+    @property
+    def special_ids(self) -> np.ndarray:
+        return np.asarray([self.image_id, self.start_id, self.end_id], dtype=np.int32)
+
+    def grid(self, sha256: str, data: bytes, width: int, height: int) -> tuple[int, int, int]:
+        """The image's (t, h, w) patch grid, as the processor computes it (cached by content)."""
+        hit = self.grids.get(sha256)
+        if hit is None:
+            hit = self._fast_grid(width, height)
+            if hit is None or self.checked < CHECKED_GRIDS:
+                full = self._full_grid(data)
+                if hit is not None and hit != full:
+                    raise InputError(
+                        f"the grid from the image's size {hit} differs from the processor's {full}"
+                    )
+                self.checked += hit is not None
+                hit = full
+            self.grids[sha256] = hit
+        return hit
+
+    def _fast_grid(self, width: int, height: int) -> tuple[int, int, int] | None:
+        """Qwen2-VL's family: the grid from the size through the processor module's own smart_resize."""
+        p = self.processor
+        resize = getattr(sys.modules.get(type(p).__module__), "smart_resize", None)
+        size = getattr(p, "size", None) or {}
+        lo, hi = size.get("shortest_edge"), size.get("longest_edge")
+        patch = getattr(p, "patch_size", None)
+        if resize is None or not (lo and hi and patch) or not getattr(p, "do_resize", True):
+            return None
+        try:
+            h, w = resize(height, width, factor=patch * self.merge_size, min_pixels=lo, max_pixels=hi)
+        except ValueError as exc:  # an aspect ratio over the processor's limit
+            raise RowRejected("image_unreadable", f"the image processor refuses it: {exc}") from None
+        return 1, h // patch, w // patch
+
+    def _full_grid(self, data: bytes) -> tuple[int, int, int]:
+        import io
+
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as img:
+            rgb = img.convert("RGB")
+        try:
+            out = self.processor(images=[rgb])
+        except ValueError as exc:
+            raise RowRejected("image_unreadable", f"the image processor refuses it: {exc}") from None
+        t, h, w = (int(v) for v in np.asarray(out["image_grid_thw"])[0])
+        return t, h, w
+
+    def tokens(self, grid: tuple[int, int, int]) -> int:
+        """Image tokens of an image of `grid`: t*h*w patches, merge_size^2 to a token."""
+        t, h, w = grid
+        return t * h * w // (self.merge_size * self.merge_size)
+
+
+@dataclass(slots=True)
+class Picture:
+    """One checked image of a row: its message, stored name, grid, token count and bytes."""
+
+    message: int
+    name: str
+    grid: tuple[int, int, int]
+    tokens: int
+    data: bytes
+
+
+@dataclass(slots=True)
+class _RowImages:
+    pictures: list[Picture]
+    runs: list[tuple[int, int]] = field(default_factory=list)  # per picture: its tokens' [start, end)
+
+
+class ChunkImages:
+    """The images of one chunk's rows, from the check to the stored names (see the module docstring)."""
+
+    def __init__(self, vision: Vision | None, target: str):
+        self.vision = vision
+        self.target = target
+        self._items: dict[int, list[Picture]] = {}
+        self._rows: dict[int, _RowImages] = {}
+        self.bad: dict[int, str] = {}  # rendered row -> why it is rejected (template_error)
+        self.files: dict[str, bytes] = {}  # name -> bytes of the images of the kept rows
+
+    def prepare(self, item: Item) -> None:
+        """Check `item`'s images; raise RowRejected with the code that rejects the row."""
+        if not item.images:
+            return
+        if self.vision is None:
+            raise RowRejected(
+                "multimodal_content",
+                f"the row holds {len(item.images)} image(s); the target {self.target} reads none "
+                f"(no {PREPROCESSOR_CONFIG}: a text model)",
+            )
+        from draftdeck.formats.images import check
+
+        for i, m in enumerate(item.messages):
+            content = m.get("content")
+            have = sum(1 for e in item.images if e["message"] == i)
+            parts = sum(1 for p in content if p.get("type") == "image") if isinstance(content, list) else 0
+            if have and parts != have:
+                raise RowRejected(
+                    "image_placeholder_mismatch",
+                    f"message {i} has {have} image(s) and {parts} {IMAGE_PLACEHOLDER} placeholder(s)",
+                )
+            if have and m.get("role") != "user" and m.get("role") != "tool":
+                raise RowRejected(
+                    "multimodal_content",
+                    f"message {i} ({m.get('role')}) holds an image: images are read in user turns; "
+                    "no drafter generates one",
+                )
+        pictures = []
+        for j, entry in enumerate(item.images):
+            ref = _ref(entry)
+            got = check(ref, where=f"image {j}")
+            grid = self.vision.grid(got.sha256, got.data, got.width, got.height)
+            pictures.append(
+                Picture(int(entry["message"]), got.name, grid, self.vision.tokens(grid), got.data)
+            )
+        self._items[id(item)] = pictures
+
+    def expand(
+        self, rendered: list[RenderedRow], encoded: list[Encoded], owners: list[Item]
+    ) -> list[Encoded]:
+        """Each image token of each row repeated to its image's token count (the copies at the same
+        character); rows whose image tokens do not match their images go to :attr:`bad`."""
+        if self.vision is None or not self._items:
+            return encoded
+        out = list(encoded)
+        image_id = self.vision.image_id
+        for k, (row, (ids, starts)) in enumerate(zip(rendered, encoded, strict=True)):
+            pictures = self._items.get(id(owners[k]))
+            if not pictures:
+                continue
+            if row.turn != -1:  # a split row renders the conversation through its answer only
+                pictures = [p for p in pictures if p.message <= max(row.answers)]
+            at = np.flatnonzero(ids == image_id)
+            if len(at) != len(pictures):
+                self.bad[k] = (
+                    f"the chat template rendered {len(at)} {IMAGE_TOKEN} for {len(pictures)} image(s): "
+                    "it drops or repeats image parts"
+                )
+                continue
+            counts = np.ones(len(ids), dtype=np.int64)
+            counts[at] = [p.tokens for p in pictures]
+            ends = np.cumsum(counts)
+            runs = [(int(ends[a] - p.tokens), int(ends[a])) for a, p in zip(at, pictures, strict=True)]
+            out[k] = (np.repeat(ids, counts).astype(np.int32), np.repeat(starts, counts))
+            self._rows[k] = _RowImages(pictures, runs)
+        return out
+
+    def fit(
+        self, k: int, ids: np.ndarray, mask: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, list[str], list[int]]:
+        """Rendered row `k` as kept (after truncation): an image cut in the middle left out whole with
+        its start token, the mask 0 on every image and vision token; its images' names and grids."""
+        row = self._rows.get(k)
+        if row is None or self.vision is None:
+            return ids, mask, [], []
+        n = len(ids)
+        kept = [p for p, (_, end) in zip(row.pictures, row.runs, strict=True) if end <= n]
+        if len(kept) < len(row.pictures):
+            start = row.runs[len(kept)][0]
+            if start < n:  # the next image begins before the cut: cut before it and its start token
+                cut = start - 1 if start > 0 and ids[start - 1] == self.vision.start_id else start
+                ids, mask = ids[:cut], mask[:cut]
+        mask = mask.copy()
+        mask[np.isin(ids, self.vision.special_ids)] = 0
+        for p in kept:
+            self.files.setdefault(p.name, p.data)
+        return ids, mask, [p.name for p in kept], [v for p in kept for v in p.grid]
+
+
+# -- the stored files ----------------------------------------------------------------------------------
+def store_files(out_dir: Path, files: dict[str, bytes]) -> None:
+    """Write each image once as ``out_dir/images/<name>`` (atomic; an existing name is the same bytes)."""
+    if not files:
+        return
+    from draftdeck.fileio import atomic_output
+    from draftdeck.shards.store import IMAGES_DIR
+
+    folder = Path(out_dir) / IMAGES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        path = folder / name
+        if not path.is_file():
+            with atomic_output(path) as f:
+                f.write(data)
+
+
+def finalize(out_dir: Path, shards: Iterable[ShardInfo]) -> list[ImageFile] | None:
+    """The image files the dataset's rows name, each checked against its name, for the manifest; the
+    files no kept row names (an image of a rejected row) removed. None: a text dataset."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from draftdeck.errors import AccountingError
+    from draftdeck.shards.manifest import ImageFile
+    from draftdeck.shards.store import IMAGES_DIR, is_multimodal
+
+    named: set[str] = set()
+    multimodal = False
+    for s in shards:
+        with pa.memory_map(str(Path(out_dir) / s.filename), "r") as src:
+            table = pa.ipc.open_stream(src).read_all()
+        if is_multimodal(table.schema):
+            multimodal = True
+            named.update(x for names in table.column("images").to_pylist() for x in names)
+    folder = Path(out_dir) / IMAGES_DIR
+    if not multimodal:
+        return None
+    for path in folder.glob("*") if folder.is_dir() else ():
+        if path.name not in named:
+            path.unlink()
+    out = []
+    for name in sorted(named):
+        path = folder / name
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise AccountingError(f"a row names the image {name}, which is not in {folder} ({exc})") from None
+        digest = hashlib.sha256(data).hexdigest()
+        if not name.startswith(digest + "."):
+            raise AccountingError(f"{path}: its bytes hash to {digest}, not to its name")
+        out.append(ImageFile(name, len(data), digest))
+    return out
+
+
+def remove_images(out_dir: Path) -> None:
+    """A failed run's image files (the output folder was empty when it began)."""
+    import shutil
+
+    from draftdeck.shards.store import IMAGES_DIR
+
+    shutil.rmtree(Path(out_dir) / IMAGES_DIR, ignore_errors=True)
