@@ -84,6 +84,7 @@ def write_tiny_vlm(folder: str | Path, seed: int = 0, *, vocab_size: int = 512) 
     `Qwen3_5ForConditionalGeneration.from_pretrained` / `AutoModelForImageTextToText`. The tokenizer is
     the demo world's byte-level BPE (`vocab_size` pieces, trained on the demo conversations), plus
     Qwen's vision tokens. Deterministic given `seed`."""
+    import torch
     from transformers import AutoTokenizer
 
     folder = Path(folder)
@@ -105,6 +106,10 @@ def write_tiny_vlm(folder: str | Path, seed: int = 0, *, vocab_size: int = 512) 
     text.pad_token_id = model.config.pad_token_id = tok.pad_token_id
     model.generation_config.eos_token_id = text.eos_token_id
     model.generation_config.pad_token_id = text.pad_token_id
+    with torch.no_grad():  # logit 0 among random ones: scarcely ever emitted, as a trained VLM never
+        # emits them (an answer with an image token would have no picture for it)
+        for token in VISION_TOKENS:
+            model.lm_head.weight[tok.convert_tokens_to_ids(token)] = 0.0
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(), indent=2) + "\n")
     return folder

@@ -24,6 +24,7 @@ from transformers import AutoConfig
 from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.baselines import PromptLookup
 from draftdeck.drafter.eval.drafters import check_pair, load_checkpoint, walked
+from draftdeck.drafter.eval.images import ByModality, dataset_image_rows
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.spec_decode import DecodeStats, DraftSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import SuiteTallies, Turn, decode_turns, read_suites
@@ -279,16 +280,22 @@ def _tree_shape(params: EvalParams, block: int) -> TreeShape | None:
     return TreeShape(params.tree_budget, params.tree_topk or DEFAULT_TOPK, params.tree_depth or block - 1)
 
 
-Loaded = dict[tuple[str, str, str], tuple[Target, Any]]  # (target, checkpoint, device) -> both, loaded
+Loaded = dict[tuple[str, str, str, bool], tuple[Target, Any]]  # (target, checkpoint, device, images) -> both
 
 
 def _load(params: EvalParams, loaded: Loaded | None) -> tuple[Target, Any]:
     """The target and the drafter checkpoint, checked as a pair; kept in `loaded` (and taken from it)
     when the caller evaluates one pair several times (a sweep: each point would load them again)."""
-    key = (str(params.target), str(params.checkpoint), params.device)
+    images = None if params.suites else dataset_image_rows(params.inputs, params.target)
+    key = (str(params.target), str(params.checkpoint), params.device, images is not None)
     if loaded is not None and key in loaded:
-        return loaded[key]
-    target = Target.load(params.target, device=params.device)
+        target, ck = loaded[key]
+        if images is not None:
+            target.attach_images(images)
+        return target, ck
+    target = Target.load(params.target, device=params.device, vision=images is not None)
+    if images is not None:  # the whole VLM: its tower reads the prompts' pictures
+        target.attach_images(images)
     ck = load_checkpoint(Path(params.checkpoint), device=params.device)
     check_pair(target, ck, params.checkpoint, params.target)
     if loaded is not None:
@@ -374,6 +381,8 @@ def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) 
     # the drafter per source, when there are several to tell apart
     names = set() if params.suites else {p.source for p in prompts}
     by_source = {name: DecodeStats(block) for name in sorted(names)} if len(names) > 1 else {}
+    # the drafter on prompts with images and on text alone, for a target reading images
+    modality = ByModality(block, target.vision.image_token_id) if target.vision is not None else None
     walk_ids: list[list[int]] = []
     groups: list[tuple[str, str]] = []  # each turn's suite and category
     outputs: list[list[int]] = []
@@ -386,6 +395,8 @@ def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) 
         groups.append((t.suite, t.category))
         outputs.append(t.decoded.plain.output_ids)
         gen = t.decoded.methods["drafter"]
+        if modality is not None:
+            modality.add(t.ids, gen)
         if by_suite is not None:
             by_suite.add(t)
         elif by_source:
@@ -464,6 +475,8 @@ def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) 
                    "tokens_per_step": st.tokens_per_step}
             for name, st in by_source.items()
         }  # fmt: skip
+    if modality is not None:  # the drafter's counts on prompts with images and on text alone
+        result["by_modality"] = modality.to_json()
     if params.served_url:
         result["served"] = _served(
             params, walk_ids, real_tau, walked_tau, ctx, groups if params.suites else None

@@ -33,6 +33,7 @@ from transformers import DynamicCache
 
 from draftdeck.drafter.eval.hybrid_verify import BlockStates
 from draftdeck.drafter.model.target import Target, context_from_hidden_states
+from draftdeck.drafter.model.vision import cached_forward_inputs
 
 
 class DraftSource(Protocol):
@@ -204,10 +205,11 @@ class TargetRunner:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (len(ids), V) for `ids` at positions start.., and context features (len, F) if asked."""
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        positions = torch.arange(start, start + len(ids), device=self.device)[None]
+        # the index, or for a VLM target the model's M-RoPE positions (and a prompt's pixels at start 0)
+        inputs = cached_forward_inputs(self.model, self.target.vision, input_ids, start, cache)
         out = self.model(
             input_ids=input_ids,
-            position_ids=positions,
+            **inputs,
             use_cache=True,
             output_hidden_states=layer_ids is not None,
             **{self.cache_kwarg: cache},

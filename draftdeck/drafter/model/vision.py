@@ -185,3 +185,26 @@ def shifted_positions(start: int, n: int, delta: int, device: torch.device) -> t
     sequence index and three M-RoPE rows, each the index plus `delta`, as the model continues them."""
     index = torch.arange(start, start + n, device=device).view(1, 1, -1)
     return torch.cat([index, (index + delta).expand(3, 1, -1)])
+
+
+ROPE_DELTA = "draftdeck_rope_delta"  # the attribute of a decoding cache holding its prompt's rope delta
+
+
+def cached_forward_inputs(
+    model: Any, vision: VisionInputs | None, input_ids: torch.Tensor, start: int, cache: Any
+) -> dict[str, Any]:
+    """The position ids (and, for a prompt with images, the image inputs) of a forward of (1, n) ids at
+    sequence index `start`.. over a decoding `cache`, as the model's own generation computes them: a
+    prompt with images (start 0) takes its M-RoPE positions and pixels, and the cache keeps the prompt's
+    rope delta, by which every later position is shifted; a text prompt's positions are the index."""
+    n, device = input_ids.shape[1], input_ids.device
+    if vision is None:
+        return {"position_ids": torch.arange(start, start + n, device=device)[None]}
+    if start == 0:
+        inputs = vision.batch(input_ids, None)
+        if inputs:
+            positions, delta = mrope_positions(model, input_ids, inputs)
+            setattr(cache, ROPE_DELTA, delta)
+            return {"position_ids": positions, **inputs}
+        setattr(cache, ROPE_DELTA, 0)
+    return {"position_ids": shifted_positions(start, n, getattr(cache, ROPE_DELTA, 0), device)}
