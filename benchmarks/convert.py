@@ -20,15 +20,23 @@ of non-ASCII text, a few dummy "OK." answers), then times, each in its own subpr
 
 Columns: wall seconds (best of --repeat), MB/s and rows/s over the input size and input rows, CPU
 seconds (user + sys of the child and its own children), peak RSS, speedup = the plain script's seconds
-/ the tool's, measured in the same round. Peak RSS is the child's VmHWM for one process; for several
-processes it is the peak of the *sum* of the resident sets of the child and all its descendants,
-sampled every 10 ms (forked workers share pages with their parent, so the sum overcounts a little).
-The machine may be shared: run it a few times and compare ratios from the same round.
+/ the tool's, measured in the same round, and `vs floor` = the orjson floor's seconds / the tool's in
+each round (issue 56's goal: >= 0.8 for `draftdeck 1 worker`).
+
+Each child runs as an installed package does, from compiled bytecode: an untimed import first writes
+it under benchmarks/.work/pycache (PYTHONPYCACHEPREFIX; a shell with PYTHONDONTWRITEBYTECODE=1 would
+otherwise compile every draftdeck module again in each timed run, ~0.07 s that no user pays).
+
+Peak RSS is the child's VmHWM for one process; for several processes it is the peak of the *sum* of the
+resident sets of the child and all its descendants, sampled every 10 ms (forked workers share pages with
+their parent, so the sum overcounts a little). The machine may be shared: run it a few times and compare
+ratios from the same round.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import resource
 import subprocess
@@ -296,11 +304,20 @@ TOOLS = (
 )
 
 
+def child_env() -> dict[str, str]:
+    """The children's environment: bytecode written and read under benchmarks/.work/pycache."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(WORK / "pycache")
+    return env
+
+
 def run(code: str, src: Path, dst: Path) -> tuple[float, float, int, str]:
     """(seconds, CPU seconds, peak RSS in MB, stderr) of one child process (and its children)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code, str(src), str(dst)], capture_output=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(src), str(dst)], capture_output=True, check=False, env=child_env()
+    )
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -323,6 +340,9 @@ def main() -> None:
     if args.smoke:  # the tests' size (tests/project/test_benchmarks_smoke.py): every tool, one range
         args.sizes, args.repeat = "1", 1
     WORK.mkdir(exist_ok=True)
+    # compiled once, untimed (see the module docstring)
+    warm = "import draftdeck.convert, draftdeck.convert.parallel, draftdeck.formats.detect"
+    subprocess.run([sys.executable, "-c", warm], check=True, env=child_env())
     sizes = [int(s) for s in args.sizes.split(",")]
     results = []
     for mb in sizes:
@@ -336,6 +356,7 @@ def main() -> None:
             rows = sum(1 for line in f if line.strip())
         best: dict[str, tuple[float, float, int, str]] = {}
         ratios: dict[str, list[float]] = {name: [] for name, _ in TOOLS}
+        floor: dict[str, list[float]] = {name: [] for name, _ in TOOLS}
         for _ in range(args.repeat):
             secs: dict[str, float] = {}
             for name, code in TOOLS:
@@ -348,29 +369,33 @@ def main() -> None:
                     out.unlink(missing_ok=True)
             for name in secs:  # speedups within one round: the machine's load changes between rounds
                 ratios[name].append(secs["plain json script"] / secs[name])
+                floor[name].append(secs["orjson floor"] / secs[name])
         for name, (wall, cpu, rss, err) in best.items():
-            results.append((mb, nbytes, rows, name, wall, cpu, rss, err, ratios[name]))
+            results.append((mb, nbytes, rows, name, wall, cpu, rss, err, ratios[name], floor[name]))
     print()
     print(
         f"| {'input':>6} | {'rows':>7} | {'tool':<20} | {'seconds':>7} | {'MB/s':>6} | {'rows/s':>7}"
-        f" | {'CPU s':>6} | {'peak RSS':>9} | {'speedup (best)':>14} | {'per round':>18} |"
+        f" | {'CPU s':>6} | {'peak RSS':>9} | {'speedup (best)':>14} | {'per round':>18}"
+        f" | {'vs floor, per round':>19} |"
     )
-    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     plain: dict[int, float] = {}
-    for mb, nbytes, rows, name, wall, cpu, rss, _, rounds in results:
+    for mb, nbytes, rows, name, wall, cpu, rss, _, rounds, floors in results:
         if name.startswith("plain"):
             plain[mb] = wall
         shown = " ".join(f"{r:.2f}" for r in rounds)
+        to_floor = " ".join(f"{r:.2f}" for r in floors)
         print(
             f"| {nbytes / 1e6:>4.0f}MB | {rows:>7,} | {name:<20} | {wall:>7.2f} | "
             f"{nbytes / 1e6 / wall:>6.1f} | {rows / wall:>7,.0f} | {cpu:>6.2f} | {rss:>6} MB | "
-            f"{plain[mb] / wall:>13.2f}x | {shown:>18} |"
+            f"{plain[mb] / wall:>13.2f}x | {shown:>18} | {to_floor:>19} |"
         )
     print(
         "\nspeedup (best): the plain script's best seconds / the tool's best; per round: the same ratio in"
-        " each round. Peak RSS of '2 workers' and 'x2': the sum over the process tree (sampled)."
+        " each round; vs floor: the orjson floor's seconds / the tool's in each round (goal for 1 worker:"
+        " >= 0.8). Peak RSS of '2 workers' and 'x2': the sum over the process tree (sampled)."
     )
-    for mb, _, _, name, _, _, _, err, _ in results:
+    for mb, _, _, name, _, _, _, err, _, _ in results:
         if err and name.startswith("draftdeck"):
             rin, rout, rej = err.split()[-3:]
             print(f"  {name} {mb} MB: rows in {rin}, out {rout}, rejected {rej}")

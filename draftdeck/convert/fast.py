@@ -100,6 +100,9 @@ def plain_row(
     # an unknown or unhashable role, text that is no string) raises: the general path names it.
     out_turns: list[dict[str, str]] = []
     has_user = long_answer = edges = False
+    # answers too short by length alone to decide: normalised only when no answer is long by length
+    # (normalise is most of a row's cost where it runs)
+    short_answers: list[str] = []
     prev = None
     if system is not None:
         stripped = system.strip()  # (the same object when nothing is stripped)
@@ -130,11 +133,16 @@ def plain_row(
                 prev = name
                 if name == user_name:
                     has_user = True
-                elif not long_answer and (len(text) > long_len or len(normalise(text)) > max_chars):
-                    long_answer = True  # placeholder_key is None: the row is not a candidate
+                elif not long_answer:
+                    if len(text) > long_len:
+                        long_answer = True  # placeholder_key is None: the row is not a candidate
+                    else:
+                        short_answers.append(text)
             append({out_role: name, out_text: text})
     except (KeyError, TypeError, AttributeError):
         return None
+    if not long_answer:
+        long_answer = any(len(normalise(text)) > max_chars for text in short_answers)
     if not has_user or prev != names["assistant"] or not long_answer:
         return None  # no_user_turn / no_assistant_turn / trailing_user_turn, or a placeholder candidate
     meta = [k for k in value if k not in known] if len(value) > 1 else []

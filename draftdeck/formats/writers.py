@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
@@ -50,6 +51,10 @@ TARGETS = ("openai", "sharegpt", "parquet")
 RESERVED = frozenset({"messages", "conversations", "tools", "system"})
 SHAREGPT_FROM = {"system": "system", "user": "human", "assistant": "gpt", "tool": "tool"}
 _FLUSH_BYTES = 1 << 20
+# Every this many bytes written, the writer's thread asks the kernel to start writing them to disk
+# (posix_fadvise DONTNEED starts the writeback without waiting for it): the fsync that closes the
+# file then finds little left to write, instead of the whole file (~0.07 s of a 200 MB convert).
+_WRITEBACK_BYTES = 8 << 20
 
 _PARQUET_BATCH = 2048
 
@@ -273,6 +278,7 @@ class Writer:
         self._buf_bytes = 0
         self._hash = hashlib.sha256()
         self._bytes = 0
+        self._unsynced = 0  # bytes written since the last writeback hint (see _WRITEBACK_BYTES)
         self._thread: ThreadPoolExecutor | None = None
         self._pending: deque[Future[None]] = deque()
         self._pq: pq.ParquetWriter | None = None
@@ -352,6 +358,12 @@ class Writer:
         self._hash.update(data)
         assert self._f is not None
         self._f.write(data)
+        self._unsynced += len(data)
+        if self._unsynced >= _WRITEBACK_BYTES and hasattr(os, "posix_fadvise"):
+            self._unsynced = 0
+            self._f.flush()
+            with contextlib.suppress(OSError):  # only a hint: the closing fsync still writes everything
+                os.posix_fadvise(self._f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
     def _drain(self) -> None:
         """Wait for the blocks in flight (raising the first error) and stop the thread."""
