@@ -1,29 +1,34 @@
-"""Jobs split into chunk tasks (tokenize). Celery-free, like app/run/job.py; workers/tasks.py wraps
-:func:`run_chunk` in the ``draftdeck.run_chunk`` task. Chunk statuses change only through
-app/store/state.py's chunk rules.
+"""Jobs split into chunk tasks, for every kind that declares itself chunked (`ChunkedKind`: tokenize,
+app/run/tokenize_chunks.py; cache-hidden, app/run/hidden_chunks.py). Celery-free, like app/run/job.py;
+workers/tasks.py wraps :func:`run_chunk` in the ``draftdeck.run_chunk`` task. Chunk statuses change only
+through app/store/state.py's chunk rules. A kind provides three things: plan the chunks, run one, finish
+the whole; this module does the rest, the same for each kind.
 
 Flow:
 
-1. The job's own task (``draftdeck.run_job`` -> :func:`plan_tokenize`) reads the inputs once and
-   writes chunk files (:func:`draftdeck.tokenize.chunks.plan_chunks`), records one ``job_chunks``
-   row per chunk (``pending``), sends one ``draftdeck.run_chunk`` message per chunk on the job's queue
-   and returns: the job stays ``running`` and no worker slot waits for the chunks (a single worker
-   with concurrency 1 runs the chunks after it). It does not use chords: no result backend.
-2. Each chunk task claims its row (``pending`` -> ``running``, compare-and-set), tokenizes its chunk
-   into its own shard, and marks its row ``done`` with the chunk's report and shard (compare-and-set
-   again). Progress of the job = chunks done / chunks. While a chunk runs, the job's heartbeat is kept
-   fresh; a worker that dies in a chunk stops the beat and the sweeper marks the job lost.
+1. The job's own task (``draftdeck.run_job`` -> the kind's ``plan``) plans the chunks, records one
+   ``job_chunks`` row per chunk (``pending``), sends one ``draftdeck.run_chunk`` message per chunk on
+   the job's queue (:func:`enqueue_chunks`) and raises `Handoff`: the job stays ``running`` and no
+   worker slot waits for the chunks (a single worker with concurrency 1 runs the chunks after it). It
+   does not use chords: no result backend.
+2. Each chunk task claims its row (``pending`` -> ``running``, compare-and-set), runs the kind's
+   ``run`` for it (its own shard, or folder of shards), and marks its row ``done`` with the chunk's
+   report and output (compare-and-set again). Progress of the job = chunks done / chunks. While a chunk
+   runs, the job's heartbeat is kept fresh; a worker that dies in a chunk stops the chunk's beat, and
+   the sweeper puts the chunk back to ``pending`` and sends it again once (app/run/sweeper.py).
 3. After marking its row done, a chunk task that sees every chunk done tries to claim the final step:
    ``UPDATE job_chunks SET finalized_by = me WHERE job_id = J AND chunk_index = 0 AND finalized_by IS
    NULL``. The last chunks to finish may both see all done; only one wins the update. The winner runs
-   :func:`draftdeck.tokenize.chunks.finish_chunks` (check counts, merge, final shard names, manifest),
-   records outputs and the report, and moves the job to ``succeeded`` or ``failed``.
+   the kind's ``finish`` (check counts, merge, final names, manifest), records outputs and the report,
+   and moves the job to ``succeeded`` or ``failed``; a ``finish`` that raises `ChunksAgain` puts those
+   chunks back to ``pending`` and sends them again.
 
-Cancellation: a chunk checks the job's cancel flag before it starts and after every batch; it then
-stops, and the job is moved to ``cancelled``. Messages of chunks whose job is no longer running are
-skipped (their rows are marked ``skipped``). A failed chunk fails the job. A job that ends without
-succeeding loses its chunk files, temporaries and unfinished shards at once; a failed one keeps its
-done chunks for a Retry, which reuses them instead of running them again (app/run/resume.py).
+Cancellation: a chunk checks the job's cancel flag before it starts and as it goes (its progress
+callback); it then stops, and the job is moved to ``cancelled``. Messages of chunks whose job is no
+longer running are skipped (their rows are marked ``skipped``). A failed chunk fails the job. A job that
+ends without succeeding loses its chunk files, temporaries and unfinished shards at once; a failed
+tokenize job keeps its done chunks for a Retry, which reuses them instead of running them again
+(app/run/resume.py).
 """
 
 from __future__ import annotations
@@ -33,93 +38,94 @@ import logging
 import shutil
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from sqlalchemy import func, update
 from sqlmodel import Session, col, select
 
 from app import queue
 from app.run import leftovers, resume
-from app.run.context import Handoff, Heartbeat, SqlRunContext
+from app.run.context import Heartbeat, SqlRunContext
 from app.run.outcomes import record_failure, record_success, worker_name
 from app.settings import get_settings
-from app.store import records, state
+from app.store import metrics, records, state
 from app.store.db import session_scope
 from app.store.models import ChunkStatus, Job, JobChunk, JobStatus, utcnow
 from draftdeck.errors import Cancelled, JobFailed, crash_message
-from draftdeck.fileio import sha256_file
 from draftdeck.kinds import get_kind
 from draftdeck.quality import Policy, Report
-from draftdeck.tokenize import chunks as core
-from draftdeck.tokenize.job import TokenizeParams, dataset_output
-from draftdeck.tokenize.options import TokenizeOptions
-from draftdeck.units import count
 
 log = logging.getLogger(__name__)
 
 PARTS = leftovers.PARTS  # chunk files and statistics, in the job's folder
 CHECK_CANCEL_EVERY_SECONDS = 0.5
 
-
-# -- the job's own task: plan and enqueue ----------------------------------------------------------
-def plan_tokenize(params: TokenizeParams, ctx: SqlRunContext) -> Report:
-    """The ``tokenize`` kind's run in the service: plan the chunks, record and enqueue them, hand
-    the job off."""
-    from draftdeck.tokenize.inputs import read_inputs
-
-    opts = _options(params)
-    out = params.out_dir(ctx.out_dir)
-    core.check_out_dir(out)
-    parts = ctx.out_dir / PARTS
-    paths = [Path(p) for p in params.inputs]
-    try:
-        plan = core.plan_chunks(
-            lambda report: read_inputs(
-                paths, report, ctx.progress, strict=opts.strict, from_format=opts.from_format
-            ),
-            parts,
-            params.chunk_rows or opts.shard_rows,
-        )
-    except BaseException:
-        shutil.rmtree(parts, ignore_errors=True)
-        raise
-    options = resume.options_key(params)
-    with session_scope() as session:
-        for c in plan.chunks:
-            session.add(JobChunk(job_id=ctx.job_id, chunk_index=c.index, input_path=c.path,
-                                 conversations=c.conversations,
-                                 input_sha256=resume.chunk_key(Path(c.path), options)))  # fmt: skip
-        session.commit()
-        records.add_event(
-            session,
-            ctx.job_id,
-            "info",
-            f"read {count(plan.read_report.rows_in, 'rows')}; "
-            f"{count(sum(c.conversations for c in plan.chunks), 'conversations')} in "
-            f"{count(len(plan.chunks), 'chunk tasks')}",
-        )
-        reused = resume.take_over(session, ctx.job_id, out, parts).indexes
-        records.record_progress(session, ctx.job_id, len(reused), len(plan.chunks), "chunks")
-    to_run = [c.index for c in plan.chunks if c.index not in set(reused)]
-    if not to_run:  # every chunk was reused: only the final step is left, and it is ours
-        if _claim_final_step(ctx.job_id, worker_name()):
-            _finalize(ctx.job_id, params, opts, out, parts)
-        raise Handoff(f"all {len(plan.chunks)} chunks reused; final step run")
-    try:
-        enqueue_chunks(ctx.job_id, to_run, queue=_queue(ctx.job_id))
-    except Exception:  # the broker is down: the runner fails the job; leave no chunk files behind
-        shutil.rmtree(parts, ignore_errors=True)
-        raise
-    raise Handoff(f"{count(len(to_run), 'chunk tasks')} enqueued, {len(reused)} reused")
+# a chunk's progress callback: (done, total, unit); raises Cancelled once the job is cancelled or ended
+Progress = Callable[..., None]
 
 
-def _options(params: TokenizeParams) -> TokenizeOptions:
-    # One process per chunk task: a Celery prefork child may not fork a pool; more chunks run at once
-    # on more worker processes.
-    return params.options(workers=1)
+@dataclass
+class ChunkDone:
+    """What one chunk made: its rows, its report (JSON, kept on its row for the final step) and its
+    output (a shard file or a folder of them; None when every row was rejected)."""
+
+    rows_in: int
+    rows_out: int
+    report: dict[str, Any]
+    shard_path: str | None
+    bytes: int
+    sha256: str | None
 
 
-def _queue(job_id: int) -> str:
+class ChunksAgain(Exception):
+    """Raised by a kind's ``finish``: these chunks must run again (the reason, an issue code)."""
+
+    def __init__(self, indexes: list[int], reason: str, code: str):
+        super().__init__(reason)
+        self.indexes, self.reason, self.code = indexes, reason, code
+
+
+class ChunkedKind(Protocol):
+    """What a job kind split into chunk tasks provides; the rest is this module's."""
+
+    # with a prefix, each chunk done records the job's throughput so far as metric points
+    # (`<prefix>/rows_per_s`, `tokens_per_s`, `mb_per_s`); None: none
+    metrics_prefix: str | None
+
+    def plan(self, params: Any, ctx: SqlRunContext) -> Report:
+        """The job's own task: record the chunks (``job_chunks`` rows), `enqueue_chunks` them and raise
+        `Handoff`; or run the job whole and return its report (a case the kind does not split)."""
+
+    def run(self, params: Any, chunk: JobChunk, job_dir: Path, progress: Progress) -> ChunkDone:
+        """Run one chunk; may be called again for the same chunk (its worker was lost): idempotent."""
+
+    def drop(self, params: Any, done: ChunkDone) -> None:
+        """A chunk that finished after its job ended: remove what it wrote."""
+
+    def finish(self, job_id: int, params: Any, job_dir: Path, rows: list[JobChunk], seconds: float) -> Report:
+        """Every chunk done (`rows`, in order): check, merge and deliver; raise JobFailed (with the
+        report) or `ChunksAgain`."""
+
+
+def chunked_kind(name: str) -> ChunkedKind | None:
+    """The chunked kind of job kind `name`, or None when its jobs run whole."""
+    from app.run.hidden_chunks import HiddenChunks
+    from app.run.tokenize_chunks import TokenizeChunks
+
+    kinds: dict[str, ChunkedKind] = {"tokenize": TokenizeChunks(), "cache-hidden": HiddenChunks()}
+    return kinds.get(name)
+
+
+def service_run(name: str) -> Callable[[Any, SqlRunContext], Report] | None:
+    """How the service runs job kind `name` when it is chunked: its plan (app/run/job.py)."""
+    kind = chunked_kind(name)
+    return kind.plan if kind is not None else None
+
+
+def job_queue(job_id: int) -> str:
     with session_scope() as session:
         job = records.get_job(session, job_id)
         return job.queue if job is not None else "cpu"
@@ -149,7 +155,7 @@ class _CancelCheck:
         self.job_id = job_id
         self._last = 0.0
 
-    def __call__(self, done: int, total: int | None = None, unit: str = "rows") -> None:
+    def __call__(self, done: int = 0, total: int | None = None, unit: str = "rows") -> None:
         now = time.monotonic()
         if now - self._last < CHECK_CANCEL_EVERY_SECONDS:
             return
@@ -191,16 +197,12 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
         kind_name = job.kind
 
     params = get_kind(kind_name).params.model_validate(params_raw)
-    assert isinstance(params, TokenizeParams)
+    kind = chunked_kind(kind_name)
+    assert kind is not None, f"job kind {kind_name} is not chunked"
     job_dir = settings.jobs_dir / str(job_id)
-    opts = _options(params)
-    out = params.out_dir(job_dir)
-    parts = job_dir / PARTS
     with Heartbeat(job_id, settings.heartbeat_seconds, chunk=index):
         try:
-            outcome = core.tokenize_chunk(
-                Path(chunk.input_path), index, out, parts, opts, _CancelCheck(job_id)
-            )
+            done = kind.run(params, chunk, job_dir, _CancelCheck(job_id))
         except Cancelled:
             with session_scope() as session:
                 _cancel(session, job_id, index)
@@ -216,30 +218,46 @@ def run_chunk(job_id: int, index: int, *, task_id: str | None = None) -> str:
             )
             return JobStatus.FAILED
 
-        shard = outcome.shard
         with session_scope() as session:
-            done = state.propose_chunk(
-                session, job_id, index, ChunkStatus.DONE, f"{outcome.report.rows_out:,} rows out",
-                finished_at=utcnow(), rows_in=outcome.report.rows_in, rows_out=outcome.report.rows_out,
-                report={**outcome.to_dict(), "stats_sha256": sha256_file(Path(outcome.stats_path))},
-                shard_path=str(out / shard.filename) if shard else None,
-                bytes=shard.bytes if shard else 0, sha256=shard.sha256 if shard else None,
+            accepted = state.propose_chunk(
+                session, job_id, index, ChunkStatus.DONE, f"{done.rows_out:,} rows out",
+                finished_at=utcnow(), rows_in=done.rows_in, rows_out=done.rows_out, report=done.report,
+                shard_path=done.shard_path, bytes=done.bytes, sha256=done.sha256,
             ).accepted  # fmt: skip
             job = records.get_job(session, job_id)
-            if not done or job is None or job.status != JobStatus.RUNNING:
-                if shard is not None:  # the job ended meanwhile: leave nothing behind
-                    (out / shard.filename).unlink(missing_ok=True)
+            if not accepted or job is None or job.status != JobStatus.RUNNING:
+                kind.drop(params, done)  # the job ended meanwhile: leave nothing behind
                 return "skipped:job-ended"
             n_done, n_all = _counts(session, job_id)
             records.record_progress(session, job_id, n_done, n_all, "chunks")
+            if kind.metrics_prefix is not None:
+                _record_throughput(session, job, kind.metrics_prefix, n_done)
             if n_done < n_all:
                 return "done"
-        if not _claim_final_step(job_id, me):
+        if not claim_final_step(job_id, me):
             return "done"
-        return _finalize(job_id, params, opts, out, parts)
+        return finalize(job_id, kind, params, job_dir)
 
 
-def _claim_final_step(job_id: int, me: str) -> bool:
+def _record_throughput(session: Session, job: Job, prefix: str, step: int) -> None:
+    """The job's rows/s, tokens/s and MB/s so far: its done chunks over the time since it started."""
+    if job.started_at is None or job.id is None:
+        return
+    seconds = max((utcnow() - job.started_at).total_seconds(), 1e-9)
+    done = session.exec(
+        select(JobChunk.rows_out, JobChunk.bytes, JobChunk.report).where(
+            JobChunk.job_id == job.id, JobChunk.status == ChunkStatus.DONE
+        )
+    ).all()
+    rows = sum(r or 0 for r, _, _ in done)
+    tokens = sum(int((rep or {}).get("tokens") or 0) for _, _, rep in done)
+    written = sum(b or 0 for _, b, _ in done)
+    values = {"rows_per_s": rows / seconds, "tokens_per_s": tokens / seconds,
+              "mb_per_s": written / seconds / 1e6}  # fmt: skip
+    metrics.record_metrics(session, job.id, step, {f"{prefix}/{k}": v for k, v in values.items()}, tokens)
+
+
+def claim_final_step(job_id: int, me: str | None = None) -> bool:
     """Of the tasks that saw every chunk done, exactly one wins the final step."""
     with session_scope() as session:
         claimed = session.execute(
@@ -249,7 +267,7 @@ def _claim_final_step(job_id: int, me: str) -> bool:
                 col(JobChunk.chunk_index) == 0,
                 col(JobChunk.finalized_by).is_(None),
             )
-            .values(finalized_by=me)
+            .values(finalized_by=me or worker_name())
         )
         session.commit()
         return bool(claimed.rowcount == 1)  # type: ignore[attr-defined]
@@ -265,24 +283,22 @@ def _counts(session: Session, job_id: int) -> tuple[int, int]:
     return by.get(ChunkStatus.DONE, 0), sum(by.values())
 
 
-def _finalize(job_id: int, params: TokenizeParams, opts: TokenizeOptions, out: Path, parts: Path) -> str:
+def finalize(job_id: int, kind: ChunkedKind, params: Any, job_dir: Path) -> str:
+    """The final step, won by `claim_final_step`: the kind's ``finish``, its outcome recorded."""
     policy = params.policy()
     with session_scope() as session:
         job = records.get_job(session, job_id)
         assert job is not None
-        rows = session.exec(
-            select(JobChunk).where(JobChunk.job_id == job_id).order_by(col(JobChunk.chunk_index))
-        ).all()
-        outcomes = [core.ChunkOutcome.from_dict(r.report or {}) for r in rows]
-        started = job.started_at
-        reuse = resume.Reuse(
-            job.retry_of, len(rows), [r.chunk_index for r in rows if r.reused_from is not None]
+        rows = list(
+            session.exec(
+                select(JobChunk).where(JobChunk.job_id == job_id).order_by(col(JobChunk.chunk_index))
+            ).all()
         )
+        started = job.started_at
     seconds = (utcnow() - started).total_seconds() if started is not None else 0.0
     try:
-        plan = core.Plan.load(parts)
-        report = core.finish_chunks(out, opts, plan, outcomes, seconds=seconds, inputs=list(params.inputs))
-    except core.RerunChunks as again:
+        report = kind.finish(job_id, params, job_dir, rows, seconds)
+    except ChunksAgain as again:
         _rerun(job_id, again)
         return "rerun"
     except JobFailed as exc:
@@ -293,14 +309,11 @@ def _finalize(job_id: int, params: TokenizeParams, opts: TokenizeOptions, out: P
         message = crash_message(exc)
         _end_failed(job_id, f"final step: {message}", None, policy, traceback.format_exc(limit=8))
         return JobStatus.FAILED
-    shutil.rmtree(parts, ignore_errors=True)
-    report.outputs.append(dataset_output(out, report))
-    if reuse.from_job is not None:
-        report.extra["chunks_reused"] = {**reuse.to_dict(), "summary": reuse.sentence()}
+    shutil.rmtree(job_dir / PARTS, ignore_errors=True)
     return record_success(job_id, report, policy)
 
 
-def _rerun(job_id: int, again: core.RerunChunks) -> None:
+def _rerun(job_id: int, again: ChunksAgain) -> None:
     """Put chunks back to `pending`, release the final step, and enqueue them again."""
     with session_scope() as session:
         for index in again.indexes:
@@ -317,8 +330,8 @@ def _rerun(job_id: int, again: core.RerunChunks) -> None:
         records.record_progress(session, job_id, n_done, n_all, "chunks")
         records.add_event(session, job_id, "warning",
                           f"{len(again.indexes)} chunks run again: {again.reason}",
-                          code="encoder_mismatch")  # fmt: skip
-        queue_name = _queue(job_id)
+                          code=again.code)  # fmt: skip
+        queue_name = job_queue(job_id)
     enqueue_chunks(job_id, again.indexes, queue=queue_name)
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 import traceback
-from collections.abc import Callable
-from typing import Any
 
 from app.run import chunks, liveness, sweeper
 from app.run.context import Handoff, Heartbeat, SqlRunContext
@@ -20,9 +18,6 @@ from draftdeck.kinds import get_kind
 from draftdeck.quality import Report
 
 log = logging.getLogger(__name__)
-
-# Kinds the service runs differently from the core's `run`: tokenize splits into chunk tasks.
-SERVICE_RUNS: dict[str, Callable[[Any, SqlRunContext], Report]] = {"tokenize": chunks.plan_tokenize}
 
 
 def run_job(job_id: int, *, task_id: str | None = None, in_process: bool = False) -> str:
@@ -57,7 +52,8 @@ def run_job(job_id: int, *, task_id: str | None = None, in_process: bool = False
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     params = kind.params.model_validate(job.params)
     policy = params.policy()
-    run = kind.run if in_process else SERVICE_RUNS.get(kind.name, kind.run)
+    # a chunked kind (tokenize, cache-hidden) plans its chunk tasks here: app/run/chunks.py
+    run = kind.run if in_process else (chunks.service_run(kind.name) or kind.run)
     with Heartbeat(job_id, settings.heartbeat_seconds):
         try:
             report = run(params, ctx)

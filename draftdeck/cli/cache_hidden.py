@@ -26,7 +26,13 @@ from draftdeck.errors import DraftDeckError
 
 def cache_hidden(params: CacheParams, *, report: Path | None) -> None:
     from draftdeck.drafter.train.cache.build import project, run_cache_hidden
+    from draftdeck.drafter.train.distributed import Launched
+    from draftdeck.jobs.context import LocalContext
 
+    where = Launched.from_env()
+    if where is not None and where.rank != 0:  # one of a launcher's ranks: rank 0 speaks for the build
+        run_cache_hidden(params, LocalContext(Path(params.out).parent))
+        return
     if params.import_from is None:
         try:
             out.print(escape(project(params).said()), highlight=False, soft_wrap=True)

@@ -27,7 +27,7 @@ from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.drafter.train.cache.size import Projection, check_disk, sized, stored_layers
 from draftdeck.errors import JobFailed, UsageError
-from draftdeck.hidden import checks
+from draftdeck.hidden import checks, specforge
 from draftdeck.hidden.store import DTYPES, CacheError, CacheManifest, CacheWriter, HiddenCache, dataset_entry
 from draftdeck.jobs.context import RunContext
 from draftdeck.provenance import model_fingerprint
@@ -49,14 +49,23 @@ def kind_layer_ids(params: CacheParams, config: object) -> list[int]:
     return sorted(ids)
 
 
-def dataset_rows(paths: list[Path], seq_length: int | None) -> Iterator[tuple[int, int, np.ndarray]]:
-    """(dataset index, row, ids as training reads them: cut at `seq_length`) of every row."""
+def dataset_rows(
+    paths: list[Path], seq_length: int | None, only: range | None = None
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """(dataset index, row, ids as training reads them: cut at `seq_length`) of every row, or of the
+    rows whose index over all datasets' rows is in `only` (a slice: a chunk task's, a rank's)."""
+    index = 0
     for di, path in enumerate(paths):
         row = 0
         for batch in ShardDataset(path).iter_batches():
+            if only is not None and not (index < only.stop and index + batch.num_rows > only.start):
+                index, row = index + batch.num_rows, row + batch.num_rows  # no row of the slice
+                continue
             for ids in batch.column("input_ids").to_numpy(zero_copy_only=False):
-                yield di, row, np.asarray(ids[:seq_length] if seq_length else ids, dtype=np.int64)
+                if only is None or index in only:
+                    yield di, row, np.asarray(ids[:seq_length] if seq_length else ids, dtype=np.int64)
                 row += 1
+                index += 1
 
 
 def live_rows(target: Target, ids: np.ndarray, layers: list[int]) -> torch.Tensor:
@@ -86,9 +95,9 @@ class Batched:
     as a micro-batch of rows of one length reads them online."""
 
     def __init__(self, target: Target, layers: list[int], rows: Iterator[tuple[int, int, np.ndarray]],
-                 batch_tokens: int):  # fmt: skip
+                 batch_tokens: int, start: int = 0):  # fmt: skip
         self.target, self.layers, self.batch_tokens = target, layers, batch_tokens
-        self.rows = enumerate(rows)
+        self.rows = enumerate(rows, start)  # `start`: the first row's index (a slice's)
         self.done: dict[int, torch.Tensor] = {}
         self.forwards = 0
 
@@ -117,9 +126,18 @@ class Batched:
 
 
 def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
-    """The `cache-hidden` job: build a cache (or take in speculators' files with `import_from`)."""
+    """The `cache-hidden` job: build a cache (or take in speculators' files with `import_from`). As one
+    of the ranks a launcher started (torchrun, srun), each rank builds a slice of the rows and rank 0
+    merges them (slices.py)."""
     if params.import_from is not None:
         return import_speculators(params, ctx)
+    from draftdeck.drafter.train.distributed import Launched
+
+    where = Launched.from_env()
+    if where is not None:
+        from draftdeck.drafter.train.cache.slices import run_ranked
+
+        return run_ranked(params, ctx, where.rank, where.world, (where.local_rank, where.local_world))
     return build_cache(params, ctx)
 
 
@@ -161,19 +179,28 @@ def announce(ctx: RunContext, out: Path, plan: Projection) -> None:
     ctx.event("info", f"{plan.said()}; {binary_size(free)} free")
 
 
-def build_cache(params: CacheParams, ctx: RunContext, *, device: str = "auto") -> Report:
-    """`device`: auto (a GPU when there is one) or cpu (a CPU train run's own cache, at fp32)."""
+def build_cache(
+    params: CacheParams, ctx: RunContext, *, device: str = "auto", only: range | None = None
+) -> Report:
+    """`device`: auto (a GPU when there is one) or cpu (a CPU train run's own cache, at fp32). `only`:
+    the rows of one slice (their indexes over all datasets' rows), built as a cache of their own into
+    `params.out` (slices.py merges the slices; the disk was said for the whole cache)."""
     cuda = torch.cuda.is_available() and device != "cpu"
     plan = project(params)
-    announce(ctx, Path(params.out), plan)  # before the target is loaded
+    if only is None:
+        announce(ctx, Path(params.out), plan)  # before the target is loaded
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", None)  # as the train run loads it
     target = Target.load(params.target, device=device, dtype=dtype)
     mf = manifest_for(params, target.num_layers, plan.hidden, plan.layers)
-    ctx.event("info", f"stored layers (HF hidden_states indices): {plan.layers}, the last the final layer")
+    if only is None:
+        ctx.event(
+            "info", f"stored layers (HF hidden_states indices): {plan.layers}, the last the final layer"
+        )
 
     paths = [Path(p) for p in params.inputs]
-    forward = Batched(target, plan.layers, dataset_rows(paths, params.seq_length), params.batch_tokens)
-    report = fill(params, ctx, plan, mf, target, forward)
+    rows = dataset_rows(paths, params.seq_length, only)
+    forward = Batched(target, plan.layers, rows, params.batch_tokens, only.start if only else 0)
+    report = fill(params, ctx, plan, mf, target, forward, only=only)
     report.extra["forwards"] = forward.forwards
     return report
 
@@ -185,17 +212,20 @@ Produce = Callable[[int, np.ndarray], tuple[torch.Tensor, torch.Tensor]]
 
 def fill(
     params: CacheParams, ctx: RunContext, plan: Projection, mf: CacheManifest, target: Target | None,
-    produce: Produce,
+    produce: Produce, *, only: range | None = None,
 ) -> Report:  # fmt: skip
     """Store every row `produce` gives, checked and counted; then read the cache back (`verify`), and
-    write speculators' files when asked. `target`: for the live check of the first rows (None: none)."""
+    write speculators' files when asked. `target`: for the live check of the first rows (None: none).
+    `only`: the rows of one slice (build_cache's)."""
     out, paths = Path(params.out), [Path(p) for p in params.inputs]
     policy = Policy.build(None, params.strict)
-    report = Report(rows_in=plan.rows)
+    total = len(only) if only is not None else plan.rows
+    report = Report(rows_in=total)
     writer = CacheWriter(out, mf, params.shard_mb << 20)
     t0, done_tokens, written = time.perf_counter(), 0, 0
+    first = only.start if only is not None else 0
     try:
-        for index, (di, row, ids) in enumerate(dataset_rows(paths, params.seq_length)):
+        for index, (di, row, ids) in enumerate(dataset_rows(paths, params.seq_length, only), first):
             hidden, got_ids = produce(index, ids)
             stored = hidden.to(DTYPES[params.dtype])
             issues = checks.row_issues(stored, got_ids, torch.from_numpy(ids), len(mf.layers), mf.hidden_size)
@@ -205,8 +235,8 @@ def fill(
             report.rows_out += 1
             done_tokens += len(ids)
             written += stored.numel() * stored.element_size()
-            ctx.progress(report.rows_out + report.rows_rejected, plan.rows, "rows")
-            if report.rows_out % 64 == 0 or report.rows_out == plan.rows:
+            ctx.progress(report.rows_out + report.rows_rejected, total, "rows")
+            if report.rows_out % 64 == 0 or report.rows_out == total:
                 dt = time.perf_counter() - t0
                 ctx.metrics(report.rows_out, _throughput(report.rows_out, done_tokens, written, dt))
         if report.rows_out and not policy.failures(report):
@@ -223,8 +253,8 @@ def fill(
     failures = policy.failures(report)
     if failures:
         raise JobFailed("; ".join(f.reason for f in failures), report)
-    verify(out, target, paths, params.check_rows, report, policy)
-    if params.format == "speculators":
+    verify(out, target, paths, params.check_rows, report, policy, only)
+    if params.format == "speculators" and only is None:
         report.extra["speculators_files"] = write_speculators(out, paths)
     return finish(out, mf, report)
 
@@ -251,23 +281,26 @@ def _count(report: Report, policy: Policy, issues: list[tuple[str, str]], path: 
 
 
 def verify(
-    folder: Path, target: Target | None, paths: list[Path], check_rows: int, report: Report, policy: Policy
-) -> None:
+    folder: Path, target: Target | None, paths: list[Path], check_rows: int, report: Report, policy: Policy,
+    only: range | None = None,
+) -> None:  # fmt: skip
     """The written cache read back: checksums, every row's ids against the dataset's, and its first
     `check_rows` rows against a live forward of `target` (None: no live check). Raises JobFailed with
-    the counts when the policy says so."""
+    the counts when the policy says so. `only`: a slice's rows (the first rows are the whole cache's:
+    a slice checks those of them it holds)."""
     cache = HiddenCache(folder)
     mf = cache.mf
     damaged = cache.verify_checksums()
     if damaged:
         raise CacheError(f"{folder}: shards {damaged} do not have the sha256 the manifest names")
     seen = 0
-    for di, row, ids in dataset_rows(paths, mf.seq_length):
+    first = only.start if only is not None else 0
+    for index, (di, row, ids) in enumerate(dataset_rows(paths, mf.seq_length, only), first):
         e = cache.by_row.get((di, row))
         if e is None:
             continue  # left out by the policy, counted then
         want = torch.from_numpy(ids)
-        if seen < check_rows and target is not None:
+        if index < check_rows and target is not None:
             stored = cache.hidden(e)
             issues = checks.row_issues(stored, cache.ids(e), want, len(mf.layers), mf.hidden_size)
             if not issues:
@@ -331,6 +364,9 @@ def import_speculators(params: CacheParams, ctx: RunContext) -> Report:
     config = causal_lm_config(params.target)
     final, hidden = int(config.num_hidden_layers), int(config.hidden_size)
     file_layers = list(params.stored_layers)
+    records = specforge.find_records(src)  # SpecForge's data_<i>.ckpt(.gz), when the folder holds them
+    if records:
+        specforge.check_first(records[min(records)], file_layers, final, hidden)
     if final not in file_layers:
         raise UsageError(
             f"stored_layers {file_layers}: the final layer (hidden_states[{final}]) is not among them; the"
@@ -346,18 +382,24 @@ def import_speculators(params: CacheParams, ctx: RunContext) -> Report:
     layers = [*sorted(set(file_layers) - {final}), final]
     order = [file_layers.index(j) for j in layers]  # the files' slots, in the cache's order
     plan = sized(params.inputs, params.seq_length, layers, hidden, params.dtype, compression=params.compress)
-    absent = [i for i in range(plan.rows) if not (folder / f"hs_{i}.safetensors").is_file()]
+    if records:
+        absent = [i for i in range(plan.rows) if i not in records]
+    else:
+        absent = [i for i in range(plan.rows) if not (folder / f"hs_{i}.safetensors").is_file()]
     if absent:
-        raise UsageError(
-            f"{folder}: {len(absent)} of {plan.rows} rows have no hs_<i>.safetensors (first: {absent[:5]})"
-        )
+        files = "SpecForge record (data_<i>.ckpt)" if records else "hs_<i>.safetensors"
+        raise UsageError(f"{folder}: {len(absent)} of {plan.rows} rows have no {files} (first: {absent[:5]})")
     announce(ctx, Path(params.out), plan)
     target = Target.load(params.target) if params.check_rows else None  # the live check's forward
     mf = manifest_for(params, final, hidden, layers)
-    mf.source = f"imported from {src} (stored_layers {file_layers})"
+    mf.source = f"imported from {src} ({'SpecForge records, ' if records else ''}stored_layers {file_layers})"
 
     def read(index: int, ids: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         from safetensors.torch import load_file
+
+        if records:
+            states, record_ids = specforge.read_row(records[index], hidden)
+            return states[:, order], record_ids
 
         data = load_file(str(folder / f"hs_{index}.safetensors"))
         hs, got = data.get("hidden_states"), data.get("token_ids")

@@ -68,6 +68,15 @@ class CacheParams(JobParams):
         " (no padding, so each row's states are those of its forward alone); 1: one row a forward",
     )
 
+    chunk_rows: int = Field(
+        256,
+        ge=1,
+        le=1 << 30,
+        description="Rows per chunk task when workers run the job: each chunk builds a slice of the cache,"
+        " any worker takes it, and the last merges them (the CLI builds in one process, or one slice a"
+        " rank under torchrun)",
+    )
+
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "target", "import_from")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
 
