@@ -21,7 +21,7 @@ from draftdeck.drafter.eval.spec_decode import (
 )
 from draftdeck.drafter.model.target import Target
 from draftdeck.drafter.model.vision import ImageRows
-from draftdeck.drafter.tiny_vlm import ImageRow, image_row, load_image_processor, write_image_dataset
+from draftdeck.drafter.tiny_vlm import ImageRow, image_row, load_image_processor
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run import train
 from draftdeck.jobs.context import LocalContext
@@ -68,17 +68,57 @@ def test_greedy_with_pictures_equals_transformers_generate(tiny_vlm: Path, pictu
     assert text != reference
 
 
+def _mixed_file(folder: Path, pictures: list[Path]) -> Path:
+    """24 conversations: OpenAI `image_url` parts (a file path), LLaMA-Factory `<image>` placeholders with
+    an `images` list relative to the file, and text alone, by turns."""
+    lines = []
+    for i in range(24):
+        answer = " ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(6 + i % 5))
+        if i % 3 == 0:
+            parts = [{"type": "image_url", "image_url": {"url": str(pictures[i % 6])}},
+                     {"type": "text", "text": f"What is in picture {i}?"}]  # fmt: skip
+            row: dict = {"messages": [{"role": "user", "content": parts}]}
+        elif i % 3 == 1:
+            row = {"messages": [{"role": "user", "content": f"<image>Describe picture {i}."}],
+                   "images": [f"{pictures[i % 6].parent.name}/{pictures[i % 6].name}"]}  # fmt: skip
+        else:
+            row = {"messages": [{"role": "user", "content": f"Say something about {i}."}]}
+        row["messages"].append({"role": "assistant", "content": answer})
+        lines.append(json.dumps(row))
+    path = pictures[0].parent.parent / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 @pytest.mark.slow
-def test_eval_reports_image_and_text_prompts_apart(
+def test_mixed_file_tokenized_trained_and_evaluated(
     tiny_vlm: Path, pictures: list[Path], tmp_path: Path
 ) -> None:
-    ds = write_image_dataset(tmp_path / "data", _rows(tiny_vlm, pictures, 24), tiny_vlm)
+    """Issue 55's done-when: a file mixing OpenAI image_url rows and LLaMA-Factory <image> rows tokenizes
+    against the tiny Qwen3.5-style VLM with every row kept, each picture expanded to its grid's token
+    count with loss mask 0 there; a train run and a lossless eval run on it, image and text prompts
+    reported apart."""
+    from draftdeck.shards.store import ShardDataset
+    from draftdeck.tokenize.job import TokenizeParams, tokenize_files
+
+    ds = tmp_path / "data"
+    report = tokenize_files(
+        TokenizeParams(inputs=[str(_mixed_file(tiny_vlm, pictures))], tokenizer=str(tiny_vlm)), ds
+    )
+    assert report.rows_in == report.rows_out == 24 and not report.rejected
+    shards, pad = ShardDataset(ds), Target.load(tiny_vlm, vision=True).model.config.image_token_id
+    assert sum(len(shards.row_images(n)) for n in range(len(shards))) == 16  # two rows in three show one
+    for n in range(len(shards)):
+        row, images = shards.row(n), shards.row_images(n)
+        image = [i for i, t in enumerate(row["input_ids"]) if t == pad]
+        assert len(image) == sum(t * h * w // 4 for _, (t, h, w) in images)  # 2 x 2 patches a token
+        assert all(row["loss_mask"][i] == 0 for i in image)
     train(TrainParams(inputs=[str(ds)], target=str(tiny_vlm), out=str(tmp_path / "run"), block_size=4,
                       batch_size=4, max_steps=2, heldout_fraction=0.4, device="cpu"),
           LocalContext(tmp_path / "train"))  # fmt: skip
     ctx = LocalContext(tmp_path / "eval")
     run_eval(EvalParams(inputs=[str(ds)], target=str(tiny_vlm), checkpoint=str(tmp_path / "run"),
-                        max_new_tokens=12, heldout_fraction=0.4, max_prompts=6, baselines=False),
+                        max_new_tokens=12, heldout_fraction=0.4, max_prompts=8, baselines=False),
              ctx)  # fmt: skip
     ev = json.loads((ctx.out_dir / "eval.json").read_text())["eval"]
     assert ev["lossless"] is True
