@@ -56,21 +56,23 @@ def parse_compression(text: str | None) -> str | None:
     return f"zstd:{int(level or 3)}"
 
 
-def compress_row(values: torch.Tensor, level: int) -> bytes:
-    """One row's values as a zstd frame of their byte planes."""
-    import zstandard
-
+def compress_row(values: torch.Tensor, cctx: Any) -> bytes:
+    """One row's values as a zstd frame of their byte planes (`cctx`: a zstandard.ZstdCompressor)."""
     raw = values.contiguous().view(torch.uint8).numpy()
     planes = raw.reshape(-1, values.element_size()).T.tobytes()
-    return zstandard.ZstdCompressor(level=level).compress(planes)
+    return bytes(cctx.compress(planes))
 
 
-def decompress_row(frame: bytes, dtype: torch.dtype, shape: tuple[int, ...], where: str) -> torch.Tensor:
+def decompress_row(
+    frame: bytes, dtype: torch.dtype, shape: tuple[int, ...], where: str, dctx: Any
+) -> torch.Tensor:
+    """`compress_row` undone (`dctx`: a zstandard.ZstdDecompressor, kept by the reader: making one a
+    row cost more than the row's decompression on small rows)."""
     import zstandard
 
     size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     try:
-        planes = zstandard.ZstdDecompressor().decompress(frame)
+        planes = dctx.decompress(frame)
     except zstandard.ZstdError as e:
         raise CacheError(f"{where}: a damaged zstd frame: {e}") from e
     if len(planes) != size:
@@ -176,7 +178,11 @@ class CacheWriter:
         self.tmp.mkdir(parents=True)
         self.mf, self.shard_bytes = manifest, shard_bytes
         self.mf.version = FORMAT_VERSION if manifest.compression else 1  # a plain cache: older readers too
-        self.level = int(manifest.compression.split(":")[1]) if manifest.compression else None
+        self.cctx = None  # a zstandard.ZstdCompressor when the cache is compressed
+        if manifest.compression:
+            import zstandard
+
+            self.cctx = zstandard.ZstdCompressor(level=int(manifest.compression.split(":")[1]))
         self.dtype = DTYPES[manifest.dtype]
         self._rows: list[tuple[torch.Tensor, np.ndarray]] = []
         self._bytes = 0
@@ -205,10 +211,10 @@ class CacheWriter:
             "ids": torch.from_numpy(np.concatenate([ids for _, ids in self._rows])),
             "offsets": torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64),
         }
-        if self.level is None:
+        if self.cctx is None:
             tensors["hidden"] = torch.cat([h for h, _ in self._rows])
         else:
-            frames = [compress_row(h, self.level) for h, _ in self._rows]
+            frames = [compress_row(h, self.cctx) for h, _ in self._rows]
             tensors["hidden_zstd"] = torch.frombuffer(bytearray(b"".join(frames)), dtype=torch.uint8)
             ends = np.cumsum([len(f) for f in frames])
             tensors["frames"] = torch.tensor(np.concatenate([[0], ends]), dtype=torch.int64)
@@ -277,6 +283,11 @@ class ShardFile:
         self._row_at = (
             {int(o): k for k, o in enumerate(self.whole("offsets").tolist())} if self._frames else {}
         )
+        self._dctx: Any = None
+        if row_shape is not None:
+            import zstandard
+
+            self._dctx = zstandard.ZstdDecompressor()
 
     def hidden(self, start: int, end: int) -> torch.Tensor:
         """[end - start, layers, hidden] of the row at token offsets start..end."""
@@ -288,7 +299,8 @@ class ShardFile:
             raise CacheError(f"{self.path}: no row starts at token {start}")
         a, b = self._frames[k], self._frames[k + 1]
         frame = os.pread(self.fd, b - a, self.base + self.tensors["hidden_zstd"][2] + a)
-        return decompress_row(frame, self.dtype, (end - start, *self.row_shape), f"{self.path} row {k}")
+        where = f"{self.path} row {k}"
+        return decompress_row(frame, self.dtype, (end - start, *self.row_shape), where, self._dctx)
 
     def rows(self, name: str, start: int, end: int) -> torch.Tensor:
         """`name`[start:end] along its first axis."""

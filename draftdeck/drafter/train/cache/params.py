@@ -43,8 +43,9 @@ class CacheParams(JobParams):
     )
     import_from: str | None = Field(
         None,
-        description="Take in a folder of speculators/vLLM hs_<i>.safetensors (row i = dataset row i)"
-        " instead of running the target's layers",
+        description="Take in a folder of speculators/vLLM hs_<i>.safetensors, or SpecForge's records"
+        " (rows_*/data_<i>.ckpt[.gz], --strategy eagle3), row i = dataset row i, instead of running the"
+        " target's layers",
         json_schema_extra={"cli_flag": "--import"},
     )
     stored_layers: list[int] | None = Field(
