@@ -114,6 +114,19 @@ class HFEncoder:
                 out[i] = self._encode_pieces(texts[i], lit)
         return out  # type: ignore[return-value]
 
+    def ids(self, texts: Sequence[str]) -> list[list[int]]:
+        """The ids of `texts` (rows without literal ranges), without offsets: ``encode_batch_fast``
+        (tokenizers >= 0.21), about twice as fast as :meth:`encode`'s call with offsets.
+
+        What the fast encoder's check reads for a sampled row of ASCII text after the first chunk: on
+        ASCII text a byte-level token's start character is its start byte, the sum of the byte lengths
+        of the tokens before it, which is what the fast encoder writes. So with the ids equal, HF's
+        offsets can differ from ours only by a rule that moves them on every row (``trim_offsets``),
+        which the first chunk's full check (ids and offsets of every row) finds. Rows with other
+        characters (multi-byte, normalised) or literal ranges keep the full check."""
+        batch = getattr(self.backend, "encode_batch_fast", None) or self.backend.encode_batch
+        return [enc.ids for enc in batch(list(texts), add_special_tokens=False)]
+
     def _encode_pieces(self, text: str, literal: Literal) -> Encoded:
         ids: list[np.ndarray] = []
         starts: list[np.ndarray] = []

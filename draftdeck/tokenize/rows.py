@@ -174,7 +174,6 @@ def _encode(
     hf_idx: list[int] = []
     fast_set: set[int] = set()
     verified = 0
-    mismatches: list[str] = []
     cache: dict[str, np.ndarray] = {}  # text between special tokens -> ids, for this chunk
     for i, r in enumerate(rendered):
         if st.fast is not None and st.fast.usable(r.text):
@@ -187,18 +186,31 @@ def _encode(
         for i, e in zip(hf_idx, encs, strict=True):
             out[i] = e
     if st.fast is not None and fast_set:
-        every = 1 if (st.opts.verify_all or first_chunk) else max(1, st.opts.verify_every)
+        whole = st.opts.verify_all or first_chunk
+        every = 1 if whole else max(1, st.opts.verify_every)
         check = [i for i in sorted(fast_set) if i % every == 0]
-        refs = st.hf.encode([rendered[i].text for i in check], [rendered[i].literal for i in check])
-        for i, (ids, starts) in zip(check, refs, strict=True):
-            got = out[i]
-            assert got is not None
-            verified += 1
-            if not (np.array_equal(got[0], ids) and np.array_equal(got[1], starts)):
-                mismatches.append(repr(rendered[i].text[:80]))
+        # ids and offsets, as HF's own path writes them: every row of the first chunk (and with
+        # --verify-all), and a sampled row whose text could place them apart (see HFEncoder.ids)
+        plain = (
+            set() if whole else {i for i in check if not rendered[i].literal and rendered[i].text.isascii()}
+        )
+        full = [i for i in check if i not in plain]
+        ids_only = [i for i in check if i in plain]
+        refs = st.hf.encode([rendered[i].text for i in full], [rendered[i].literal for i in full])
+        bad = [i for i, (ids, starts) in zip(full, refs, strict=True) if not _same(out[i], ids, starts)]
+        ref_ids = st.hf.ids([rendered[i].text for i in ids_only])
+        bad += [i for i, ids in zip(ids_only, ref_ids, strict=True) if not _same(out[i], ids, None)]
+        mismatches = [repr(rendered[i].text[:80]) for i in sorted(bad)]
+        verified += len(check)
         if mismatches:
             raise EncoderMismatch(len(mismatches), mismatches[0])
     return out, fast_set, len(hf_idx), verified  # type: ignore[return-value]
+
+
+def _same(got: Encoded | None, ids: Any, starts: np.ndarray | None) -> bool:
+    """Whether the fast encoder's `got` has these ids (and these starts, unless None)."""
+    assert got is not None
+    return bool(np.array_equal(got[0], ids)) and (starts is None or bool(np.array_equal(got[1], starts)))
 
 
 def _mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
@@ -400,6 +412,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         mixed.append(owner.mix_source)
         images.append(names)
         grids.append(grid)
+        pictures.keep(k)
     block = Block(
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),

@@ -163,6 +163,22 @@ def test_encoder_mismatch_falls_back_to_hf_and_says_so(
     assert not list((tmp_path / "out").glob(".tmp-*"))
 
 
+def test_a_sampled_ascii_row_is_checked_by_its_ids(tmp_path: Path, small_dir: Path) -> None:
+    """After the first chunk a sampled row of ASCII text is checked by its ids alone (HF's batch encode
+    without offsets): a disagreeing row there is still found, and the job runs again on HF."""
+    tok_dir = _unreachable_token_tokenizer(small_dir, tmp_path / "tok")
+    convs = [conv(u(f"hello {i}"), a("fine"), line=i) for i in range(200)]
+    convs.insert(150, conv(u("say it"), a("qqqq"), line=999))
+    opts = TokenizeOptions(tok_dir, workers=1, chunk_size=64, verify_every=1)
+    report = tokenize_conversations(convs, tmp_path / "out", opts)
+    assert report.warnings["encoder_mismatch"] == 1
+    assert "'<|im_start|>user\\nsay it" in report.extra["encoder"]["note"]
+    assert report.extra["encoder"]["used"] == "hf"
+    clean = TokenizeOptions(tok_dir, workers=1, chunk_size=64, verify_every=1)
+    fine = tokenize_conversations(convs[:150], tmp_path / "fine", clean)
+    assert fine.extra["encoder"] == {**fine.extra["encoder"], "used": "tiktoken", "verified_rows": 150}
+
+
 def test_added_tokens_that_prefix_each_other_match_longest_first(small_dir: Path) -> None:
     from tokenizers import AddedToken
 
