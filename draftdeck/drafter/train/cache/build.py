@@ -11,7 +11,8 @@ writes a cache's rows so (row i of the datasets, in order, is ``hs_<i>``); `impo
 such a folder in as a cache: the files' layers (`stored_layers`, HF ``hidden_states`` indices in file
 order, as speculators' launch config names them) mapped to the cache's order, refused with the reason
 when a chosen kind's layers or the final layer are not there, every row checked as a built one is and
-the first rows compared with a live forward of the target."""
+the first rows compared with a live forward of the target. SpecForge's offline records
+(rows_*/data_<i>.ckpt[.gz], draftdeck.hidden.specforge) are taken in the same way, with the same checks."""
 
 from __future__ import annotations
 
