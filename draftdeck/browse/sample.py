@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from draftdeck.browse.info import DatasetInfo
 from draftdeck.browse.loading import open_store, token_table
-from draftdeck.browse.tokens import Chip, chips_for, id_chips
+from draftdeck.browse.tokens import Chip, chips_for, fold_images, id_chips
 from draftdeck.quality import CODES, NOTES
 from draftdeck.shards.store import ShardDataset
 
@@ -51,7 +51,7 @@ def read_sample(info: DatasetInfo, n: int, window_from: int = 0, roots: Iterable
     tok_dir = info.tokenizer_dir(roots)  # `roots`: where to look for it by fingerprint
     notice = None
     if tok_dir is not None:
-        chips = chips_for(ids, mask, token_table(tok_dir))
+        chips = fold_images(chips_for(ids, mask, token_table(tok_dir)), row.get("images"))  # an image: 1 chip
     else:
         notice = (
             f"the tokenizer {info.tokenizer_path!r} is not on this machine: showing token ids"

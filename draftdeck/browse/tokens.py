@@ -3,6 +3,10 @@
 A byte-level BPE token may hold part of a character (an emoji is often two or three tokens). Each
 character is shown whole on the chip where it starts; the tokens that only finish it are marked as
 continuations, with their bytes in the tooltip. Whitespace and control characters are made visible.
+
+An image's tokens (a vision-language target's ``<|image_pad|>``, repeated once per merged patch of its
+grid: draftdeck.tokenize.vision) are drawn as ONE chip, "image · 64 tokens", never trained: 64 chips
+that all say the same would bury the text around them (:func:`fold_images`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 from draftdeck.tokenize.bytelevel import token_bytes
 
 ROLE_STARTS = frozenset({"<|im_start|>", "<|start_header_id|>", "<start_of_turn>"})
+IMAGE_TOKENS = frozenset({"<|image_pad|>"})  # a vision-language target's image tokens (Qwen's name)
 
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -131,6 +136,8 @@ class Chip:
     edge: bool = False  # the mask changes here
     role: str | None = None  # a turn starts here, for this role
     diff: bool = False  # compare view: the other dataset's mask differs at this position
+    span: int = 1  # tokens the chip stands for (an image's: its token count)
+    image: str | None = None  # an image chip: the stored file's name (None: not known)
 
     @property
     def cls(self) -> str:
@@ -219,6 +226,32 @@ def chips_for(ids: list[int], mask: list[int], table: TokenTable) -> list[Chip]:
     if role_from is not None:
         chips[role_from].role = "".join(texts[j] for j in range(role_from + 1, n)).strip() or "turn"
     return chips
+
+
+def fold_images(chips: list[Chip], images: list[str] | None = None) -> list[Chip]:
+    """Each run of an image's tokens as one ``image`` chip that spans them: at the run's first position,
+    its mask 0 unless a token of it is trained (which tokenize never writes), its text "image · N
+    tokens", and `images[k]` (the row's stored names, in order) as the k-th run's file. A chat template
+    writes each image between its start and end tokens, so a run is one image."""
+    out: list[Chip] = []
+    i = 0
+    while i < len(chips):
+        c = chips[i]
+        if not (c.kind == "special" and c.text in IMAGE_TOKENS):
+            out.append(c)
+            i += 1
+            continue
+        j = i + 1
+        while j < len(chips) and chips[j].kind == "special" and chips[j].text == c.text:
+            j += 1
+        n, k = j - i, sum(1 for x in out if x.kind == "image")
+        name = images[k] if images and k < len(images) else None
+        out.append(Chip(pos=c.pos, id=c.id, mask=max(x.mask for x in chips[i:j]), kind="image", span=n,
+                        text=f"image · {n:,} token{'s' if n != 1 else ''}", image=name,
+                        raw=f"{name or 'an image'}: {n:,} image tokens ({c.text}), not trained",
+                        edge=c.edge, role=c.role, diff=any(x.diff for x in chips[i:j])))  # fmt: skip
+        i = j
+    return out
 
 
 def id_chips(ids: list[int], mask: list[int]) -> list[Chip]:

@@ -117,6 +117,11 @@ class Vision:
     merge_size: int
     checked: int = 0  # fast grids checked against a full preprocess in this process
     grids: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # by sha256
+    # Images this job's process has checked, by what identifies their bytes (a file's path, size and
+    # mtime; data's sha256) -> (stored name, grid): a picture a thousand rows share is read, decoded
+    # and checked once, not a thousand times. And the names it has handed to the writer already.
+    seen: dict[tuple[Any, ...], tuple[str, tuple[int, int, int]]] = field(default_factory=dict)
+    emitted: set[str] = field(default_factory=set)
 
     @classmethod
     def load(cls, folder: Path | str, tok: Any) -> Vision | None:
@@ -140,12 +145,13 @@ class Vision:
             raise InputError(
                 f"{folder / PREPROCESSOR_CONFIG}: the image processor does not load ({why})"
             ) from exc
-        vocab = tok.get_vocab()
-        missing = [t for t in (IMAGE_TOKEN, VISION_START, VISION_END) if t not in vocab]
+        # token_to_id, not get_vocab(): that builds a dict of the whole vocabulary (0.6 s for Qwen's)
+        ids = [tok.backend_tokenizer.token_to_id(t) for t in (IMAGE_TOKEN, VISION_START, VISION_END)]
+        missing = [t for t, i in zip((IMAGE_TOKEN, VISION_START, VISION_END), ids, strict=True) if i is None]
         if missing:
             raise InputError(f"{folder}: the tokenizer lacks the image tokens {', '.join(missing)}")
         merge = int(getattr(processor, "merge_size", 1) or 1)
-        return cls(processor, vocab[IMAGE_TOKEN], vocab[VISION_START], vocab[VISION_END], merge)
+        return cls(processor, ids[0], ids[1], ids[2], merge)
 
     @property
     def special_ids(self) -> np.ndarray:
@@ -210,13 +216,29 @@ class Picture:
     name: str
     grid: tuple[int, int, int]
     tokens: int
-    data: bytes
+    ref: ImageRef
+    data: bytes | None  # None: checked before in this process (Vision.seen), not read again
+
+
+def _identity(ref: ImageRef) -> tuple[Any, ...] | None:
+    """What identifies an image's bytes without reading a file: None for a URL or a missing file."""
+    import hashlib
+    import os
+
+    if ref.data is not None:
+        return ("data", hashlib.sha256(ref.data).hexdigest())
+    if ref.path is not None:
+        try:
+            st = os.stat(ref.path)
+        except OSError:
+            return None
+        return ("file", ref.path, st.st_size, st.st_mtime_ns)
+    return None
 
 
 @dataclass(slots=True)
 class _RowImages:
-    pictures: list[Picture]
-    runs: list[tuple[int, int]] = field(default_factory=list)  # per picture: its tokens' [start, end)
+    pictures: list[Picture]  # the images the row renders, in order
 
 
 class ChunkImages:
@@ -229,6 +251,7 @@ class ChunkImages:
         self._rows: dict[int, _RowImages] = {}
         self.bad: dict[int, str] = {}  # rendered row -> why it is rejected (template_error)
         self.files: dict[str, bytes] = {}  # name -> bytes of the images of the kept rows
+        self._kept: dict[int, list[Picture]] = {}  # rendered row -> its pictures that fit
 
     def prepare(self, item: Item) -> None:
         """Check `item`'s images; raise RowRejected with the code that rejects the row."""
@@ -258,13 +281,20 @@ class ChunkImages:
                     "no drafter generates one",
                 )
         pictures = []
+        seen = self.vision.seen
         for j, entry in enumerate(item.images):
             ref = _ref(entry)
-            got = check(ref, where=f"image {j}")
-            grid = self.vision.grid(got.sha256, got.data, got.width, got.height)
-            pictures.append(
-                Picture(int(entry["message"]), got.name, grid, self.vision.tokens(grid), got.data)
-            )
+            key = _identity(ref)
+            hit = seen.get(key) if key is not None else None
+            data = None
+            if hit is None:
+                got = check(ref, where=f"image {j}")
+                hit = got.name, self.vision.grid(got.sha256, got.data, got.width, got.height)
+                data = got.data
+                if key is not None:
+                    seen[key] = hit
+            name, grid = hit
+            pictures.append(Picture(int(entry["message"]), name, grid, self.vision.tokens(grid), ref, data))
         self._items[id(item)] = pictures
 
     def expand(
@@ -291,10 +321,8 @@ class ChunkImages:
                 continue
             counts = np.ones(len(ids), dtype=np.int64)
             counts[at] = [p.tokens for p in pictures]
-            ends = np.cumsum(counts)
-            runs = [(int(ends[a] - p.tokens), int(ends[a])) for a, p in zip(at, pictures, strict=True)]
             out[k] = (np.repeat(ids, counts).astype(np.int32), np.repeat(starts, counts))
-            self._rows[k] = _RowImages(pictures, runs)
+            self._rows[k] = _RowImages(pictures)
         return out
 
     def fit(
@@ -305,18 +333,39 @@ class ChunkImages:
         row = self._rows.get(k)
         if row is None or self.vision is None:
             return ids, mask, [], []
-        n = len(ids)
-        kept = [p for p, (_, end) in zip(row.pictures, row.runs, strict=True) if end <= n]
-        if len(kept) < len(row.pictures):
-            start = row.runs[len(kept)][0]
-            if start < n:  # the next image begins before the cut: cut before it and its start token
-                cut = start - 1 if start > 0 and ids[start - 1] == self.vision.start_id else start
-                ids, mask = ids[:cut], mask[:cut]
+        # the runs of image tokens as they are now (the target's recorded ids may have moved them)
+        at = np.flatnonzero(ids == self.vision.image_id)
+        runs = np.split(at, np.flatnonzero(np.diff(at) > 1) + 1) if len(at) else []
+        kept = [p for p, run in zip(row.pictures, runs, strict=False) if len(run) == p.tokens]
+        if len(kept) < len(runs):  # an image cut by the truncation: cut before it and its start token
+            start = int(runs[len(kept)][0])
+            cut = start - 1 if start > 0 and ids[start - 1] == self.vision.start_id else start
+            ids, mask = ids[:cut], mask[:cut]
+        if len(ids) and ids[-1] == self.vision.start_id:  # a start token cut from its image's tokens
+            ids, mask = ids[:-1], mask[:-1]
         mask = mask.copy()
         mask[np.isin(ids, self.vision.special_ids)] = 0
-        for p in kept:
-            self.files.setdefault(p.name, p.data)
+        self._kept[k] = kept
         return ids, mask, [p.name for p in kept], [v for p in kept for v in p.grid]
+
+    def keep(self, k: int) -> None:
+        """Rendered row `k` is kept: the files of its images go to the writer (once per process)."""
+        if self.vision is None:
+            return
+        for p in self._kept.get(k, ()):
+            if p.name not in self.vision.emitted:
+                self.files[p.name] = p.data if p.data is not None else _read_again(p)
+                self.vision.emitted.add(p.name)
+
+
+def _read_again(p: Picture) -> bytes:
+    """The bytes of a picture checked earlier whose first rows were not kept: read and checked again."""
+    from draftdeck.formats.images import check
+
+    got = check(p.ref)
+    if got.name != p.name:
+        raise InputError(f"{p.ref.path}: its bytes changed while the job ran ({p.name} -> {got.name})")
+    return got.data
 
 
 # -- the stored files ----------------------------------------------------------------------------------

@@ -245,3 +245,21 @@ def test_fast_grid_is_the_processors_for_many_sizes(vlm: Path) -> None:
         Image.new("RGB", (width, height), (9, 9, 9)).save(buf, format="PNG")
         fast = vision._fast_grid(width, height)
         assert fast is not None and fast == vision._full_grid(buf.getvalue()), (width, height)
+
+
+def test_an_image_first_seen_on_a_rejected_row_is_stored_for_a_later_kept_row(
+    vlm: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    ref = ImageRef(path=str(pictures[3]))
+    long = Conversation(messages=[Message("user", "<image> " + "word " * 200, images=[ref]),
+                                  Message("assistant", "A long one.")])  # fmt: skip
+    short = Conversation(messages=[Message("user", "<image> short", images=[ImageRef(path=str(pictures[3]))]),
+                                   Message("assistant", "A short one.")])  # fmt: skip
+    # the long row is cut at 120 tokens after its image: its answer is gone, so it is rejected after its
+    # image was placed (the file must still be written for the short row that shows it too)
+    opts = TokenizeOptions(tokenizer=vlm, workers=1, seq_length=120, max_rejected=0.9)
+    report = tokenize_conversations([long, short], tmp_path / "ds", opts)
+    assert report.rejected == {"no_trained_tokens": 1} and report.rows_out == 1
+    ds = ShardDataset(tmp_path / "ds")
+    ((path, _),) = ds.row_images(0)
+    assert path.read_bytes() == pictures[3].read_bytes()
