@@ -152,8 +152,9 @@ class TrainRun(JobParams):
     )
     hidden_states_cache: str | None = Field(
         None,
-        description="A hidden-state cache folder this run makes its own: built first when it is not there"
-        " (the cache-hidden job's code, before step 1), then read as hidden_states (a resume, another"
+        description="A hidden-state cache folder this run makes its own: when it is not there, the first"
+        " epoch trains online and fills it, the later epochs read it (a run of several ranks: built first"
+        " with the cache-hidden job's code); every later start reads it as hidden_states (a resume, another"
         " kind on the same data: no target forward); as hidden_states, truth_rows 0 unless given",
     )
 

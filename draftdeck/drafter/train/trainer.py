@@ -26,6 +26,7 @@ import torch
 from draftdeck.drafter.model.attention import resolve_backend
 from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, check_cache, load_target
 from draftdeck.drafter.train import sharding
+from draftdeck.drafter.train.cache.fill import Filling
 from draftdeck.drafter.train.checkpoint import (
     CheckpointStore,
     bytes_writer,
@@ -94,6 +95,10 @@ class Trainer:
         torch.manual_seed(params.seed)
         self.kind = drafter_kind(params, self.target, self.data)
         check_cache(self.target, self.data, self.kind.layer_ids)  # refused before any step
+        # hidden_states_cache with no cache yet (cache/first.py): the first epoch fills it (cache/fill.py)
+        self.filling = Filling.start(params, self.target, self.device) if params.hidden_states_cache else None
+        if self.filling is not None:
+            self.target = self.filling.target
         self.data.check(self.target.max_positions or 10**9, self.kind.slots)
         self.global_batch = params.batch_size * params.grad_accum * world
         self.steps_per_epoch = len(self.data.train) // self.global_batch
@@ -287,9 +292,18 @@ class Trainer:
         """(epoch, index) of this step's global batch; an epoch's tail shorter than a batch is skipped."""
         if self.pos.index + self.global_batch > len(self.data.train):
             self.pos = DataPosition(self.pos.epoch + 1, 0)
+        if self.filling is not None and self.pos.epoch > 0:  # the first epoch is over: read its cache
+            self._filled()
         rows = [(self.pos.epoch, self.pos.index + i) for i in range(self.global_batch)]
         self.pos = DataPosition(self.pos.epoch, self.pos.index + self.global_batch)
         return rows
+
+    def _filled(self) -> None:
+        assert self.filling is not None
+        cuda = self.device.type == "cuda"
+        self.target = self.filling.finish(self.ctx, self.device, torch.bfloat16 if cuda else None)
+        self.filling = None
+        check_cache(self.target, self.data, self.kind.layer_ids)
 
     def _micro_batches(self, rows: list[tuple[int, int]]) -> list[MicroBatch]:
         share = len(rows) // self.world
@@ -491,5 +505,7 @@ class Trainer:
                     self.ctx.metrics(step, values, tokens=self.tokens)
             if at_ckpt:
                 self.save(None if heldout is None else heldout.index_figures(matched))
+        if self.filling is not None:  # the run ended within its first epoch: its cache, for later runs
+            self._filled()
         self._write_record()
         return self.record

@@ -1,6 +1,7 @@
-"""`train --hidden-states-cache CACHE`: the first start builds the cache (the cache-hidden job's code)
-and trains from it, with the online run's losses and counts (bit-equal at fp32 on the CPU); a later
-start finds it whole and builds nothing; a launcher's rank does not build one."""
+"""`train --hidden-states-cache CACHE`: the first start fills the cache (a run that ends within its first
+epoch, at its end), with the online run's losses and counts (bit-equal at fp32 on the CPU); a later
+start finds it whole, builds nothing and trains from it as the online run does; a launcher's rank does not
+build one. (The fill across an epoch's end: test_cache_fill.py.)"""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def test_the_first_start_builds_the_cache_and_a_later_one_reads_it(world: dict[s
     folder = world["root"] / "own-cache"
     online, _, _ = train_run(world, "first-online", "dflash", truth_rows=0)
     first, run, ctx = train_run(world, "first-cached", "dflash", hidden_states_cache=str(folder))
-    assert len(_said(ctx, "built first")) == 1 and not _said(ctx, "found whole")
+    assert len(_said(ctx, "filled during the first epoch")) == 1 and not _said(ctx, "found whole")
     mf = read_manifest(folder)
     assert mf.dtype == "fp32" and mf.layers[-1] == mf.num_layers  # a CPU run's own precision
     assert any(name == "train/loss" for _, name, _ in online)
@@ -34,7 +35,7 @@ def test_the_first_start_builds_the_cache_and_a_later_one_reads_it(world: dict[s
 
     built = (folder / MANIFEST).stat().st_mtime_ns
     again, _, ctx = train_run(world, "second-cached", "dflash", hidden_states_cache=str(folder))
-    assert len(_said(ctx, "found whole")) == 1 and not _said(ctx, "built first")
+    assert len(_said(ctx, "found whole")) == 1 and not _said(ctx, "filled during")
     assert (folder / MANIFEST).stat().st_mtime_ns == built  # nothing built again
     assert again == online
 
