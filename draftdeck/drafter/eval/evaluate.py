@@ -24,7 +24,7 @@ from transformers import AutoConfig
 from draftdeck.drafter.eval import suites
 from draftdeck.drafter.eval.baselines import PromptLookup
 from draftdeck.drafter.eval.drafters import check_pair, load_checkpoint, walked
-from draftdeck.drafter.eval.images import ByModality, dataset_image_rows
+from draftdeck.drafter.eval.images import ByModality, PromptImages, dataset_images
 from draftdeck.drafter.eval.params import EvalParams
 from draftdeck.drafter.eval.spec_decode import DecodeStats, DraftSource, Sampling, TargetRunner
 from draftdeck.drafter.eval.suite_eval import SuiteTallies, Turn, decode_turns, read_suites
@@ -33,6 +33,7 @@ from draftdeck.drafter.eval.tree import DEFAULT_TOPK, TreeShape, tree_words
 from draftdeck.drafter.eval.tree_decode import TreeSource, tree_refusal
 from draftdeck.drafter.eval.versus import Real, decoder_mismatch, run_figures, versus_training
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.train.data import TrainData
 from draftdeck.errors import UsageError
 from draftdeck.fileio import sha256_file
 from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of
@@ -283,24 +284,24 @@ def _tree_shape(params: EvalParams, block: int) -> TreeShape | None:
 Loaded = dict[tuple[str, str, str, bool], tuple[Target, Any]]  # (target, checkpoint, device, images) -> both
 
 
-def _load(params: EvalParams, loaded: Loaded | None) -> tuple[Target, Any]:
+def _load(params: EvalParams, loaded: Loaded | None) -> tuple[Target, Any, TrainData | None]:
     """The target and the drafter checkpoint, checked as a pair; kept in `loaded` (and taken from it)
     when the caller evaluates one pair several times (a sweep: each point would load them again)."""
-    images = None if params.suites else dataset_image_rows(params.inputs, params.target)
+    images = None if params.suites else dataset_images(params.inputs, params.target)
     key = (str(params.target), str(params.checkpoint), params.device, images is not None)
     if loaded is not None and key in loaded:
         target, ck = loaded[key]
-        if images is not None:
-            target.attach_images(images)
-        return target, ck
+        if images is not None and images.image_rows is not None:
+            target.attach_images(images.image_rows)
+        return target, ck, images
     target = Target.load(params.target, device=params.device, vision=images is not None)
-    if images is not None:  # the whole VLM: its tower reads the prompts' pictures
-        target.attach_images(images)
+    if images is not None and images.image_rows is not None:  # the whole VLM: its tower reads the pictures
+        target.attach_images(images.image_rows)
     ck = load_checkpoint(Path(params.checkpoint), device=params.device)
     check_pair(target, ck, params.checkpoint, params.target)
     if loaded is not None:
         loaded[key] = target, ck
-    return target, ck
+    return target, ck, images
 
 
 def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) -> Report:
@@ -310,7 +311,8 @@ def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) 
     if params.tree_budget:  # a hybrid target's trees are refused before anything loads
         _refuse_tree(params.target, _target_config(params.target))
     out_dir.mkdir(parents=True, exist_ok=True)
-    target, ck = _load(params, loaded)
+    target, ck, data = _load(params, loaded)
+    shown = PromptImages(target, data)  # a dataset with images: which pictures each prompt shows
     block = params.block_size or ck.block
     report = Report()
     runner = TargetRunner(target, target.eos_ids())
@@ -344,7 +346,11 @@ def run_eval(params: EvalParams, ctx: RunContext, loaded: Loaded | None = None) 
 
     def decode_nth(ids: list[int], n: int) -> Decoded:
         s = Sampling(sampling.temperature, sampling.top_p, sampling.seed + n)
-        return decode(runner, sources, ids, params.max_new_tokens, block, s, tree)
+        row = prompts[n].line if shown.data is not None else None
+        shown.bind(ids, row)
+        decoded = decode(runner, sources, ids, params.max_new_tokens, block, s, tree)
+        shown.bind(ids + decoded.plain.output_ids, row)  # what the walk runs
+        return decoded
 
     fits = _fits(target, params.max_new_tokens)
     if params.suites:

@@ -8,15 +8,19 @@ trained on text is served on both, and its acceptance on each is what tells whet
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from draftdeck.drafter.eval.spec_decode import DecodeStats, Generation
-from draftdeck.drafter.model.vision import ImageRows
+from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.model.vision import RowImage
 from draftdeck.shards.store import MANIFEST, ShardDataset, is_multimodal
 
+if TYPE_CHECKING:
+    from draftdeck.drafter.train.data import TrainData
 
-def dataset_image_rows(inputs: list[str], target: str | Path) -> ImageRows | None:
-    """The rows with images of an eval dataset folder (None: a prompt file, or a dataset without
+
+def dataset_images(inputs: list[str], target: str | Path) -> TrainData | None:
+    """An eval dataset folder's rows, their images recorded (None: a prompt file, or a dataset without
     images). The target must have a vision tower to read them (DataError otherwise)."""
     from draftdeck.drafter.train.data import TrainData
     from draftdeck.drafter.train.images import image_token_id
@@ -26,7 +30,27 @@ def dataset_image_rows(inputs: list[str], target: str | Path) -> ImageRows | Non
     if not is_multimodal(ShardDataset(inputs[0]).schema):
         return None
     data = TrainData(inputs[:1], heldout_fraction=0.0, image_token_id=image_token_id(Path(target)))
-    return data.image_rows
+    return data if data.image_rows is not None else None
+
+
+class PromptImages:
+    """Which pictures each decoded prompt shows: its dataset row's, said to the target before it is
+    decoded (two rows may share a prompt's tokens with other pictures), and again for the prompt with
+    the target's output, which the walk runs."""
+
+    def __init__(self, target: Target, data: TrainData | None):
+        self.rows = target.vision.rows if target.vision is not None and data is not None else None
+        self.data = data
+
+    def of(self, row: int | None) -> tuple[RowImage, ...]:
+        if self.data is None or row is None:
+            return ()
+        return self.data.images_by_row.get((0, row), ())
+
+    def bind(self, ids: list[int], row: int | None) -> None:
+        shown = self.of(row)
+        if self.rows is not None and shown:
+            self.rows.bind(ids, shown)
 
 
 class ByModality:

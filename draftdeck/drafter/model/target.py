@@ -7,7 +7,7 @@ so target layer id i reads ``hidden_states[i + 1]``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from draftdeck.causal_lm import ModelFolderError, load_causal_lm
-from draftdeck.drafter.model.vision import ImageRows, VisionInputs
+from draftdeck.drafter.model.vision import ImageRows, RowImage, VisionInputs
 from draftdeck.drafter.model.vocab_parallel import ShardedEmbedding, VocabShard, embed_rows
 
 
@@ -172,9 +172,13 @@ class Target:
                 self.vision.rows.by_key.setdefault(key, images)
                 self.vision.rows.where.setdefault(key, rows.where[key])
 
-    def vision_inputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, Any]:
-        """The model's image inputs for these rows ({}: no images, or a text-only target)."""
-        return {} if self.vision is None else self.vision.batch(input_ids, attention_mask)
+    def vision_inputs(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+        images: Sequence[Sequence[RowImage]] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The model's image inputs for these rows ({}: no images, or a text-only target); `images`: each
+        row's, where the caller knows them (else looked up by the rows' tokens)."""
+        return {} if self.vision is None else self.vision.batch(input_ids, attention_mask, images)
 
     def _forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, logits_to_keep: int

@@ -2,16 +2,21 @@
 forward takes beside the ids, for rows whose ids hold expanded image tokens.
 
 Every caller of the target (the trainer's kinds, the truth checks, the walk, the eval's decoder) passes
-it ids alone. Rather than thread images through each of them, the target looks each row's images up by
-its tokens: `ImageRows` keys a row by the sha256 of its ids up to and including its last image token.
-Any sequence that holds all of a row's images shares that key: the whole row, its prompt, the prompt
-with the target's own answer, the prompt with drafts. Two rows whose tokens agree up to their last
-image but whose pictures differ cannot be told apart by their tokens; they are refused when the data is
-read (`ImageRowConflict`), before any step.
+it ids alone. A caller that knows which rows it passes (the target's own answers, the eval's prompts)
+gives their images (`Target.vision_inputs(..., images=...)`, `ImageRows.bind`); elsewhere the target
+looks a sequence's images up by its tokens (`ImageRows`: the sha256 of the whole sequence). The data's
+rows are recorded when they are read, whole and as training cuts them, and so are the prompts of their
+trained turns; a prompt that two rows share with different pictures (the same question about two
+pictures of one size) is recorded as ambiguous, and is only decoded where the caller says which row it
+is. Two whole rows with the same tokens and different pictures are refused before any step
+(`ImageRowConflict`).
+
+A sequence holds a row's leading images: as many as its image tokens cover (a prompt before a later
+turn's picture holds the earlier ones only).
 
 Positions: the model computes its M-RoPE positions from the ids, the grids and the token types
 (`get_rope_index`) when it is given no position ids, so a teacher-forced forward passes none. A decoder
-that runs the target over a cache passes them itself (`mrope_positions`).
+that runs the target over a cache passes them itself (`cached_forward_inputs`).
 """
 
 from __future__ import annotations
@@ -39,51 +44,61 @@ class ImageInputError(UsageError):
     """A row's image tokens cannot be matched with its images."""
 
 
-def image_prefix_key(ids: Sequence[int] | np.ndarray, image_token_id: int) -> bytes | None:
-    """The key of a sequence's images: sha256 of its ids up to its last image token (None: it has none)."""
-    arr = np.asarray(ids, dtype=np.int64)
-    where = np.flatnonzero(arr == image_token_id)
-    if not where.size:
-        return None
-    return hashlib.sha256(arr[: int(where[-1]) + 1].tobytes()).digest()
+def sequence_key(ids: Sequence[int] | np.ndarray) -> bytes:
+    """A sequence's key: sha256 of its ids."""
+    return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).digest()
 
 
 class ImageRows:
-    """The images of each row with images, by `image_prefix_key`."""
+    """The images of sequences with images, by `sequence_key` (None: ambiguous, two rows' pictures)."""
 
     def __init__(self, image_token_id: int):
         self.image_token_id = image_token_id
-        self.by_key: dict[bytes, tuple[RowImage, ...]] = {}
+        self.by_key: dict[bytes, tuple[RowImage, ...] | None] = {}
         self.where: dict[bytes, str] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
 
-    def add(self, ids: Sequence[int] | np.ndarray, images: Sequence[RowImage], where: str) -> None:
-        """Record a row's images (`where`: the row, for the refusal of a conflicting one)."""
-        key = image_prefix_key(ids, self.image_token_id)
-        if key is None:
-            raise ImageInputError(f"{where}: {len(images)} images but no image token in its ids")
-        have = self.by_key.get(key)
-        if have is not None and have != tuple(images):
-            raise ImageRowConflict(
-                f"{where} and {self.where[key]}: the same tokens up to their last image but different "
-                "images; the target's inputs could not be told apart: remove one of them"
-            )
-        self.by_key[key] = tuple(images)
+    def add(
+        self, ids: Sequence[int] | np.ndarray, images: Sequence[RowImage], where: str, *, strict: bool
+    ) -> None:
+        """Record a sequence's images (`where`: the row, for a refusal). `strict` (a whole row): another
+        row of the same tokens with other images is refused; else (a prompt two rows share) the
+        sequence becomes ambiguous."""
+        key, images = sequence_key(ids), tuple(images)
+        if key in self.by_key and self.by_key[key] != images:
+            if strict:
+                raise ImageRowConflict(
+                    f"{where} and {self.where[key]}: the same tokens but different images; the target's"
+                    " inputs could not be told apart: remove one of them"
+                )
+            self.by_key[key] = None
+            return
+        self.by_key[key] = images
         self.where.setdefault(key, where)
 
+    def bind(self, ids: Sequence[int] | np.ndarray, images: Sequence[RowImage]) -> None:
+        """Say which images a sequence holds, whatever was recorded for it (a caller that knows the row:
+        the eval's prompt, the target's own answer to it)."""
+        self.by_key[sequence_key(ids)] = tuple(images)
+
     def lookup(self, ids: Sequence[int] | np.ndarray) -> tuple[RowImage, ...]:
-        """A sequence's images (none: it has no image token). ImageInputError when it has image
-        tokens but no row of the data starts like it."""
-        key = image_prefix_key(ids, self.image_token_id)
-        if key is None:
+        """A sequence's images (none: it has no image token). ImageInputError when it is not a recorded
+        sequence or an ambiguous one."""
+        if self.image_token_id not in np.asarray(ids):
             return ()
-        found = self.by_key.get(key)
+        key = sequence_key(ids)
+        if key not in self.by_key:
+            raise ImageInputError(
+                "a sequence with image tokens is not one of the data's rows or prompts: its images are"
+                " unknown"
+            )
+        found = self.by_key[key]
         if found is None:
             raise ImageInputError(
-                "a sequence with image tokens is not the start of any row of the data read: its images are "
-                "unknown (cut inside an image by seq_length?)"
+                f"{self.where[key]}: its prompt's tokens are another row's with other pictures: which row's"
+                " pictures it shows is not known from its tokens"
             )
         return found
 
@@ -141,23 +156,35 @@ class VisionInputs:
         t, h, w = grid
         return t * h * w // (self.merge * self.merge)
 
-    def batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> dict[str, Any]:
+    def leading(self, have: int, images: Sequence[RowImage]) -> tuple[RowImage, ...]:
+        """The leading `images` whose tokens make `have` image tokens (ImageInputError if none do)."""
+        total = 0
+        for k, (_, grid) in enumerate(images):
+            if total == have:
+                return tuple(images[:k])
+            total += self.tokens(grid)
+        if total == have:
+            return tuple(images)
+        raise ImageInputError(
+            f"a row has {have} image tokens; its {len(images)} images' grids do not make them"
+        )
+
+    def batch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+        images: Sequence[Sequence[RowImage]] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """The model's image inputs for (bsz, T) ids (padding where `attention_mask` is 0): pixel values
-        and grids of every row's images in order, and the token types; {} for a batch without images."""
+        and grids of every row's images in order, and the token types; {} for a batch without images.
+        `images`: each row's images, where the caller knows them (else looked up by the row's tokens)."""
         image = input_ids == self.image_token_id
         if not bool(image.any()):
             return {}
         pixels, grids = [], []
         for r in range(input_ids.shape[0]):
             row = input_ids[r] if attention_mask is None else input_ids[r][attention_mask[r].bool()]
-            found = self.rows.lookup(row.tolist())
             have = int((row == self.image_token_id).sum())
-            want = sum(self.tokens(grid) for _, grid in found)
-            if have != want:
-                raise ImageInputError(
-                    f"a row has {have} image tokens but its {len(found)} images' grids make {want}"
-                )
-            for path, grid in found:
+            found = self.rows.lookup(row.tolist()) if images is None else images[r]
+            for path, grid in self.leading(have, found):
                 pixels.append(self.pixels(path, grid))
                 grids.append(grid)
         device = input_ids.device
@@ -191,8 +218,8 @@ ROPE_DELTA = "draftdeck_rope_delta"  # the attribute of a decoding cache holding
 
 
 def cached_forward_inputs(
-    model: Any, vision: VisionInputs | None, input_ids: torch.Tensor, start: int, cache: Any
-) -> dict[str, Any]:
+    model: Any, vision: VisionInputs | None, input_ids: torch.Tensor, start: int, cache: Any,
+) -> dict[str, Any]:  # fmt: skip
     """The position ids (and, for a prompt with images, the image inputs) of a forward of (1, n) ids at
     sequence index `start`.. over a decoding `cache`, as the model's own generation computes them: a
     prompt with images (start 0) takes its M-RoPE positions and pixels, and the cache keeps the prompt's

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from draftdeck.drafter.model.vision import ImageRows
+from draftdeck.drafter.model.vision import ImageRows, RowImage
 from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
 from draftdeck.provenance import Answered, ModelIdentity
@@ -135,16 +135,18 @@ class TrainData:
         self.image_token_id = image_token_id
         self.image_rows: ImageRows | None = None  # the rows with images (draftdeck.drafter.model.vision)
         self.rows_with_images = 0
+        self.images_by_row: dict[tuple[int, int], tuple[RowImage, ...]] = {}  # (dataset, row) -> its images
         for di, ds in enumerate(self.datasets):
             n = 0
             for batch in ds.iter_batches():
-                self._index_images(ds, batch, n)
+                self._index_images(di, ds, batch, n)
                 n = self._index(di, ds.path, batch, n)
         self.rows_in = len(self.train) + len(self.heldout) + self.no_anchor
 
-    def _index_images(self, ds: ShardDataset, batch: pa.RecordBatch, start: int) -> None:
-        """Record the batch's rows with images (their files and grids, by their tokens up to their last
-        image token); a dataset with images for a target without a vision tower is refused."""
+    def _index_images(self, di: int, ds: ShardDataset, batch: pa.RecordBatch, start: int) -> None:
+        """Record the batch's rows with images (their files and grids): each row whole and as training
+        cuts it, and the prompt of each of its trained turns (draftdeck.drafter.model.vision); a dataset
+        with images for a target without a vision tower is refused."""
         if "images" not in batch.schema.names:
             return
         names, grids = batch.column("images").to_pylist(), batch.column("image_grid_thw").to_pylist()
@@ -156,22 +158,31 @@ class TrainData:
             )
         if self.image_rows is None:
             self.image_rows = ImageRows(self.image_token_id)
-        ids_col = batch.column("input_ids")
+        ids_col, masks_col = batch.column("input_ids"), batch.column("loss_mask")
         for i, row_names in enumerate(names):
             if not row_names:
                 continue
-            flat = grids[i] or []
+            flat, where = grids[i] or [], f"{ds.path} row {start + i}"
             if len(flat) != 3 * len(row_names):
-                raise DataError(
-                    f"{ds.path}: row {start + i} has {len(row_names)} images but {len(flat)} grid values"
-                )
+                raise DataError(f"{where}: {len(row_names)} images but {len(flat)} grid values")
             try:
-                images = [(ds.image_path(name), (flat[3 * k], flat[3 * k + 1], flat[3 * k + 2]))
-                          for k, name in enumerate(row_names)]  # fmt: skip
+                images = tuple((ds.image_path(name), (flat[3 * k], flat[3 * k + 1], flat[3 * k + 2]))
+                               for k, name in enumerate(row_names))  # fmt: skip
             except InputError as e:
-                raise DataError(f"{ds.path}: row {start + i}: {e}") from e
-            self.image_rows.add(ids_col[i].values.to_numpy(), images, f"{ds.path} row {start + i}")
+                raise DataError(f"{where}: {e}") from e
+            ids, mask = ids_col[i].values.to_numpy(), masks_col[i].values.to_numpy()
+            self.image_rows.add(ids, images, where, strict=True)
+            if self.seq_length is not None and len(ids) > self.seq_length:
+                self.image_rows.add(ids[: self.seq_length], images, where, strict=True)
+            starts = np.flatnonzero(np.diff(np.concatenate([[0], mask.astype(np.int64)])) == 1)
+            for s in starts:  # the prompt of each trained turn: what the target answers, what eval decodes
+                self.image_rows.add(ids[:s], images, where, strict=False)
+            self.images_by_row[(di, start + i)] = images
             self.rows_with_images += 1
+
+    def images_of(self, ref: RowRef) -> tuple[RowImage, ...]:
+        """A row's images in order (none for a text row)."""
+        return self.images_by_row.get((ref.dataset, ref.row), ())
 
     def _index(self, di: int, path: Path, batch: pa.RecordBatch, start: int) -> int:
         masks_col = batch.column("loss_mask")

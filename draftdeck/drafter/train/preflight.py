@@ -235,7 +235,15 @@ def _answers(params: TrainParams, target: Target, data: TrainData, refs: list[Ro
     own earlier answers), each at most as long as the row's answer to that turn (so that both walks
     cover the same turns) and `truth_max_new_tokens`."""
     rows = [data.example(ref) for ref in refs]
-    return target_turns(target, rows, params.truth_max_new_tokens, batch_size=params.eval_batch_size)
+    images = [data.images_of(ref) for ref in refs] if target.vision is not None else None
+    answers = target_turns(
+        target, rows, params.truth_max_new_tokens, batch_size=params.eval_batch_size, images=images
+    )
+    if target.vision is not None and images is not None:  # the walk over them finds their pictures
+        for (ids, _), shown in zip(answers, images, strict=True):
+            if shown:
+                target.vision.rows.bind(ids, shown)
+    return answers
 
 
 def compare(data_judged: Counts, target_judged: Counts, params: TrainParams, step: int) -> str | None:

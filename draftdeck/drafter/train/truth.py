@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from draftdeck.drafter.model.target import Target
+from draftdeck.drafter.model.vision import RowImage
 from draftdeck.errors import DraftDeckError
 
 Batch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (input_ids, attention_mask, loss_mask)
@@ -199,10 +200,12 @@ def target_answers(
     max_new_tokens: Sequence[int],
     *,
     batch_size: int = 16,
+    images: Sequence[Sequence[RowImage]] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """The target's own greedy answers to `prompts`, as (ids, loss_mask) rows (prompt + answer, the
     answer trained, its stop token included as decoding commits it); each at most its
-    `max_new_tokens`. Batched generation with left padding (prompts of a batch share one call)."""
+    `max_new_tokens`. Batched generation with left padding (prompts of a batch share one call).
+    `images`: each prompt's row's images, for a target that reads them (draftdeck.drafter.model.vision)."""
     eos = set(target.eos_ids())
     pad = getattr(target.tokenizer, "pad_token_id", None)
     pad = int(pad) if pad is not None else min(eos)
@@ -225,9 +228,12 @@ def target_answers(
             eos_token_id=sorted(eos),
             pad_token_id=pad,
             synced_gpus=target.sharded,  # every rank steps until all are done: each step gathers layers
+            # prompts with images: their pixels at the prefill
             **target.vision_inputs(
-                ids.to(target.device), att.to(target.device)
-            ),  # prompts with images: their pixels at the prefill
+                ids.to(target.device),
+                att.to(target.device),
+                None if images is None else [images[i] for i in part],
+            ),
         )[:, width:].cpu()
         for r, i in enumerate(part):
             answer = new[r, : max_new_tokens[i]].tolist()
@@ -256,8 +262,10 @@ def target_turns(
     max_new_tokens: int,
     *,
     batch_size: int = 16,
+    images: Sequence[Sequence[RowImage]] | None = None,
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The target's own greedy answers to every trained turn of `rows` ((ids, loss_mask) each), on
+    """`images`: each row's, for a target that reads them. The target's own greedy answers to every
+    trained turn of `rows` ((ids, loss_mask) each), on
     policy: turn k is generated after the target's own answers to turns 1..k-1, the data's tokens
     between the answers (the end of a turn, the next user message, the next assistant header) kept
     as they are. Each answer is at most as long as the data's answer to that turn (so that the walk
@@ -272,7 +280,8 @@ def target_turns(
     for turn in range(max((len(sp) for sp in spans), default=0)):
         todo = [i for i, sp in enumerate(spans) if turn < len(sp)]
         caps = [max(1, min(spans[i][turn][1] - spans[i][turn][0], max_new_tokens)) for i in todo]
-        answered = target_answers(target, [built[i] for i in todo], caps, batch_size=batch_size)
+        shown = None if images is None else [images[i] for i in todo]
+        answered = target_answers(target, [built[i] for i in todo], caps, batch_size=batch_size, images=shown)
         for i, (ids, _) in zip(todo, answered, strict=True):
             answer = ids[len(built[i]) :].tolist()
             built[i] += answer

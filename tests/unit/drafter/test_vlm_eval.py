@@ -49,7 +49,7 @@ def test_greedy_with_pictures_equals_transformers_generate(tiny_vlm: Path, pictu
     prompt = row.ids[: row.mask.index(1)]
     target = Target.load(tiny_vlm, vision=True)
     images = ImageRows(target.model.config.image_token_id)
-    images.add(row.ids, list(zip(row.pictures, row.grids, strict=True)), "row 0")
+    images.bind(prompt, list(zip(row.pictures, row.grids, strict=True)))  # the prompt's pictures
     target.attach_images(images)
     ids = torch.tensor([prompt])
     inputs = target.vision_inputs(ids, None)

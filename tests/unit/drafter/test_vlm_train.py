@@ -85,15 +85,33 @@ def test_rows_the_images_cannot_be_told_apart_by_are_refused(
         TrainData([ds], heldout_fraction=0, image_token_id=image_token_id(tiny_vlm))
     with pytest.raises(DataError, match="no vision tower"):
         TrainData([write_image_dataset(tmp_path / "one", one, tiny_vlm)], heldout_fraction=0)
-    data = TrainData([write_image_dataset(tmp_path / "one-b", one, tiny_vlm)], heldout_fraction=0,
+
+
+def test_a_prompt_two_rows_share_is_decoded_with_its_own_row(
+    tiny_vlm: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    """The same question about two pictures of one size, answered differently: both rows train (each
+    whole row is its own), their shared prompt is ambiguous by its tokens alone, and a caller that says
+    the row gets that row's picture."""
+    from transformers import AutoTokenizer
+
+    tok, processor = AutoTokenizer.from_pretrained(tiny_vlm), load_image_processor(tiny_vlm)
+    rows = [image_row(tok, processor, "What is drawn?", answer, [picture])
+            for answer, picture in (("a red box", pictures[0]), ("a green ring", pictures[6]))]  # fmt: skip
+    data = TrainData([write_image_dataset(tmp_path / "shared", rows, tiny_vlm)], heldout_fraction=0,
                      image_token_id=image_token_id(tiny_vlm))  # fmt: skip
+    assert data.rows_with_images == 2 and data.image_rows is not None
     vlm = Target.load(tiny_vlm, vision=True)
-    assert data.image_rows is not None
     vlm.attach_images(data.image_rows)
-    ids = torch.tensor([one[0].ids])
-    cut = ids[:, : one[0].ids.index(vlm.model.config.image_token_id) + 3]  # cut inside the picture
-    with pytest.raises(ImageInputError, match="not the start of any row"):
-        vlm.context_features(cut, None, [0])
+    prompt = torch.tensor([rows[0].ids[: rows[0].mask.index(1)]])
+    assert prompt[0].tolist() == rows[1].ids[: rows[1].mask.index(1)]  # the same tokens
+    with pytest.raises(ImageInputError, match="which row's"):
+        vlm.context_features(prompt, None, [0])
+    seen = [vlm.vision_inputs(prompt, None, [data.images_of(ref)]) for ref in data.train]
+    assert not torch.equal(seen[0]["pixel_values"], seen[1]["pixel_values"])
+    assert torch.equal(seen[0]["image_grid_thw"], seen[1]["image_grid_thw"])
+    with pytest.raises(ImageInputError, match="not one of the data's rows"):  # cut inside the picture
+        vlm.context_features(prompt[:, :5], None, [0])
 
 
 @pytest.mark.parametrize("drafter", ["dflash", "eagle3"])
