@@ -91,7 +91,8 @@ class HiddenChunks:
         state["extra"] = {k: v for k, v in x.items() if k != "cache"}
         return ChunkDone(
             rows_in=report.rows_in, rows_out=report.rows_out,
-            report={"rows": [rows.start, rows.stop], "tokens": int(x.get("tokens") or 0), "report": state},
+            report={"rows": [rows.start, rows.stop], "tokens": int(x.get("tokens") or 0),
+                    "bytes_written": int(x.get("bytes") or 0), "report": state},  # the page's rates
             shard_path=str(folder), bytes=int(x.get("bytes") or 0), sha256=None,
         )  # fmt: skip
 

@@ -234,14 +234,18 @@ def _speed(job: Job) -> tuple[str | None, str | None]:
         left = f"about {duration((job.progress_total - job.progress_done) / per_second)} left"
     done = _chunks_done(job)
     if done is not None:  # chunks are the unit of work; rows and tokens are what people compare
-        rows, tokens = done
-        return f"{rate(rows / seconds, 'rows')} · {rate(tokens / seconds, 'tokens')}", left
+        rows, tokens, written = done
+        said = f"{rate(rows / seconds, 'rows')} · {rate(tokens / seconds, 'tokens')}"
+        if written:  # a chunked kind that says the bytes it wrote (cache-hidden: its hidden states)
+            said += f" · {rate(written / seconds, 'bytes')}"
+        return said, left
     return rate(per_second, job.progress_unit), left
 
 
-def _chunks_done(job: Job) -> tuple[int, int] | None:
-    """(rows, tokens) of a chunked job's finished chunks, read in the session the job was loaded in
-    (the page's or the stream's poll); None for other jobs or a job outside a session."""
+def _chunks_done(job: Job) -> tuple[int, int, int] | None:
+    """(rows, tokens, bytes written: 0 unless the kind says it) of a chunked job's finished chunks, read in
+    the session the job was loaded in (the page's or the stream's poll); None for other jobs or a job
+    outside a session."""
     session = object_session(job)
     if job.progress_unit != "chunks" or not isinstance(session, Session):
         return None
@@ -252,7 +256,8 @@ def _chunks_done(job: Job) -> tuple[int, int] | None:
     ).all()
     rows = sum(r or 0 for r, _ in reports)
     tokens = sum(int((report or {}).get("tokens") or 0) for _, report in reports)
-    return rows, tokens
+    written = sum(int((report or {}).get("bytes_written") or 0) for _, report in reports)
+    return rows, tokens, written
 
 
 def job_view(job: Job) -> dict[str, Any]:
