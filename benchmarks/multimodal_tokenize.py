@@ -11,7 +11,8 @@ rendering image parts as Qwen3.5's), tokenized into a dataset folder:
   pixels a side: 16 to 64 image tokens) read by the tiny VLM's processor (draftdeck.drafter.tiny_vlm);
 - `1 image, Qwen3.5 processor`: one of `--distinct` 640 x 480 JPEG photos-like pictures read by an
   image processor with Qwen3.5's own settings (16-pixel patches, 2 x 2 merge: 300 image tokens each);
-- `2 images, Qwen3.5 processor`: two such pictures a row.
+- `2 images, Qwen3.5 processor`: two such pictures a row;
+- `no picture repeats`: `--unique` rows, each its own picture (nothing is checked once for many rows).
 
 Columns: seconds, rows/s, the ratio to the text rows' rows/s, image occurrences and distinct images,
 the bytes the dataset's `images/` folder holds per distinct image, and what the same images would take
@@ -81,12 +82,18 @@ def photos(folder: Path, n: int, seed: int = 0) -> list[Path]:
     return out
 
 
-def conversations(n: int, pictures: list[Path] | None, per_row: int, seed: int = 0) -> list[Conversation]:
+def conversations(
+    n: int, pictures: list[Path] | None, per_row: int, seed: int = 0, *, each_own: bool = False
+) -> list[Conversation]:
+    """`n` rows of `per_row` pictures drawn from `pictures` (`each_own`: row i shows picture i)."""
     rng = random.Random(seed)
     out = []
     for i in range(n):
         marks = " ".join(["<image>"] * per_row)
-        refs = [ImageRef(path=str(rng.choice(pictures))) for _ in range(per_row)] if pictures else []
+        if each_own and pictures:
+            refs = [ImageRef(path=str(pictures[i]))]
+        else:
+            refs = [ImageRef(path=str(rng.choice(pictures))) for _ in range(per_row)] if pictures else []
         question = f"{marks}\nDescribe what you see in picture set {i}, and count the shapes in it."
         answer = f"I see {rng.randint(2, 9)} shapes in set {i}: circles and boxes in several colours."
         out.append(
@@ -139,11 +146,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--distinct", type=int, default=50, help="distinct pictures the rows draw from")
+    ap.add_argument("--unique", type=int, default=300, help="rows of the last run, each its own picture")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="20 rows, 4 pictures: the path, not a measure")
     args = ap.parse_args()
     if args.smoke:
-        args.rows, args.distinct = 20, 4
+        args.rows, args.distinct, args.unique = 20, 4, 6
     work = Path(tempfile.mkdtemp(prefix="mm-tokenize-"))
     try:
         text_target = target(work / "text-target", None)
@@ -151,6 +159,7 @@ def main() -> None:
         qwen = target(work / "qwen-target", QWEN35_PROCESSOR)
         small = tiny_vlm.write_tiny_images(work / "pictures", n=args.distinct)
         big = photos(work / "photos", args.distinct)
+        unique = photos(work / "unique", args.unique, seed=1)
         runs = [
             run("text only", conversations(args.rows, None, 1), text_target, work / "o-text", args.workers),
             run("1 image, tiny VLM", conversations(args.rows, small, 1), tiny, work / "o-tiny", args.workers),
@@ -166,6 +175,13 @@ def main() -> None:
                 conversations(args.rows, big, 2),
                 qwen,
                 work / "o-q2",
+                args.workers,
+            ),
+            run(
+                f"1 image, Qwen3.5 processor, no picture repeats ({args.unique} rows)",
+                conversations(args.unique, unique, 1, each_own=True),
+                qwen,
+                work / "o-u",
                 args.workers,
             ),
         ]

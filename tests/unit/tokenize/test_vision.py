@@ -175,27 +175,61 @@ def test_truncation_never_cuts_an_image_in_two(vlm: Path, pictures: list[Path]) 
     assert kept.input_ids[-1] != AutoTokenizer.from_pretrained(str(vlm)).convert_tokens_to_ids(START)
 
 
-def test_chunked_run_carries_images_to_the_final_folder(
+def test_a_file_mixing_openai_and_llamafactory_images_keeps_every_row_chunked_or_not(
     vlm: Path, pictures: list[Path], tmp_path: Path
 ) -> None:
+    """Issue 55's done-when, tokenize half: OpenAI image_url rows (a data URI; a file path) and
+    LLaMA-Factory `<image>` rows (a path relative to the file) in one file, with text rows between,
+    read by the readers, every row kept, each image its grid's tokens with loss mask 0; the chunked run
+    writes the same rows and the same image files as the in-process one."""
+    import base64
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "data"
+    (folder / "pics").mkdir(parents=True)
     rows: list[dict[str, object]] = []
-    for i in range(7):
+    for i in range(9):
         pic = pictures[i % len(pictures)]
+        shutil.copy(pic, folder / "pics" / pic.name)
         if i % 3 == 2:  # text rows between: chunks without any image
             rows.append({"messages": [{"role": "user", "content": f"text {i}"},
-                                      {"role": "assistant", "content": "ok"}]})  # fmt: skip
+                                      {"role": "assistant", "content": f"Text answer {i}."}]})  # fmt: skip
+        elif i % 3 == 1:
+            uri = "data:image/png;base64," + base64.b64encode(pic.read_bytes()).decode()
+            parts = [
+                {"type": "text", "text": f"What is in row {i}?"},
+                {"type": "image_url", "image_url": {"url": uri}},
+            ]
+            rows.append({"messages": [{"role": "user", "content": parts},
+                                      {"role": "assistant", "content": f"Picture answer {i}."}]})  # fmt: skip
         else:
-            turns = [{"from": "human", "value": f"<image> row {i}"}, {"from": "gpt", "value": "a picture"}]
-            rows.append({"conversations": turns, "images": [str(pic)]})
-    src = tmp_path / "in.jsonl"
+            turns = [
+                {"from": "human", "value": f"<image> row {i}"},
+                {"from": "gpt", "value": f"Shapes, row {i}."},
+            ]
+            rows.append({"conversations": turns, "images": [f"pics/{pic.name}"]})
+    src = folder / "mixed.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
     opts = TokenizeOptions(tokenizer=vlm, workers=1, shard_rows=3)
     one = tokenize_files([src], tmp_path / "one", opts)
     if one.rejected.get("multimodal_content"):
-        pytest.skip("the LLaMA-Factory reader does not keep images yet (draftdeck.formats, issue 55)")
+        pytest.skip("the readers do not keep images yet (draftdeck.formats, issue 55)")
+    assert one.rows_out == 9 and not one.rejected
+    a = ShardDataset(tmp_path / "one")
+    pad = AutoTokenizer.from_pretrained(str(vlm)).convert_tokens_to_ids(IMAGE)
+    for n in range(len(a)):
+        row, want = a.row(n), 0 if n % 3 == 2 else 1
+        ids, mask = np.asarray(row["input_ids"]), np.asarray(row["loss_mask"])
+        assert len(row["images"]) == want
+        images = a.row_images(n)
+        assert int((ids == pad).sum()) == sum(t * h * w // 4 for _, (t, h, w) in images)
+        assert not mask[ids == pad].any()
+        for path, grid in images:
+            assert path.read_bytes() == pictures[n % len(pictures)].read_bytes() and grid == _grid(vlm, path)
     chunked = tokenize_files_chunked([src], tmp_path / "chunked", tmp_path / "parts", opts, chunk_rows=3)
-    assert one.rows_out == chunked.rows_out == 7
-    a, b = ShardDataset(tmp_path / "one"), ShardDataset(tmp_path / "chunked")
+    assert chunked.rows_out == 9
+    b = ShardDataset(tmp_path / "chunked")
     assert a.table.to_pylist() == b.table.to_pylist()
     assert a.manifest.images == b.manifest.images
     assert sorted(p.name for p in b.images_dir.iterdir()) == [f.filename for f in b.manifest.images or []]
