@@ -348,6 +348,10 @@ def export_drafter(params: ExportParams) -> None:
     if params.target is None and report.extra.get("target"):
         said = f"the target: {report.extra['target']} (the run's record names it; --target names another)"
         out.print(escape(said), highlight=False, soft_wrap=True)
+    if report.extra.get("trained_on"):
+        t = report.extra["trained_on"]
+        said = f"trained on {t['data']}: {t['rows_with_images']} of {t['rows']} rows with images"
+        out.print(escape(said), highlight=False, soft_wrap=True)
     out.print("As each server's loader reads it (draftdeck/drafter/kinds/):", highlight=False)
     for r in report.extra["served"]:
         out.print(f"  {escape(kind.reading_line(r))}", highlight=False, soft_wrap=True)
@@ -356,6 +360,8 @@ def export_drafter(params: ExportParams) -> None:
             out.print(
                 f"    [yellow]warning served_config:[/] {escape(problem)}", highlight=False, soft_wrap=True
             )
+    for line in report.extra.get("vlm_serving") or []:
+        out.print(escape(line), highlight=False, soft_wrap=True)
 
 
 EVAL_DOC = (

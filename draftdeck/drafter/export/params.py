@@ -75,6 +75,16 @@ def run_export(params: ExportParams, ctx: RunContext) -> Report:
         for problem in reading["problems"]:
             report.warn("served_config", str(config), None, problem)
     report.extra["served"] = served
+    # what the drafter was trained on (text, or text + images), and a VLM target's serving flags
+    from draftdeck.drafter.export.verifier import run_record_of
+    from draftdeck.drafter.export.vision import trained_on, vlm_serving_lines, write_trained_on
+
+    record = trained_on(run_record_of(Path(params.inputs[0]), checkpoint))
+    if record is not None:
+        write_trained_on(folder, record)
+        ctx.event("info", f"trained on {record['data']} ({record['rows_with_images']} rows with images)")
+    report.extra["trained_on"] = record
+    report.extra["vlm_serving"] = vlm_serving_lines(target)
     report.extra["format"] = fmt
     report.extra["drafter"] = kind.name
     report.extra["target"] = target

@@ -131,3 +131,11 @@ def test_mixed_file_tokenized_trained_and_evaluated(
     # the walk over the target's own outputs (teacher-forced, pictures looked up) equals real decoding
     assert (ev["walked"]["accepted"], ev["walked"]["steps"]) == (drafter["accepted"], drafter["verify_steps"])
     assert any("vision tower" in m for _, m, _, _ in ctx.events)
+    # the export records what the drafter was trained on, and says how a VLM target is served
+    from draftdeck.drafter.export.params import ExportParams, run_export
+
+    exported = run_export(ExportParams(inputs=[str(tmp_path / "run")], out=str(tmp_path / "export")),
+                          LocalContext(tmp_path / "export-job"))  # fmt: skip
+    said = json.loads((tmp_path / "export" / "trained_on.json").read_text())
+    assert said["data"] == "text + images" and said["rows_with_images"] == 16
+    assert any("--enable-multimodal" in line for line in exported.extra["vlm_serving"])
