@@ -370,19 +370,31 @@ def _read_again(p: Picture) -> bytes:
 
 # -- the stored files ----------------------------------------------------------------------------------
 def store_files(out_dir: Path, files: dict[str, bytes]) -> None:
-    """Write each image once as ``out_dir/images/<name>`` (atomic; an existing name is the same bytes)."""
+    """Write each image once as ``out_dir/images/<name>`` (a temporary name, then the rename: a reader
+    never sees half a file; an existing name is the same bytes). No fsync per file (6 ms each here, most
+    of a job with pictures that never repeat): :func:`finalize` flushes them together, once, before the
+    manifest makes the dataset finished."""
     if not files:
         return
-    from draftdeck.fileio import atomic_output
+    import os
+    import tempfile
+
     from draftdeck.shards.store import IMAGES_DIR
 
     folder = Path(out_dir) / IMAGES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     for name, data in files.items():
         path = folder / name
-        if not path.is_file():
-            with atomic_output(path) as f:
+        if path.is_file():
+            continue
+        fd, tmp = tempfile.mkstemp(prefix=f".{name[:16]}.", suffix=".tmp", dir=folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def finalize(out_dir: Path, shards: Iterable[ShardInfo]) -> list[ImageFile] | None:
@@ -421,6 +433,10 @@ def finalize(out_dir: Path, shards: Iterable[ShardInfo]) -> list[ImageFile] | No
         if not name.startswith(digest + "."):
             raise AccountingError(f"{path}: its bytes hash to {digest}, not to its name")
         out.append(ImageFile(name, len(data), digest))
+    if out:
+        import os
+
+        os.sync()  # the files written without an fsync each (store_files), on disk before the manifest
     return out
 
 
