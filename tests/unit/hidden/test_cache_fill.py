@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from draftdeck.drafter.train.cache.fill import SPILL
@@ -32,15 +33,18 @@ class StopAt(LocalContext):
 
 
 def _run(
-    world: dict[str, Path], name: str, ctx: LocalContext | None = None, **given: Any
+    world: dict[str, Path], name: str, ctx: LocalContext | None = None, drafter: str = "dflash", **given: Any
 ) -> tuple[list, LocalContext]:
     from draftdeck.drafter.train.params import TrainParams
     from draftdeck.drafter.train.run import run_train
 
+    kind: dict[str, object] = (
+        {"ttt_steps": 2, "draft_vocab_size": 20} if drafter == "eagle3" else {"block_size": 4}
+    )
     params = TrainParams(
         inputs=[str(world["ds"])], target=str(world["target"]), out=str(world["root"] / name),
-        drafter="dflash", block_size=4, batch_size=4, max_steps=STEPS, eval_every=3, checkpoint_every=3,
-        log_every=1, heldout_fraction=0.15, device="cpu", **given,
+        drafter=drafter, batch_size=4, max_steps=STEPS, eval_every=3, checkpoint_every=3,
+        log_every=1, heldout_fraction=0.15, device="cpu", **kind, **given,
     )  # fmt: skip
     ctx = ctx or LocalContext(world["root"] / f"{name}-ctx")
     run_train(params, ctx)
@@ -51,10 +55,13 @@ def _said(ctx: LocalContext, text: str) -> list[str]:
     return [m for _, m, _, _ in ctx.events if text in m]
 
 
-def test_the_first_epoch_fills_the_cache_and_the_second_reads_it(world: dict[str, Path], cache: Path) -> None:
-    folder = world["root"] / "filled"
-    online, _ = _run(world, "fill-online", truth_rows=0)
-    hybrid, ctx = _run(world, "fill-hybrid", hidden_states_cache=str(folder))
+@pytest.mark.parametrize("drafter", ["dflash", "eagle3"])
+def test_the_first_epoch_fills_the_cache_and_the_second_reads_it(
+    world: dict[str, Path], cache: Path, drafter: str
+) -> None:
+    folder = world["root"] / f"filled-{drafter}"
+    online, _ = _run(world, f"fill-online-{drafter}", drafter=drafter, truth_rows=0)
+    hybrid, ctx = _run(world, f"fill-hybrid-{drafter}", drafter=drafter, hidden_states_cache=str(folder))
     assert any(name == "train/loss" and step > 5 for step, name, _ in online)
     assert hybrid == online  # every loss and count, the second epoch's from the cache
     [said] = _said(ctx, "filled during the first epoch")
