@@ -261,9 +261,30 @@ def test_chunk_shards_with_and_without_images_share_one_schema(tmp_path: Path) -
             assert pa.ipc.open_stream(f).schema.names == schema(multimodal=True).names
 
 
-def test_text_datasets_keep_the_text_schema() -> None:
+def test_text_datasets_keep_the_text_schema_and_image_datasets_load_in_datasets(
+    vlm: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    import datasets
+    from datasets import Features, List, Value
+
+    from draftdeck.shards.store import IMAGE_COLUMNS, features
+
     assert schema().names == list(COLUMNS)
     assert schema() == schema(multimodal=False)
+    every = {**COLUMNS, **IMAGE_COLUMNS}
+    theirs = Features({n: List(Value(d[0])) if isinstance(d, list) else Value(d) for n, d in every.items()})
+    assert schema(multimodal=True).equals(theirs.arrow_schema, check_metadata=True)
+    assert features(multimodal=True) == theirs.to_dict()
+    convs = [
+        _image_row(pictures, 1),
+        Conversation(messages=[Message("user", "hi"), Message("assistant", "yo")]),
+    ]
+    tokenize_conversations(convs, tmp_path / "ds", TokenizeOptions(tokenizer=vlm, workers=1))
+    loaded = datasets.load_from_disk(str(tmp_path / "ds"))
+    assert loaded.column_names == list(every)
+    assert (
+        len(loaded[0]["images"]) == 2 and len(loaded[0]["image_grid_thw"]) == 6 and loaded[1]["images"] == []
+    )
 
 
 def test_fast_grid_is_the_processors_for_many_sizes(vlm: Path) -> None:
@@ -297,3 +318,32 @@ def test_an_image_first_seen_on_a_rejected_row_is_stored_for_a_later_kept_row(
     ds = ShardDataset(tmp_path / "ds")
     ((path, _),) = ds.row_images(0)
     assert path.read_bytes() == pictures[3].read_bytes()
+
+
+SPLITTING_TEMPLATE = (
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{%- if m.content is string %}{% if m.role == 'assistant' and not loop.last %}[earlier] {% endif %}"
+    "{{ m.content }}{% else %}{% for p in m.content %}{% if p.type == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_split_rows_hold_the_images_of_the_turns_they_render(
+    vlm: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    """A template that renders earlier answers otherwise (as Qwen3.5 strips their reasoning) splits the
+    conversation into a row per answer: each row holds the images of the turns it renders, no more."""
+    template = tmp_path / "splitting.jinja"
+    template.write_text(SPLITTING_TEMPLATE)
+    first, second = ImageRef(path=str(pictures[0])), ImageRef(path=str(pictures[1]))
+    conv = Conversation(messages=[
+        Message("user", "<image> one", images=[first]), Message("assistant", "First answer."),
+        Message("user", "<image> two", images=[second]), Message("assistant", "Second answer."),
+    ])  # fmt: skip
+    res = tokenize_rows([conv], TokenizeOptions(tokenizer=vlm, chat_template=template, workers=1))
+    assert [r.turn for r in res.rows] == [0, 1]
+    one, two = res.rows
+    assert len(one.images) == 1 and len(two.images) == 2 and two.images[0] == one.images[0]
+    assert one.image_grid_thw == list(_grid(vlm, pictures[0]))
+    assert two.image_grid_thw == [*_grid(vlm, pictures[0]), *_grid(vlm, pictures[1])]
