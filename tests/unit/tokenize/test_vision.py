@@ -347,3 +347,16 @@ def test_split_rows_hold_the_images_of_the_turns_they_render(
     assert len(one.images) == 1 and len(two.images) == 2 and two.images[0] == one.images[0]
     assert one.image_grid_thw == list(_grid(vlm, pictures[0]))
     assert two.image_grid_thw == [*_grid(vlm, pictures[0]), *_grid(vlm, pictures[1])]
+
+
+def test_a_process_pool_writes_what_one_process_writes(
+    vlm: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    """Pool processes check and hand over each picture on their own: the rows and files are the same."""
+    convs = [_image_row(pictures, i) for i in range(40)]
+    for workers in (1, 2):
+        opts = TokenizeOptions(tokenizer=vlm, workers=workers, chunk_size=8, shard_rows=15)
+        tokenize_conversations(convs, tmp_path / f"w{workers}", opts)
+    one, two = ShardDataset(tmp_path / "w1"), ShardDataset(tmp_path / "w2")
+    assert one.table.to_pylist() == two.table.to_pylist() and len(one) == 40
+    assert one.manifest.images == two.manifest.images and len(one.manifest.images or []) == len(pictures)
