@@ -195,12 +195,26 @@ def demo_command(
     threads: Annotated[
         int, typer.Option(min=0, help="torch threads (0: as many as there are idle cores at the start)")
     ] = 0,
+    multimodal: Annotated[
+        bool,
+        typer.Option(
+            help="a tiny random vision-language target (Qwen3.5-style) and pictures instead: tokenize,"
+            " train and eval with images in the prompts; tau on image and text prompts"
+        ),
+    ] = False,
 ) -> None:
     """The whole path on the CPU in minutes (tiny target -> regenerate -> tokenize -> train -> eval),
     as jobs the dashboard shows; the last line is a JSON summary (every tau incl. bonus)."""
-    from app.cli.demo import demo
+    from app.cli.demo import demo, free_workdir
 
     _prepare()
+    if multimodal:
+        from app.cli.demo_multimodal import demo_multimodal
+        from app.settings import get_settings
+
+        where = free_workdir(get_settings().home_dir) if workdir is None else workdir.resolve()
+        demo_multimodal(where, quick=quick, seed=seed, threads=threads)
+        return
     demo(
         workdir, quick=quick, seed=seed, target_arch=target_arch.value, rebuild_world=rebuild_world,
         drafter=drafter.value, threads=threads,

@@ -236,3 +236,58 @@ def write_image_dataset(out: Path, rows: list[ImageRow], target: Path, source: s
     write_metadata(out, Manifest(shards=shards, tokenizer=tokenizer, parameters={"template_kwargs": {}},
                                  images=sorted(stored.values(), key=lambda f: f.filename)))  # fmt: skip
     return out
+
+
+def write_answered_conversations(
+    folder: Path, pictures: list[Path], n: int, out: Path, *, max_new: int = 32, seed: int = 0
+) -> dict[str, int]:
+    """`n` conversations answered greedily by the VLM in `folder` (its tower reading each prompt's
+    picture), written to `out` as JSONL in the shapes users bring images in, by turns: OpenAI
+    `image_url` parts (the file's path), LLaMA-Factory `<image>` placeholders with an `images` list
+    relative to `out`, and text alone. Returns the rows of each shape."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from draftdeck.drafter.model.target import Target
+    from draftdeck.drafter.model.vision import ImageRows
+    from draftdeck.drafter.train.truth import target_answers
+
+    tok, processor = AutoTokenizer.from_pretrained(folder), load_image_processor(folder)
+    rng = random.Random(seed)
+    asked: list[tuple[str, list[Path]]] = []
+    for i in range(n):
+        shown = [] if i % 3 == 2 else [pictures[rng.randrange(len(pictures))]]
+        what = rng.choice(["shapes", "colours", "corners", "background", "largest shape"])
+        asked.append(
+            (f"Tell me about the {what} in picture {i}." if shown else f"Tell me a story, {i}.", shown)
+        )
+    rows = [image_row(tok, processor, question, "-", shown) for question, shown in asked]
+    prompts = [r.ids[: r.mask.index(1)] for r in rows]
+    target = Target.load(folder, vision=True)
+    target.attach_images(ImageRows(int(target.model.config.image_token_id)))
+    images = [list(zip(r.pictures, r.grids, strict=True)) for r in rows]
+    answers = target_answers(target, prompts, [max_new] * n, images=images)
+    counts = {"image_url": 0, "<image>": 0, "text": 0}
+    lines = []
+    for i, ((question, shown), (ids, _)) in enumerate(zip(asked, answers, strict=True)):
+        answer = str(tok.decode(ids[len(prompts[i]) :].tolist(), skip_special_tokens=True)).strip() or "-"
+        row: dict[str, Any]
+        if not shown:
+            row, shape = {"messages": [{"role": "user", "content": question}]}, "text"
+        elif i % 3 == 0:
+            parts = [
+                {"type": "image_url", "image_url": {"url": str(shown[0])}},
+                {"type": "text", "text": question},
+            ]
+            row, shape = {"messages": [{"role": "user", "content": parts}]}, "image_url"
+        else:
+            relative = os.path.relpath(shown[0], out.parent)
+            row = {"messages": [{"role": "user", "content": f"<image>{question}"}], "images": [relative]}
+            shape = "<image>"
+        row["messages"].append({"role": "assistant", "content": answer})
+        lines.append(json.dumps(row))
+        counts[shape] += 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return counts
