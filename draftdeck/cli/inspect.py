@@ -41,8 +41,19 @@ def token_texts(tok: Any, ids: Sequence[int]) -> list[tuple[str, bool]]:
 
 
 def render_row(tok: Any, ids: Sequence[int], mask: Sequence[int]) -> Text:
+    """The row's tokens; a run of an image's tokens (``<|image_pad|>``, one per merged patch) shown once,
+    ``[image · N tokens]``, as the sample page draws it."""
     text = Text()
-    for k, ((piece, special), m) in enumerate(zip(token_texts(tok, ids), mask, strict=True)):
+    pieces = token_texts(tok, ids)
+    k = 0
+    while k < len(pieces):
+        (piece, special), m = pieces[k], mask[k]
         style = (TRAINED if m else CONTEXT)[k % 2]
+        end = k + 1
+        if special and piece == "[<|image_pad|>]":
+            while end < len(pieces) and pieces[end][0] == piece:
+                end += 1
+            piece = f"[image · {end - k:,} tokens]"
         text.append(piece, style=f"bold {style}" if special else style)
+        k = end
     return text

@@ -85,3 +85,20 @@ def read_names(dataset: Path) -> list[str]:
     from draftdeck.shards.store import ShardDataset
 
     return list(ShardDataset(dataset).row(0)["images"])
+
+
+def test_inspect_shows_each_image_once_with_its_count(dataset: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from draftdeck.cli.inspect import render_row
+    from draftdeck.shards.store import ShardDataset
+
+    ds = ShardDataset(dataset)
+    row = ds.row(0)
+    tok = AutoTokenizer.from_pretrained(
+        json.loads((dataset / "manifest.json").read_text())["tokenizer"]["path"]
+    )
+    text = render_row(tok, row["input_ids"], row["loss_mask"]).plain
+    counts = [t * h * w // 4 for _, (t, h, w) in ds.row_images(0)]
+    assert [f"[image · {n} tokens]" in text for n in counts] == [True, True]
+    assert "<|image_pad|>" not in text and "The first is red." in text.replace("·", " ")
