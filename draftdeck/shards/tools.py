@@ -154,13 +154,23 @@ def write_draft_vocab(vocab: DraftVocab, out: Path) -> None:
 
 
 def export_speculators_jsonl(ds: ShardDataset, out: Path) -> int:
-    """One JSON object per row: {"input_ids": [...], "loss_mask": [...]}. Returns the row count."""
+    """One JSON object per row: {"input_ids": [...], "loss_mask": [...]}. Returns the row count. A
+    dataset with images adds each row's images (absolute paths of the stored files) and their
+    ``image_grid_thw``: its image tokens mean nothing without them."""
     n = 0
+    folder = str(ds.images_dir.resolve())
     with atomic_output(out) as f:
         for batch in ds.iter_batches():
             ids = batch.column("input_ids").to_pylist()
             masks = batch.column("loss_mask").to_pylist()
-            for a, m in zip(ids, masks, strict=True):
-                f.write(orjson.dumps({"input_ids": a, "loss_mask": m}) + b"\n")
+            pictured = "images" in batch.schema.names
+            images = batch.column("images").to_pylist() if pictured else [None] * len(ids)
+            grids = batch.column("image_grid_thw").to_pylist() if pictured else [None] * len(ids)
+            for a, m, names, grid in zip(ids, masks, images, grids, strict=True):
+                row: dict[str, object] = {"input_ids": a, "loss_mask": m}
+                if pictured:
+                    row["images"] = [f"{folder}/{name}" for name in names]
+                    row["image_grid_thw"] = grid
+                f.write(orjson.dumps(row) + b"\n")
                 n += 1
     return n

@@ -102,3 +102,14 @@ def test_inspect_shows_each_image_once_with_its_count(dataset: Path) -> None:
     counts = [t * h * w // 4 for _, (t, h, w) in ds.row_images(0)]
     assert [f"[image · {n} tokens]" in text for n in counts] == [True, True]
     assert "<|image_pad|>" not in text and "The first is red." in text.replace("·", " ")
+
+
+def test_the_speculators_export_keeps_each_rows_images(dataset: Path, tmp_path: Path) -> None:
+    from draftdeck.shards.store import ShardDataset
+    from draftdeck.shards.tools import export_speculators_jsonl
+
+    ds = ShardDataset(dataset)
+    assert export_speculators_jsonl(ds, tmp_path / "out.jsonl") == 1
+    (row,) = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [Path(p) for p in row["images"]] == [p.resolve() for p, _ in ds.row_images(0)]
+    assert row["image_grid_thw"] == ds.row(0)["image_grid_thw"] and row["input_ids"] == ds.row(0)["input_ids"]
