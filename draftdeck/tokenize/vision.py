@@ -64,6 +64,9 @@ if TYPE_CHECKING:
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 IMAGE_TOKEN, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
 CHECKED_GRIDS = 4  # images per process whose fast grid is checked against the processor's preprocess
+# Entries Vision's caches hold before they start again (~200 bytes each): forgetting only costs a
+# picture's check again, and a name handed to the writer twice is written once (store_files)
+MAX_REMEMBERED = 200_000
 
 
 # -- 1. the conversation's images as an Item carries them ----------------------------------------------
@@ -202,6 +205,14 @@ class Vision:
         t, h, w = (int(v) for v in np.asarray(out["image_grid_thw"])[0])
         return t, h, w
 
+    def forget_if_full(self) -> None:
+        """Start the caches again past MAX_REMEMBERED entries: a job of a million distinct pictures
+        must not hold a million of each in every process."""
+        if max(len(self.seen), len(self.grids), len(self.emitted)) > MAX_REMEMBERED:
+            self.seen.clear()
+            self.grids.clear()
+            self.emitted.clear()
+
     def tokens(self, grid: tuple[int, int, int]) -> int:
         """Image tokens of an image of `grid`: t*h*w patches, merge_size^2 to a token."""
         t, h, w = grid
@@ -281,6 +292,7 @@ class ChunkImages:
                     "no drafter generates one",
                 )
         pictures = []
+        self.vision.forget_if_full()
         seen = self.vision.seen
         for j, entry in enumerate(item.images):
             ref = _ref(entry)
