@@ -412,7 +412,7 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
         mixed.append(owner.mix_source)
         images.append(names)
         grids.append(grid)
-        pictures.keep(k)
+        pictures.keep(k, report)
     block = Block(
         np.concatenate([i for i, _ in keep]).astype(np.int32) if keep else np.zeros(0, np.int32),
         np.concatenate([m for _, m in keep]).astype(np.uint8) if keep else np.zeros(0, np.uint8),

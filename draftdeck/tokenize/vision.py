@@ -57,6 +57,7 @@ from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation, ImageRef
 
 if TYPE_CHECKING:
     from draftdeck.chat.spans import RenderedRow
+    from draftdeck.quality import Report
     from draftdeck.shards.manifest import ImageFile, ShardInfo
     from draftdeck.tokenize.encoders import Encoded
     from draftdeck.tokenize.rows import Item
@@ -360,11 +361,14 @@ class ChunkImages:
         self._kept[k] = kept
         return ids, mask, [p.name for p in kept], [v for p in kept for v in p.grid]
 
-    def keep(self, k: int) -> None:
-        """Rendered row `k` is kept: the files of its images go to the writer (once per process)."""
-        if self.vision is None:
+    def keep(self, k: int, report: Report) -> None:
+        """Rendered row `k` is kept: the files of its images go to the writer (once per process), and the
+        report counts its images and their tokens (``images``, ``image_tokens``)."""
+        if self.vision is None or not self._kept.get(k):
             return
-        for p in self._kept.get(k, ()):
+        report.counts["images"] += len(self._kept[k])
+        report.counts["image_tokens"] += sum(p.tokens for p in self._kept[k])
+        for p in self._kept[k]:
             if p.name not in self.vision.emitted:
                 self.files[p.name] = p.data if p.data is not None else _read_again(p)
                 self.vision.emitted.add(p.name)

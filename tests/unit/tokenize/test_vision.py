@@ -69,6 +69,10 @@ def test_every_image_expands_to_its_grid_with_loss_mask_zero(vlm: Path, pictures
     convs = [_image_row(pictures, i) for i in range(6)]
     res = tokenize_rows(convs, TokenizeOptions(tokenizer=vlm, workers=1))
     assert res.report.rows_out == 6 and not res.report.rejected
+    assert res.report.counts["images"] == 9  # 3 rows of one image, 3 of two
+    assert res.report.counts["image_tokens"] == sum(
+        t * h * w // 4 for r in res.rows for t, h, w in zip(*[iter(r.image_grid_thw)] * 3, strict=True)
+    )
     for i, row in enumerate(res.rows):
         refs = convs[i].messages[0].images
         assert len(row.images) == len(refs)
