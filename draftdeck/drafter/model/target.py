@@ -170,7 +170,8 @@ class Target:
         elif self.vision.rows is not rows:
             for key, images in rows.by_key.items():
                 self.vision.rows.by_key.setdefault(key, images)
-                self.vision.rows.where.setdefault(key, rows.where[key])
+                if key in rows.where:
+                    self.vision.rows.where.setdefault(key, rows.where[key])
 
     def vision_inputs(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,

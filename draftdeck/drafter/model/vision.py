@@ -106,14 +106,17 @@ class ImageRows:
 class VisionInputs:
     """The image processor of a target folder and the rows' images: a batch's model inputs."""
 
-    def __init__(self, folder: Path, config: Any, rows: ImageRows, *, cached: int = 256):
+    def __init__(self, folder: Path, config: Any, rows: ImageRows, *, cached_bytes: int = 2**30):
         self.folder = folder
         self.rows = rows
         self.image_token_id = int(config.image_token_id)
         self.merge = int(config.vision_config.spatial_merge_size)
         self._processor: Any = None
         self._pixels: OrderedDict[Path, torch.Tensor] = OrderedDict()
-        self._cached = cached
+        # the processed pictures kept for the next forward that shows them, up to `cached_bytes` (a
+        # Qwen3.5 picture of 1,280 image tokens is ~31 MB of float32 patches)
+        self._cached_bytes = cached_bytes
+        self._held = 0
 
     @property
     def processor(self) -> Any:
@@ -146,8 +149,10 @@ class VisionInputs:
                 )
             got = out["pixel_values"]
             self._pixels[path] = got
-            if len(self._pixels) > self._cached:
-                self._pixels.popitem(last=False)
+            self._held += got.numel() * got.element_size()
+            while self._held > self._cached_bytes and len(self._pixels) > 1:
+                _, dropped = self._pixels.popitem(last=False)
+                self._held -= dropped.numel() * dropped.element_size()
         else:
             self._pixels.move_to_end(path)
         return got
