@@ -63,6 +63,13 @@ def tokenize(params: TokenizeParams, *, report: Path | None, workers: int) -> No
         f" in {result.extra.get('seconds', 0)} s",
         highlight=False,
     )
+    if result.counts.get("images"):  # a vision-language target's rows with images
+        console.print(
+            f"images: {result.counts['images']:,} in the rows, {result.counts['image_tokens']:,} image tokens"
+            f" (loss mask 0), stored once each under {out_dir / 'images'}",
+            highlight=False,
+            soft_wrap=True,
+        )
     for o in result.outputs:
         console.print(
             f"wrote {o.path}: {count(o.rows, 'rows')}, {binary_size(o.bytes)}, sha256 {o.sha256[:16]}",
