@@ -135,6 +135,16 @@ def test_train_on_rows_with_images(
     assert run["data"]["rows_with_images"] == sum(1 for r in rows if r.pictures)
     messages = [m for _, m, _, _ in ctx.events]
     assert any("with its vision tower" in m for m in messages)
+    # and decoded with the pictures in its prompts, lossless, for either kind
+    from draftdeck.drafter.eval.evaluate import run_eval
+    from draftdeck.drafter.eval.params import EvalParams
+
+    eval_ctx = LocalContext(tmp_path / "eval")
+    run_eval(EvalParams(inputs=[str(ds)], target=str(tiny_vlm), checkpoint=str(tmp_path / "run"),
+                        max_new_tokens=8, heldout_fraction=0.25, max_prompts=4), eval_ctx)  # fmt: skip
+    ev = json.loads((eval_ctx.out_dir / "eval.json").read_text())["eval"]
+    assert ev["lossless"] is True and ev["drafter"] == drafter
+    assert ev["by_modality"]["image"]["prompts"] > 0
 
 
 def _pad(folder: Path) -> int:
