@@ -396,3 +396,18 @@ def test_the_tokenize_command_says_what_it_stored(vlm: Path, pictures: list[Path
     tokens = sum(t * h * w // 4 for p in pictures[:2] for t, h, w in [_grid(vlm, p)]) * 2
     said = done.stdout + done.stderr
     assert f"images: 4 in the rows, {tokens:,} image tokens (loss mask 0)" in " ".join(said.split())
+
+
+def test_a_template_that_drops_image_parts_rejects_the_row_saying_so(
+    vlm: Path, pictures: list[Path], tmp_path: Path
+) -> None:
+    from draftdeck.chat.templates import CHATML_SIMPLE
+
+    template = tmp_path / "text_only.jinja"
+    template.write_text(CHATML_SIMPLE)  # renders a message's content only when it is a string
+    res = tokenize_rows(
+        [_image_row(pictures, 1)], TokenizeOptions(tokenizer=vlm, chat_template=template, workers=1)
+    )
+    assert res.report.rejected == {"template_error": 1}
+    (example,) = res.report.to_dict()["examples"]["template_error"]
+    assert example["reason"].startswith("the chat template rendered 0 <|image_pad|> for 2 image(s)")
