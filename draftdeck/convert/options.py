@@ -7,7 +7,12 @@ from dataclasses import dataclass, field
 from draftdeck.convert.placeholders import MODES, PlaceholderRule
 from draftdeck.errors import UsageError
 from draftdeck.formats.columns import check_mapping
-from draftdeck.formats.common import ParseOptions
+from draftdeck.formats.common import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    IMAGE_MODES,
+    ParseOptions,
+)
 from draftdeck.formats.detect import check_format_name
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.quality import Policy
@@ -42,6 +47,12 @@ class ConvertOptions:
     # see draftdeck.convert.parallel. Output and report are the same for any number of workers.
     workers: int = 1
     chunk_bytes: int = 4 << 20
+    # images in the rows (draftdeck.formats.image_parts): keep (read, check, store in images_dir) or
+    # reject (multimodal_content, for a text-only target); the limits of one image
+    images: str = "keep"
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    images_dir: str | None = None  # where kept images are stored (convert: images/ beside its output)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -65,6 +76,10 @@ class ConvertOptions:
             raise UsageError(f"tool_tags must be one of {', '.join(TOOL_TAGS)}, not {self.tool_tags!r}")
         if self.preference not in PREFERENCE:
             raise UsageError(f"preference must be one of {', '.join(PREFERENCE)}, not {self.preference!r}")
+        if self.images not in IMAGE_MODES:
+            raise UsageError(f"images must be one of {', '.join(IMAGE_MODES)}, not {self.images!r}")
+        if self.max_image_bytes < 1 or self.max_image_pixels < 1:
+            raise UsageError("the image limits (max_image_bytes, max_image_pixels) must be positive")
         if self.placeholders not in MODES:
             raise UsageError(f"placeholders must be one of {', '.join(MODES)}, not {self.placeholders!r}")
 
@@ -77,6 +92,10 @@ class ConvertOptions:
             preference=self.preference,
             columns=tuple(self.columns.items()),
             tags=tuple(self.tags.items()),
+            images=self.images,
+            max_image_bytes=self.max_image_bytes,
+            max_image_pixels=self.max_image_pixels,
+            images_dir=self.images_dir,
         )
 
     @property

@@ -124,7 +124,13 @@ def _apply(
 
 
 def _convert_whole(
-    rows: Iterable[RawRow], state: RowState, name: str, out: _Out, to: str, progress: Callable[[], None]
+    rows: Iterable[RawRow],
+    state: RowState,
+    name: str,
+    out: _Out,
+    to: str,
+    progress: Callable[[], None],
+    folder: str | None = None,
 ) -> None:
     """Convert, count and write the rows of a file read in this process, in order (the one-process
     convert's hot loop): a usual row is given to the fast path here and, when it takes it, counted and
@@ -169,7 +175,8 @@ def _convert_whole(
         )
         if took is None:
             flush()
-            for item in _apply(prepare_rows((row,), name, options, to, fast=False), state, name):
+            rows_out = prepare_rows((row,), name, options, to, fast=False, folder=folder)
+            for item in _apply(rows_out, state, name):
                 out.item(item)
             continue
         family, data, dkey = took
@@ -280,6 +287,7 @@ def write_converted(
                         out,
                         to,
                         partial(_progress_of, progress, reader, done_before, total),
+                        str(Path(f).resolve().parent),  # the rows' relative image paths' folder
                     )
                     done_before += reader.size or 0
                     progress(done_before, total, "bytes")

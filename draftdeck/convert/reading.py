@@ -74,6 +74,7 @@ def read_conversations(
             reader = open_file(f, max_row_bytes=opts.max_row_bytes)
             with reader:
                 name = reader.name
+                folder = str(Path(f).resolve().parent)  # what the rows' relative image paths are relative to
                 for i, row in enumerate(group_rows(reader, opts.max_row_bytes) if grouping else reader):
                     if i % PROGRESS_EVERY_ROWS == 0:
                         progress(done_before + reader.bytes_read, total, "bytes")
@@ -86,7 +87,7 @@ def read_conversations(
                             row.error, name, line, where_prefix(line, row.index, None) + (row.reason or "")
                         )
                         continue
-                    ctx = ParseContext(state.parse_options)
+                    ctx = ParseContext(state.parse_options, folder)
                     try:
                         family, convs = parse_row(row.value, ctx)
                     except RowRejected as exc:

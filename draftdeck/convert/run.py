@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from draftdeck.convert.options import ConvertOptions
 from draftdeck.convert.parallel import write_converted
 from draftdeck.convert.reading import read_conversations
 from draftdeck.errors import JobFailed, UsageError
+from draftdeck.formats.images import IMAGES_DIR
 from draftdeck.formats.writers import TARGETS, Writer
 from draftdeck.progress import Progress, no_progress
 from draftdeck.quality import Policy, Report, empty_output
@@ -58,6 +60,8 @@ def convert(
     opts = options or ConvertOptions()
     if policy is not None:
         opts.policy = policy
+    if opts.images_dir is None:  # kept images are stored once, in images/ beside the output
+        opts = replace(opts, images_dir=str(out.expanduser().resolve().parent / IMAGES_DIR))
     pol = opts.policy
     report = Report()
     started = time.monotonic()

@@ -75,10 +75,17 @@ Record = tuple[Any, ...]
 
 
 def prepare_rows(
-    rows: Iterable[RawRow], name: str, options: ConvertOptions, to: str, *, fast: bool = True
+    rows: Iterable[RawRow],
+    name: str,
+    options: ConvertOptions,
+    to: str,
+    *,
+    fast: bool = True,
+    folder: str | None = None,
 ) -> Iterator[Record]:
     """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state.
-    `fast`: try the fast path first (False: a caller that tried it already)."""
+    `fast`: try the fast path first (False: a caller that tried it already); `folder`: the input
+    file's, which the rows' relative image paths are relative to."""
     encoder = JSONL_ENCODERS[to]
     parse_options = options.parse_options()
     policy = options.policy
@@ -101,7 +108,7 @@ def prepare_rows(
         if took is not None:
             yield ("s", line, index, took[0], (took[1], took[2]))
             continue
-        ctx = ParseContext(parse_options)
+        ctx = ParseContext(parse_options, folder)
         try:
             family, convs = parse(row.value, ctx)
         except RowRejected as exc:
@@ -200,7 +207,7 @@ def work_chunk(
     lines, sizes, dkeys = array("Q"), array("Q"), array("Q")
     blob: list[bytes] = []
     others: list[Record] = []
-    for rec in prepare_rows(rows, name, opts, to):
+    for rec in prepare_rows(rows, name, opts, to, folder=str(Path(path).resolve().parent)):
         if rec[0] != "s":
             kinds.append(COMPLEX)
             others.append(rec)

@@ -11,7 +11,9 @@ Blocks, in order, become the canonical messages:
 - ``tool_use`` -> a tool call with its ``id``, ``name`` and ``input`` as the arguments.
 - ``tool_result`` (inside a user turn) -> a tool message answering ``tool_use_id``, its ``content`` a
   string or text blocks, ``is_error`` kept; text beside the results stays a user message, in order.
-- ``image`` / ``document`` -> ``multimodal_content``; any other block would be lost: ``lost_part``.
+- ``image`` -> an image of the message (its ``source``: base64 data; a URL, never fetched, is
+  ``image_url_unread``), an IMAGE_PLACEHOLDER in its text where it stood, in a tool result too;
+  ``document`` -> ``multimodal_content``; any other block would be lost: ``lost_part``.
 
 Tool definitions become OpenAI function tools (``input_schema`` -> ``parameters``), what chat
 templates render.
@@ -31,7 +33,8 @@ from draftdeck.formats.common import (
     text_of,
     train_flag,
 )
-from draftdeck.formats.model import Conversation, Message, ToolCall
+from draftdeck.formats.image_parts import anthropic_source
+from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation, ImageRef, Message, ToolCall
 from draftdeck.formats.openai import meta_of, system_text, with_system
 
 FAMILY = "anthropic"
@@ -81,21 +84,40 @@ def looks_like(value: dict[str, Any]) -> bool:
     return False
 
 
-def _result_text(content: Any, where: str, ctx: ParseContext) -> str:
-    """A tool_result's content: a string, or text blocks (an image in it is multimodal)."""
+def _image_block(block: dict[str, Any], where: str, ctx: ParseContext) -> ImageRef:
+    """An ``image`` block's image; refused as multimodal_content when the options refuse images."""
+    if ctx.options.images != "keep":
+        raise RowRejected(
+            "multimodal_content", f"{where} is an 'image' block; images are refused (--images reject)"
+        )
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise RowRejected("image_missing", f"{where} is an 'image' block without a source")
+    return anthropic_source(source, f"{where}.source", ctx)
+
+
+def _result(block: dict[str, Any], where: str, ctx: ParseContext) -> Message:
+    """A tool_result block as a tool message: its content a string, or text and image blocks."""
+    result = Message("tool")
+    content = block.get("content")
     if content is None or isinstance(content, str):
-        return content or ""
+        result.content = content or ""
+        return result
     blocks = content if isinstance(content, list) else [content]
     texts = []
-    for i, block in enumerate(blocks):
-        kind = block.get("type") if isinstance(block, dict) else None
+    for i, item in enumerate(blocks):
+        kind = item.get("type") if isinstance(item, dict) else None
         if kind == "text":
-            texts.append(text_of(block.get("text"), f"{where}[{i}].text", ctx))
+            texts.append(text_of(item.get("text"), f"{where}[{i}].text", ctx))
+        elif kind == "image":
+            result.images.append(_image_block(item, f"{where}[{i}]", ctx))
+            texts.append(IMAGE_PLACEHOLDER)
         elif kind in MEDIA_BLOCKS:
             raise RowRejected("multimodal_content", f"{where}[{i}] is a {kind!r} block")
         else:
-            ctx.warn("lost_part", f"{where}[{i}] is a {kind or type(block).__name__!r} block, not text")
-    return "".join(texts)
+            ctx.warn("lost_part", f"{where}[{i}] is a {kind or type(item).__name__!r} block, not text")
+    result.content = "".join(texts)
+    return result
 
 
 def _message(d: Any, where: str, ctx: ParseContext) -> list[Message]:
@@ -137,14 +159,15 @@ def _message(d: Any, where: str, ctx: ParseContext) -> list[Message]:
             )
         elif kind == "tool_result":
             call_id = block.get("tool_use_id")
-            result = Message("tool", _result_text(block.get("content"), f"{at}.content", ctx))
+            result = _result(block, f"{at}.content", ctx)
             result.tool_call_id = call_id if isinstance(call_id, str) else None
             result.is_error = block.get("is_error") is True
             turn.result(result)
+        elif kind == "image":
+            turn.current.images.append(_image_block(block, at, ctx))
+            turn.texts.append(IMAGE_PLACEHOLDER)
         elif kind in MEDIA_BLOCKS:
-            raise RowRejected(
-                "multimodal_content", f"{at} is a {kind!r} block; a text drafter cannot learn it"
-            )
+            raise RowRejected("multimodal_content", f"{at} is a {kind!r} block; no drafter here learns it")
         else:
             ctx.warn("lost_part", f"{at} is a {kind or type(block).__name__!r} block, which no reader keeps")
     return turn.messages(train_flag(d, where, ctx))

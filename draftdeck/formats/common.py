@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from draftdeck.formats.model import Message, ToolCall
+from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef, Message, ToolCall
 
 
 class RowRejected(Exception):
@@ -22,6 +22,15 @@ class RowRejected(Exception):
         super().__init__(reason)
         self.code = code
         self.reason = reason
+
+
+# 20 MiB: OpenAI's own limit on one image input; larger files are scans or raw photos that a processor
+# shrinks to a few megapixels anyway (draftdeck.formats.images checks both limits).
+DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# 8192 x 8192: far above what Qwen's processors keep (about 12.8 megapixels before resizing), and below
+# PIL's decompression-bomb guard (about 89 megapixels), which would otherwise warn first.
+DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192
+IMAGE_MODES = ("keep", "reject")
 
 
 @dataclass
@@ -39,16 +48,27 @@ class ParseOptions:
     # a declared mapping (draftdeck.formats.columns), as (key, field) pairs: it reads every row
     columns: tuple[tuple[str, str], ...] = ()
     tags: tuple[tuple[str, str], ...] = ()
+    # images in the rows (draftdeck.formats.image_parts): "keep" reads and checks them, "reject" refuses
+    # the row as multimodal_content (what a text-only target takes); the limits of one image; where to
+    # store them (None: checked, not stored)
+    images: str = "keep"
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    images_dir: str | None = None
 
 
 class ParseContext:
-    """Collects the warnings of one input row: (code, reason) pairs, each code counted once per row."""
+    """Collects the warnings of one input row: (code, reason) pairs, each code counted once per row.
+    `base_dir`: the input file's folder, which the row's relative image paths are relative to (None:
+    the working directory); `images`: set when a reader met an image, so the row's are checked."""
 
-    __slots__ = ("options", "warnings")
+    __slots__ = ("base_dir", "images", "options", "warnings")
 
-    def __init__(self, options: ParseOptions | None = None):
+    def __init__(self, options: ParseOptions | None = None, base_dir: str | None = None):
         self.options = options if options is not None else ParseOptions()
         self.warnings: dict[str, str] = {}
+        self.base_dir = base_dir
+        self.images = False
 
     def warn(self, code: str, reason: str) -> None:
         self.warnings.setdefault(code, reason)
@@ -120,19 +140,23 @@ class Parts:
     text: str = ""
     reasoning: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    images: list[ImageRef] = field(default_factory=list)  # one IMAGE_PLACEHOLDER in `text` each
 
 
 # image, image_url, input_image, audio, input_audio, video, video_url... (OpenAI, torchtune, HF)
 MEDIA_PART_PREFIXES = ("image", "input_image", "audio", "input_audio", "video", "input_video")
+IMAGE_PART_PREFIXES = ("image", "input_image")
 
 
 def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
     """OpenAI-style content: a string, None, or a list of typed parts.
 
     Part types: ``text`` (``text`` or ``value``), ``reasoning``/``thinking`` (to reasoning),
-    ``tool_call`` (a call as JSON text or object). Bare strings in the list are text. Image, audio
-    and video parts reject the row as multimodal_content (a text drafter cannot learn from them);
-    any other part would be lost: ``lost_part``, which rejects the row unless a policy says otherwise.
+    ``tool_call`` (a call as JSON text or object). Bare strings in the list are text. Image parts
+    become the message's images, each an IMAGE_PLACEHOLDER in the text where it stood
+    (:mod:`draftdeck.formats.image_parts`; with ``images="reject"`` they reject the row as
+    multimodal_content, as audio and video parts always do: no drafter here learns from them); any
+    other part would be lost: ``lost_part``, which rejects the row unless a policy says otherwise.
     """
     if isinstance(content, str):
         return Parts(content)
@@ -161,10 +185,16 @@ def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
         elif kind in ("tool_call", "function_call"):
             raw = part.get("value", part.get("tool_call", part.get("function")))
             parts.tool_calls.extend(parse_tool_call_value(raw, f"{where}.content[{i}]", ctx))
+        elif isinstance(kind, str) and kind.startswith(IMAGE_PART_PREFIXES) and ctx.options.images == "keep":
+            from draftdeck.formats.image_parts import image_part  # (it reads RowRejected from here)
+
+            parts.images.append(image_part(part, kind, f"{where}.content[{i}]", ctx))
+            texts.append(IMAGE_PLACEHOLDER)
         elif isinstance(kind, str) and kind.startswith(MEDIA_PART_PREFIXES):
             raise RowRejected(
                 "multimodal_content",
-                f"{where}.content[{i}] is a {kind!r} part; a text drafter cannot learn from it",
+                f"{where}.content[{i}] is a {kind!r} part; no drafter here learns from it"
+                + (" (images are refused: --images reject)" if kind.startswith(IMAGE_PART_PREFIXES) else ""),
             )
         else:
             ctx.warn("lost_part", f"{where}.content[{i}] is a {kind!r} part, which no reader keeps")

@@ -25,10 +25,11 @@ overlap:
    instruct default) -> query_response
 6. ``prompt`` / ``question`` / ``instruction`` / ``turns`` alone -> prompt (prompt-only)
 
-Anything else raises RowRejected("unknown_format") naming the keys the row had. A row that points at
-images, audio or video (LLaVA's ``image``, ms-swift's and LLaMA-Factory's ``images``/``audios``/
-``videos`` lists beside ``<image>`` placeholders in the text) is refused as ``multimodal_content``
-whatever its shape: a text drafter would learn the placeholder, not the picture.
+Anything else raises RowRejected("unknown_format") naming the keys the row had. A row's images (LLaVA's
+``image``, ms-swift's and LLaMA-Factory's ``images`` list beside ``<image>`` placeholders in the text,
+image content parts) are read into its messages and checked, whatever its shape
+(:mod:`draftdeck.formats.image_parts`); a row with audio or video (``audios``/``videos`` lists, such
+parts), or with images when the options refuse them, is refused as ``multimodal_content``.
 
 ``ParseOptions.from_format`` forces one shape: the row is read by that shape's parser when it has
 that shape's keys, and rejected as ``format_mismatch`` (naming what the shape needs and what the row
@@ -50,6 +51,7 @@ from draftdeck.formats import (
     gemini,
     glaive,
     hermes,
+    image_parts,
     openai,
     pairs,
     preference,
@@ -370,11 +372,20 @@ def parse(value: Any, ctx: ParseContext) -> tuple[str, list[Conversation]]:
         value = list_row(value)
     if not isinstance(value, dict):
         raise RowRejected("not_an_object", f"a JSON {type(value).__name__}, not an object")
-    media = media_of(value)
-    if media is not None:
-        raise RowRejected(
-            "multimodal_content", f"the row holds {media}; a text drafter cannot learn from them"
-        )
+    row_images = None
+    if not value.keys().isdisjoint(_MEDIA_KEY_SET):
+        media = media_of(value)
+        if media is not None:
+            value, row_images = image_parts.row_media(value, ctx, media)
+    family, convs = _parse_object(value, ctx)
+    if row_images:
+        image_parts.attach_row_images(convs, row_images)
+    if ctx.images:
+        image_parts.check_row(convs, ctx)
+    return family, convs
+
+
+def _parse_object(value: dict[str, Any], ctx: ParseContext) -> tuple[str, list[Conversation]]:
     if ctx.options.columns:  # declared by the user: it reads the row, detection does not
         return columns.FAMILY, columns.parse_mapped(value, ctx)
     forced = ctx.options.from_format

@@ -32,21 +32,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, unquote_to_bytes, urlparse
 
-from draftdeck.formats.common import RowRejected
+from draftdeck.formats.common import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, RowRejected
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef, Message
 
-# 20 MiB: OpenAI's own limit on one image input; larger files are scans or raw photos that a
-# processor shrinks to a few megapixels anyway.
-DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
-# 8192 x 8192: far above what Qwen's processors keep (about 12.8 megapixels before resizing), and
-# below PIL's decompression-bomb guard (about 89 megapixels), which would otherwise warn first.
-DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192
-
-# The folder of stored images beside a dataset's output (a file's is "<out>.images" for a single file)
+# The folder of stored images beside a written file (convert's output) or a dataset's shards: one folder
+# per place, shared by every file written there (content-addressed: nothing in it is duplicated), and
+# the name LLaMA-Factory's datasets use. Written rows point at ``images/<sha256>.<ext>``.
 IMAGES_DIR = "images"
 
-# PIL's format name -> the extension a stored file gets (PIL's own name, lower-cased, for the rest)
-_EXTENSIONS = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "WEBP": "webp", "BMP": "bmp", "TIFF": "tiff"}
 # What a browser shows in an <img> (the sample page serves only these)
 BROWSER_EXTENSIONS = frozenset({"jpg", "png", "gif", "webp", "bmp"})
 _REMOTE_SCHEMES = ("http", "https", "ftp", "s3", "gs", "hf", "az", "abfs")
@@ -75,14 +68,15 @@ class CheckedImage:
     height: int
 
     @property
-    def ext(self) -> str:
-        return _EXTENSIONS.get(self.format, self.format.lower())
-
-    @property
     def mime(self) -> str:
         from PIL import Image
 
-        return Image.MIME.get(self.format, f"image/{self.ext}")
+        Image.init()  # PIL fills its MIME table as it loads its format plugins
+        return Image.MIME.get(self.format) or f"image/{self.format.lower()}"
+
+    @property
+    def ext(self) -> str:
+        return extension_of(self.mime)
 
     @property
     def name(self) -> str:
@@ -231,45 +225,69 @@ def _magic(data: bytes) -> str:
 
 
 def check(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str = "image") -> CheckedImage:
-    """Load and check one image; set `ref.sha256` and `ref.mime` (the real format's, not the declared
-    one) from what was found. Raises RowRejected with one of the image codes."""
-    checked = check_bytes(image_bytes(ref, limits, where), limits, f"{where} ({describe(ref)})")
-    ref.sha256 = checked.sha256
-    ref.mime = checked.mime
-    return checked
-
-
-def check_messages(messages: list[Message], limits: ImageLimits = DEFAULT_LIMITS, where: str = "row") -> int:
-    """Check every image of a conversation, and that each message has as many IMAGE_PLACEHOLDERs as
-    images (``image_placeholder_mismatch``). Returns the number of images."""
-    n = 0
-    for i, msg in enumerate(messages):
-        placeholders = msg.content.count(IMAGE_PLACEHOLDER)
-        if msg.images and placeholders != len(msg.images):
-            raise RowRejected(
-                "image_placeholder_mismatch",
-                f"{where} message {i} ({msg.role}) has {len(msg.images)} image(s) and "
-                f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s)",
-            )
-        for j, ref in enumerate(msg.images):
-            check(ref, limits, f"{where} message {i} image {j}")
-            n += 1
-    return n
+    """Load and check one image (`ref` is left as it is: its sha256 names a stored file, which only
+    :func:`store` writes). Raises RowRejected with one of the image codes."""
+    return check_bytes(image_bytes(ref, limits, where), limits, f"{where} ({describe(ref)})")
 
 
 def has_images(messages: list[Message]) -> bool:
     return any(m.images for m in messages)
 
 
+def check_placeholders(messages: list[Message], where: str = "") -> None:
+    """In a conversation with images, every message has as many IMAGE_PLACEHOLDERs as images, or no one
+    can say which image goes where: ``image_placeholder_mismatch``. (Without images, a literal
+    "<image>" is text.)"""
+    if not has_images(messages):
+        return
+    for i, msg in enumerate(messages):
+        placeholders = msg.content.count(IMAGE_PLACEHOLDER)
+        if placeholders != len(msg.images):
+            raise RowRejected(
+                "image_placeholder_mismatch",
+                f"{where}message {i} ({msg.role}) has {len(msg.images)} image(s) and "
+                f"{placeholders} {IMAGE_PLACEHOLDER} placeholder(s)",
+            )
+
+
+def check_messages(
+    messages: list[Message],
+    limits: ImageLimits = DEFAULT_LIMITS,
+    where: str = "",
+    folder: str | Path | None = None,
+) -> int:
+    """Check a conversation's placeholders and every image; with `folder`, store each there (see
+    :func:`store`). Returns the number of images. `where` prefixes the reasons."""
+    check_placeholders(messages, where)
+    n = 0
+    for i, msg in enumerate(messages):
+        for j, ref in enumerate(msg.images):
+            checked = check(ref, limits, f"{where}image {j + 1} of message {i} ({msg.role})")
+            if folder is not None:
+                _stored(ref, checked, folder)
+            n += 1
+    return n
+
+
 # -- the content-addressed store -------------------------------------------------------------------
 def store(ref: ImageRef, folder: str | Path, limits: ImageLimits = DEFAULT_LIMITS) -> str:
-    """Write the image once as ``<folder>/<sha256>.<ext>`` and return that name (`ref.sha256` set).
+    """Write the image once as ``<folder>/<sha256>.<ext>`` and return that name; `ref.sha256` and
+    `ref.mime` then name the stored file (its real format, whatever the source declared).
 
     Atomic: the bytes go to a temporary file in `folder`, then take the name with os.replace, so a
-    reader never sees half a file and two writers of the same image leave one. An existing file of that
-    name is the same content (the name is its hash): it is not written again."""
-    checked = check(ref, limits)
-    return store_checked(checked, folder)
+    reader never sees half a file and two writers of the same image (two worker processes) leave one.
+    An existing file of that name is the same content (the name is its hash): it is not written again,
+    and an image already stored there is not even read again."""
+    name = stored_name(ref)
+    if name is not None and (Path(folder) / name).is_file():
+        return name
+    return _stored(ref, check(ref, limits), folder)
+
+
+def _stored(ref: ImageRef, checked: CheckedImage, folder: str | Path) -> str:
+    name = store_checked(checked, folder)
+    ref.sha256, ref.mime = checked.sha256, checked.mime
+    return name
 
 
 def store_checked(checked: CheckedImage, folder: str | Path) -> str:
@@ -290,6 +308,21 @@ def store_checked(checked: CheckedImage, folder: str | Path) -> str:
     return name
 
 
+def stored_name(ref: ImageRef) -> str | None:
+    """The name of the file :func:`store` wrote for `ref` (None: not stored)."""
+    if ref.sha256 is None:
+        return None
+    return f"{ref.sha256}.{extension_of(ref.mime)}"
+
+
+def extension_of(mime: str | None) -> str:
+    """The stored file's extension for a (real, sniffed) mime type."""
+    sub = (mime or "").partition("/")[2].lower()
+    return {"jpeg": "jpg", "mpo": "jpg", "x-ms-bmp": "bmp", "x-icon": "ico", "vnd.microsoft.icon": "ico"}.get(
+        sub, sub
+    ) or "bin"
+
+
 def is_stored_name(name: str) -> bool:
     """Whether `name` has the shape of a stored image's name (a sha256 in hex, a dot, an extension):
     what the sample page's image route serves, and nothing else."""
@@ -300,15 +333,25 @@ def is_stored_name(name: str) -> bool:
         and all(c in "0123456789abcdef" for c in stem)
         and 1 <= len(ext) <= 5
         and ext.isalnum()
+        and ext.isascii()
         and ext.islower()
     )
 
 
-def images_folder_for(output: str | Path) -> Path:
-    """Where a written file's images go: ``<output>.images/`` beside it (a dataset folder's shards use
-    ``<folder>/images/``), so moving the file and its folder together keeps every link."""
-    output = Path(output)
-    return output.parent / f"{output.name}.{IMAGES_DIR}"
+def address(ref: ImageRef) -> str:
+    """What a writer puts where the image goes: ``images/<name>`` (relative to the written file's
+    folder) once stored there, else the source's own address (its absolute path, its URL, or a data
+    URI of its bytes)."""
+    name = stored_name(ref)
+    if name is not None:
+        return f"{IMAGES_DIR}/{name}"
+    if ref.path is not None:
+        return ref.path
+    if ref.url is not None:
+        return ref.url
+    return (
+        f"data:{ref.mime or 'application/octet-stream'};base64,{base64.b64encode(ref.data or b'').decode()}"
+    )
 
 
 def to_pil(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS) -> Any:

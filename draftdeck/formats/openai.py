@@ -1,8 +1,10 @@
 """OpenAI chat messages: ``{"messages": [{"role", "content", ...}], "tools"?}``.
 
 Content may be a string or typed parts (``{type: text, text|value}``, reasoning parts, tool_call
-parts). Assistant reasoning comes from ``reasoning_content`` / ``reasoning`` / reasoning parts, or a
-leading ``<think>...</think>`` block in the text. Tool calls from ``tool_calls`` (or the legacy
+parts, image parts: see :mod:`draftdeck.formats.image_parts`; a message's own ``images`` list beside
+``<image>`` placeholders in its text is read too). Assistant reasoning comes from
+``reasoning_content`` / ``reasoning`` / reasoning parts, or a leading ``<think>...</think>`` block in
+the text. Tool calls from ``tool_calls`` (or the legacy
 ``function_call``); tool results have role ``tool`` (legacy ``function``) and ``tool_call_id``. The
 legacy top-level ``functions`` list is the row's tools when it has no ``tools``.
 """
@@ -25,6 +27,7 @@ from draftdeck.formats.common import (
     text_of,
     tool_call_from_dict,
 )
+from draftdeck.formats.image_parts import message_images
 from draftdeck.formats.model import Conversation, Message
 
 FAMILY = "openai"
@@ -42,6 +45,7 @@ MESSAGE_KEYS = frozenset(
         "function_call",
         "tool_call_ids",
         "value",
+        "images",
         *EXTRA_KEYS,
     }
 )
@@ -64,7 +68,9 @@ def parse_message(d: Any, where: str, ctx: ParseContext, role_map: dict[str, str
     if content is None and "value" in d:  # mixed conventions: OpenAI's role with ShareGPT's value
         content = d["value"]
     parts = parse_content(content, where, ctx)
-    msg = Message(role=role, content=parts.text)  # type: ignore[arg-type]
+    msg = Message(role=role, content=parts.text, images=parts.images)  # type: ignore[arg-type]
+    if "images" in d:
+        message_images(d, msg, where, ctx)
     reasoning = reasoning_of(d, where, ctx)
     msg.reasoning = reasoning if reasoning is not None else parts.reasoning
     calls = list(parts.tool_calls)

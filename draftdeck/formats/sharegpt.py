@@ -11,6 +11,9 @@
 - The same from/value turns under ``messages`` (LLaMA-Factory's sharegpt columns renamed) read the same.
 - Turns that mix the conventions read as what they mean: ``from`` with ``content``, ``role`` with
   ``value``.
+- LLaMA-Factory's multimodal rows: ``<image>`` placeholders in the turns and an ``images`` list of
+  paths relative to the file (read by :mod:`draftdeck.formats.detect` for every shape: see
+  :mod:`draftdeck.formats.image_parts`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from draftdeck.formats.common import (
     text_of,
     tool_call_from_dict,
 )
+from draftdeck.formats.image_parts import message_images
 from draftdeck.formats.model import Conversation, Message
 
 FAMILY = "sharegpt"
@@ -51,6 +55,7 @@ TURN_KEYS = frozenset(
         "tool_calls",
         "tool_call_id",
         "name",
+        "images",
         *EXTRA_KEYS,
     }
 )
@@ -84,6 +89,8 @@ def parse_turn(d: Any, where: str, ctx: ParseContext, messages: list[Message]) -
             messages.append(Message(role="assistant", content="", tool_calls=calls))
         return
     msg = Message(role=role, content=text_of(value, f"{where}.value", ctx))  # type: ignore[arg-type]
+    if "images" in d:
+        message_images(d, msg, where, ctx)
     msg.reasoning = reasoning_of(d, where, ctx)
     tc = d.get("tool_calls")
     if isinstance(tc, list):

@@ -12,8 +12,15 @@ Shapes written:
   ``from``/``value``). Tool calls stay structured on the ``gpt`` turn (``tool_calls``), reasoning as
   ``reasoning_content``, so the chat template renders them; nothing is folded into text.
 - ``parquet``: columns ``messages`` (list of structs: role, content, reasoning, tool_calls, tool_call_id,
-  name, weight, redacted_reasoning, is_error, token_ids), ``tools`` and ``meta`` (JSON text: their shapes
-  vary per row), ``source_format``.
+  name, weight, redacted_reasoning, is_error, token_ids, images), ``tools`` and ``meta`` (JSON text:
+  their shapes vary per row), ``source_format``.
+
+Images (a message's ``images``, an IMAGE_PLACEHOLDER in its text each) are stored once, content-addressed,
+in ``images/`` beside the written file (:func:`draftdeck.formats.images.store`), and each format points
+at them relative to the file: OpenAI writes the message's content as parts (text, then ``{"type":
+"image_url", "image_url": {"url": "images/<sha256>.<ext>"}}`` where each placeholder stood); ShareGPT
+keeps the placeholders and lists the images on the row (``"images": [...]``, LLaMA-Factory's shape);
+Parquet keeps the placeholders and lists each message's images in its ``images`` field.
 
 Every row says where it came from: ``draftdeck_source: {"file", "row"}`` (a top-level key in JSONL,
 inside ``meta`` in Parquet; trainers ignore it), the original file and row even after several
@@ -40,7 +47,15 @@ from typing import IO, TYPE_CHECKING, Any
 import orjson
 
 from draftdeck.fileio import atomic_output, sha256_file
-from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, SourceRef, ToolCall
+from draftdeck.formats.images import IMAGES_DIR, address, has_images, store
+from draftdeck.formats.model import (
+    IMAGE_PLACEHOLDER,
+    PROVENANCE_KEY,
+    Conversation,
+    Message,
+    SourceRef,
+    ToolCall,
+)
 from draftdeck.quality import Output, Report
 
 if TYPE_CHECKING:
@@ -140,15 +155,36 @@ def _record(
 ) -> dict[str, Any]:
     """One output row: the turns under `key`, each `{role_key: role, text_key: text}` plus extras."""
     turns = []
+    row_images: list[str] = []
     for m in conv.messages:
-        d = {role_key: role_name[m.role] if role_name else m.role, text_key: m.content}
+        d: dict[str, Any] = {role_key: role_name[m.role] if role_name else m.role, text_key: m.content}
+        if m.images:
+            if role_name is None:  # OpenAI: the text and images as content parts, in order
+                d[text_key] = content_parts(m)
+            else:  # ShareGPT: LLaMA-Factory's placeholders, the images listed on the row
+                row_images.extend(address(ref) for ref in m.images)
         turns.append(_message_extras(d, m) if _has_extras(m) else d)
     out: dict[str, Any] = {key: turns}
     if conv.tools:
         out["tools"] = conv.tools
     if conv.meta:
         _meta(conv, out, report)
+    if row_images:
+        out["images"] = row_images
     return _with_provenance(conv, out)
+
+
+def content_parts(m: Message) -> list[dict[str, Any]]:
+    """A message with images as OpenAI content parts: its text split at each IMAGE_PLACEHOLDER, an
+    ``image_url`` part there (the stored file, relative to the written file; see images.address)."""
+    parts: list[dict[str, Any]] = []
+    pieces = m.content.split(IMAGE_PLACEHOLDER)
+    for i, piece in enumerate(pieces):
+        if piece:
+            parts.append({"type": "text", "text": piece})
+        if i < len(m.images):
+            parts.append({"type": "image_url", "image_url": {"url": address(m.images[i])}})
+    return parts
 
 
 def _with_provenance(conv: Conversation, out: dict[str, Any]) -> dict[str, Any]:
@@ -201,6 +237,7 @@ def parquet_schema() -> pa.Schema:
                             pa.field("redacted_reasoning", pa.string()),
                             pa.field("is_error", pa.bool_()),
                             pa.field("token_ids", pa.list_(pa.int32())),
+                            pa.field("images", pa.list_(pa.string())),
                         ]
                     )
                 ),
@@ -237,6 +274,7 @@ def to_parquet_row(conv: Conversation) -> dict[str, Any]:
                 "redacted_reasoning": m.redacted_reasoning,
                 "is_error": m.is_error or None,
                 "token_ids": m.token_ids,
+                "images": [address(ref) for ref in m.images] if m.images else None,
             }
             for m in conv.messages
         ],
@@ -294,6 +332,11 @@ class Writer:
         return self
 
     def write(self, conv: Conversation) -> None:
+        if has_images(conv.messages):  # stored once beside the file (already there: not read again)
+            folder = self.path.parent / IMAGES_DIR
+            for m in conv.messages:
+                for ref in m.images:
+                    store(ref, folder)
         self.rows += 1
         if self._pq is not None:
             self._rows.append(to_parquet_row(conv))

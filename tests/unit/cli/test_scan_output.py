@@ -88,13 +88,14 @@ def test_preflight_figures_are_printed(tmp_path: Path) -> None:
     assert ["openai", "│", "4"] in rows and ["instruction_response", "│", "1"] in rows
     assert "convert would keep 4 of 7 rows" in r.stdout
     assert "convert would reject" in r.stdout.splitlines()
-    assert f"no_assistant_turn  │    1 │ {target}:4: no assistant message" in r.stdout
+    assert f"no_assistant_turn │    1 │ {target}:4: no assistant message" in r.stdout
+    missing = target.parent / "x.png"  # images are read (relative to the file) and checked
     assert (
-        f"multimodal_content │    1 │ {target}:6: the row holds images (1) and placeholders 1 <image>"
-        in r.stdout
+        f"image_missing     │    1 │ {target}:6: image 1 of message 0 (user): no image file at {missing}"
+        in (r.stdout)
     )
     assert (
-        f"unknown_format     │    1 │ {target}:7: no known chat shape has the keys: [bold]odd[/]" in r.stdout
+        f"unknown_format    │    1 │ {target}:7: no known chat shape has the keys: [bold]odd[/]" in r.stdout
     )
     assert "prompt-only rows: 1 " in r.stdout
     assert ["'sure'", "│", "3", "│", "kept"] in rows

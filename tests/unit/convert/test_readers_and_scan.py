@@ -240,7 +240,12 @@ class TestScanPreflight:
         assert report.rejected == converted.rejected
         assert report.formats == converted.formats
         report.check_accounting()
-        assert report.rejected == {"placeholder_response": 40, "multimodal_content": 3, "not_an_object": 1}
+        assert report.rejected == {
+            "placeholder_response": 40,
+            "multimodal_content": 1,  # audio
+            "image_missing": 2,  # multimodal.jsonl's images are not there
+            "not_an_object": 1,
+        }
         assert report.formats == {
             "openai": 46,
             "instruction_response": 2,
@@ -251,9 +256,10 @@ class TestScanPreflight:
         assert ph["flagged"] == {"answers": ["ok"], "rows": 40}
         assert ph["candidates"] == [{"answer": "yes", "rows": 3}]
         codes = {item["code"]: item for item in report.extra["would_reject"]}
-        assert codes["multimodal_content"]["rows"] == 3
-        assert "image (1)" in codes["multimodal_content"]["example"]["reason"]
-        assert codes["multimodal_content"]["example"]["row"] == 49
+        assert codes["image_missing"]["rows"] == 2
+        assert "coco/train2017/000000033471.jpg" in codes["image_missing"]["example"]["reason"]
+        assert codes["image_missing"]["example"]["row"] == 49
+        assert "audios (1)" in codes["multimodal_content"]["example"]["reason"]
         assert report.extra["prompt_only"] == 0
         assert report.extra["would_keep"] == report.rows_out == 3 + 1 + 2 + 2 + 1 + 2
 

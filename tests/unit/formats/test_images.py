@@ -58,8 +58,11 @@ class TestChecks:
         path = write_image(tmp_path / "photo.png", fmt="JPEG")  # a JPEG under a .png name
         ref = ImageRef(path=str(path), mime="image/png")
         checked = check(ref)
-        assert (checked.format, checked.ext, ref.mime) == ("JPEG", "jpg", "image/jpeg")
-        assert ref.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert (checked.format, checked.ext, checked.mime) == ("JPEG", "jpg", "image/jpeg")
+        assert checked.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert ref.sha256 is None  # not stored: nothing names a file yet
+        name = store(ref, tmp_path / "images")
+        assert (name, ref.sha256, ref.mime) == (f"{checked.sha256}.jpg", checked.sha256, "image/jpeg")
         assert (checked.width, checked.height) == (8, 6)
 
     def test_missing_unreadable_and_truncated(self, tmp_path: Path):

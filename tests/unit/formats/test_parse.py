@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -141,24 +142,27 @@ class TestOpenAI:
         _, _, warnings = _parse({"messages": [{"role": "user", "content": "x", "tokens_used": 3}]})
         assert "tokens_used" in warnings["unrepresentable_field"]
 
-    def test_image_part_rejects_the_row_as_multimodal(self) -> None:
-        # a text drafter cannot learn from a picture: leaving the part out silently trained on half a turn
-        with pytest.raises(RowRejected) as exc:
-            _parse(
+    def test_image_part_is_read_or_refused_by_name(self, tmp_path: Path) -> None:
+        # images refused (a text target): the row is multimodal, never half a turn trained without it
+        row = {
+            "messages": [
                 {
-                    "messages": [
-                        {
-                            "role": "user",
-                            "content": [
-                                {"type": "image_url", "image_url": {"url": "x"}},
-                                {"type": "text", "text": "what?"},
-                            ],
-                        }
-                    ]
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": "x.png"}},
+                        {"type": "text", "text": "what?"},
+                    ],
                 }
-            )
+            ]
+        }
+        with pytest.raises(RowRejected) as exc:
+            _parse(row, images="reject")
         assert exc.value.code == "multimodal_content"
         assert "messages[0].content[0]" in exc.value.reason and "image_url" in exc.value.reason
+        # kept (the default): the image is read, relative to the file's folder; here it is not there
+        with pytest.raises(RowRejected) as exc:
+            parse(row, ParseContext(ParseOptions(), base_dir=str(tmp_path)))
+        assert exc.value.code == "image_missing" and str(tmp_path / "x.png") in exc.value.reason
 
 
 class TestShareGPT:
@@ -452,10 +456,19 @@ class TestShapesPeopleWrite:
             (audio, ["audios (1)", "1 <audio>"]),
         ):
             with pytest.raises(RowRejected) as exc:
-                _parse(row)
+                _parse(row, images="reject")
             assert exc.value.code == "multimodal_content"
             for text in found:
                 assert text in exc.value.reason
+        # images kept (the default): audio is still refused; the images are read, and not there
+        for row, code, named in (
+            (llava, "image_missing", "coco/train2017/000000033471.jpg"),
+            (two_images, "image_missing", "a.jpg"),
+            (audio, "multimodal_content", "audios (1)"),
+        ):
+            with pytest.raises(RowRejected) as exc:
+                _parse(row)
+            assert exc.value.code == code and named in exc.value.reason
         family, [conv], _ = _parse(no_media)  # an empty images list is a text row
         assert family == "openai" and conv.has_assistant
 

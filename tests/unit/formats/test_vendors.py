@@ -46,7 +46,7 @@ def _shape(conv: Conversation) -> list[tuple[Any, ...]]:
 
 # name -> (rows in, rows kept, formats, rejected, warnings)
 EXPECTED = {
-    "anthropic.jsonl": (5, 3, {"anthropic": 4}, {"multimodal_content": 1, "lost_part": 1},
+    "anthropic.jsonl": (5, 3, {"anthropic": 4}, {"image_unreadable": 1, "lost_part": 1},
                         {"redacted_reasoning": 1}),
     "gemini.jsonl": (5, 3, {"gemini": 4}, {"multimodal_content": 1, "lost_part": 1}, {}),
     "glaive.jsonl": (3, 3, {"glaive": 3}, {}, {"invalid_tool_arguments": 1}),
