@@ -17,7 +17,10 @@ from draftdeck.jobs.params import (
     build_policy,
     columns_field,
     from_format_field,
+    images_field,
     inputs_field,
+    max_image_bytes_field,
+    max_image_pixels_field,
     max_rejected_field,
     max_row_bytes_field,
     out_file_field,
@@ -74,6 +77,9 @@ class ConvertParams(JobParams):
         " on this many different prompts",
     )  # fmt: skip
     max_row_bytes: int = max_row_bytes_field()
+    images: Literal["keep", "reject"] = images_field()
+    max_image_bytes: int = max_image_bytes_field()
+    max_image_pixels: int = max_image_pixels_field()
     input_paths: ClassVar[tuple[str, ...]] = ("inputs", "policy_file")
     output_paths: ClassVar[tuple[str, ...]] = ("out",)
     essentials: ClassVar[tuple[str, ...]] = ("to", "allow_prompt_only", "placeholders")

@@ -30,6 +30,7 @@ from pydantic import (
 
 from draftdeck.errors import PathNotAllowedError, PolicyError
 from draftdeck.formats.columns import check_columns, check_tags
+from draftdeck.formats.common import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.paths import check_path_text, resolve_in_roots, resolve_user_path
 from draftdeck.quality import LOSSES, Policy
@@ -87,6 +88,30 @@ def tags_field() -> Any:
         description="the keys of a `messages` column's turns (KEY=VALUE; keys: role_tag, content_tag,"
         " user_tag, assistant_tag, system_tag, observation_tag, function_tag)",
     )
+
+
+def images_field() -> Any:
+    """`images`: what a row's images become (the kinds reading chat rows into an output that holds them)."""
+    return Field(
+        default="keep",
+        description="rows with images: keep them (each checked, stored once in images/ beside the output)"
+        " or reject them as multimodal_content (data for a text-only target)",
+    )
+
+
+def max_image_bytes_field() -> Any:
+    return Field(
+        default=DEFAULT_MAX_IMAGE_BYTES, gt=0, le=1 << 30,
+        description="an image file above this size is rejected as image_too_large (default 20 MiB)",
+    )  # fmt: skip
+
+
+def max_image_pixels_field() -> Any:
+    return Field(
+        default=DEFAULT_MAX_IMAGE_PIXELS, gt=0, le=1 << 32,
+        description="an image of more pixels (width x height) is rejected as image_too_large"
+        " (default 8192 x 8192)",
+    )  # fmt: skip
 
 
 def max_row_bytes_field() -> Any:

@@ -197,3 +197,27 @@ def test_workers_write_what_one_process_writes(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "two" / "images").iterdir()) == sorted(
         p.name for p in (tmp_path / "one" / "images").iterdir()
     )
+
+
+def test_the_convert_command_keeps_or_refuses_images(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from app.cli.main import app
+
+    path, _ = _mixed_file(tmp_path)
+    refused = CliRunner().invoke(
+        app, ["convert", str(path), "--out", str(tmp_path / "text.jsonl"), "--images", "reject",
+              "--max-rejected", "1", "--report", str(tmp_path / "r.json")],
+    )  # fmt: skip
+    assert refused.exit_code == 0, refused.output
+    report = orjson.loads((tmp_path / "r.json").read_bytes())
+    assert report["rows_out"] == 1 and report["rejected"] == {"multimodal_content": 11}
+    assert not (tmp_path / "images").exists()
+    small = CliRunner().invoke(
+        app, ["convert", str(path), "--out", str(tmp_path / "kept.jsonl"), "--max-image-pixels", "47",
+              "--max-rejected", "1", "--report", str(tmp_path / "k.json")],
+    )  # fmt: skip
+    assert small.exit_code == 0, small.output
+    report = orjson.loads((tmp_path / "k.json").read_bytes())
+    assert report["rows_out"] == 2 and report["rejected"]["image_too_large"] == 5
+    assert len(list((tmp_path / "images").iterdir())) == 1  # the inline image, the one kept
