@@ -22,6 +22,7 @@ from sqlmodel import Session
 from app.settings import get_settings
 from app.store import records
 from draftdeck.kinds import get_kind
+from draftdeck.shards.store import IMAGES_DIR, MANIFEST
 from draftdeck.tokenize.chunks import shard_name
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,9 @@ def remove_partial_files(session: Session, job_id: int) -> list[Path]:
     for out in _outputs(job.kind, job.params, job_dir):
         if out.is_dir():
             removed += _unlink(p for p in out.iterdir() if p.is_file() and _partial_in_folder(p.name))
+            if (out / IMAGES_DIR).is_dir() and not (out / MANIFEST).exists():  # a tokenize job's pictures
+                shutil.rmtree(out / IMAGES_DIR, ignore_errors=True)
+                removed.append(out / IMAGES_DIR)
         elif out.parent.is_dir():
             removed += _unlink(out.parent.glob(f"{TMP}*-{out.name}"))
     if removed:

@@ -95,6 +95,7 @@ def keep_done_chunks(session: Session, job_id: int, parts: Path) -> int:
         kept.mkdir(parents=True, exist_ok=True)
         shutil.move(shard, kept / shard.name)
         shutil.move(stats, kept / stats.name)
+        _move_images(shard.parent, kept)  # the pictures the chunks' rows name (a dataset with images)
         row.shard_path = str(kept / shard.name)
         row.report = {**(row.report or {}), "stats_path": str(kept / stats.name)}
         session.add(row)
@@ -109,6 +110,21 @@ def keep_done_chunks(session: Session, job_id: int, parts: Path) -> int:
             f"kept {n} done chunks in {kept} for a retry (Retry reuses them; deleted after {hours:g} h)",
         )  # fmt: skip
     return n
+
+
+def _move_images(src: Path, dest: Path) -> None:
+    """Move the image files of `src`/images/ into `dest`/images/ (a name already there is the same
+    picture: its name is its sha256). Chunks of a dataset with images put their pictures there."""
+    from draftdeck.shards.store import IMAGES_DIR
+
+    folder = src / IMAGES_DIR
+    if not folder.is_dir():
+        return
+    (dest / IMAGES_DIR).mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.is_file() and not f.name.startswith(".") and not (dest / IMAGES_DIR / f.name).exists():
+            shutil.move(f, dest / IMAGES_DIR / f.name)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # -- 2. the retry takes them over -----------------------------------------------------------------
@@ -147,6 +163,7 @@ def take_over(session: Session, job_id: int, out: Path, parts: Path) -> Reuse:
     if (kept / FALLBACK).is_file():
         parts.mkdir(parents=True, exist_ok=True)
         shutil.copy(kept / FALLBACK, parts / FALLBACK)
+    _move_images(kept, out)  # the reused chunks' pictures; the final step drops those no row names
     problems: list[str] = []
     for new in new_rows:
         index = new.chunk_index
