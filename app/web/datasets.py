@@ -39,8 +39,12 @@ from draftdeck.browse.info import (
 )
 from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.sample import RowKey, Sample, read_sample, row_diff, row_key
-from draftdeck.browse.source import find_source_row, source_where
+from draftdeck.browse.source import find_source_row, row_image, source_where
 from draftdeck.errors import InputError, PathNotAllowedError
+from draftdeck.formats.common import RowRejected
+from draftdeck.formats.images import BROWSER_EXTENSIONS, IMAGES_DIR, is_stored_name
+from draftdeck.formats.images import check as check_image
+from draftdeck.formats.model import ImageRef
 from draftdeck.paths import resolve_in_roots
 
 router = APIRouter(include_in_schema=False)
@@ -342,7 +346,62 @@ def source_partial(
     found = find_source_row(path, int(index))
     where = source_where(path, int(index)) if found.where else None  # the facts' notation, by file name
     return render(request, "partials/dataset_source.html", message=found.message, messages=found.messages,
-                  raw=found.raw, where=where, source=str(path))  # fmt: skip
+                  raw=found.raw, where=where, source=str(path),
+                  image_base=f"/datasets/{dataset_id}/rows/{n}/source/images/")  # fmt: skip
+
+
+@router.get("/datasets/{dataset_id}/rows/{n}/source/images/{k}")
+def source_image(dataset_id: int, n: int, k: int, session: SessionDep, settings: SettingsDep) -> Response:
+    """Image k of row n's source row (as the source panel numbered them): a file that lies in the data
+    roots, or the row's inline data. The page names no path: the row is read again here."""
+    ds = _get(session, dataset_id)
+    try:
+        row = open_store(Path(ds.path)).row(n)
+        source, index = row.get("source"), row.get("source_row")
+        if not source or index is None:
+            raise HTTPException(404, "this dataset does not record the source file and row")
+        path = resolve_in_roots(str(source), settings.roots)
+    except (InputError, PathNotAllowedError) as exc:
+        raise HTTPException(404, str(exc)) from None
+    found = find_source_row(path, int(index))
+    ref = row_image(found.value, str(path.parent), k) if found.value is not None else None
+    if ref is None:
+        raise HTTPException(404, f"row {n}'s source has no image {k}")
+    return _image_response(ref, settings.roots)
+
+
+@router.get("/datasets/{dataset_id}/images/{name}")
+def dataset_image(dataset_id: int, name: str, session: SessionDep) -> Response:
+    """A stored image of the dataset's own images/ folder (content-addressed names only)."""
+    ds = _get(session, dataset_id)
+    if not is_stored_name(name):
+        raise HTTPException(404, "not a stored image's name")
+    return _image_response(ImageRef(path=str(Path(ds.path) / IMAGES_DIR / name)), None)
+
+
+def _image_response(ref: ImageRef, roots: list[Path] | None) -> Response:
+    """The image's bytes when PIL reads them as a format browsers show; a file outside `roots` (None:
+    the caller confined it) is never read."""
+    if ref.path is not None and roots is not None:
+        try:
+            ref = ImageRef(path=str(resolve_in_roots(ref.path, roots)))
+        except PathNotAllowedError as exc:
+            raise HTTPException(403, str(exc)) from None
+    try:
+        checked = check_image(ref)
+    except RowRejected as exc:
+        raise HTTPException(404, exc.reason) from None
+    if checked.ext not in BROWSER_EXTENSIONS:
+        raise HTTPException(415, f"a {checked.format} image, which browsers do not show")
+    return Response(
+        checked.data,
+        media_type=checked.mime,
+        headers={
+            "Cache-Control": "private, max-age=300",
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'",
+        },
+    )
 
 
 # -- statistics ----------------------------------------------------------------------------------------

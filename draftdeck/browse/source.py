@@ -10,15 +10,20 @@ from typing import Any
 
 import orjson
 
+from draftdeck.browse.images import is_image_part, shown
+from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef
+
 SOURCE_SCAN_SECONDS = 3.0
 
 
 @dataclass
 class SourceRow:
     where: str | None = None  # "file:line" of the row found
-    messages: list[dict[str, str]] | None = None  # when the row is a chat
+    # when the row is a chat: {"role", "text", "parts"}, parts the text and images in order (see shown)
+    messages: list[dict[str, Any]] | None = None
     raw: str | None = None  # the row as indented JSON, when it is not
     message: str | None = None  # why nothing (or not all) is shown
+    value: Any = None  # the row as read (the image route finds the row's images in it)
 
 
 def source_where(path: Path, index: int) -> str:
@@ -58,15 +63,17 @@ def find_source_row(path: Path, index: int, seconds: float = SOURCE_SCAN_SECONDS
         return SourceRow(message=f"{path.name} has no line or record {index}")
     if found.error:
         return SourceRow(where=found.where, message=f"{found.where}: {found.reason}")
-    messages = conversation(found.value)
+    messages = conversation(found.value, str(path.parent))
     raw_json = (
-        None if messages is not None else orjson.dumps(found.value, option=orjson.OPT_INDENT_2).decode()
+        None
+        if messages is not None
+        else orjson.dumps(found.value, option=orjson.OPT_INDENT_2, default=str).decode()
     )
-    return SourceRow(where=found.where, messages=messages, raw=raw_json)
+    return SourceRow(where=found.where, messages=messages, raw=raw_json, value=found.value)
 
 
-def conversation(value: Any) -> list[dict[str, str]] | None:
-    """Role/content pairs from common chat shapes, for display; None when the shape is not a chat."""
+def _chat(value: Any) -> tuple[list[dict[str, Any]], str, str] | None:
+    """(messages, role key, text key) of a row of a common chat shape; None for anything else."""
     if not isinstance(value, dict):
         return None
     for key, role_key, text_key in (
@@ -76,14 +83,47 @@ def conversation(value: Any) -> list[dict[str, str]] | None:
     ):
         msgs = value.get(key)
         if isinstance(msgs, list) and msgs and all(isinstance(m, dict) and role_key in m for m in msgs):
-            return [{"role": str(m.get(role_key)), "text": _text(m, text_key)} for m in msgs]
+            return msgs, role_key, text_key
     return None
+
+
+def conversation(value: Any, folder: str | None = None) -> list[dict[str, Any]] | None:
+    """Role/content pairs from common chat shapes, for display; None when the shape is not a chat.
+    Each message's ``parts`` are its text and images in order (draftdeck.browse.images.shown);
+    `folder` is the source file's, which relative image paths are relative to."""
+    chat = _chat(value)
+    if chat is None:
+        return None
+    msgs, role_key, text_key = chat
+    texts = [_text(m, text_key) for m in msgs]
+    parts, _ = shown(value, msgs, text_key, texts, folder)
+    return [
+        {"role": str(m.get(role_key)), "text": text, "parts": p}
+        for m, text, p in zip(msgs, texts, parts, strict=True)
+    ]
+
+
+def row_image(value: Any, folder: str | None, k: int) -> ImageRef | None:
+    """The k-th image the page numbered in the row (None: the row has no such image)."""
+    chat = _chat(value)
+    if chat is None or k < 0:
+        return None
+    msgs, _, text_key = chat
+    _, refs = shown(value, msgs, text_key, [_text(m, text_key) for m in msgs], folder)
+    return refs[k] if k < len(refs) else None
 
 
 def _text(m: dict[str, Any], text_key: str) -> str:
     content = m.get(text_key)
     if isinstance(content, list):
-        content = "\n".join(str(p.get("text", p)) if isinstance(p, dict) else str(p) for p in content)
+        content = "\n".join(
+            IMAGE_PLACEHOLDER
+            if is_image_part(p)
+            else str(p.get("text", p))
+            if isinstance(p, dict)
+            else str(p)
+            for p in content
+        )
     parts = [str(content) if content is not None else ""]
     for extra in ("reasoning_content", "reasoning", "tool_calls"):
         if m.get(extra):
