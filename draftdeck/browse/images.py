@@ -9,6 +9,7 @@ browser shows. A URL is shown as text, never loaded: neither the server nor the 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from draftdeck.formats.common import IMAGE_PART_PREFIXES, ParseContext, ParseOptions, RowRejected
@@ -82,6 +83,11 @@ def shown(
         parts: list[dict[str, Any]] = []
         pieces = text.split(IMAGE_PLACEHOLDER)
         for i, piece in enumerate(pieces):
+            # an image stands on a line of its own: the newline that joined it to its neighbours goes
+            if i > 0 and i - 1 < len(images):
+                piece = piece.removeprefix("\n")
+            if i < len(pieces) - 1 and i < len(images):
+                piece = piece.removesuffix("\n")
             if piece:
                 parts.append({"kind": "text", "text": piece})
             if i == len(pieces) - 1:
@@ -94,6 +100,8 @@ def shown(
                 parts.append({"kind": "bad", "why": found})
             elif found.url is not None:
                 parts.append({"kind": "url", "url": found.url})
+            elif found.path is not None and not os.path.isfile(found.path):
+                parts.append({"kind": "bad", "why": f"no image file at {found.path}"})
             else:
                 parts.append({"kind": "image", "k": len(refs), "name": _name(found)})
                 refs.append(found)
