@@ -46,7 +46,8 @@ def _dataset(client: Any, migrated: Path, tmp_path: Path) -> tuple[int, dict[str
                 {"type": "text", "text": "<script>alert(1)</script> look: "},
                 {"type": "image_url", "image_url": {"url": "imgs/a.png"}},
                 {"type": "image_url", "image_url": {"url": "https://example.com/x.png"}},
-                {"type": "image_url", "image_url": {"url": data_uri(inline, "image/jpeg")}}]},
+                {"type": "image_url", "image_url": {"url": data_uri(inline, "image/jpeg")}},
+                {"type": "image_url", "image_url": {"url": "imgs/gone.png"}}]},
             {"role": "assistant", "content": "Red, unknown, green."}]},
         {"conversations": [{"from": "human", "value": "<image>far away?"}, {"from": "gpt", "value": "Yes."}],
          "images": [str(outside)]},
@@ -82,6 +83,7 @@ def test_thumbnails_in_place_urls_as_text_and_paths_confined(
     r = client.get(f"{base}1")
     assert r.status_code == 200 and r.content == files["inline"] and r.headers["content-type"] == "image/jpeg"
     assert client.get(f"{base}2").status_code == 404  # the URL is no image the server reads
+    assert f"image: no image file at {migrated / 'data' / 'imgs' / 'gone.png'}" in panel  # a note, no <img>
     # a file outside the data roots is never served, though the row names it
     far = client.get(f"/datasets/{ds_id}/rows/1/source").text
     assert f'<img src="/datasets/{ds_id}/rows/1/source/images/0"' in far
