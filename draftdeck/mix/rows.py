@@ -45,7 +45,7 @@ def facts(row: dict[str, Any], shape: Shape) -> Facts:
     tools = reasoning = False
     for m in row[shape.turns]:
         role = m.get(shape.role)
-        n = len(m.get(shape.text) or "") + len(m.get("reasoning_content") or "")
+        n = len(_text(m.get(shape.text))) + len(m.get("reasoning_content") or "")
         chars += n
         if role != shape.system:
             turns += 1
@@ -88,9 +88,18 @@ def duplicate_key(row: dict[str, Any], shape: Shape) -> int:
     parts: list[Any] = []
     for m in row[shape.turns]:
         text = m.get(shape.text) or ""
-        parts.append((m.get(shape.role), text.strip(), m.get("reasoning_content"), m.get("tool_calls"),
-                      m.get("weight")))  # fmt: skip
-    return xxh3_64_intdigest(orjson.dumps(parts))
+        # content parts (a message with images): as they are, each image named by its content's hash
+        parts.append((m.get(shape.role), text.strip() if isinstance(text, str) else text,
+                      m.get("reasoning_content"), m.get("tool_calls"), m.get("weight")))  # fmt: skip
+    images = row.get("images")  # ShareGPT's: the same text with other images is another conversation
+    return xxh3_64_intdigest(orjson.dumps([parts, images] if images else parts))
+
+
+def _text(content: Any) -> str:
+    """A message's text: its content, or the text of its content parts (a message with images)."""
+    if isinstance(content, list):
+        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
+    return content or ""
 
 
 def origin(row: dict[str, Any]) -> tuple[str, int | None]:

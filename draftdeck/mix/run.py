@@ -24,7 +24,7 @@ import zlib
 from array import array
 from collections import Counter
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from draftdeck.convert import ConvertOptions, check_out, convert
 from draftdeck.errors import AccountingError, JobFailed
 from draftdeck.formats.common import ParseContext
 from draftdeck.formats.detect import parse
+from draftdeck.formats.images import IMAGES_DIR
 from draftdeck.formats.writers import Writer
 from draftdeck.mix.plan import plan_rows
 from draftdeck.mix.recipe import MixSource, Recipe
@@ -92,6 +93,8 @@ def mix(
     base = options or ConvertOptions()
     started = time.monotonic()
     check_recipe_out(recipe, out)
+    if base.images_dir is None:  # the sources' images go to images/ beside the mix, not its work folder
+        base = replace(base, images_dir=str(out.expanduser().resolve().parent / IMAGES_DIR))
     jsonl = recipe.to if recipe.to != "parquet" else "openai"
     shape = SHAPES[jsonl]
     written = Report()  # what the writer itself counts (a field Parquet cannot hold)
@@ -270,7 +273,8 @@ def _write(recipe: Recipe, sources: list[_Source], out: Path, report: Report, pr
         for n, i in enumerate(_items(order)):
             line, repeat = next(streams[i])
             if parquet:
-                writer.write(_conversation(with_source(orjson.loads(line), names[i].decode(), repeat)))
+                row = with_source(orjson.loads(line), names[i].decode(), repeat)
+                writer.write(_conversation(row, str(out.expanduser().resolve().parent)))
             else:
                 writer.write_line(named_line(line, names[i], repeat))
             if n % 4096 == 0:
@@ -288,8 +292,10 @@ def _items(a: np.ndarray, block: int = 1 << 16) -> Iterator[int]:
         yield from a[at : at + block].tolist()
 
 
-def _conversation(row: dict[str, Any]) -> Any:
-    _, convs = parse(row, ParseContext())
+def _conversation(row: dict[str, Any], folder: str) -> Any:
+    """A source's converted line as its conversation; `folder`: the mix's, whose images/ its image
+    addresses are relative to."""
+    _, convs = parse(row, ParseContext(base_dir=folder))
     return convs[0]
 
 

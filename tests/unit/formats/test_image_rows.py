@@ -14,7 +14,7 @@ import pytest
 from draftdeck.convert import ConvertOptions, convert, read_conversations
 from draftdeck.formats.images import image_bytes as ref_bytes
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation
-from draftdeck.quality import Report
+from draftdeck.quality import Policy, Report
 from tests.unit.formats.imaging import data_uri, image_bytes, write_image
 
 RED, BLUE, GREEN = (200, 30, 40), (20, 40, 220), (30, 180, 60)
@@ -221,3 +221,23 @@ def test_the_convert_command_keeps_or_refuses_images(tmp_path: Path) -> None:
     report = orjson.loads((tmp_path / "k.json").read_bytes())
     assert report["rows_out"] == 2 and report["rejected"]["image_too_large"] == 5
     assert len(list((tmp_path / "images").iterdir())) == 1  # the inline image, the one kept
+
+
+@pytest.mark.parametrize("to", ["openai", "parquet"])
+def test_a_mix_keeps_its_sources_images_beside_it(tmp_path: Path, to: str) -> None:
+    from draftdeck.mix import Recipe, mix
+
+    path, _ = _mixed_file(tmp_path)
+    recipe = Recipe.from_yaml(
+        f"seed: 1\nto: {to}\nsources:\n  - name: pics\n    inputs: [{path}]\n    all: true\n",
+        "recipe.yaml",
+        base=tmp_path,
+    )
+    out = tmp_path / "mixed" / f"mix.{'parquet' if to == 'parquet' else 'jsonl'}"
+    out.parent.mkdir()
+    mix(recipe, out, policy=Policy(max_rejected=1.0))
+    after, report = _read(out)
+    assert report.rows_out == KEPT and not report.rejected
+    before, _ = _read(path)
+    assert sorted(map(repr, _images(after))) == sorted(map(repr, _images(before)))  # the mix shuffles rows
+    assert len(list((out.parent / "images").iterdir())) == 3
