@@ -58,10 +58,14 @@ def test_the_chips_template_draws_one_span_per_image(dataset: Path) -> None:
     html = env.get_template("partials/dataset_chips.html").render(sample=sample, chips_id="chips-main")
     assert html.count('class="tok cx image"') == 2
     assert "image · 16 tokens" in html and ">&lt;|image_pad|&gt;</span>" not in html
+    assert "<img" not in html  # no dataset to serve them from (the compare page's sides)
+    from types import SimpleNamespace
+
     thumbs = env.get_template("partials/dataset_chips.html").render(
-        sample=sample, chips_id="c", image_thumb_url=lambda name: f"/thumb/{name}"
+        sample=sample, chips_id="c", ds=SimpleNamespace(id=7)
     )
-    assert thumbs.count('<img class="image-thumb"') == 2
+    names = [c.image for c in sample.chips if c.kind == "image"]
+    assert [f'<img class="image-thumb" src="/datasets/7/images/{n}"' in thumbs for n in names] == [True, True]
 
 
 def test_fold_keeps_text_chips_and_counts_runs() -> None:
