@@ -3,12 +3,13 @@ conversation, run by the one-process reader and by the convert workers alike."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.formats.model import PROVENANCE_KEY, Conversation, Message, repeat_of
+from draftdeck.formats.model import PROVENANCE_KEY, Conversation, ImageRef, Message, repeat_of
 from draftdeck.formats.writers import SHAREGPT_FROM
 
 # The output turn's keys and role names per JSONL target (as draftdeck.formats.writers writes them):
@@ -173,6 +174,13 @@ def plain_duplicate_key(turns: Iterable[tuple[str, str]], to: str, repeat: int =
     return xxh3_64_intdigest(orjson.dumps(parts))
 
 
+def image_identity(ref: ImageRef) -> str:
+    """What tells two images apart in a duplicate key: the stored file's hash, else the address."""
+    if ref.sha256 or ref.path or ref.url:
+        return ref.sha256 or ref.path or ref.url or ""
+    return hashlib.sha256(ref.data or b"").hexdigest()
+
+
 def duplicate_key(conv: Conversation, to: str = "openai") -> int:
     """A 64-bit hash of the normalised messages, the same in every process (xxh3 of their JSON text):
     worker processes compute it for the parent's duplicate set.
@@ -183,7 +191,11 @@ def duplicate_key(conv: Conversation, to: str = "openai") -> int:
     messages = conv.messages
     repeat = repeat_of(conv.meta.get(PROVENANCE_KEY))
     if all(
-        m.role in _PLAIN_ROLES and m.reasoning is None and not m.tool_calls and m.train is None
+        m.role in _PLAIN_ROLES
+        and m.reasoning is None
+        and not m.tool_calls
+        and m.train is None
+        and not m.images
         for m in messages
     ):
         return plain_duplicate_key([(m.role, m.content) for m in messages], to, repeat)
@@ -198,6 +210,8 @@ def duplicate_key(conv: Conversation, to: str = "openai") -> int:
             parts.append([(c.name, c.raw_arguments or repr(c.arguments)) for c in m.tool_calls])
         if m.train is not None:  # the same answer trained once and untrained once is not a duplicate
             parts.append(m.train)
+        if m.images:  # the same words about another picture are not a duplicate
+            parts.append([image_identity(ref) for ref in m.images])
     if repeat:  # a repeat a mix's upsampling declared is deliberate, not a duplicate
         parts.append(("repeat", repeat))
     return xxh3_64_intdigest(orjson.dumps(parts))

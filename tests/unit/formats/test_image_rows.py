@@ -241,3 +241,18 @@ def test_a_mix_keeps_its_sources_images_beside_it(tmp_path: Path, to: str) -> No
     before, _ = _read(path)
     assert sorted(map(repr, _images(after))) == sorted(map(repr, _images(before)))  # the mix shuffles rows
     assert len(list((out.parent / "images").iterdir())) == 3
+
+
+def test_the_same_words_about_another_picture_are_no_duplicate(tmp_path: Path) -> None:
+    a = write_image(tmp_path / "a.png", RED)
+    b = write_image(tmp_path / "b.png", BLUE)
+
+    def row(name: str) -> bytes:
+        part = {"type": "image_url", "image_url": {"url": name}}
+        return orjson.dumps({"messages": [_user(part, _text("Colour?")), _answer("A colour.")]}) + b"\n"
+
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(row(a.name) + row(b.name) + row(a.name))
+    report = convert([path], tmp_path / "out" / "o.jsonl", "openai")
+    assert report.rows_out == 3 and dict(report.warnings) == {"duplicate_conversation": 1}
+    assert report.examples["duplicate_conversation"][0].line == 3
