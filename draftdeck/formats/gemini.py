@@ -4,8 +4,9 @@ camelCase, or the Python SDK's snake_case: ``system_instruction``, ``function_ca
 
 Parts, in order: ``text`` -> text (a part with ``thought: true`` -> reasoning); ``functionCall``
 (``name``, ``args``, ``id``?) -> a tool call; ``functionResponse`` (``name``, ``response``, ``id``?) ->
-a tool message whose content is the response as JSON; ``inlineData`` / ``fileData`` ->
-``multimodal_content``; any other part (``executableCode``, ``codeExecutionResult``...) would be lost:
+a tool message whose content is the response as JSON; ``inlineData`` (base64) / ``fileData`` (a URI,
+never fetched) of an image type -> an image of the message, of any other type -> ``multimodal_content``;
+any other part (``executableCode``, ``codeExecutionResult``...) would be lost:
 ``lost_part``. The thought ``thoughtSignature`` is the API's own token, not conversation: left out.
 Function declarations become OpenAI function tools.
 """
@@ -24,7 +25,8 @@ from draftdeck.formats.common import (
     text_of,
     train_flag,
 )
-from draftdeck.formats.model import Conversation, Message, ToolCall
+from draftdeck.formats.images import base64_ref, ref_from_uri
+from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation, ImageRef, Message, ToolCall
 from draftdeck.formats.openai import meta_of, with_system
 
 FAMILY = "gemini"
@@ -49,6 +51,21 @@ def _get(d: dict[str, Any], camel: str) -> Any:
         snake = "".join(f"_{c.lower()}" if c.isupper() else c for c in camel)
         value = d.get(snake)
     return value
+
+
+def _image(part: dict[str, Any], at: str, ctx: ParseContext) -> ImageRef:
+    """An ``inlineData`` (base64) or ``fileData`` (a URI: never fetched) part of an image type; any
+    other media (audio, video, a PDF), or images when they are refused, is multimodal_content."""
+    inline, file = _get(part, "inlineData"), _get(part, "fileData")
+    media = inline if isinstance(inline, dict) else file if isinstance(file, dict) else {}
+    mime = _get(media, "mimeType")
+    if not (isinstance(mime, str) and mime.startswith("image/")) or ctx.options.images != "keep":
+        what = f"{mime!r} data" if isinstance(mime, str) else "inline or file data"
+        raise RowRejected("multimodal_content", f"{at} holds {what}; no drafter here learns from it")
+    ctx.images = True
+    if media is inline:
+        return base64_ref(media.get("data"), mime, f"{at}.inlineData")
+    return ref_from_uri(str(_get(media, "fileUri") or ""), ctx.base_dir, f"{at}.fileData")
 
 
 def _parts(content: Any, role: str, where: str, ctx: ParseContext) -> list[Message]:
@@ -85,7 +102,8 @@ def _parts(content: Any, role: str, where: str, ctx: ParseContext) -> list[Messa
             tool.tool_call_id = call_id if isinstance(call_id, str) else None
             turn.result(tool)
         elif any(k in part for k in MEDIA_PARTS):
-            raise RowRejected("multimodal_content", f"{at} holds inline or file data")
+            turn.current.images.append(_image(part, at, ctx))
+            turn.texts.append(IMAGE_PLACEHOLDER)
         else:
             kinds = [k for k in part if k not in IGNORED_PART_KEYS] or ["(empty)"]
             ctx.warn("lost_part", f"{at} is a {kinds[0]!r} part, which no reader keeps")

@@ -256,3 +256,23 @@ def test_the_same_words_about_another_picture_are_no_duplicate(tmp_path: Path) -
     report = convert([path], tmp_path / "out" / "o.jsonl", "openai")
     assert report.rows_out == 3 and dict(report.warnings) == {"duplicate_conversation": 1}
     assert report.examples["duplicate_conversation"][0].line == 3
+
+
+def test_gemini_image_parts(tmp_path: Path) -> None:
+    png = image_bytes(RED)
+
+    def row(part: dict[str, Any]) -> bytes:
+        contents = [{"role": "user", "parts": [{"text": "What is it? "}, part]},
+                    {"role": "model", "parts": [{"text": "Red."}]}]  # fmt: skip
+        return orjson.dumps({"contents": contents}) + b"\n"
+
+    path = tmp_path / "gemini.jsonl"
+    path.write_bytes(
+        row({"inlineData": {"mimeType": "image/png", "data": base64.b64encode(png).decode()}})
+        + row({"inline_data": {"mime_type": "audio/wav", "data": "UklGRg=="}})
+        + row({"fileData": {"mimeType": "image/jpeg", "fileUri": "gs://bucket/cat.jpg"}})
+    )
+    convs, report = _read(path)
+    assert dict(report.rejected) == {"multimodal_content": 1, "image_url_unread": 1}
+    assert "'audio/wav'" in report.examples["multimodal_content"][0].reason
+    assert _images(convs) == [[(f"What is it? {IMAGE_PLACEHOLDER}", png), ("Red.", b"")]]

@@ -48,7 +48,7 @@ def _shape(conv: Conversation) -> list[tuple[Any, ...]]:
 EXPECTED = {
     "anthropic.jsonl": (5, 3, {"anthropic": 4}, {"image_unreadable": 1, "lost_part": 1},
                         {"redacted_reasoning": 1}),
-    "gemini.jsonl": (5, 3, {"gemini": 4}, {"multimodal_content": 1, "lost_part": 1}, {}),
+    "gemini.jsonl": (5, 3, {"gemini": 4}, {"image_unreadable": 1, "lost_part": 1}, {}),
     "glaive.jsonl": (3, 3, {"glaive": 3}, {}, {"invalid_tool_arguments": 1}),
     "hermes.jsonl": (3, 3, {"hermes": 3}, {}, {"tool_tags_unparsed": 1}),
     "preference.jsonl": (5, 5, {"preference": 5}, {}, {"preference_chosen": 5}),
