@@ -2,8 +2,9 @@
 that `draftdeck train --hidden-states CACHE` reads without the target's decoder layers.
 
     draftdeck cache-hidden DATASET --target DIR --out DIR [--drafter KIND ...] [--dtype bf16|fp16|fp32]
-        [--format draftdeck|speculators]
+        [--compress zstd[:LEVEL]] [--format draftdeck|speculators]
     draftdeck cache-hidden DATASET --target DIR --import FOLDER --stored-layers I,J,... --out DIR
+        (FOLDER: speculators'/vLLM's hs_<i>.safetensors or SpecForge's rows_*/data_<i>.ckpt[.gz])
 
 Options are the `cache-hidden` job kind's parameters (draftdeck/drafter/train/cache/params.py). The disk it
 takes is said before anything runs.
@@ -42,7 +43,8 @@ def cache_hidden(params: CacheParams, *, report: Path | None) -> None:
     result = _run(run_cache_hidden, params, f"cache-hidden -> {params.out}", report, ctx)
     x = result.extra
     out.print(
-        f"{x['tokens']:,} tokens, {x['bytes']:,} bytes ({x['bytes_per_token']:,} per token, {x['dtype']}),"
+        f"{x['tokens']:,} tokens, {x['bytes']:,} bytes ({x['bytes_per_token']:,} per token, {x['dtype']}"
+        f"{', ' + x['compression'] if x.get('compression') else ''}),"
         f" hidden_states {x['layers']}; {x['cache/rows_per_s']:,.1f} rows/s, {x['cache/tokens_per_s']:,.0f}"
         f" tokens/s, {x['cache/mb_per_s']:,.1f} MB/s",
         highlight=False,
@@ -54,5 +56,5 @@ def register(app: typer.Typer) -> None:
         job_command(CacheParams, cache_hidden, extra=[REPORT],
                     doc="Run the target once over a tokenized dataset and store the hidden states the"
                     " drafter kinds read (and the final one), checked, for train --hidden-states; or take"
-                    " in speculators' hs_<i>.safetensors (--import, --stored-layers).")
+                    " in speculators' hs_<i>.safetensors or SpecForge's records (--import, --stored-layers).")
     )  # fmt: skip

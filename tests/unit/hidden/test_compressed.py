@@ -87,3 +87,20 @@ def test_the_compression_setting_and_the_disk_it_projects() -> None:
     twice = Projection(10, 1000, [2, 5, 8], 64, "fp32", copies=2, compression="zstd:3")
     one = 1000 * 3 * 64 * 4  # speculators' files beside the cache are never compressed
     assert twice.disk_bytes == int(one / ZSTD_RATIOS["fp32"]) + one
+
+
+def test_the_command_compresses_and_says_so(world: dict[str, Path], tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from draftdeck.cli import app
+
+    out = tmp_path / "cache"
+    args = ["cache-hidden", str(world["ds"]), "--target", str(world["target"]), "--out", str(out),
+            "--drafter", "dflash", "--compress", "zstd:7"]  # fmt: skip
+    done = CliRunner().invoke(app, args, env={"COLUMNS": "400", "DRAFTDECK_HOME": str(tmp_path / "home")})
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    assert "stored with zstd:7: about" in text and "bf16, zstd:7), hidden_states [1, 2]" in text
+    assert json.loads((out / MANIFEST).read_text())["compression"] == "zstd:7"
+    refused = CliRunner().invoke(app, [*args[:-1], "gzip"])
+    assert refused.exit_code != 0 and "zstd or zstd:LEVEL" in " ".join(refused.output.split())
