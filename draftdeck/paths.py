@@ -60,12 +60,14 @@ def resolve_user_path(
     if roots is None:
         return from_cwd
     resolved_roots = [Path(r).resolve() for r in roots]
-    if not resolved_roots or _inside(from_cwd, resolved_roots):
+    if not resolved_roots or inside_roots(from_cwd, resolved_roots):
         return from_cwd
     return (resolved_roots[0] / raw).resolve()
 
 
-def _inside(path: Path, roots: Sequence[Path]) -> bool:
+def inside_roots(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether `path` is one of `roots` or lies under one (both already resolved: symlinks and ``..``
+    gone, or a link inside a root would pass for the file outside it points at)."""
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
@@ -85,7 +87,7 @@ def resolve_in_roots(
     resolved = resolve_user_path(path, resolved_roots, cwd=cwd)
     # The path as typed comes first (what the user recognises), then the absolute path it meant.
     meant = "" if str(resolved) == os.fspath(path) else f"; it means {resolved}"
-    if not _inside(resolved, resolved_roots):
+    if not inside_roots(resolved, resolved_roots):
         shown = ", ".join(str(r) for r in resolved_roots)
         raise PathNotAllowedError(
             f"{path}: outside the data roots ({shown}){meant}; set DRAFTDECK_DATA_ROOTS to allow it"

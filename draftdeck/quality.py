@@ -84,6 +84,7 @@ CODES: dict[str, IssueCode] = _codes(
     ("image_unreadable", Action.REJECT, "an image's bytes are not an image PIL can decode"),
     ("image_too_large", Action.REJECT, "an image is over the byte or pixel limit (--max-image-*)"),
     ("image_url_unread", Action.REJECT, "an image given as an http(s) URL: never fetched"),
+    ("image_outside_roots", Action.REJECT, "an image file outside the data roots (a job run by the service)"),
     (
         "image_placeholder_mismatch",
         Action.REJECT,

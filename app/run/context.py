@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sqlmodel import select
 
+from app.settings import get_settings
 from app.store import metrics, records
 from app.store.db import session_scope
 from app.store.models import Job
@@ -27,10 +28,18 @@ class Handoff(Exception):
     job `running` and records nothing; the task that finishes the job records it."""
 
 
+def data_roots() -> tuple[str, ...]:
+    """The service's data roots, as a job's `file_roots`."""
+    return tuple(str(r) for r in get_settings().roots)
+
+
 @dataclass
 class SqlRunContext:
     job_id: int
     out_dir: Path
+    # What a job may read that its data names (images): only the data roots, as for every path a user
+    # gives the service (draftdeck.jobs.context.file_roots)
+    file_roots: tuple[str, ...] = field(default_factory=data_roots)
     _last_write: float = field(default=0.0, repr=False)
 
     def progress(self, done: int, total: int | None = None, unit: str = "rows") -> None:

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from draftdeck.convert import ConvertOptions, check_out, convert
 from draftdeck.formats.detect import FormatName
-from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.context import RunContext, file_roots
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
@@ -105,13 +105,20 @@ class ConvertParams(JobParams):
 
 
 def convert_files(
-    params: ConvertParams, out: Path, *, progress: Progress = no_progress, workers: int = 1
+    params: ConvertParams,
+    out: Path,
+    *,
+    progress: Progress = no_progress,
+    workers: int = 1,
+    image_roots: tuple[str, ...] | None = None,
 ) -> Report:
     return convert(
-        [Path(p) for p in params.inputs], out, params.to, options=params.options(workers=workers),
-        progress=progress,
+        [Path(p) for p in params.inputs], out, params.to,
+        options=params.options(workers=workers, image_roots=image_roots), progress=progress,
     )  # fmt: skip
 
 
 def run(params: ConvertParams, ctx: RunContext) -> Report:
-    return convert_files(params, params.out_path(ctx.out_dir), progress=ctx.progress)
+    return convert_files(
+        params, params.out_path(ctx.out_dir), progress=ctx.progress, image_roots=file_roots(ctx)
+    )

@@ -53,6 +53,8 @@ class ConvertOptions:
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     images_dir: str | None = None  # where kept images are stored (convert: images/ beside its output)
+    # the folders image files may be read from: the service's data roots (None: any, as for the CLI)
+    image_roots: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -96,6 +98,7 @@ class ConvertOptions:
             max_image_bytes=self.max_image_bytes,
             max_image_pixels=self.max_image_pixels,
             images_dir=self.images_dir,
+            image_roots=self.image_roots,
         )
 
     @property

@@ -241,6 +241,7 @@ def scan_paths(
     preference: str = "chosen",
     columns: dict[str, str] | None = None,
     tags: dict[str, str] | None = None,
+    image_roots: tuple[str, ...] | None = None,
 ) -> Report:
     """Scan `paths` (files or ``save_to_disk`` folders, read in order as one convert would) and return
     the report. Raises :class:`JobFailed` (carrying the report) when no row parsed, InputError for a
@@ -248,7 +249,7 @@ def scan_paths(
     names = dict(zip(paths, display_names, strict=True)) if display_names else {}
     options = ConvertOptions(
         max_row_bytes=max_row_bytes, from_format=from_format, tool_tags=tool_tags, preference=preference,
-        columns=dict(columns or {}), tags=dict(tags or {}),
+        columns=dict(columns or {}), tags=dict(tags or {}), image_roots=image_roots,
     )  # fmt: skip
     report = Report()
     watch = _Watch(names, report)

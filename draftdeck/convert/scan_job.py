@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 from draftdeck.convert.scan import scan_paths
 from draftdeck.fileio import atomic_output, sha256_file
 from draftdeck.formats.detect import FormatName
-from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.context import RunContext, file_roots
 from draftdeck.jobs.params import (
     JobParams,
     columns_field,
@@ -52,6 +52,7 @@ def scan_files(
     preference: str = "chosen",
     columns: dict[str, str] | None = None,
     tags: dict[str, str] | None = None,
+    image_roots: tuple[str, ...] | None = None,
 ) -> Report:
     """Scan the files as one convert would read them (see :func:`draftdeck.convert.scan.scan_paths`); with
     several, `files` in the report lists each file's own container figures."""
@@ -65,6 +66,7 @@ def scan_files(
         preference=preference,
         columns=columns,
         tags=tags,
+        image_roots=image_roots,
     )
 
 
@@ -85,6 +87,7 @@ def run(params: ScanParams, ctx: RunContext) -> Report:
         tags=params.tags,
         tool_tags=params.tool_tags,
         preference=params.preference,
+        image_roots=file_roots(ctx),
     )
     report.outputs.append(write_report(ctx.out_dir / REPORT_NAME, report.to_dict()))
     return report

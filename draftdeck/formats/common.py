@@ -50,11 +50,12 @@ class ParseOptions:
     tags: tuple[tuple[str, str], ...] = ()
     # images in the rows (draftdeck.formats.image_parts): "keep" reads and checks them, "reject" refuses
     # the row as multimodal_content (what a text-only target takes); the limits of one image; where to
-    # store them (None: checked, not stored)
+    # store them (None: checked, not stored); the folders image files may be read from (None: any)
     images: str = "keep"
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
     images_dir: str | None = None
+    image_roots: tuple[str, ...] | None = None
 
 
 class ParseContext:

@@ -155,7 +155,7 @@ def check_row(convs: list[Conversation], ctx: ParseContext) -> None:
     """Check every image of a row's conversations (placeholders, bytes, limits) and store them where
     the options say: RowRejected with an image code at the first fault."""
     opts = ctx.options
-    limits = ImageLimits(opts.max_image_bytes, opts.max_image_pixels)
+    limits = ImageLimits(opts.max_image_bytes, opts.max_image_pixels, opts.image_roots)
     for conv in convs:
         if any(m.images for m in conv.messages):
             check_messages(conv.messages, limits, "", opts.images_dir)

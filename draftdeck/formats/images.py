@@ -12,10 +12,13 @@ The rejections, each an issue code of :mod:`draftdeck.quality`:
 - ``image_too_large``: over :class:`ImageLimits` (bytes, or width x height in pixels);
 - ``image_url_unread``: an http(s) or other remote URL. DraftDeck never fetches one: a dataset that
   trains differently on each run, and a server that can be made to fetch for others, are worse than
-  a rejection that names the URL (download the images and point at the files instead).
+  a rejection that names the URL (download the images and point at the files instead);
+- ``image_outside_roots``: a file outside :attr:`ImageLimits.roots` (the service's data roots), after
+  symlinks and ``..`` are resolved. A row is data someone submitted: without this, a job run by the
+  service would copy any image file the worker can read (``/root/...``, ``../../x.png``) into its output.
 
 An http URL is never fetched here or anywhere else; a file path is read as given (absolute, after the
-reader resolved it against the input file's folder).
+reader resolved it against the input file's folder), or, with roots, as the real path it resolves to.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 from draftdeck.formats.common import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, RowRejected
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef, Message
+from draftdeck.paths import inside_roots
 
 # The folder of stored images beside a written file (convert's output) or a dataset's shards: one folder
 # per place, shared by every file written there (content-addressed: nothing in it is duplicated), and
@@ -47,10 +51,13 @@ _REMOTE_SCHEMES = ("http", "https", "ftp", "s3", "gs", "hf", "az", "abfs")
 
 @dataclass(frozen=True, slots=True)
 class ImageLimits:
-    """The largest image a row may hold: `max_bytes` of encoded file, `max_pixels` of width x height."""
+    """What image a row may hold: at most `max_bytes` of encoded file and `max_pixels` of width x
+    height; a file only from inside `roots` (absolute folders; None: any file this process can read,
+    as for the CLI run by a user on their own files; the service gives its data roots)."""
 
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    roots: tuple[str, ...] | None = None
 
 
 DEFAULT_LIMITS = ImageLimits()
@@ -162,10 +169,12 @@ def image_bytes(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str 
     if ref.data is not None:
         data = ref.data
     elif ref.path is not None:
+        # confined first: whether a file outside the roots exists is none of the row's business
+        path = confined(ref.path, limits.roots, where)
         try:
-            size = os.stat(ref.path).st_size
-            if not os.path.isfile(ref.path):
-                raise FileNotFoundError(ref.path)
+            size = os.stat(path).st_size
+            if not os.path.isfile(path):
+                raise FileNotFoundError(path)
         except (FileNotFoundError, NotADirectoryError):
             raise RowRejected("image_missing", f"{where}: no image file at {ref.path}") from None
         except OSError as exc:
@@ -175,7 +184,7 @@ def image_bytes(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str 
                 "image_too_large", f"{where}: {ref.path} is {size:,} bytes (limit {limits.max_bytes:,})"
             )
         try:
-            data = Path(ref.path).read_bytes()
+            data = Path(path).read_bytes()
         except OSError as exc:
             raise RowRejected("image_unreadable", f"{where}: {ref.path} cannot be read ({exc})") from None
     else:
@@ -185,6 +194,27 @@ def image_bytes(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str 
             "image_too_large", f"{where}: {describe(ref)} is {len(data):,} bytes (limit {limits.max_bytes:,})"
         )
     return data
+
+
+def confined(path: str, roots: tuple[str, ...] | None, where: str = "image") -> str:
+    """The file to read for `path`: with `roots`, its real path (symlinks and ``..`` resolved, so a
+    link inside a root that points outside is outside, and the file checked is the file read), which
+    must lie inside one of them, else ``image_outside_roots`` naming the roots; `path` itself when
+    `roots` is None."""
+    if roots is None:
+        return path
+    try:
+        real = Path(path).resolve()
+    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL byte
+        raise RowRejected("image_unreadable", f"{where}: {path!r} cannot be resolved ({exc})") from None
+    if inside_roots(real, [Path(r).resolve() for r in roots]):
+        return str(real)
+    meant = "" if str(real) == path else f" (it resolves to {real})"
+    raise RowRejected(
+        "image_outside_roots",
+        f"{where}: {path}{meant} is outside the data roots ({', '.join(roots)}); a job run by the "
+        "service reads image files only there",
+    )
 
 
 def check_bytes(data: bytes, limits: ImageLimits = DEFAULT_LIMITS, where: str = "image") -> CheckedImage:

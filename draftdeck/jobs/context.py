@@ -34,7 +34,8 @@ from draftdeck.errors import Cancelled
 
 
 class RunContext(Protocol):
-    """The calls a run function may make while it runs."""
+    """The calls a run function may make while it runs. A context may also hold `file_roots`: see
+    :func:`file_roots`."""
 
     out_dir: Path  # a folder of the job's own for its outputs (exists)
 
@@ -52,6 +53,17 @@ class RunContext(Protocol):
 
     def alert(self, kind: str, message: str) -> None:
         """Raise an alert (shown on the alerts page and the job page)."""
+
+
+def file_roots(ctx: RunContext) -> tuple[str, ...] | None:
+    """The folders from which a job run under `ctx` may read files that its data names (the images a
+    row points at), or None: any file (the CLI, run by a user on their own files). The service's
+    context gives its data roots: a row is data someone submitted, and must not make the job copy a
+    file from elsewhere into its output. Not a member of the protocol: the contexts that wrap another
+    (train's ranks and reporter, sweep points, cache slices) serve runs that read only their datasets'
+    stored images, and need not say."""
+    roots = getattr(ctx, "file_roots", None)
+    return tuple(str(r) for r in roots) if roots is not None else None
 
 
 @dataclass
@@ -72,6 +84,7 @@ class LocalContext:
     another thread."""
 
     out_dir: Path
+    file_roots: tuple[str, ...] | None = None  # see file_roots(): None, the user's own run
     points: list[MetricPoint] = field(default_factory=list)
     events: list[tuple[str, str, str | None, int]] = field(default_factory=list)
     alerts: list[tuple[str, str]] = field(default_factory=list)

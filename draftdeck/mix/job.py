@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from draftdeck.convert import ConvertOptions
 from draftdeck.errors import UsageError
-from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.context import RunContext, file_roots
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
@@ -83,8 +83,8 @@ class MixParams(JobParams):
     def policy(self) -> Policy:
         return policy_or_default(self)
 
-    def options(self, workers: int = 1) -> ConvertOptions:
-        opts: ConvertOptions = build_options(ConvertOptions, self, workers=workers)
+    def options(self, workers: int = 1, image_roots: tuple[str, ...] | None = None) -> ConvertOptions:
+        opts: ConvertOptions = build_options(ConvertOptions, self, workers=workers, image_roots=image_roots)
         return opts
 
     def out_path(self, out_dir: Path) -> Path:
@@ -92,9 +92,16 @@ class MixParams(JobParams):
         return Path(self.out) if self.out else out_dir / f"mix-{self.recipe.to}{suffix}"
 
 
-def mix_files(params: MixParams, out: Path, *, progress: Progress = no_progress, workers: int = 1) -> Report:
-    return mix(params.recipe, out, params.build_policy(), params.options(workers), progress)
+def mix_files(
+    params: MixParams,
+    out: Path,
+    *,
+    progress: Progress = no_progress,
+    workers: int = 1,
+    image_roots: tuple[str, ...] | None = None,
+) -> Report:
+    return mix(params.recipe, out, params.build_policy(), params.options(workers, image_roots), progress)
 
 
 def run(params: MixParams, ctx: RunContext) -> Report:
-    return mix_files(params, params.out_path(ctx.out_dir), progress=ctx.progress)
+    return mix_files(params, params.out_path(ctx.out_dir), progress=ctx.progress, image_roots=file_roots(ctx))

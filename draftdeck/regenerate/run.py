@@ -16,7 +16,7 @@ from draftdeck.convert import ConvertOptions, read_conversations
 from draftdeck.errors import Cancelled, JobFailed, UsageError
 from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.writers import Writer, encode_line, to_openai
-from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.context import RunContext, file_roots
 from draftdeck.quality import Action, Policy, Report, Rule
 from draftdeck.regenerate.answer import RowRejected
 from draftdeck.regenerate.journal import Journal, journal_path
@@ -202,7 +202,7 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
     # answer on every row (placeholder_response) is no reason to reject a prompt here.
     options = ConvertOptions(
         policy=pol, allow_prompt_only=True, placeholder_max_chars=-1, from_format=params.from_format,
-        columns=params.columns, tags=params.tags,
+        columns=params.columns, tags=params.tags, image_roots=file_roots(ctx),
     )  # fmt: skip
     if journal.resumed:
         ctx.event("info", f"resuming: {journal.resumed} rows already done in {journal.path}")
