@@ -22,7 +22,7 @@ from app.run.chunks import (
     finalize,
     job_queue,
 )
-from app.run.context import Handoff, SqlRunContext
+from app.run.context import Handoff, SqlRunContext, data_roots
 from app.store import records
 from app.store.db import session_scope
 from app.store.models import JobChunk
@@ -51,7 +51,12 @@ class TokenizeChunks:
         try:
             plan = core.plan_chunks(
                 lambda report: read_inputs(
-                    paths, report, ctx.progress, strict=opts.strict, from_format=opts.from_format
+                    paths,
+                    report,
+                    ctx.progress,
+                    strict=opts.strict,
+                    from_format=opts.from_format,
+                    image_roots=opts.image_roots,
                 ),
                 parts,
                 params.chunk_rows or opts.shard_rows,
@@ -129,5 +134,6 @@ class TokenizeChunks:
 
 def _options(params: TokenizeParams) -> TokenizeOptions:
     # One process per chunk task: a Celery prefork child may not fork a pool; more chunks run at once
-    # on more worker processes.
-    return params.options(workers=1)
+    # on more worker processes. Image files only from the data roots (SqlRunContext.file_roots): a
+    # chunk task has no context, and reads the same settings.
+    return params.options(workers=1, image_roots=data_roots())

@@ -25,14 +25,16 @@ def read_inputs(
     preference: str = "chosen",
     columns: dict[str, str] | None = None,
     tags: dict[str, str] | None = None,
+    image_roots: tuple[str, ...] | None = None,
 ) -> Iterator[Conversation]:
     """Conversations of `paths`; prompt-only rows are rejected as ``no_assistant_turn``; with
-    `from_format` every row must have that shape (else ``format_mismatch``)."""
+    `from_format` every row must have that shape (else ``format_mismatch``); with `image_roots`, an
+    image file outside them is ``image_outside_roots``."""
     from draftdeck.convert import ConvertOptions, read_conversations
     from draftdeck.quality import Policy
 
     options = ConvertOptions(
         policy=Policy(strict=strict), from_format=from_format, tool_tags=tool_tags, preference=preference,
-        columns=dict(columns or {}), tags=dict(tags or {}),
+        columns=dict(columns or {}), tags=dict(tags or {}), image_roots=image_roots,
     )  # fmt: skip
     return read_conversations(list(paths), report, options, progress)

@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from draftdeck.formats.detect import FormatName
-from draftdeck.jobs.context import RunContext
+from draftdeck.jobs.context import RunContext, file_roots
 from draftdeck.jobs.params import (
     JobParams,
     alert_field,
@@ -113,10 +113,12 @@ def dataset_output(out_dir: Path, report: Report) -> Output:
     )
 
 
-def tokenize_files(params: TokenizeParams, out_dir: Path, *, workers: int = 0) -> Report:
+def tokenize_files(
+    params: TokenizeParams, out_dir: Path, *, workers: int = 0, image_roots: tuple[str, ...] | None = None
+) -> Report:
     from draftdeck.tokenize import pipeline
 
-    opts = params.options(workers=workers)
+    opts = params.options(workers=workers, image_roots=image_roots)
     report = pipeline.tokenize_files([Path(p) for p in params.inputs], out_dir, opts)
     report.outputs.append(dataset_output(out_dir, report))
     return report
@@ -127,4 +129,4 @@ def run(params: TokenizeParams, ctx: RunContext) -> Report:
 
     out_dir = params.out_dir(ctx.out_dir)
     check_out_dir(out_dir)
-    return tokenize_files(params, out_dir, workers=1)
+    return tokenize_files(params, out_dir, workers=1, image_roots=file_roots(ctx))

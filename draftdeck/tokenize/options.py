@@ -39,11 +39,14 @@ class TokenizeOptions:
     template_may_drop: list[str] = field(default_factory=list)
     workers: int = 0  # 0: one per CPU core
     chunk_size: int = 256
+    # the folders image files may be read from: the service's data roots (None: any, as for the CLI)
+    image_roots: tuple[str, ...] | None = None
 
     def reading(self) -> dict[str, Any]:
         """What reading the inputs is told (:func:`draftdeck.tokenize.inputs.read_inputs`)."""
         return {"strict": self.strict, "from_format": self.from_format, "tool_tags": self.tool_tags,
-                "preference": self.preference, "columns": self.columns, "tags": self.tags}  # fmt: skip
+                "preference": self.preference, "columns": self.columns, "tags": self.tags,
+                "image_roots": self.image_roots}  # fmt: skip
 
     def check(self) -> None:
         if self.seq_length is not None and self.seq_length < 2:
@@ -72,6 +75,7 @@ class TokenizeOptions:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("image_roots")  # where the service let it read, not how the dataset was made
         d["tokenizer"] = str(self.tokenizer)
         d["chat_template"] = str(self.chat_template) if self.chat_template else None
         return d

@@ -302,7 +302,9 @@ def process_chunk(items: list[Item], first_chunk: bool = False) -> ChunkResult:
     report = Report()
     rendered: list[RenderedRow] = []
     owners: list[Item] = []
-    pictures = vision.ChunkImages(st.vision if any(i.images for i in items) else None, str(opts.tokenizer))
+    pictures = vision.ChunkImages(
+        st.vision if any(i.images for i in items) else None, str(opts.tokenizer), opts.image_roots
+    )
     for item in items:
         report.rows_in += 1
         file, line = item.file, item.line

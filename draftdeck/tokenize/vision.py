@@ -256,9 +256,12 @@ class _RowImages:
 class ChunkImages:
     """The images of one chunk's rows, from the check to the stored names (see the module docstring)."""
 
-    def __init__(self, vision: Vision | None, target: str):
+    def __init__(self, vision: Vision | None, target: str, roots: tuple[str, ...] | None = None):
+        from draftdeck.formats.images import ImageLimits
+
         self.vision = vision
         self.target = target
+        self.limits = ImageLimits(roots=roots)  # image files only from `roots` (the service's data roots)
         self._items: dict[int, list[Picture]] = {}
         self._rows: dict[int, _RowImages] = {}
         self.bad: dict[int, str] = {}  # rendered row -> why it is rejected (template_error)
@@ -301,7 +304,7 @@ class ChunkImages:
             hit = seen.get(key) if key is not None else None
             data = None
             if hit is None:
-                got = check(ref, where=f"image {j}")
+                got = check(ref, self.limits, where=f"image {j}")
                 hit = got.name, self.vision.grid(got.sha256, got.data, got.width, got.height)
                 data = got.data
                 if key is not None:
@@ -370,15 +373,15 @@ class ChunkImages:
         report.counts["image_tokens"] += sum(p.tokens for p in self._kept[k])
         for p in self._kept[k]:
             if p.name not in self.vision.emitted:
-                self.files[p.name] = p.data if p.data is not None else _read_again(p)
+                self.files[p.name] = p.data if p.data is not None else _read_again(p, self)
                 self.vision.emitted.add(p.name)
 
 
-def _read_again(p: Picture) -> bytes:
+def _read_again(p: Picture, images: ChunkImages) -> bytes:
     """The bytes of a picture checked earlier whose first rows were not kept: read and checked again."""
     from draftdeck.formats.images import check
 
-    got = check(p.ref)
+    got = check(p.ref, images.limits)
     if got.name != p.name:
         raise InputError(f"{p.ref.path}: its bytes changed while the job ran ({p.name} -> {got.name})")
     return got.data
