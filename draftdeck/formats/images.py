@@ -177,8 +177,8 @@ def image_bytes(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS, where: str 
                 raise FileNotFoundError(path)
         except (FileNotFoundError, NotADirectoryError):
             raise RowRejected("image_missing", f"{where}: no image file at {ref.path}") from None
-        except OSError as exc:
-            raise RowRejected("image_unreadable", f"{where}: {ref.path} cannot be read ({exc})") from None
+        except (OSError, ValueError) as exc:  # ValueError: a NUL byte in the path
+            raise RowRejected("image_unreadable", f"{where}: {ref.path!r} cannot be read ({exc})") from None
         if size > limits.max_bytes:
             raise RowRejected(
                 "image_too_large", f"{where}: {ref.path} is {size:,} bytes (limit {limits.max_bytes:,})"

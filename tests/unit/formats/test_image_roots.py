@@ -44,6 +44,9 @@ def test_outside_is_refused_naming_the_roots_inside_is_read(world: dict[str, Pat
     assert _rejection(ImageRef(path=str(outside.parent / "no.png")), limits).code == "image_outside_roots"
     # without roots (the CLI on the user's own files) the same file is read
     assert check(ImageRef(path=str(outside))).data == outside.read_bytes()
+    # a path no filesystem takes is a rejection with or without roots, not a crash
+    for given in (limits, ImageLimits()):
+        assert _rejection(ImageRef(path=str(root / "a\x00.png")), given).code == "image_unreadable"
 
 
 def test_a_link_inside_is_judged_by_where_it_points(world: dict[str, Path]) -> None:
