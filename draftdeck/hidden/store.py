@@ -32,6 +32,7 @@ import torch
 
 from draftdeck.errors import InputError, UsageError
 from draftdeck.fileio import sha256_file
+from draftdeck.hidden.compression import parse_compression
 
 MANIFEST = "hidden_manifest.json"
 FORMAT_VERSION = 2  # 2: compressed shards; an uncompressed cache is still written as 1 (older readers)
@@ -40,20 +41,6 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 class CacheError(UsageError):
     """A hidden-state cache that cannot serve this run: missing, damaged or of other inputs."""
-
-
-ZSTD_LEVELS = range(1, 23)
-
-
-def parse_compression(text: str | None) -> str | None:
-    """``zstd`` or ``zstd:LEVEL`` (1-22; 3 when not given) as the manifest names it, ``zstd:3``; None or
-    ``none``: uncompressed."""
-    if text is None or text.strip().lower() in ("", "none"):
-        return None
-    codec, _, level = text.strip().lower().partition(":")
-    if codec != "zstd" or (level and not level.isdigit()) or int(level or 3) not in ZSTD_LEVELS:
-        raise ValueError(f"compression {text!r}: zstd or zstd:LEVEL (LEVEL 1-22), or none")
-    return f"zstd:{int(level or 3)}"
 
 
 def compress_row(values: torch.Tensor, cctx: Any) -> bytes:

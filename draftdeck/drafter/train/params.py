@@ -295,7 +295,7 @@ class PlanParams(JobParams):
 
     @model_validator(mode="after")
     def _cached(self) -> PlanParams:
-        from draftdeck.hidden.store import parse_compression
+        from draftdeck.hidden.compression import parse_compression
 
         given = [n for n in ("cache_dataset", "cache_dtype", "cache_compress") if n in self.model_fields_set]
         if self.cache_compress is not None:  # "zstd:3"; ValueError names the forms it reads

@@ -13,7 +13,8 @@ import torch
 from draftdeck.drafter.train.cache.build import run_cache_hidden
 from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.drafter.train.cache.size import ZSTD_RATIOS, Projection
-from draftdeck.hidden.store import MANIFEST, CacheError, HiddenCache, parse_compression
+from draftdeck.hidden.compression import parse_compression
+from draftdeck.hidden.store import MANIFEST, CacheError, HiddenCache
 from draftdeck.jobs.context import LocalContext
 from tests.unit.hidden.conftest import train_run
 

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from draftdeck.drafter.kinds import DrafterName
-from draftdeck.hidden.store import parse_compression
+from draftdeck.hidden.compression import parse_compression
 from draftdeck.jobs.params import JobParams, inputs_field, strict_field
 
 StoreDtype = Literal["bf16", "fp16", "fp32"]
