@@ -50,14 +50,9 @@ class TokenizeChunks:
         paths = [Path(p) for p in params.inputs]
         try:
             plan = core.plan_chunks(
-                lambda report: read_inputs(
-                    paths,
-                    report,
-                    ctx.progress,
-                    strict=opts.strict,
-                    from_format=opts.from_format,
-                    image_roots=opts.image_roots,
-                ),
+                # everything reading is told, as the in-process run tells it: columns, tags, tool
+                # tags and preference were dropped here, so a chunked job read another dataset
+                lambda report: read_inputs(paths, report, ctx.progress, **opts.reading()),
                 parts,
                 params.chunk_rows or opts.shard_rows,
             )

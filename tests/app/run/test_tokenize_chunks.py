@@ -375,3 +375,23 @@ def test_planted_chunk_files_run_nothing_and_are_refused_by_name(tmp_path: Path,
     with pytest.raises(InputError, match=r"stats-00000\.npz: not the statistics file"):
         Stats.load_state(stats)
     assert not marker.exists()
+
+
+def test_the_chunked_job_reads_with_the_column_mapping_it_was_given(migrated: Path, small_dir: Path) -> None:
+    """The job's plan step read the inputs with only strict and from_format: a mapped file's rows were
+    all rejected (undetected shape) in the service while the CLI kept them."""
+    from app.run.chunks import run_chunk
+    from app.run.job import run_job
+    from app.store import records as jobs
+    from app.store.db import session_scope
+
+    job_id, src, _ = _submit(migrated, small_dir, 4, chunk_rows=8, columns={"prompt": "q", "response": "a"})
+    rows = [{"q": f"What is {i} + 1?", "a": f"{i + 1}."} for i in range(12)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_job(job_id) == "handed-off"
+    results = [run_chunk(job_id, c.chunk_index) for c in _chunks(job_id)]
+    assert results[-1] == "succeeded", results
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+    assert job is not None and job.result is not None
+    assert (job.result["rows_in"], job.result["rows_out"]) == (12, 12), job.result
