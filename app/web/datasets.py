@@ -343,7 +343,7 @@ def source_partial(
     except PathNotAllowedError as exc:
         return render(request, "partials/dataset_source.html",
                       message=f"the source file is not readable here: {exc}", **nothing)  # fmt: skip
-    found = find_source_row(path, int(index))
+    found = find_source_row(path, int(index), roots=settings.roots)
     where = source_where(path, int(index)) if found.where else None  # the facts' notation, by file name
     return render(request, "partials/dataset_source.html", message=found.message, messages=found.messages,
                   raw=found.raw, where=where, source=str(path),

@@ -10,11 +10,14 @@ browser shows. A URL is shown as text, never loaded: neither the server nor the 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from draftdeck.formats.common import IMAGE_PART_PREFIXES, ParseContext, ParseOptions, RowRejected
 from draftdeck.formats.image_parts import ROW_IMAGE_KEYS, image_list, image_part
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef
+from draftdeck.paths import inside_roots
 
 # a message's images: a reference, or why none could be made (a part that names no image)
 Found = ImageRef | str
@@ -69,14 +72,21 @@ def message_images(
 
 
 def shown(
-    value: dict[str, Any], msgs: list[Any], text_key: str, texts: list[str], folder: str | None
+    value: dict[str, Any],
+    msgs: list[Any],
+    text_key: str,
+    texts: list[str],
+    folder: str | None,
+    roots: Sequence[Path] | None = None,
 ) -> tuple[list[list[dict[str, Any]]], list[ImageRef]]:
     """Per message, its parts for the page, and the row's images those parts number.
 
     Parts: ``{"kind": "text", "text"}``; ``{"kind": "image", "k", "name"}`` (the k-th of the images
     returned, which the image route finds again by reading the row the same way); ``{"kind": "url",
     "url"}`` (shown as text, never loaded); ``{"kind": "bad", "why"}``. A placeholder without an image
-    stays text; an image without a placeholder is not shown (the reader rejects such a row)."""
+    stays text; an image without a placeholder is not shown (the reader rejects such a row). A file
+    outside `roots` (None: anywhere) is a ``bad`` part whatever it is: the page never says whether a
+    file there exists."""
     refs: list[ImageRef] = []
     out = []
     for text, images in zip(texts, message_images(value, msgs, text_key, texts, folder), strict=True):
@@ -100,6 +110,8 @@ def shown(
                 parts.append({"kind": "bad", "why": found})
             elif found.url is not None:
                 parts.append({"kind": "url", "url": found.url})
+            elif found.path is not None and not _within(found.path, roots):
+                parts.append({"kind": "bad", "why": f"{found.path} is outside the data roots"})
             elif found.path is not None and not os.path.isfile(found.path):
                 parts.append({"kind": "bad", "why": f"no image file at {found.path}"})
             else:
@@ -107,6 +119,10 @@ def shown(
                 refs.append(found)
         out.append(_merged(parts))
     return out, refs
+
+
+def _within(path: str, roots: Sequence[Path] | None) -> bool:
+    return roots is None or inside_roots(Path(path).resolve(), roots)
 
 
 def _name(ref: ImageRef) -> str:

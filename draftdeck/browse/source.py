@@ -4,6 +4,7 @@ tokenizer recorded, within a time budget, and shown as role/text pairs."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,12 @@ def source_where(path: Path, index: int) -> str:
     return f"{path.name}:{index}" if lines else f"{path.name}[{index}]"
 
 
-def find_source_row(path: Path, index: int, seconds: float = SOURCE_SCAN_SECONDS) -> SourceRow:
+def find_source_row(
+    path: Path, index: int, seconds: float = SOURCE_SCAN_SECONDS, roots: Sequence[Path] | None = None
+) -> SourceRow:
     """The row the tokenizer recorded as `index`: the 1-based line for JSONL, else the 0-based record
-    (of a JSON array, a Parquet, Arrow, CSV or TSV table)."""
+    (of a JSON array, a Parquet, Arrow, CSV or TSV table). Image files it names outside `roots` (None:
+    anywhere) are shown as such, unlooked-at."""
     from draftdeck.formats.tables import open_reader
 
     deadline = time.monotonic() + seconds
@@ -63,7 +67,7 @@ def find_source_row(path: Path, index: int, seconds: float = SOURCE_SCAN_SECONDS
         return SourceRow(message=f"{path.name} has no line or record {index}")
     if found.error:
         return SourceRow(where=found.where, message=f"{found.where}: {found.reason}")
-    messages = conversation(found.value, str(path.parent))
+    messages = conversation(found.value, str(path.parent), roots)
     raw_json = (
         None
         if messages is not None
@@ -87,7 +91,9 @@ def _chat(value: Any) -> tuple[list[dict[str, Any]], str, str] | None:
     return None
 
 
-def conversation(value: Any, folder: str | None = None) -> list[dict[str, Any]] | None:
+def conversation(
+    value: Any, folder: str | None = None, roots: Sequence[Path] | None = None
+) -> list[dict[str, Any]] | None:
     """Role/content pairs from common chat shapes, for display; None when the shape is not a chat.
     Each message's ``parts`` are its text and images in order (draftdeck.browse.images.shown);
     `folder` is the source file's, which relative image paths are relative to."""
@@ -96,7 +102,7 @@ def conversation(value: Any, folder: str | None = None) -> list[dict[str, Any]] 
         return None
     msgs, role_key, text_key = chat
     texts = [_text(m, text_key) for m in msgs]
-    parts, _ = shown(value, msgs, text_key, texts, folder)
+    parts, _ = shown(value, msgs, text_key, texts, folder, roots)
     return [
         {"role": str(m.get(role_key)), "text": text, "parts": p}
         for m, text, p in zip(msgs, texts, parts, strict=True)
