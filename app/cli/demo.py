@@ -137,6 +137,30 @@ def _set_threads(threads: int) -> str:
     return f"torch threads: {chosen}, the idle cores of {os.cpu_count()} (load {load:.1f}; --threads to set)"
 
 
+class DemoLog:
+    """The demo's progress lines on stderr, each stamped with the seconds since the demo began."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def __call__(self, line: str) -> None:
+        typer.echo(f"[{self.elapsed():6.1f} s] {line}", err=True)
+
+
+def start_demo(workdir: Path, threads: int) -> DemoLog:
+    """Refuse a workdir an earlier demo holds, quiet the libraries' own progress bars and set torch's
+    threads (said as the first line): what every demo does before its world is built."""
+    if (workdir / "run").exists() or (workdir / "answers.jsonl").exists():
+        raise typer.BadParameter(f"{workdir} holds an earlier demo: remove it or pass another --workdir")
+    say = DemoLog()
+    _quiet_libraries()
+    say(_set_threads(threads))
+    return say
+
+
 def _page_url(path: str) -> str:
     """The full address of a page on the server `draftdeck up` runs on this home, or how to open it."""
     from app.cli.address import recorded
@@ -179,15 +203,7 @@ def demo(
 
     size = QUICK if quick else FULL
     workdir = free_workdir(get_settings().home_dir) if workdir is None else workdir.resolve()
-    if (workdir / "run").exists() or (workdir / "answers.jsonl").exists():
-        raise typer.BadParameter(f"{workdir} holds an earlier demo: remove it or pass another --workdir")
-    started = time.monotonic()
-
-    def say(line: str) -> None:
-        typer.echo(f"[{time.monotonic() - started:6.1f} s] {line}", err=True)
-
-    _quiet_libraries()
-    say(_set_threads(threads))
+    say = start_demo(workdir, threads)
     needed = get_drafter_kind(drafter).demo_target
     if needed is not None and needed != target_arch:
         say(f"--drafter {drafter} needs the demo's {needed} target, not {target_arch}: building on it")
@@ -211,7 +227,7 @@ def demo(
         max_new_tokens=size["max_new"], max_prompts=size["eval_prompts"], heldout_fraction=0.1, seed=seed,
     ), say)  # fmt: skip
     summary = _summary(workdir, train_id)
-    say(f"done in {time.monotonic() - started:.0f} s; every tau counts the bonus token (vLLM's convention)")
+    say(f"done in {say.elapsed():.0f} s; every tau counts the bonus token (vLLM's convention)")
     typer.echo(json.dumps(summary))
 
 

@@ -18,13 +18,12 @@ The last line is one JSON object with the figures, every tau incl. bonus.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from app.cli.demo import _page_url, _quiet_libraries, _run, _set_threads, demo_train_params
+from app.cli.demo import _page_url, _run, demo_train_params, start_demo
 
 # the random VLM's answers are short loops of its own tokens: a short run shows the drafter learn them
 QUICK = {"prompts": 160, "max_new": 32, "train_steps": 120, "eval_prompts": 32}
@@ -37,15 +36,7 @@ def demo_multimodal(workdir: Path, *, quick: bool, seed: int, threads: int) -> N
     from draftdeck.tokenize.job import TokenizeParams
 
     size = QUICK if quick else FULL
-    if (workdir / "run").exists() or (workdir / "answers.jsonl").exists():
-        raise typer.BadParameter(f"{workdir} holds an earlier demo: remove it or pass another --workdir")
-    started = time.monotonic()
-
-    def say(line: str) -> None:
-        typer.echo(f"[{time.monotonic() - started:6.1f} s] {line}", err=True)
-
-    _quiet_libraries()
-    say(_set_threads(threads))
+    say = start_demo(workdir, threads)
     target = write_tiny_vlm(workdir / "world" / "target", seed=seed)
     pictures = write_tiny_images(workdir / "world" / "pictures", n=8, seed=seed)
     say(f"world ready: a tiny random Qwen3.5-style VLM ({target}), {len(pictures)} pictures")
@@ -64,7 +55,7 @@ def demo_multimodal(workdir: Path, *, quick: bool, seed: int, threads: int) -> N
         inputs=[str(dataset)], target=str(target), checkpoint=str(workdir / "run"), out=str(workdir / "eval"),
         max_new_tokens=size["max_new"], max_prompts=size["eval_prompts"], heldout_fraction=0.1, seed=seed,
     ), say)  # fmt: skip
-    say(f"done in {time.monotonic() - started:.0f} s; every tau counts the bonus token (vLLM's convention)")
+    say(f"done in {say.elapsed():.0f} s; every tau counts the bonus token (vLLM's convention)")
     typer.echo(json.dumps(summary(workdir)))
 
 
