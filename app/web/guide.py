@@ -15,7 +15,7 @@ from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Resp
 from app.settings import Settings
 from app.web.deps import SettingsDep
 from app.web.render import render
-from draftdeck.quality import CODES
+from draftdeck.issue_codes import CODES
 
 router = APIRouter()
 

@@ -26,9 +26,9 @@ from app.web.provenance_view import provenance_rows, versions_differ
 from app.web.run_views import shown_params
 from draftdeck.drafter.kinds import NAMES as DRAFTER_KINDS
 from draftdeck.drafter.kinds import get_kind as get_drafter_kind
+from draftdeck.issue_codes import CHOSEN, FOLDED
 from draftdeck.mix.composition import composition
 from draftdeck.paths import resolve_user_path
-from draftdeck.quality import CHOSEN, FOLDED
 from draftdeck.units import binary_size, count, noun_for, short_count
 
 templates = Jinja2Templates(directory=resource_dir("templates"))

@@ -24,7 +24,7 @@ KEYS = ("where", "do")
 if str(ROOT) not in sys.path:  # `mkdocs build` from the checkout, with or without an installed draftdeck
     sys.path.insert(0, str(ROOT))
 
-from draftdeck.quality import CODES, Action  # noqa: E402
+from draftdeck.issue_codes import CODES, Action  # noqa: E402
 
 ACTIONS = {
     Action.REJECT: "**reject**: the row is left out and counted under `rejected`",

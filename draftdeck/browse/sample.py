@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 from draftdeck.browse.info import DatasetInfo
 from draftdeck.browse.loading import open_store, token_table
 from draftdeck.browse.tokens import Chip, chips_for, fold_images, id_chips
-from draftdeck.quality import CODES, NOTES
+from draftdeck.issue_codes import CODES, NOTES
 from draftdeck.shards.store import ShardDataset
 
 CHIP_WINDOW = 4096  # tokens drawn per page; longer rows get links to the next and previous windows

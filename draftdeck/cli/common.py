@@ -13,7 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from draftdeck.errors import InputError, JobFailed, UsageError
-from draftdeck.quality import FOLDED, Report, loss_alert_kind
+from draftdeck.issue_codes import FOLDED
+from draftdeck.quality import Report, loss_alert_kind
 
 out = Console()
 err = Console(stderr=True)

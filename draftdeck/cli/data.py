@@ -25,7 +25,8 @@ from draftdeck.cli.options import job_command, option
 from draftdeck.convert.job import ConvertParams, convert_files
 from draftdeck.convert.scan_job import ScanParams, scan_files
 from draftdeck.errors import UsageError
-from draftdeck.quality import FOLDED, Report
+from draftdeck.issue_codes import FOLDED
+from draftdeck.quality import Report
 from draftdeck.units import binary_size, count
 
 REPORT = option("report", Path | None, None, help="write the JSON report here")

@@ -45,8 +45,9 @@ from draftdeck.formats.grouping import group_rows, groups, starts_grouped
 from draftdeck.formats.readers import RawRow, RowReader, jsonl_chunks
 from draftdeck.formats.tables import open_reader
 from draftdeck.formats.writers import Writer, meta_collision
+from draftdeck.issue_codes import Action
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Action, Report
+from draftdeck.quality import Report
 
 CHUNK_BYTES = 4 << 20
 _FAST_BLOCK_BYTES = 1 << 20  # as the writer's own buffer

@@ -17,8 +17,9 @@ from draftdeck.formats.detect import parse
 from draftdeck.formats.grouping import group_rows, groups
 from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.tables import expand_inputs, open_reader
+from draftdeck.issue_codes import Action
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import Action, Report
+from draftdeck.quality import Report
 
 
 def input_files(paths: Iterable[Path | str]) -> tuple[list[Path], int | None]:

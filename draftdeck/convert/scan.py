@@ -48,8 +48,9 @@ from draftdeck.formats.model import Conversation
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES, RawRow
 from draftdeck.formats.suggest import option_text, suggest_mapping
 from draftdeck.formats.tables import open_reader, skipped_in
+from draftdeck.issue_codes import FOLDED
 from draftdeck.progress import Progress, no_progress
-from draftdeck.quality import FOLDED, Report
+from draftdeck.quality import Report
 
 MAX_KEYSETS = 50
 MAX_PLACEHOLDER_CANDIDATES = 10

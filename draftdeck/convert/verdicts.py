@@ -13,7 +13,8 @@ from draftdeck.convert.options import ConvertOptions
 from draftdeck.convert.placeholders import is_filler, strip_answers
 from draftdeck.errors import JobFailed
 from draftdeck.formats.model import Conversation
-from draftdeck.quality import Action, Report
+from draftdeck.issue_codes import Action
+from draftdeck.quality import Report
 
 _LINE_BITS = 40
 _LINE_MASK = (1 << _LINE_BITS) - 1

@@ -24,7 +24,7 @@ from draftdeck.formats.detect import parse
 from draftdeck.formats.model import SourceRef
 from draftdeck.formats.readers import JsonlRange, RawRow
 from draftdeck.formats.writers import JSONL_ENCODERS, RESERVED, encode_line
-from draftdeck.quality import Action
+from draftdeck.issue_codes import Action
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection

@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 from draftdeck.chat.coverage import DROPPED
 from draftdeck.errors import UsageError
-from draftdeck.quality import LOSSES, Action, Policy, Rule
+from draftdeck.issue_codes import Action
+from draftdeck.quality import LOSSES, Policy, Rule
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Every issue code of draftdeck/quality.py has advice in docs/issue_codes_advice.yml, and no advice names
+"""Every issue code of draftdeck/issue_codes.py has advice in docs/issue_codes_advice.yml, and no advice names
 a code that does not exist: the checks the docs build's hook (docs/hooks/issue_codes.py) makes, here
 without MkDocs, so that a new code without documentation fails the tests too."""
 
@@ -10,7 +10,7 @@ from types import ModuleType
 
 import yaml
 
-from draftdeck.quality import CODES
+from draftdeck.issue_codes import CODES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ADVICE = REPO_ROOT / "docs" / "issue_codes_advice.yml"

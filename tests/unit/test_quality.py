@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from draftdeck.errors import AccountingError, PolicyError
-from draftdeck.quality import CODES, Action, Output, Policy, Report, code
+from draftdeck.issue_codes import CODES, Action, code
+from draftdeck.quality import Output, Policy, Report
 
 
 def _report(rows_in: int, out: int, **rejected: int) -> Report:

@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.web.guide import KIND_PAGES, NAV_PAGES, guide_url, issue_url
+from draftdeck.issue_codes import CODES
 from draftdeck.kinds import KINDS
-from draftdeck.quality import CODES
 from tests.conftest import REPO_ROOT
 
 

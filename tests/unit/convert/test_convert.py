@@ -298,7 +298,8 @@ class TestPlaceholder:
 
     def test_warn_policy_keeps_them(self, tmp_path: Path) -> None:
         rows = [_chat(f"prompt {i}", "OK.") for i in range(40)]
-        from draftdeck.quality import Action, Rule
+        from draftdeck.issue_codes import Action
+        from draftdeck.quality import Rule
 
         opts = {"policy": Policy(rules={"placeholder_response": Rule(Action.WARN)})}
         convs, report = _read([_jsonl(tmp_path / "i.jsonl", rows)], **opts)
@@ -323,7 +324,8 @@ class TestEmptyAnswer:
         convs, report = _read([src])
         assert len(convs) == 1 and report.rejected == {"empty_assistant_turn": 1}
         assert "assistant message 1" in report.examples["empty_assistant_turn"][0].reason
-        from draftdeck.quality import Action, Rule
+        from draftdeck.issue_codes import Action
+        from draftdeck.quality import Rule
 
         convs, report = _read([src], policy=Policy(rules={"empty_assistant_turn": Rule(Action.WARN)}))
         assert len(convs) == 2 and report.warnings == {"empty_assistant_turn": 1}

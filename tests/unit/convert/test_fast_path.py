@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from draftdeck.convert import ConvertOptions, convert, read_conversations
 from draftdeck.convert import run as convert_run
 from draftdeck.errors import JobFailed
-from draftdeck.quality import Action, Policy, Report, Rule
+from draftdeck.issue_codes import Action
+from draftdeck.quality import Policy, Report, Rule
 from tests.conftest import FIXTURES, REAL_DATA
 from tests.support.convert import general_row
 from tests.unit.convert.test_parallel import _comparable, _mixed_file

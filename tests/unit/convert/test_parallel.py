@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from draftdeck.convert import ConvertOptions, convert
 from draftdeck.errors import JobFailed
 from draftdeck.formats.readers import JsonlRange, RowReader, jsonl_chunks
-from draftdeck.quality import Action, Policy, Report, Rule
+from draftdeck.issue_codes import Action
+from draftdeck.quality import Policy, Report, Rule
 from tests.conftest import FIXTURES as TEST_FIXTURES
 from tests.conftest import real_file
 from tests.support.convert import general_row

@@ -18,7 +18,7 @@ from draftdeck.formats.images import (
     store,
 )
 from draftdeck.formats.model import ImageRef, Message
-from draftdeck.quality import CODES
+from draftdeck.issue_codes import CODES
 from tests.unit.formats.imaging import data_uri, image_bytes, write_image
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from draftdeck.errors import UsageError
 from draftdeck.formats.model import Conversation, Message, ToolCall
-from draftdeck.quality import CODES, Policy
+from draftdeck.issue_codes import CODES
+from draftdeck.quality import Policy
 from draftdeck.regenerate.answer import Answer, RowRejected, answer_issues, parse_completion
 from draftdeck.regenerate.journal import Journal
 from draftdeck.regenerate.params import RegenerateParams

@@ -30,9 +30,10 @@ from draftdeck.drafter.train.cache.size import Projection, check_disk, sized, st
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.hidden import checks, specforge
 from draftdeck.hidden.store import DTYPES, CacheError, CacheManifest, CacheWriter, HiddenCache, dataset_entry
+from draftdeck.issue_codes import Action
 from draftdeck.jobs.context import RunContext
 from draftdeck.provenance import model_fingerprint
-from draftdeck.quality import Action, Output, Policy, Report
+from draftdeck.quality import Output, Policy, Report
 from draftdeck.shards.store import ShardDataset
 from draftdeck.units import binary_size
 
