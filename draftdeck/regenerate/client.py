@@ -14,10 +14,13 @@ import httpx
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.provenance import ModelIdentity
 from draftdeck.regenerate.answer import Answer, RowRejected, parse_completion
+from draftdeck.regenerate.images import has_image_parts
 from draftdeck.regenerate.params import RegenerateParams
 
 # Words servers use when a prompt does not fit (vLLM, SGLang, TGI, OpenAI).
 _TOO_LONG = ("maximum context length", "context length", "too long", "context window", "max_model_len")
+# Words of a server refusing image input (vLLM: "... is not a multimodal model"; others name the part)
+_NO_IMAGES = ("image", "multimodal", "multi-modal", "vision", "modality")
 
 
 MAX_BACKOFF_S = 30.0
@@ -168,6 +171,12 @@ class OpenAIBackend:
                 if status in (400, 413, 422) and any(w in text.lower() for w in _TOO_LONG):
                     ep.errors += 1
                     raise RowRejected("prompt_too_long", f"{ep.url} (HTTP {status}): {text}")
+                refused = status in (400, 422) and any(w in text.lower() for w in _NO_IMAGES)
+                if refused and has_image_parts(messages):  # a text-only server
+                    ep.errors += 1
+                    raise RowRejected(
+                        "multimodal_content", f"{ep.url} refused the row's images (HTTP {status}): {text}"
+                    )
                 if status != 429 and status < 500:
                     ep.errors += 1
                     raise RowRejected("server_error", f"{ep.url} (HTTP {status}): {text}")

@@ -14,11 +14,13 @@ from typing import Any
 
 from draftdeck.convert import ConvertOptions, read_conversations
 from draftdeck.errors import Cancelled, JobFailed, UsageError
+from draftdeck.formats.images import IMAGES_DIR, ImageLimits
 from draftdeck.formats.model import Conversation, SourceRef
 from draftdeck.formats.writers import Writer, encode_line, to_openai
 from draftdeck.jobs.context import RunContext, file_roots
 from draftdeck.quality import Action, Policy, Report, Rule
 from draftdeck.regenerate.answer import RowRejected
+from draftdeck.regenerate.images import reads_images
 from draftdeck.regenerate.journal import Journal, journal_path
 from draftdeck.regenerate.params import RegenerateParams
 from draftdeck.regenerate.walk import walk
@@ -72,6 +74,8 @@ class _Job:
         self.identity: dict[str, Any] = {}  # the answering model (draftdeck.provenance), per row
         self.vocab: str | None = None  # the vocabulary of the answers' token ids (None: not known)
         self.answers = self.answers_with_ids = 0
+        # a turn's images are read again to be sent inline: from the data roots only, as the reader did
+        self.image_limits = ImageLimits(roots=file_roots(ctx))
 
     def _counted(self, backend: Any) -> Any:
         """`backend.chat`, counting the tokens of every answer (rejected ones cost server time too)."""
@@ -88,7 +92,9 @@ class _Job:
     async def one(self, journal: Journal, key: int, conv: Conversation, backend: Any) -> None:
         src = conv.source
         try:
-            got = await walk(conv, self._counted(backend), self.policy, self.params.reasoning)
+            got = await walk(
+                conv, self._counted(backend), self.policy, self.params.reasoning, self.image_limits
+            )
         except RowRejected as exc:
             where = src.where if src else "?"
             journal.append(
@@ -199,10 +205,16 @@ def run_regenerate(params: RegenerateParams, ctx: RunContext, policy: Policy | N
     journal = Journal(journal_path(out), header)
     job = _Job(params, ctx, report, pol)
     # Prompt-only rows are what regeneration is for; the source's answers are dropped, so a dummy
-    # answer on every row (placeholder_response) is no reason to reject a prompt here.
+    # answer on every row (placeholder_response) is no reason to reject a prompt here. Rows with images
+    # keep them (stored once in images/ beside the output, which the written rows point at), unless
+    # the local target reads no images: then each is multimodal_content, as tokenize rejects them. A
+    # server is sent them; one that refuses a request with images rejects that row the same way.
+    text_only = params.local is not None and not reads_images(params.local)
     options = ConvertOptions(
         policy=pol, allow_prompt_only=True, placeholder_max_chars=-1, from_format=params.from_format,
         columns=params.columns, tags=params.tags, image_roots=file_roots(ctx),
+        images="reject" if text_only else "keep",
+        images_dir=str(out.expanduser().resolve().parent / IMAGES_DIR),
     )  # fmt: skip
     if journal.resumed:
         ctx.event("info", f"resuming: {journal.resumed} rows already done in {journal.path}")

@@ -14,10 +14,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from draftdeck.formats.images import DEFAULT_LIMITS, ImageLimits
 from draftdeck.formats.model import Conversation, Message
 from draftdeck.formats.writers import to_openai
 from draftdeck.quality import Action, Policy
 from draftdeck.regenerate.answer import Answer, RowRejected, answer_issues
+from draftdeck.regenerate.images import with_inline_images
 
 Ask = Callable[[list[dict[str, Any]], list[dict[str, Any]]], Awaitable[Answer]]
 
@@ -44,9 +46,12 @@ def _slots(messages: list[Message]) -> list[tuple[int, bool]]:
     return out
 
 
-async def walk(conv: Conversation, ask: Ask, policy: Policy, reasoning_on: bool) -> Walked:
+async def walk(
+    conv: Conversation, ask: Ask, policy: Policy, reasoning_on: bool, limits: ImageLimits = DEFAULT_LIMITS
+) -> Walked:
     """The conversation answered by the target; raises `RowRejected` on the first answer a check
-    rejects (warned codes are collected in `Walked.warnings`)."""
+    rejects (warned codes are collected in `Walked.warnings`). A turn's images are sent inline, read
+    within `limits` (the job's data roots: draftdeck.regenerate.images)."""
     history: list[Message] = []
     result = Walked(conversation=conv)
     id_map: dict[str, str] = {}
@@ -68,6 +73,7 @@ async def walk(conv: Conversation, ask: Ask, policy: Policy, reasoning_on: bool)
         turn += 1
         source_calls = len(m.tool_calls) if m.role == "assistant" else 0
         request = to_openai(Conversation(messages=history))["messages"]
+        with_inline_images(request, history, limits)
         answer = await ask(request, conv.tools)
         result.completion_tokens += answer.completion_tokens
         result.prompt_tokens += answer.prompt_tokens
