@@ -3,7 +3,8 @@
 
 A tiny random Qwen3.5-style VLM and a handful of generated pictures are written (draftdeck.drafter.
 tiny_vlm); the VLM answers prompts about the pictures and text prompts greedily, its vision tower
-reading each picture (in this process: `regenerate` does not send images yet), and the conversations
+reading each picture (in this process, one batched greedy pass: `regenerate --local` reads images too
+now, docs/regenerate.md#images, but as a job it would add a step to the demo), and the conversations
 are written in the shapes users bring images in (OpenAI `image_url` parts, LLaMA-Factory `<image>`
 placeholders, text alone). Then three jobs, recorded as a worker records them:
 
