@@ -24,7 +24,7 @@ from draftdeck.issue_codes import Action
 from draftdeck.quality import Policy, Report, Rule
 from tests.conftest import FIXTURES, REAL_DATA
 from tests.support.convert import general_row
-from tests.unit.convert.test_parallel import _comparable, _mixed_file
+from tests.support.convert_parallel import comparable, mixed_file
 
 
 def _general(inputs: Any, writer: Any, report: Report, opts: ConvertOptions, to: str, progress: Any) -> None:
@@ -40,8 +40,8 @@ def _outcome(paths: list[Path], out: Path, to: str, opts: dict[str, Any]) -> tup
         report = convert(paths, out, to, options=ConvertOptions(**opts))
     except JobFailed as exc:
         assert not out.exists() and isinstance(exc.report, Report)
-        return None, _comparable(exc.report), str(exc)
-    return out.read_bytes(), _comparable(report), None
+        return None, comparable(exc.report), str(exc)
+    return out.read_bytes(), comparable(report), None
 
 
 def _same(
@@ -153,7 +153,7 @@ def test_generated_rows_as_the_general_path(tmp_path: Path, monkeypatch: pytest.
     src = _bench_like(tmp_path / "bench.jsonl", 1500, seed=11)
     for opts in OPTION_SETS.values():
         _same(tmp_path, monkeypatch, [src], to, **opts)
-    mixed = _mixed_file(tmp_path / "mixed.jsonl", n=2000, seed=5)
+    mixed = mixed_file(tmp_path / "mixed.jsonl", n=2000, seed=5)
     for opts in OPTION_SETS.values():
         _same(tmp_path, monkeypatch, [mixed, src], to, **opts)
 
