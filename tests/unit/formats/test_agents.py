@@ -16,24 +16,16 @@ from typing import Any
 
 import pytest
 
-from draftdeck.convert import ConvertOptions, convert, read_conversations
+from draftdeck.convert import ConvertOptions, convert
 from draftdeck.formats import agent_session
 from draftdeck.formats.model import Conversation, SourceRef
-from draftdeck.quality import Report
 from draftdeck.shards.store import ShardDataset
 from draftdeck.tokenize.pipeline import TokenizeOptions, tokenize_files
 from tests.conftest import FIXTURES, NO_SHARED, REAL_DATA
 from tests.support.tokenize import qwen_dir, qwen_tok, trained_runs, untrained_text  # noqa: F401
+from tests.unit.formats.reading import read_file
 
 AGENTS = FIXTURES / "agents"
-
-
-def _read(path: Path, **opts: Any) -> tuple[list[Conversation], Report]:
-    report = Report()
-    convs = list(read_conversations([path], report, ConvertOptions(**opts)))
-    report.rows_out = len(convs)
-    report.check_accounting()
-    return convs, report
 
 
 def _source(conv: Conversation) -> SourceRef:
@@ -58,7 +50,7 @@ def _shape(conv: Conversation) -> list[tuple[Any, ...]]:
 
 
 def test_a_session_log_is_its_conversations_with_every_line_counted() -> None:
-    [main, side], report = _read(AGENTS / "session.jsonl")
+    [main, side], report = read_file(AGENTS / "session.jsonl")
     # 18 lines: 2 conversations, 12 lines merged into them, 1 retried answer, 3 metadata lines
     assert (report.rows_in, dict(report.formats)) == (18, {"agent_session": 2})
     assert dict(report.rejected) == {"merged_event": 12, "abandoned_branch": 1, "session_metadata": 3}
@@ -93,7 +85,7 @@ def test_a_session_log_without_parent_links_is_one_conversation_in_file_order(tm
     naming its last message) was 6 one-line conversations, none kept. Its lines are one conversation
     in file order, with both calls and both results, and every line is accounted for."""
     path = AGENTS / "session_no_parents.jsonl"
-    [conv], report = _read(path)
+    [conv], report = read_file(path)
     assert (report.rows_in, report.rows_out, dict(report.formats)) == (7, 1, {"agent_session": 1})
     assert dict(report.rejected) == {"merged_event": 5, "session_metadata": 1} and report.rows_lost == 0
     grep = {"pattern": "TODO", "path": "notes.md", "output_mode": "count"}
@@ -117,7 +109,7 @@ def test_a_session_log_without_parent_links_is_one_conversation_in_file_order(tm
     more[1].update(uuid="d2", message={"id": "msg_b1", "role": "assistant", "content": "One: taxes."})
     two = tmp_path / "two.jsonl"
     two.write_text("\n".join([*lines, *map(json.dumps, more)]) + "\n")
-    [first, second], report = _read(two)
+    [first, second], report = read_file(two)
     assert len(first.messages) == 6 and [m.content for m in second.messages] == [
         "And how many are done?", "One: taxes."]  # fmt: skip
     assert dict(report.rejected) == {"merged_event": 6, "session_metadata": 1}
@@ -132,7 +124,7 @@ def test_a_real_claude_code_log_keeps_its_conversations() -> None:
     if not logs:
         pytest.skip(f"no Claude Code session log in {REAL_DATA} (the fixture above covers the shape)")
     for log in logs:
-        convs, report = _read(log)
+        convs, report = read_file(log)
         assert convs and report.formats["agent_session"] == len(convs), log.name
         assert not report.rejected.get("no_user_turn") and not report.rejected.get("no_assistant_turn")
 
@@ -149,20 +141,20 @@ def _first_is_session_line(path: Path) -> bool:
 def test_a_conversation_over_the_row_limit_is_rejected_whole_whatever_its_rows() -> None:
     """The row limit is on a conversation: a session (or an event stream) made of many small lines is
     held to it too; every line of one over it is rejected, and the other conversation is kept."""
-    whole, _ = _read(AGENTS / "session.jsonl")
+    whole, _ = read_file(AGENTS / "session.jsonl")
     assert sorted(_line(c) for c in whole if c.source) == [2, 15]
-    convs, report = _read(AGENTS / "session.jsonl", max_row_bytes=3000)
+    convs, report = read_file(AGENTS / "session.jsonl", max_row_bytes=3000)
     assert [c.source.line for c in convs if c.source] == [15]  # the sidechain fits, the main one does not
     # the main session's 11 lines (its abandoned branch too); the sidechain's 3 later lines merge as before
     assert dict(report.rejected) == {"oversize_row": 11, "merged_event": 3, "session_metadata": 3}
     why = report.examples["oversize_row"][0].reason
     assert why.startswith("part of the conversation at line 2: its ") and "exceed the limit of 3,000" in why
-    [], stream = _read(AGENTS / "events.json", max_row_bytes=500)
+    [], stream = read_file(AGENTS / "events.json", max_row_bytes=500)
     assert stream.rejected["oversize_row"] == 9 and stream.rejected["session_metadata"] == 3
 
 
 def test_an_event_stream_is_one_conversation_with_the_model_s_own_calls() -> None:
-    [conv], report = _read(AGENTS / "events.json")
+    [conv], report = read_file(AGENTS / "events.json")
     assert (report.rows_in, dict(report.formats)) == (12, {"event_stream": 1})
     assert dict(report.rejected) == {"merged_event": 8, "session_metadata": 3}
     shape = _shape(conv)
@@ -183,7 +175,7 @@ def test_an_event_stream_is_one_conversation_with_the_model_s_own_calls() -> Non
 
 def test_a_declared_mapping_reads_each_line_as_it_is() -> None:
     """A mapping overrides detection, the grouping of session lines included: each line is a row."""
-    convs, report = _read(AGENTS / "session.jsonl", columns={"prompt": "summary", "response": "leafUuid"})
+    convs, report = read_file(AGENTS / "session.jsonl", columns={"prompt": "summary", "response": "leafUuid"})
     assert report.rows_in == 18 and len(convs) == 1  # only the summary line has the fields
     assert dict(report.rejected) == {"format_mismatch": 17}
 
@@ -194,7 +186,7 @@ def test_an_event_list_row_reads_the_same() -> None:
     from draftdeck.formats.detect import parse
 
     family, [conv] = parse(events, ParseContext())  # a JSONL line that is the list of events
-    [whole], _ = _read(AGENTS / "events.json")
+    [whole], _ = read_file(AGENTS / "events.json")
     assert family == "event_stream" and _shape(conv) == _shape(whole)
 
 
@@ -205,10 +197,10 @@ def test_older_and_trimmed_streams_read_the_same_calls(tmp_path: Path) -> None:
     from draftdeck.formats.detect import parse
 
     events = json.loads((AGENTS / "events.json").read_text())
-    [whole], _ = _read(AGENTS / "events.json")
+    [whole], _ = read_file(AGENTS / "events.json")
     pairs = [events[i : i + 2] for i in range(0, len(events), 2)]
     (tmp_path / "pairs.json").write_text(json.dumps(pairs))
-    [conv], report = _read(tmp_path / "pairs.json")
+    [conv], report = read_file(tmp_path / "pairs.json")
     assert _shape(conv) == _shape(whole) and report.rows_in == 6
     assert dict(report.rejected) == {"merged_event": 4, "session_metadata": 1}  # events 2-3: metadata
     family, [row] = parse({"instance_id": "x-1", "history": pairs}, ParseContext())
@@ -233,7 +225,7 @@ def test_older_and_trimmed_streams_read_the_same_calls(tmp_path: Path) -> None:
 
 
 def test_a_tool_search_file_trains_each_answer_once() -> None:
-    [conv], report = _read(AGENTS / "toolbench_dfs.json")
+    [conv], report = read_file(AGENTS / "toolbench_dfs.json")
     assert dict(report.formats) == {"tool_search": 1}
     assert "2 of the 3 episodes" in report.examples["contained_prefix"][0].reason
     assert [m.role for m in conv.messages] == ["system", "user", "assistant", "tool", "assistant", "tool",
@@ -267,7 +259,7 @@ def test_distinct_branches_of_a_search_are_each_kept() -> None:
 
 
 def test_rlhf_prompt_pairs_read_their_turns() -> None:
-    convs, report = _read(AGENTS / "rlhf_pairs.jsonl")
+    convs, report = read_file(AGENTS / "rlhf_pairs.jsonl")
     convs.sort(key=_line)
     assert [[(m.role, m.content) for m in c.messages] for c in convs] == [
         [("user", "How do I boil an egg?"),
@@ -286,7 +278,7 @@ def test_rlhf_prompt_pairs_read_their_turns() -> None:
 
 
 def test_mixed_key_conventions_and_legacy_functions(tmp_path: Path) -> None:
-    convs, report = _read(AGENTS / "mixed_keys.jsonl")
+    convs, report = read_file(AGENTS / "mixed_keys.jsonl")
     convs.sort(key=_line)
     assert [[(m.role, m.content) for m in c.messages] for c in convs[:2]] == [
         [("user", "Say hello in French."), ("assistant", "Bonjour.")],
@@ -307,11 +299,11 @@ def test_mixed_key_conventions_and_legacy_functions(tmp_path: Path) -> None:
 def test_agent_shapes_convert_with_their_structure(to: str, tmp_path: Path) -> None:
     names = ["session.jsonl", "events.json", "toolbench_dfs.json"]
     for name in names:
-        read, _ = _read(AGENTS / name)
+        read, _ = read_file(AGENTS / name)
         out = tmp_path / f"{name}.{to}.jsonl"
         report = convert([AGENTS / name], out, to)
         report.check_accounting()
-        again, _ = _read(out)
+        again, _ = read_file(out)
         assert [_shape(c) for c in again] == [_shape(c) for c in read], (name, to)
         assert [c.tools for c in again] == [c.tools for c in read]
 

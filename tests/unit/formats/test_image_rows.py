@@ -11,11 +11,12 @@ from typing import Any
 import orjson
 import pytest
 
-from draftdeck.convert import ConvertOptions, convert, read_conversations
+from draftdeck.convert import ConvertOptions, convert
 from draftdeck.formats.images import image_bytes as ref_bytes
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation
-from draftdeck.quality import Policy, Report
+from draftdeck.quality import Policy
 from tests.unit.formats.imaging import data_uri, image_bytes, write_image
+from tests.unit.formats.reading import read_file
 
 RED, BLUE, GREEN = (200, 30, 40), (20, 40, 220), (30, 180, 60)
 
@@ -89,14 +90,6 @@ REJECTED = {
 }
 
 
-def _read(path: Path, **opts: Any) -> tuple[list[Conversation], Report]:
-    report = Report()
-    convs = list(read_conversations([path], report, ConvertOptions(**opts)))
-    report.rows_out = len(convs)
-    report.check_accounting()
-    return convs, report
-
-
 def _images(convs: list[Conversation]) -> list[list[tuple[str, bytes]]]:
     """Per conversation: each message's text and the bytes of its images, in order."""
     return [[(m.content, b"".join(ref_bytes(r) for r in m.images)) for m in conv.messages] for conv in convs]
@@ -108,7 +101,7 @@ def _sha(data: bytes) -> str:
 
 def test_every_shape_is_read_and_every_fault_named(tmp_path: Path) -> None:
     path, img = _mixed_file(tmp_path)
-    convs, report = _read(path)
+    convs, report = read_file(path)
     assert (report.rows_in, len(convs)) == (KEPT + sum(REJECTED.values()), KEPT)
     assert dict(report.rejected) == REJECTED
     reasons = {code: ex[0].reason for code, ex in report.examples.items()}
@@ -132,7 +125,7 @@ def test_every_shape_is_read_and_every_fault_named(tmp_path: Path) -> None:
 
 def test_images_refused_for_a_text_target(tmp_path: Path) -> None:
     path, _ = _mixed_file(tmp_path)
-    convs, report = _read(path, images="reject")
+    convs, report = read_file(path, images="reject")
     assert len(convs) == 1 and convs[0].messages[0].content == "No picture."
     assert dict(report.rejected) == {"multimodal_content": 11}
 
@@ -140,16 +133,16 @@ def test_images_refused_for_a_text_target(tmp_path: Path) -> None:
 def test_limits_reject_large_images(tmp_path: Path) -> None:
     path, _ = _mixed_file(tmp_path)
     # 8 x 6 (a, b) fit 48 pixels; the 5 x 5 inline image fits too: nothing more is rejected
-    _, report = _read(path, max_image_pixels=48)
+    _, report = read_file(path, max_image_pixels=48)
     assert dict(report.rejected) == REJECTED
-    _, report = _read(path, max_image_pixels=47)  # a and b are over: only the inline row and text stay
+    _, report = read_file(path, max_image_pixels=47)  # a and b are over: only the inline row and text stay
     assert report.rows_out == 2 and report.rejected["image_too_large"] == 5
 
 
 @pytest.mark.parametrize("to", ["openai", "sharegpt", "parquet"])
 def test_each_format_stores_once_and_reads_back_the_same(tmp_path: Path, to: str) -> None:
     path, img = _mixed_file(tmp_path)
-    before, _ = _read(path)
+    before, _ = read_file(path)
     out = tmp_path / "out" / f"train.{'parquet' if to == 'parquet' else 'jsonl'}"
     report = convert([path], out, to)
     assert report.rows_out == KEPT and dict(report.rejected) == REJECTED
@@ -158,7 +151,7 @@ def test_each_format_stores_once_and_reads_back_the_same(tmp_path: Path, to: str
     assert sorted(p.name for p in stored.iterdir()) == sorted(
         [f"{_sha(img['a'])}.png", f"{_sha(img['b'])}.jpg", f"{_sha(img['inline'])}.png"]
     )
-    after, again = _read(out)
+    after, again = read_file(out)
     assert again.rows_out == KEPT and not again.rejected
     assert _images(after) == _images(before)
     refs = [r for conv in after for m in conv.messages for r in m.images]
@@ -205,20 +198,19 @@ def test_the_convert_command_keeps_or_refuses_images(tmp_path: Path) -> None:
     from app.cli.main import app
 
     path, _ = _mixed_file(tmp_path)
-    refused = CliRunner().invoke(
-        app, ["convert", str(path), "--out", str(tmp_path / "text.jsonl"), "--images", "reject",
-              "--max-rejected", "1", "--report", str(tmp_path / "r.json")],
-    )  # fmt: skip
-    assert refused.exit_code == 0, refused.output
-    report = orjson.loads((tmp_path / "r.json").read_bytes())
+
+    def convert_command(out: str, *options: str) -> dict[str, Any]:
+        """`draftdeck convert` of the mixed file to `out` with `options`: its report."""
+        report = tmp_path / f"{out}.report.json"
+        args = ["convert", str(path), "--out", str(tmp_path / out), *options, "--max-rejected", "1"]
+        result = CliRunner().invoke(app, [*args, "--report", str(report)])
+        assert result.exit_code == 0, result.output
+        return dict(orjson.loads(report.read_bytes()))
+
+    report = convert_command("text.jsonl", "--images", "reject")
     assert report["rows_out"] == 1 and report["rejected"] == {"multimodal_content": 11}
     assert not (tmp_path / "images").exists()
-    small = CliRunner().invoke(
-        app, ["convert", str(path), "--out", str(tmp_path / "kept.jsonl"), "--max-image-pixels", "47",
-              "--max-rejected", "1", "--report", str(tmp_path / "k.json")],
-    )  # fmt: skip
-    assert small.exit_code == 0, small.output
-    report = orjson.loads((tmp_path / "k.json").read_bytes())
+    report = convert_command("kept.jsonl", "--max-image-pixels", "47")
     assert report["rows_out"] == 2 and report["rejected"]["image_too_large"] == 5
     assert len(list((tmp_path / "images").iterdir())) == 1  # the inline image, the one kept
 
@@ -236,9 +228,9 @@ def test_a_mix_keeps_its_sources_images_beside_it(tmp_path: Path, to: str) -> No
     out = tmp_path / "mixed" / f"mix.{'parquet' if to == 'parquet' else 'jsonl'}"
     out.parent.mkdir()
     mix(recipe, out, policy=Policy(max_rejected=1.0))
-    after, report = _read(out)
+    after, report = read_file(out)
     assert report.rows_out == KEPT and not report.rejected
-    before, _ = _read(path)
+    before, _ = read_file(path)
     assert sorted(map(repr, _images(after))) == sorted(map(repr, _images(before)))  # the mix shuffles rows
     assert len(list((out.parent / "images").iterdir())) == 3
 
@@ -272,7 +264,7 @@ def test_gemini_image_parts(tmp_path: Path) -> None:
         + row({"inline_data": {"mime_type": "audio/wav", "data": "UklGRg=="}})
         + row({"fileData": {"mimeType": "image/jpeg", "fileUri": "gs://bucket/cat.jpg"}})
     )
-    convs, report = _read(path)
+    convs, report = read_file(path)
     assert dict(report.rejected) == {"multimodal_content": 1, "image_url_unread": 1}
     assert "'audio/wav'" in report.examples["multimodal_content"][0].reason
     assert _images(convs) == [[(f"What is it? {IMAGE_PLACEHOLDER}", png), ("Red.", b"")]]
