@@ -204,3 +204,27 @@ def test_a_server_that_refuses_images_rejects_the_row_as_multimodal(
         report = run_regenerate(params, LocalContext(tmp_path / "ctx"))
     assert report.rows_out == 1
     assert dict(report.rejected) == {"multimodal_content": 2}
+
+
+def test_a_services_job_sends_no_image_from_outside_its_data_roots(
+    pictures: list[Path], tmp_path: Path
+) -> None:
+    """With data roots (a job run by the service), a row naming a picture elsewhere is rejected as
+    image_outside_roots and nothing of it is sent; a picture inside the roots is sent."""
+    inside = tmp_path / "roots" / "inside.png"
+    inside.parent.mkdir()
+    inside.write_bytes(pictures[1].read_bytes())
+    src = _input(tmp_path / "roots" / "in", pictures[0], inside)  # picture 0 lies outside the roots
+
+    def answer(messages: list[dict[str, Any]], n: int) -> Any:
+        return completion("a picture")
+
+    with standin(StandIn(answer)) as server:
+        params = RegenerateParams(inputs=[str(src)], out=str(tmp_path / "roots" / "out.jsonl"),
+                                  endpoints=[server.url], model="m", concurrency=1)  # fmt: skip
+        ctx = LocalContext(tmp_path / "ctx", file_roots=(str(tmp_path / "roots"),))
+        report = run_regenerate(params, ctx)
+    assert dict(report.rejected) == {"image_outside_roots": 1} and report.rows_out == 2
+    sent = [p["image_url"]["url"] for b in server.requests for m in b["messages"]
+            if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]  # fmt: skip
+    assert [base64.b64decode(u.split(",", 1)[1]) for u in sent] == [pictures[1].read_bytes()]
