@@ -1,5 +1,5 @@
 """A dataset's images, as the shard store reads and writes them (the columns and the folder are
-described in :mod:`draftdeck.shards.store`): the rows' stored image files and grids, and text shards
+described in :mod:`draftdeck.shards.schema`): the rows' stored image files and grids, and text shards
 given the image columns when a dataset turns out to hold images."""
 
 from __future__ import annotations
