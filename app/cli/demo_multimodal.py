@@ -2,13 +2,12 @@
 (issue 55).
 
 A tiny random Qwen3.5-style VLM and a handful of generated pictures are written (draftdeck.drafter.
-tiny_vlm); the VLM answers prompts about the pictures and text prompts greedily, its vision tower
-reading each picture (in this process, one batched greedy pass: `regenerate --local` reads images too
-now, docs/regenerate.md#images, but as a job it would add a step to the demo), and the conversations
-are written in the shapes users bring images in (OpenAI `image_url` parts, LLaMA-Factory `<image>`
-placeholders, text alone). Then three jobs, recorded as a worker records them:
+tiny_vlm), and prompts about the pictures and text prompts, in the shapes users bring images in
+(OpenAI `image_url` parts, LLaMA-Factory `<image>` placeholders, text alone). Then four jobs, recorded
+as a worker records them:
 
-    tokenize (the target's processor: each picture its grid's image tokens, loss mask 0 there)
+    regenerate (--local: the VLM answers greedily, its vision tower reading each picture)
+      ->  tokenize (the target's processor: each picture its grid's image tokens, loss mask 0 there)
       ->  train (a 1-layer DFlash drafter against the whole VLM, its tower frozen)
       ->  eval (real speculative decoding with the pictures in the prompts: lossless, tau on image
           prompts and on text prompts apart)
@@ -19,6 +18,8 @@ The last line is one JSON object with the figures, every tau incl. bonus.
 from __future__ import annotations
 
 import json
+import os
+import random
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,8 @@ FULL = {"prompts": 300, "max_new": 48, "train_steps": 200, "eval_prompts": 48}
 
 def demo_multimodal(workdir: Path, *, quick: bool, seed: int, threads: int) -> None:
     from draftdeck.drafter.eval.params import EvalParams
-    from draftdeck.drafter.tiny_vlm import write_answered_conversations, write_tiny_images, write_tiny_vlm
+    from draftdeck.drafter.tiny_vlm import write_tiny_images, write_tiny_vlm
+    from draftdeck.regenerate import RegenerateParams
     from draftdeck.tokenize.job import TokenizeParams
 
     size = QUICK if quick else FULL
@@ -41,10 +43,13 @@ def demo_multimodal(workdir: Path, *, quick: bool, seed: int, threads: int) -> N
     target = write_tiny_vlm(workdir / "world" / "target", seed=seed)
     pictures = write_tiny_images(workdir / "world" / "pictures", n=8, seed=seed)
     say(f"world ready: a tiny random Qwen3.5-style VLM ({target}), {len(pictures)} pictures")
-    answers = workdir / "answers.jsonl"
-    shapes = write_answered_conversations(target, pictures, size["prompts"], answers, max_new=size["max_new"],
-                                          seed=seed)  # fmt: skip
-    say(f"the VLM answered {size['prompts']} prompts: " + ", ".join(f"{n} {k}" for k, n in shapes.items()))
+    prompts, answers = workdir / "prompts.jsonl", workdir / "answers.jsonl"
+    shapes = write_prompts(pictures, size["prompts"], prompts, seed=seed)
+    say(f"{size['prompts']} prompts: " + ", ".join(f"{n} {k}" for k, n in shapes.items()))
+    _run("regenerate", RegenerateParams(
+        inputs=[str(prompts)], out=str(answers), local=str(target), max_tokens=size["max_new"], temperature=0,
+        keep_cut_off=True, concurrency=16,  # a random model's answers often run to max_tokens
+    ), say)  # fmt: skip
     dataset = workdir / "dataset"
     _run("tokenize", TokenizeParams(inputs=[str(answers)], tokenizer=str(target), out=str(dataset)), say)
     params = demo_train_params(
@@ -58,6 +63,40 @@ def demo_multimodal(workdir: Path, *, quick: bool, seed: int, threads: int) -> N
     ), say)  # fmt: skip
     say(f"done in {say.elapsed():.0f} s; every tau counts the bonus token (vLLM's convention)")
     typer.echo(json.dumps(summary(workdir)))
+
+
+def write_prompts(pictures: list[Path], n: int, out: Path, *, seed: int = 0) -> dict[str, int]:
+    """`n` prompt-only rows written to `out` as JSONL, by turns: a question about a picture as OpenAI
+    `image_url` parts (the file's path), one as a LLaMA-Factory `<image>` row (its `images` list
+    relative to `out`), and a text prompt. Returns the rows of each shape."""
+    rng = random.Random(seed)
+    counts = {"image_url": 0, "<image>": 0, "text": 0}
+    lines = []
+    for i in range(n):
+        what = rng.choice(["shapes", "colours", "corners", "background", "largest shape"])
+        row: dict[str, Any]
+        if i % 3 == 2:
+            row, shape = {"messages": [{"role": "user", "content": f"Tell me a story, {i}."}]}, "text"
+        else:
+            picture, question = (
+                pictures[rng.randrange(len(pictures))],
+                f"Tell me about the {what} in picture {i}.",
+            )
+            if i % 3 == 0:
+                parts = [
+                    {"type": "image_url", "image_url": {"url": str(picture)}},
+                    {"type": "text", "text": question},
+                ]
+                row, shape = {"messages": [{"role": "user", "content": parts}]}, "image_url"
+            else:
+                relative = os.path.relpath(picture, out.parent)
+                row = {"messages": [{"role": "user", "content": f"<image>{question}"}], "images": [relative]}
+                shape = "<image>"
+        lines.append(json.dumps(row))
+        counts[shape] += 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return counts
 
 
 def summary(workdir: Path) -> dict[str, Any]:

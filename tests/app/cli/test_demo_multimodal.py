@@ -1,6 +1,7 @@
 """`draftdeck demo --quick --multimodal` (issue 55): a tiny random VLM answers prompts about generated
-pictures and text prompts; tokenize, train and eval run as jobs with the pictures in the data, and the
-summary reports real tau on image prompts and on text prompts apart, lossless."""
+pictures and text prompts (a regenerate job, its vision tower reading them); tokenize, train and eval
+run as jobs with the pictures in the data, and the summary reports real tau on image prompts and on
+text prompts apart, lossless."""
 
 from __future__ import annotations
 
@@ -39,5 +40,5 @@ def test_multimodal_demo_runs_as_jobs_and_reports_image_and_text_prompts(dd_home
 
     with Session(get_engine()) as session:
         jobs = session.exec(select(Job)).all()
-    assert sorted(j.kind for j in jobs) == ["eval", "tokenize", "train"]
+    assert sorted(j.kind for j in jobs) == ["eval", "regenerate", "tokenize", "train"]
     assert all(j.status == "succeeded" for j in jobs)
