@@ -18,6 +18,7 @@ matmuls and norm are DTensor ops, each a collective), so the update is the unsha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -98,6 +99,15 @@ def build(drafter: nn.Module, name: OptimizerName, lr: float, weight_decay: floa
     if adamw:
         parts.append(torch.optim.AdamW(adamw, lr=lr, weight_decay=weight_decay))
     return Optimizers(parts)
+
+
+def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    """Linear warmup to 1 over `warmup` steps, then cosine down to `min_ratio` at `total`."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    span = max(total - warmup, 1)
+    progress = min((step - warmup) / span, 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class Schedules:

@@ -26,7 +26,7 @@ import torch
 from draftdeck.drafter.model.attention import resolve_backend
 from draftdeck.drafter.model.cached_target import NO_TRUTH_FROM_CACHE, check_cache, load_target
 from draftdeck.drafter.train import sharding
-from draftdeck.drafter.train.cache.fill import Filling
+from draftdeck.drafter.train.cache.fill import first_epoch_fill
 from draftdeck.drafter.train.checkpoint import (
     CheckpointStore,
     bytes_writer,
@@ -41,7 +41,7 @@ from draftdeck.drafter.train.device import DeviceError, peak_bytes, reset_peak, 
 from draftdeck.drafter.train.drafters import MicroBatch, drafter_kind
 from draftdeck.drafter.train.images import image_token_id, with_vision
 from draftdeck.drafter.train.memory import check_memory, params_bytes
-from draftdeck.drafter.train.optimizers import Schedules, build
+from draftdeck.drafter.train.optimizers import Schedules, build, lr_factor
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.plan import ddp_fits, fsdp_refused
 from draftdeck.drafter.train.preflight import OnRank, compare, run_preflight
@@ -57,15 +57,6 @@ from draftdeck.run_provenance import run_provenance
 
 class TrainingDiverged(DraftDeckError):
     """The loss became NaN or inf."""
-
-
-def lr_factor(step: int, total: int, warmup: int, min_ratio: float) -> float:
-    """Linear warmup to 1 over `warmup` steps, then cosine down to `min_ratio` at `total`."""
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    span = max(total - warmup, 1)
-    progress = min((step - warmup) / span, 1.0)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 class Trainer:
@@ -95,10 +86,8 @@ class Trainer:
         torch.manual_seed(params.seed)
         self.kind = drafter_kind(params, self.target, self.data)
         check_cache(self.target, self.data, self.kind.layer_ids)  # refused before any step
-        # hidden_states_cache with no cache yet (cache/first.py): the first epoch fills it (cache/fill.py)
-        self.filling = Filling.start(params, self.target, self.device) if params.hidden_states_cache else None
-        if self.filling is not None:
-            self.target = self.filling.target
+        # hidden_states_cache with no cache yet: the first epoch fills it (cache/fill.py)
+        self.filling, self.target = first_epoch_fill(params, self.target, self.device)
         self.data.check(self.target.max_positions or 10**9, self.kind.slots)
         self.global_batch = params.batch_size * params.grad_accum * world
         self.steps_per_epoch = len(self.data.train) // self.global_batch
@@ -300,10 +289,8 @@ class Trainer:
 
     def _filled(self) -> None:
         assert self.filling is not None
-        cuda = self.device.type == "cuda"
-        self.target = self.filling.finish(self.ctx, self.device, torch.bfloat16 if cuda else None)
+        self.target = self.filling.finish(self.ctx, self.device, self.data, self.kind.layer_ids)
         self.filling = None
-        check_cache(self.target, self.data, self.kind.layer_ids)
 
     def _micro_batches(self, rows: list[tuple[int, int]]) -> list[MicroBatch]:
         share = len(rows) // self.world

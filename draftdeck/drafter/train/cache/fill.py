@@ -32,6 +32,7 @@ from draftdeck.jobs.context import RunContext
 
 if TYPE_CHECKING:
     from draftdeck.drafter.train.cache.params import CacheParams
+    from draftdeck.drafter.train.data import TrainData
     from draftdeck.drafter.train.params import TrainParams
 
 SPILL = ".filling"  # beside the cache folder: `<CACHE>.filling`
@@ -135,10 +136,11 @@ class Filling:
         spill = Spill(_spill_folder(cache.out), DTYPES[cache.dtype])
         return cls(params, cache, FillingTarget(target, layers, spill), layers)
 
-    def finish(self, ctx: RunContext, device: torch.device, dtype: torch.dtype | None) -> Target:
+    def finish(self, ctx: RunContext, device: torch.device, data: TrainData, layer_ids: list[int]) -> Target:
         """Write the cache (every row: the spill's, or a forward of its own), delete the spill, and
-        return the run's target from now on: the cache's (`CachedTarget`), decoder layers released."""
-        from draftdeck.drafter.model.cached_target import CachedTarget
+        return the run's target from now on: the cache's (`CachedTarget`), decoder layers released,
+        checked against the run's data and the drafter's layers as a cache given at the start is."""
+        from draftdeck.drafter.model.cached_target import CachedTarget, check_cache
         from draftdeck.drafter.train.cache.build import announce, fill, live_rows, manifest_for, project
 
         spill, target = self.target.spill, self.target
@@ -169,7 +171,21 @@ class Filling:
             f" computed at its end), {x['tokens']:,} tokens, hidden_states {x['layers']} in {x['dtype']};"
             " the later epochs and every later start read it",
         )
-        return CachedTarget.open(self.cache.out, self.params.target, device=device, dtype=dtype)
+        dtype = torch.bfloat16 if device.type == "cuda" else None  # as the trainer loads its target
+        cached = CachedTarget.open(self.cache.out, self.params.target, device=device, dtype=dtype)
+        check_cache(cached, data, layer_ids)
+        return cached
+
+
+def first_epoch_fill(
+    params: TrainParams, target: Target, device: torch.device
+) -> tuple[Filling | None, Target]:
+    """The trainer's hook: for a `hidden_states_cache` not there yet (cache/first.py), the first epoch's
+    filling and the target that fills it as its forwards run; otherwise none, and the target as it is."""
+    if not params.hidden_states_cache:
+        return None, target
+    filling = Filling.start(params, target, device)
+    return filling, filling.target
 
 
 class _Finishing(Building):
