@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,9 @@ pytestmark = [
 ]
 
 
-def test_each_image_is_one_chip_with_its_count_and_thumbnail(tmp_path: Path) -> None:
+def test_each_image_is_one_chip_with_its_count_and_thumbnail(tmp_path: Path, browser: Any) -> None:
+    """The session's browser (conftest.py): a second sync Playwright in the same process is refused
+    once the session's has started."""
     home = tmp_path / "home"
     target = home / "target"
     shutil.copytree(qwen36_tokenizer(chat_template=tiny_vlm.CHAT_TEMPLATE), target)
@@ -43,38 +46,30 @@ def test_each_image_is_one_chip_with_its_count_and_thumbnail(tmp_path: Path) -> 
     src.write_text(json.dumps(row) + "\n")
     dataset = home / "datasets" / "vlm"
     report = tokenize_files([src], dataset, TokenizeOptions(tokenizer=target, workers=1))
-    if report.rows_out != 1:
-        pytest.skip(f"the LLaMA-Factory reader does not keep images here: {report.rejected}")
+    assert report.rows_out == 1, report.rejected
     with web_server(home, home, tmp_path / "web.log") as url:
         ds = _register(url, dataset)
-        with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-            try:
-                for width in (1366, 390):
-                    page = browser.new_page(viewport={"width": width, "height": 900})
-                    page.goto(f"{url}/datasets/{ds}/rows/0")
-                    page.wait_for_selector("#chips-main .tok.image img")
-                    chips = page.eval_on_selector_all(
-                        "#chips-main .tok.image", "els => els.map(e => e.textContent)"
-                    )
-                    assert chips == ["image · 16 tokens", "image · 32 tokens"]
-                    page.wait_for_function(
-                        "[...document.querySelectorAll('#chips-main .image-thumb')].every(i => i.complete)"
-                    )
-                    widths = page.eval_on_selector_all(
-                        "#chips-main .image-thumb", "els => els.map(i => i.naturalWidth)"
-                    )
-                    assert widths == [64, 64], "each thumbnail is its picture, loaded"
-                    pads = page.eval_on_selector_all(
-                        "#chips-main .tok", "els => els.filter(e => e.textContent === '<|image_pad|>').length"
-                    )
-                    assert pads == 0
-                    wide = page.evaluate(
-                        "[...document.querySelectorAll('body *')]"
-                        f".filter(e => e.getBoundingClientRect().right > {width})"
-                        ".map(e => e.tagName + '.' + e.className + ': ' + (e.textContent || '').slice(0, 60))"
-                    )
-                    assert wide == [], "nothing runs off the side"
-                    page.close()
-            finally:
-                browser.close()
+        for width in (1366, 390):
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            page.goto(f"{url}/datasets/{ds}/rows/0")
+            page.wait_for_selector("#chips-main .tok.image img")
+            chips = page.eval_on_selector_all("#chips-main .tok.image", "els => els.map(e => e.textContent)")
+            assert chips == ["image · 16 tokens", "image · 32 tokens"]
+            page.wait_for_function(
+                "[...document.querySelectorAll('#chips-main .image-thumb')].every(i => i.complete)"
+            )
+            widths = page.eval_on_selector_all(
+                "#chips-main .image-thumb", "els => els.map(i => i.naturalWidth)"
+            )
+            assert widths == [64, 64], "each thumbnail is its picture, loaded"
+            pads = page.eval_on_selector_all(
+                "#chips-main .tok", "els => els.filter(e => e.textContent === '<|image_pad|>').length"
+            )
+            assert pads == 0
+            wide = page.evaluate(
+                "[...document.querySelectorAll('body *')]"
+                f".filter(e => e.getBoundingClientRect().right > {width})"
+                ".map(e => e.tagName + '.' + e.className + ': ' + (e.textContent || '').slice(0, 60))"
+            )
+            assert wide == [], "nothing runs off the side"
+            page.close()
