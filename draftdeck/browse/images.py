@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from draftdeck.formats.common import IMAGE_PART_PREFIXES, ParseContext, ParseOptions, RowRejected
-from draftdeck.formats.image_parts import ROW_IMAGE_KEYS, image_list, image_part
+from draftdeck.formats.image_parts import ROW_IMAGE_KEYS, image_list
+from draftdeck.formats.images import image_part
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef
 from draftdeck.paths import inside_roots
 

@@ -7,13 +7,9 @@ from dataclasses import dataclass, field
 from draftdeck.convert.placeholders import MODES, PlaceholderRule
 from draftdeck.errors import UsageError
 from draftdeck.formats.columns import check_mapping
-from draftdeck.formats.common import (
-    DEFAULT_MAX_IMAGE_BYTES,
-    DEFAULT_MAX_IMAGE_PIXELS,
-    IMAGE_MODES,
-    ParseOptions,
-)
+from draftdeck.formats.common import IMAGE_MODES, ParseOptions
 from draftdeck.formats.detect import check_format_name
+from draftdeck.formats.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.quality import Policy
 

@@ -33,7 +33,7 @@ from draftdeck.formats.common import (
     text_of,
     train_flag,
 )
-from draftdeck.formats.image_parts import anthropic_source
+from draftdeck.formats.images import anthropic_source
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation, ImageRef, Message, ToolCall
 from draftdeck.formats.openai import meta_of, system_text, with_system
 

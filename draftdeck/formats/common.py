@@ -12,24 +12,14 @@ from typing import Any
 
 import orjson
 
+from draftdeck.formats.images import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    image_part,
+)
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef, Message, ToolCall
+from draftdeck.formats.rejected import RowRejected, keys_of  # noqa: F401 (every reader imports them here)
 
-
-class RowRejected(Exception):
-    """The row cannot become a conversation: `code` is an issue code of draftdeck.quality."""
-
-    def __init__(self, code: str, reason: str):
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-# 20 MiB: OpenAI's own limit on one image input; larger files are scans or raw photos that a processor
-# shrinks to a few megapixels anyway (draftdeck.formats.images checks both limits).
-DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
-# 8192 x 8192: far above what Qwen's processors keep (about 12.8 megapixels before resizing), and below
-# PIL's decompression-bomb guard (about 89 megapixels), which would otherwise warn first.
-DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192
 IMAGE_MODES = ("keep", "reject")
 
 
@@ -93,12 +83,6 @@ ROLE_ALIASES: dict[str, str] = {
     "ipython": "tool",
     "observation": "tool",
 }
-
-
-def keys_of(value: dict[str, Any], limit: int = 12) -> str:
-    keys = sorted(map(str, value))
-    shown = ", ".join(keys[:limit]) + (f", ... ({len(keys)} keys)" if len(keys) > limit else "")
-    return shown or "(no keys)"
 
 
 # -- text and parts --------------------------------------------------------------------------------
@@ -187,8 +171,6 @@ def parse_content(content: Any, where: str, ctx: ParseContext) -> Parts:
             raw = part.get("value", part.get("tool_call", part.get("function")))
             parts.tool_calls.extend(parse_tool_call_value(raw, f"{where}.content[{i}]", ctx))
         elif isinstance(kind, str) and kind.startswith(IMAGE_PART_PREFIXES) and ctx.options.images == "keep":
-            from draftdeck.formats.image_parts import image_part  # (it reads RowRejected from here)
-
             parts.images.append(image_part(part, kind, f"{where}.content[{i}]", ctx))
             texts.append(IMAGE_PLACEHOLDER)
         elif isinstance(kind, str) and kind.startswith(MEDIA_PART_PREFIXES):

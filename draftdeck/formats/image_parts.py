@@ -24,59 +24,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from draftdeck.formats.common import ParseContext, RowRejected, keys_of
+from draftdeck.formats.common import ParseContext, RowRejected
 from draftdeck.formats.images import (
     ImageLimits,
-    base64_ref,
     check_messages,
+    image_part,
     ref_from_uri,
 )
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, Conversation, ImageRef, Message
 
 ROW_IMAGE_KEYS = ("images", "image")  # LLaMA-Factory / ms-swift, LLaVA
 AV_KEYS = ("audios", "audio", "videos", "video")
-
-
-def image_part(part: dict[str, Any], kind: str, where: str, ctx: ParseContext) -> ImageRef:
-    """The image of one content part (OpenAI, Responses API, chat-template or Anthropic shape)."""
-    ctx.images = True
-    source = part.get("source")
-    if isinstance(source, dict):
-        return anthropic_source(source, f"{where}.source", ctx)
-    for key in ("image_url", "url", "image", "path"):
-        value = part.get(key)
-        if isinstance(value, dict):
-            if isinstance(value.get("bytes"), bytes | bytearray):  # a Hugging Face image struct
-                return ImageRef(data=bytes(value["bytes"]))
-            value = value.get("url", value.get("path"))
-        if isinstance(value, str) and value:
-            return ref_from_uri(value, ctx.base_dir, f"{where}.{key}")
-    b64 = part.get("base64", part.get("data"))
-    if isinstance(b64, str):
-        return base64_ref(b64, part.get("mime_type", part.get("media_type")), f"{where}.base64")
-    inner = part.get(kind)
-    file_id = part.get("file_id") or (inner.get("file_id") if isinstance(inner, dict) else None)
-    if isinstance(file_id, str):
-        raise RowRejected(
-            "image_url_unread", f"{where} names OpenAI file {file_id!r}, which DraftDeck never fetches"
-        )
-    raise RowRejected("image_missing", f"{where} is a {kind!r} part that names no image ({keys_of(part)})")
-
-
-def anthropic_source(source: dict[str, Any], where: str, ctx: ParseContext) -> ImageRef:
-    """An Anthropic image block's ``source``: base64 data, a URL (never fetched) or a Files API id."""
-    ctx.images = True
-    kind = source.get("type")
-    if kind == "base64":
-        return base64_ref(source.get("data"), source.get("media_type"), where)
-    if kind == "url" and isinstance(source.get("url"), str):
-        return ref_from_uri(source["url"], ctx.base_dir, where)
-    if kind == "file":
-        raise RowRejected(
-            "image_url_unread",
-            f"{where} names Anthropic file {source.get('file_id')!r}, which DraftDeck never fetches",
-        )
-    raise RowRejected("image_missing", f"{where} is a {kind!r} source, which holds no image DraftDeck reads")
 
 
 def image_item(item: Any, where: str, ctx: ParseContext) -> ImageRef:

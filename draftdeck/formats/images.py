@@ -32,11 +32,11 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, unquote_to_bytes, urlparse
 
-from draftdeck.formats.common import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS, RowRejected
 from draftdeck.formats.model import IMAGE_PLACEHOLDER, ImageRef, Message
+from draftdeck.formats.rejected import RowRejected, keys_of
 from draftdeck.paths import inside_roots
 
 # The folder of stored images beside a written file (convert's output) or a dataset's shards: one folder
@@ -47,6 +47,22 @@ IMAGES_DIR = "images"
 # What a browser shows in an <img> (the sample page serves only these)
 BROWSER_EXTENSIONS = frozenset({"jpg", "png", "gif", "webp", "bmp"})
 _REMOTE_SCHEMES = ("http", "https", "ftp", "s3", "gs", "hf", "az", "abfs")
+
+
+class ImageSite(Protocol):
+    """What reading an image part needs of the reader's context (a ParseContext is one): the input
+    file's folder, which relative paths are relative to, and a flag that the rows hold images."""
+
+    images: bool
+    base_dir: str | None
+
+
+# 20 MiB: OpenAI's own limit on one image input; larger files are scans or raw photos that a processor
+# shrinks to a few megapixels anyway (draftdeck.formats.images checks both limits).
+DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# 8192 x 8192: far above what Qwen's processors keep (about 12.8 megapixels before resizing), and below
+# PIL's decompression-bomb guard (about 89 megapixels), which would otherwise warn first.
+DEFAULT_MAX_IMAGE_PIXELS = 8192 * 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,3 +407,46 @@ def to_pil(ref: ImageRef, limits: ImageLimits = DEFAULT_LIMITS) -> Any:
     checked = check(ref, limits)
     with Image.open(io.BytesIO(checked.data)) as img:
         return img.convert("RGB")
+
+
+# -- an image content part as the readers meet it ---------------------------------------------------
+def image_part(part: dict[str, Any], kind: str, where: str, ctx: ImageSite) -> ImageRef:
+    """The image of one content part (OpenAI, Responses API, chat-template or Anthropic shape)."""
+    ctx.images = True
+    source = part.get("source")
+    if isinstance(source, dict):
+        return anthropic_source(source, f"{where}.source", ctx)
+    for key in ("image_url", "url", "image", "path"):
+        value = part.get(key)
+        if isinstance(value, dict):
+            if isinstance(value.get("bytes"), bytes | bytearray):  # a Hugging Face image struct
+                return ImageRef(data=bytes(value["bytes"]))
+            value = value.get("url", value.get("path"))
+        if isinstance(value, str) and value:
+            return ref_from_uri(value, ctx.base_dir, f"{where}.{key}")
+    b64 = part.get("base64", part.get("data"))
+    if isinstance(b64, str):
+        return base64_ref(b64, part.get("mime_type", part.get("media_type")), f"{where}.base64")
+    inner = part.get(kind)
+    file_id = part.get("file_id") or (inner.get("file_id") if isinstance(inner, dict) else None)
+    if isinstance(file_id, str):
+        raise RowRejected(
+            "image_url_unread", f"{where} names OpenAI file {file_id!r}, which DraftDeck never fetches"
+        )
+    raise RowRejected("image_missing", f"{where} is a {kind!r} part that names no image ({keys_of(part)})")
+
+
+def anthropic_source(source: dict[str, Any], where: str, ctx: ImageSite) -> ImageRef:
+    """An Anthropic image block's ``source``: base64 data, a URL (never fetched) or a Files API id."""
+    ctx.images = True
+    kind = source.get("type")
+    if kind == "base64":
+        return base64_ref(source.get("data"), source.get("media_type"), where)
+    if kind == "url" and isinstance(source.get("url"), str):
+        return ref_from_uri(source["url"], ctx.base_dir, where)
+    if kind == "file":
+        raise RowRejected(
+            "image_url_unread",
+            f"{where} names Anthropic file {source.get('file_id')!r}, which DraftDeck never fetches",
+        )
+    raise RowRejected("image_missing", f"{where} is a {kind!r} source, which holds no image DraftDeck reads")

@@ -30,7 +30,7 @@ from pydantic import (
 
 from draftdeck.errors import PathNotAllowedError, PolicyError
 from draftdeck.formats.columns import check_columns, check_tags
-from draftdeck.formats.common import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from draftdeck.formats.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from draftdeck.formats.readers import DEFAULT_MAX_ROW_BYTES
 from draftdeck.paths import check_path_text, resolve_in_roots, resolve_user_path
 from draftdeck.quality import LOSSES, Policy
