@@ -90,7 +90,7 @@ def demo_world(root: Path, smoke: bool) -> tuple[Path, Path]:
 
 
 def build(target: Path, ds: Path, out: Path, dtype: str, compress: str | None) -> tuple[dict, float]:
-    from draftdeck.drafter.train.cache.build import run_cache_hidden
+    from draftdeck.drafter.train.cache.job import run_cache_hidden
     from draftdeck.drafter.train.cache.params import CacheParams
     from draftdeck.jobs.context import LocalContext
 

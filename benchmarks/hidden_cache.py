@@ -78,7 +78,7 @@ def run_child(spec: dict[str, object]) -> dict[str, float]:
 def build(
     target: Path, ds: Path, out: Path, dtype: str, batch_tokens: int = 8192
 ) -> tuple[dict[str, object], float]:
-    from draftdeck.drafter.train.cache.build import run_cache_hidden
+    from draftdeck.drafter.train.cache.job import run_cache_hidden
     from draftdeck.drafter.train.cache.params import CacheParams
     from draftdeck.jobs.context import LocalContext
 

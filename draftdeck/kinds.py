@@ -81,7 +81,7 @@ KINDS: dict[str, JobKind] = {
         JobKind("sweep", "gpu", SweepParams, "draftdeck.drafter.eval.sweep:run_sweep",
                 "A drafter evaluated at every point of a grid of eval options: tau against tokens/s, the"
                 " Pareto front, the flags to serve"),
-        JobKind("cache-hidden", "gpu", CacheParams, "draftdeck.drafter.train.cache.build:run_cache_hidden",
+        JobKind("cache-hidden", "gpu", CacheParams, "draftdeck.drafter.train.cache.job:run_cache_hidden",
                 "The target's hidden states of a tokenized dataset, once, as a checked cache train reads"),
         JobKind("export-drafter", "cpu", ExportParams, "draftdeck.drafter.export.params:run_export",
                 "Export a drafter checkpoint (or a run's best) to z-lab's format for vLLM and SGLang"),

@@ -53,7 +53,8 @@ class HiddenChunks:
     metrics_prefix: str | None = "cache"
 
     def plan(self, params: Any, ctx: SqlRunContext) -> Report:
-        from draftdeck.drafter.train.cache.build import announce, project, run_cache_hidden
+        from draftdeck.drafter.train.cache.build import announce, project
+        from draftdeck.drafter.train.cache.job import run_cache_hidden
         from draftdeck.drafter.train.cache.slices import slice_rows
 
         assert isinstance(params, CacheParams)

@@ -26,8 +26,9 @@ from draftdeck.errors import DraftDeckError
 
 
 def cache_hidden(params: CacheParams, *, report: Path | None) -> None:
-    from draftdeck.drafter.train.cache.build import project, run_cache_hidden
-    from draftdeck.drafter.train.distributed import Launched
+    from draftdeck.drafter.train.cache.build import project
+    from draftdeck.drafter.train.cache.job import run_cache_hidden
+    from draftdeck.drafter.train.launched import Launched
     from draftdeck.jobs.context import LocalContext
 
     where = Launched.from_env()

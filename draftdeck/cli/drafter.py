@@ -148,7 +148,7 @@ def tiny_target(params: TinyTargetParams) -> None:
 
 
 def train(params: TrainParams, *, report: Path | None, report_to: str | None) -> None:
-    from draftdeck.drafter.train.distributed import Launched
+    from draftdeck.drafter.train.launched import Launched
     from draftdeck.drafter.train.run import run_train
 
     def work(p: TrainParams, ctx: ConsoleContext) -> Report:

@@ -24,7 +24,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @pytest.fixture(scope="package")
 def cache(world: dict[str, Path]) -> Path:
-    from draftdeck.drafter.train.cache.build import run_cache_hidden
+    from draftdeck.drafter.train.cache.job import run_cache_hidden
     from draftdeck.drafter.train.cache.params import CacheParams
     from draftdeck.jobs.context import LocalContext
 

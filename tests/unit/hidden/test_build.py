@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftdeck.drafter.model.cached_target import CachedTarget
-from draftdeck.drafter.train.cache.build import dataset_rows, run_cache_hidden
+from draftdeck.drafter.train.cache.build import dataset_rows
+from draftdeck.drafter.train.cache.job import run_cache_hidden
 from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.drafter.train.cache.size import check_disk
 from draftdeck.errors import JobFailed, UsageError

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftdeck.drafter.train.cache.build import run_cache_hidden
+from draftdeck.drafter.train.cache.job import run_cache_hidden
 from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.drafter.train.cache.size import ZSTD_RATIOS, Projection
 from draftdeck.hidden.compression import parse_compression

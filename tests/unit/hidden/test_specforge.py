@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from draftdeck.drafter.model.target import Target
-from draftdeck.drafter.train.cache.build import dataset_rows, run_cache_hidden
+from draftdeck.drafter.train.cache.build import dataset_rows
+from draftdeck.drafter.train.cache.job import run_cache_hidden
 from draftdeck.drafter.train.cache.params import CacheParams
 from draftdeck.errors import UsageError
 from draftdeck.hidden.specforge import load_record

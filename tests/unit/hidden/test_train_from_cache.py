@@ -47,7 +47,7 @@ def test_files_written_as_vllm_writes_them_train_as_the_online_run(
 ) -> None:
     """vLLM's hs_<i>.safetensors (its layer order, not ours), taken in with --import, train a DFlash run
     whose every loss and count equals the online run's."""
-    from draftdeck.drafter.train.cache.build import run_cache_hidden
+    from draftdeck.drafter.train.cache.job import run_cache_hidden
     from draftdeck.drafter.train.cache.params import CacheParams
     from draftdeck.jobs.context import LocalContext
 

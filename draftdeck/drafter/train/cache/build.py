@@ -127,22 +127,6 @@ class Batched:
                     self.done[index] = row
 
 
-def run_cache_hidden(params: CacheParams, ctx: RunContext) -> Report:
-    """The `cache-hidden` job: build a cache (or take in speculators' files with `import_from`). As one
-    of the ranks a launcher started (torchrun, srun), each rank builds a slice of the rows and rank 0
-    merges them (slices.py)."""
-    if params.import_from is not None:
-        return import_speculators(params, ctx)
-    from draftdeck.drafter.train.distributed import Launched
-
-    where = Launched.from_env()
-    if where is not None:
-        from draftdeck.drafter.train.cache.slices import run_ranked
-
-        return run_ranked(params, ctx, where.rank, where.world, (where.local_rank, where.local_world))
-    return build_cache(params, ctx)
-
-
 def project(params: CacheParams) -> Projection:
     """The cache `params` would build: its rows, tokens, layers and bytes."""
     from draftdeck.causal_lm import causal_lm_config

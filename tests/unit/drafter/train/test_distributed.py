@@ -132,7 +132,7 @@ def test_sharding_needs_ranks_and_ranks_need_sharding(world: World, tmp_path: Pa
 
 
 def test_launcher_environment_is_read_as_torchrun_and_srun_write_it() -> None:
-    from draftdeck.drafter.train.distributed import Launched
+    from draftdeck.drafter.train.launched import Launched
     from draftdeck.errors import DraftDeckError
 
     assert Launched.from_env({}) is None
