@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import base64
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -60,7 +60,15 @@ if TYPE_CHECKING:
     from draftdeck.quality import Report
     from draftdeck.shards.manifest import ImageFile, ShardInfo
     from draftdeck.tokenize.encoders import Encoded
-    from draftdeck.tokenize.rows import Item
+
+
+class ImageItem(Protocol):
+    """What this module reads of a row to tokenize (draftdeck.tokenize.rows.Item is one), named here so
+    that rows.py, which calls this module, is not imported back."""
+
+    messages: list[dict[str, Any]]
+    images: list[dict[str, Any]]  # item_images' entries: {"message": index, ...}
+
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 IMAGE_TOKEN, VISION_START, VISION_END = "<|image_pad|>", "<|vision_start|>", "<|vision_end|>"
@@ -268,7 +276,7 @@ class ChunkImages:
         self.files: dict[str, bytes] = {}  # name -> bytes of the images of the kept rows
         self._kept: dict[int, list[Picture]] = {}  # rendered row -> its pictures that fit
 
-    def prepare(self, item: Item) -> None:
+    def prepare(self, item: ImageItem) -> None:
         """Check `item`'s images; raise RowRejected with the code that rejects the row."""
         if not item.images:
             return
@@ -314,7 +322,7 @@ class ChunkImages:
         self._items[id(item)] = pictures
 
     def expand(
-        self, rendered: list[RenderedRow], encoded: list[Encoded], owners: list[Item]
+        self, rendered: list[RenderedRow], encoded: list[Encoded], owners: Sequence[ImageItem]
     ) -> list[Encoded]:
         """Each image token of each row repeated to its image's token count (the copies at the same
         character); rows whose image tokens do not match their images go to :attr:`bad`."""
