@@ -1,13 +1,13 @@
-"""Atomic file writes and checksums (a file is visible only when complete), and reading PyTorch files
-without running what they hold."""
+"""Atomic file writes and checksums (a file is visible only when complete), a file's writes on a thread
+of their own, and reading PyTorch files without running what they hold."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import pickle
-import zipfile
-from collections.abc import Iterator, Sequence
+import threading
+from _queue import SimpleQueue
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -42,6 +42,48 @@ def atomic_output(path: Path, mode: str = "wb") -> Iterator[IO]:
         os.close(dir_fd)
 
 
+class InOrder:
+    """Calls run one by one on a thread of their own, in the order given, at most `depth` waiting: a
+    file's hashing and writes (both release the GIL, so they overlap with the work that makes the
+    bytes, on another core). The first error is raised by the next :meth:`submit` or by
+    :meth:`close`; the calls after it are skipped. (threading alone: concurrent.futures would import
+    logging and more, ~3 ms of every convert's start.)"""
+
+    def __init__(self, name: str, depth: int = 2):
+        self._calls: SimpleQueue[tuple[Callable[[Any], None], Any] | None] = SimpleQueue()
+        self._slots = threading.Semaphore(depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
+        """Run fn(arg) after the calls before it; waits while `depth` calls are pending."""
+        self._raise()
+        self._slots.acquire()
+        self._calls.put((fn, arg))
+
+    def close(self) -> None:
+        """Wait for every call given, stop the thread, and raise the first error (if any)."""
+        if self._thread.is_alive():
+            self._calls.put(None)
+            self._thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            try:
+                if self._error is None:
+                    call[0](call[1])
+            except BaseException as exc:  # handed to the caller's thread (submit or close raises it)
+                self._error = exc
+            finally:
+                self._slots.release()
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -55,6 +97,9 @@ def load_torch(path: Path, remedy: str, allow: Sequence[Any] = ()) -> Any:
     (plus the types in `allow`). A PyTorch file is a pickle, and a pickle may name any function to call
     when read; a run folder or a downloaded file may have been made to. A file that names anything else
     is refused with its name, what it named and `remedy` (what the user can do instead)."""
+    import pickle  # (here: torch imports both anyway, and a convert needs neither)
+    import zipfile
+
     import torch
 
     try:

@@ -7,7 +7,8 @@ it does take: the tests compare both paths byte for byte."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import orjson
 from xxhash import xxh3_64_intdigest
@@ -47,6 +48,42 @@ _PREFERENCE_KEYS = frozenset({chosen for chosen, _ in preference.PAIRS} | {"chos
 Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
 
+class _Plan(NamedTuple):
+    """What the turn loop of one (row family, target) pair reads, unpacked once per row."""
+
+    family: str
+    role_key: str  # the row's keys
+    text_key: str
+    known: tuple[str, ...]  # the row's own top-level keys (the rest are kept fields)
+    names_of: dict[str, str]  # a row's plain role -> the name the target writes
+    out_role: str  # the target's keys
+    out_text: str
+    system_name: str  # the names the target writes (compared by identity: the same objects)
+    user_name: str
+    assistant_name: str
+
+
+_PLANS = {
+    (family, to): _Plan(
+        family,
+        role_key,
+        text_key,
+        known,
+        _NAMES[family, to],
+        out_role,
+        out_text,
+        names["system"],
+        names["user"],
+        names["assistant"],
+    )
+    for family, role_key, text_key, known in (
+        ("openai", "role", "content", _OPENAI_KEYS),
+        ("sharegpt", "from", "value", sharegpt.ROW_KEYS),
+    )
+    for to, (out_role, out_text, names) in TURN_STYLE.items()
+}
+
+
 def plain_row(
     value: Any, to: str, max_chars: int, dups: bool, origin: tuple[str, int | None] = ("", None)
 ) -> Result | None:
@@ -61,15 +98,18 @@ def plain_row(
     too long to be a placeholder candidate and no long field left unread. Then the result is what
     the general path gives, (family, output line, duplicate key), with `origin` (file, row) as the
     provenance.
+
+    This runs once for every row of a convert (most of its time with one worker), so it is written
+    for CPython's costs: one plan unpacked per row, names compared by identity, lists built only when
+    a row needs them.
     """
     if type(value) is not dict or not _MEDIA.isdisjoint(value):  # media: the general path refuses it
         return None
-    known: tuple[str, ...]
     turns = value.get("messages")
     if type(turns) is list:
-        family, role_key, text_key, known = "openai", "role", "content", _OPENAI_KEYS
         if value.get("tools") is not None or value.get("functions") is not None:
             return None  # tools to read (the legacy functions list becomes them)
+        plan = _PLANS["openai", to]
         system = None
     else:
         turns = value.get("conversations")
@@ -82,35 +122,33 @@ def plain_row(
         first = turns[0]
         if type(first) is dict and "role" in first and "from" not in first:
             return None  # OpenAI messages under `conversations`: the general path
-        family, role_key, text_key, known = "sharegpt", "from", "value", sharegpt.ROW_KEYS
         if value.get("tools") not in (None, ""):
             return None
+        plan = _PLANS["sharegpt", to]
         system = value.get("system")
         if system == "":
             system = None
         elif system is not None and type(system) is not str:
             return None
-    out_role, out_text, names = TURN_STYLE[to]
-    names_of = _NAMES[family, to]  # a row's role -> the name the target writes (none: not plain)
-    system_name, user_name = names["system"], names["user"]
-    long_len = max_chars * 4
+    _, role_key, text_key, known, names_of, out_role, out_text, system_name, user_name, assistant_name = plan
     # One pass over the turns: the checks of check_conversation on the only shapes that reach here
     # (all must pass) and the output turns, compared by the names written (one per role). `edges`: a
     # text the duplicate key strips. A turn that is no {role: str, text: str} object (a missing key,
     # an unknown or unhashable role, text that is no string) raises: the general path names it.
     out_turns: list[dict[str, str]] = []
+    append = out_turns.append
     has_user = long_answer = edges = False
+    long_len = max_chars * 4
     # answers too short by length alone to decide: normalised only when no answer is long by length
     # (normalise is most of a row's cost where it runs)
-    short_answers: list[str] = []
+    short_answers: list[str] | None = None
     prev = None
     if system is not None:
         stripped = system.strip()  # (the same object when nothing is stripped)
         if not stripped:
             return None  # empty_turn
         edges = stripped is not system
-        out_turns.append({out_role: system_name, out_text: system})
-    append = out_turns.append
+        append({out_role: system_name, out_text: system})
     try:
         for t in turns:
             if len(t) != 2:
@@ -124,28 +162,34 @@ def plain_row(
                 edges = True
             elif not text:
                 return None
-            if name == system_name:
+            if name is system_name:
                 if system is not None and len(out_turns) == 1:
                     return None  # (a top-level system and then a system turn: the general path decides)
-            elif name == prev:
+            elif name is prev:
                 return None  # non_alternating
             else:
                 prev = name
-                if name == user_name:
+                if name is user_name:
                     has_user = True
                 elif not long_answer:
                     if len(text) > long_len:
                         long_answer = True  # placeholder_key is None: the row is not a candidate
+                    elif short_answers is None:
+                        short_answers = [text]
                     else:
                         short_answers.append(text)
             append({out_role: name, out_text: text})
     except (KeyError, TypeError, AttributeError):
         return None
     if not long_answer:
-        long_answer = any(len(normalise(text)) > max_chars for text in short_answers)
-    if not has_user or prev != names["assistant"] or not long_answer:
+        long_answer = short_answers is not None and any(
+            len(normalise(text)) > max_chars for text in short_answers
+        )
+    if not has_user or prev is not assistant_name or not long_answer:
         return None  # no_user_turn / no_assistant_turn / trailing_user_turn, or a placeholder candidate
-    meta = [k for k in value if k not in known] if len(value) > 1 else []
+    if len(value) == 1:  # the turns alone
+        return _encoded(plan.family, out_turns, edges, value, (), to, dups, origin)
+    meta = [k for k in value if k not in known]
     if meta:
         if not RESERVED.isdisjoint(meta):
             return None  # a field the target reserves
@@ -155,7 +199,7 @@ def plain_row(
             v = value[k]
             if type(v) is str and len(v) >= UNUSED_TEXT_CHARS:
                 return None  # a long field the reader leaves: the general path says whether it was unused
-    return _encoded(family, out_turns, edges, value, meta, to, dups, origin)
+    return _encoded(plan.family, out_turns, edges, value, meta, to, dups, origin)
 
 
 def _columns_row(
@@ -213,7 +257,7 @@ def _encoded(
     out_turns: list[dict[str, str]],
     edges: bool,
     value: dict[str, Any],
-    meta: list[str],
+    meta: Sequence[str],
     to: str,
     dups: bool,
     origin: tuple[str, int | None],
@@ -245,9 +289,7 @@ def _encoded(
     kept = None
     try:
         if PROVENANCE_KEY not in value:  # the usual row: its provenance is where it was read, written last
-            parts: list[bytes | memoryview] = [_HEAD[to], body]
-            if meta:
-                parts += (b",", memoryview(orjson.dumps({k: value[k] for k in meta}))[1:-1])
+            rest = b"," + orjson.dumps({k: value[k] for k in meta})[1:-1] if meta else b""
             if file and row is not None:
                 prefix = _PROVENANCE.get(file)
                 if prefix is None:
@@ -255,31 +297,32 @@ def _encoded(
                         PROVENANCE_KEY.encode(),
                         orjson.dumps(file),
                     )
-                parts += (prefix, b"%d}}\n" % row)
+                line = b"%b%b%b%b%d}}\n" % (_HEAD[to], body, rest, prefix, row)
             else:
-                parts.append(b"}\n")
-            line = b"".join(parts)
+                line = b"%b%b%b}\n" % (_HEAD[to], body, rest)
         else:  # a kept provenance: the writer's own rule, in place
             kept = value[PROVENANCE_KEY]
-            rest: dict[str, Any] = {k: value[k] for k in meta}
+            kept_rest: dict[str, Any] = {k: value[k] for k in meta}
             found = origin_of(kept, file, row)
             if found is not None:
-                rest[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
-            rb = orjson.dumps(rest)
-            line = b"".join((_HEAD[to], body, b"," if rest else b"", memoryview(rb)[1:], b"\n"))
+                kept_rest[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
+            rb = orjson.dumps(kept_rest)
+            line = b"".join((_HEAD[to], body, b"," if kept_rest else b"", memoryview(rb)[1:], b"\n"))
     except orjson.JSONEncodeError:  # integers beyond 64 bits: encode_line's fallback, on the whole row
         whole: dict[str, Any] = {_LIST_KEY[to]: out_turns, **{k: value[k] for k in meta}}
         found = origin_of(kept, file, row)
         if found is not None:
             whole[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
         line = encode_line(whole)
-    dkey = None
-    if dups:
-        repeat = repeat_of(kept)
-        if edges or repeat:  # plain_duplicate_key's own parts (stripped texts, the repeat)
-            role_key, text_key, _ = TURN_STYLE[to]
-            role_of = _ROLE_OF[to]
-            dkey = plain_duplicate_key([(role_of[d[role_key]], d[text_key]) for d in out_turns], to, repeat)
-        else:  # the turns as written are plain_duplicate_key's parts
-            dkey = xxh3_64_intdigest(body)
-    return family, line, dkey
+    if not dups:
+        return family, line, None
+    repeat = 0 if kept is None else repeat_of(kept)
+    if edges or repeat:  # plain_duplicate_key's own parts (stripped texts, the repeat)
+        role_key, text_key, _ = TURN_STYLE[to]
+        role_of = _ROLE_OF[to]
+        return (
+            family,
+            line,
+            plain_duplicate_key([(role_of[d[role_key]], d[text_key]) for d in out_turns], to, repeat),
+        )
+    return family, line, xxh3_64_intdigest(body)  # the turns as written are plain_duplicate_key's parts

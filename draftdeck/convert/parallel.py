@@ -39,7 +39,7 @@ from draftdeck.convert.fast import plain_row
 from draftdeck.convert.options import PROGRESS_EVERY_ROWS, ConvertOptions
 from draftdeck.convert.reading import input_files
 from draftdeck.convert.verdicts import RowState
-from draftdeck.convert.workers import COMPLEX, Chunk, Prepared, Record, Workers, prepare_rows
+from draftdeck.convert.workers import COMPLEX, Chunk, Prepared, Record, Workers, preparer
 from draftdeck.errors import JobFailed
 from draftdeck.formats.grouping import group_rows, groups, starts_grouped
 from draftdeck.formats.readers import RawRow, RowReader, jsonl_chunks
@@ -136,7 +136,7 @@ def _convert_whole(
     """Convert, count and write the rows of a file read in this process, in order (the one-process
     convert's hot loop): a usual row is given to the fast path here and, when it takes it, counted and
     written without a record, a Prepared or a SourceRef; any other row (or a usual row that repeats an
-    earlier one) goes through prepare_rows and _apply, as a worker's would. `progress` is called every
+    earlier one) goes through preparer and _apply, as a worker's would. `progress` is called every
     PROGRESS_EVERY_ROWS rows."""
     options = state.options
     report = state.report
@@ -148,11 +148,13 @@ def _convert_whole(
     parse_options = state.parse_options
     # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
     fast = parse_options.from_format is None and not parse_options.columns
+    prepare = preparer(name, options, to, fast=False, folder=folder)  # the rows the fast path leaves
     # The lines of the rows the fast path took since the last general row, written and counted (rows
     # in, checked, out) at once: before any other row is judged (it may read the counts, or fail the
     # job after them) and every _FAST_BLOCK_BYTES.
     block: list[bytes] = []
     block_bytes = 0
+    block_families: dict[str, int] = {}  # the block's rows by family (added to the report's with them)
 
     def flush() -> None:
         nonlocal block_bytes
@@ -162,12 +164,18 @@ def _convert_whole(
             report.rows_in += n
             state.checked += n
             report.rows_out += n
+            for family, count in block_families.items():
+                formats[family] += count
             block.clear()
+            block_families.clear()
             block_bytes = 0
 
-    for i, row in enumerate(rows):
-        if i % PROGRESS_EVERY_ROWS == 0:
+    until_progress = 0
+    for row in rows:
+        if not until_progress:
             progress()
+            until_progress = PROGRESS_EVERY_ROWS
+        until_progress -= 1
         line = row.line
         took = (
             plain_row(row.value, to, max_chars, dups, (name, line if line is not None else row.index))
@@ -176,8 +184,7 @@ def _convert_whole(
         )
         if took is None:
             flush()
-            rows_out = prepare_rows((row,), name, options, to, fast=False, folder=folder)
-            for item in _apply(rows_out, state, name):
+            for item in _apply((prepare(row),), state, name):
                 out.item(item)
             continue
         family, data, dkey = took
@@ -188,7 +195,7 @@ def _convert_whole(
                     out.item(item)
                 continue
             seen[dkey] = file_base | (0 if line is None else line + 1)
-        formats[family] += 1
+        block_families[family] = block_families.get(family, 0) + 1
         block.append(data)
         block_bytes += len(data)
         if block_bytes >= _FAST_BLOCK_BYTES:

@@ -5,13 +5,13 @@ JSON, detect the family, build the canonical conversation, run
 :func:`draftdeck.convert.check_conversation`, encode the output line in the target format, and compute
 the duplicate hash and the placeholder key. It counts nothing and decides nothing: each row comes back
 as a record, and the usual rows of a byte range come back packed (:class:`Chunk`). The parent also runs
-:func:`prepare_rows` itself for inputs it reads whole.
+:func:`preparer` itself for inputs it reads whole.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -83,9 +83,20 @@ def prepare_rows(
     fast: bool = True,
     folder: str | None = None,
 ) -> Iterator[Record]:
-    """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state.
-    `fast`: try the fast path first (False: a caller that tried it already); `folder`: the input
-    file's, which the rows' relative image paths are relative to."""
+    """The per-row work of :func:`draftdeck.convert.read_conversations`, without its global state: a
+    record per row (see :func:`preparer`)."""
+    prepare = preparer(name, options, to, fast=fast, folder=folder)
+    for row in rows:
+        yield prepare(row)
+
+
+def preparer(
+    name: str, options: ConvertOptions, to: str, *, fast: bool = True, folder: str | None = None
+) -> Callable[[RawRow], Record]:
+    """The record of one row of file `name`, made by a function set up once per file (the one-process
+    convert calls it for each row the fast path left). `fast`: try the fast path first (False: a
+    caller that tried it already); `folder`: the input file's, which the rows' relative image paths
+    are relative to."""
     encoder = JSONL_ENCODERS[to]
     parse_options = options.parse_options()
     policy = options.policy
@@ -94,26 +105,25 @@ def prepare_rows(
     max_chars = options.placeholder_max_chars
     dups = options.check_duplicates
     strip = options.placeholders == "strip"
-    for row in rows:
+    # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
+    fast = fast and parse_options.from_format is None and not parse_options.columns
+
+    def prepare(row: RawRow) -> Record:
         line, index = row.line, row.index
         if row.error:
-            yield ("x", line, index, row.error, row.reason or "")
-            continue
-        # a forced shape or a declared mapping is the general path's (a plain row may not be of it)
+            return ("x", line, index, row.error, row.reason or "")
         took = (
             plain_row(row.value, to, max_chars, dups, (name, line if line is not None else index))
-            if fast and parse_options.from_format is None and not parse_options.columns
+            if fast
             else None
         )
         if took is not None:
-            yield ("s", line, index, took[0], (took[1], took[2]))
-            continue
+            return ("s", line, index, took[0], (took[1], took[2]))
         ctx = ParseContext(parse_options, folder)
         try:
             family, convs = parse(row.value, ctx)
         except RowRejected as exc:
-            yield ("x", line, index, exc.code, exc.reason)
-            continue
+            return ("x", line, index, exc.code, exc.reason)
         row_warnings = list(ctx.warnings.items())
         if len(convs) == 1 and not row_warnings:  # the usual row: one conversation, maybe no issue
             conv = convs[0]
@@ -125,8 +135,8 @@ def prepare_rows(
                     pkey = placeholder_key(conv, max_chars)
                     if pkey is None:
                         data = encode_line(encoder(conv, None))
-                        yield ("s", line, index, family, (data, duplicate_key(conv, to) if dups else None))
-                        continue
+                        return ("s", line, index, family, (data, duplicate_key(conv, to) if dups else None))
+
         preps = []
         for conv in convs:
             src = conv.source
@@ -170,7 +180,9 @@ def prepare_rows(
                     stripped,
                 )
             )
-        yield ("p", line, index, family, preps)
+        return ("p", line, index, family, preps)
+
+    return prepare
 
 
 COMPLEX = 255

@@ -19,6 +19,7 @@ ends (a session's lines may interleave with a sidechain's), then yielded in file
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,9 @@ def groups(options: ParseOptions) -> bool:
 
 def group_rows(rows: Iterable[RawRow], limit: int = DEFAULT_MAX_ROW_BYTES) -> Iterator[RawRow]:
     """`rows` of one file, with a session log's or event stream's rows grouped into conversations of at
-    most `limit` bytes."""
+    most `limit` bytes. Reads up to the first readable row at once (it says the file's kind); a file
+    of another kind is `rows` itself after those, with no generator of ours in between (this runs on
+    every row of every convert)."""
     it = iter(rows)
     head: list[RawRow] = []
     kind = None
@@ -66,14 +69,9 @@ def group_rows(rows: Iterable[RawRow], limit: int = DEFAULT_MAX_ROW_BYTES) -> It
             kind = kind_of(row.value)
             break
     if kind is None:
-        yield from head
-        yield from it
-        return
+        return chain(head, it)
     held = [*head, *it]
-    if kind == agent_session.FAMILY:
-        yield from _sessions(held, limit)
-    else:
-        yield from _stream(held, limit)
+    return _sessions(held, limit) if kind == agent_session.FAMILY else _stream(held, limit)
 
 
 def _folded(row: RawRow, code: str, reason: str) -> RawRow:

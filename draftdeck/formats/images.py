@@ -23,12 +23,9 @@ reader resolved it against the input file's folder), or, with roots, as the real
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import io
 import os
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,10 +143,12 @@ def data_uri_ref(uri: str, where: str) -> ImageRef:
     mime = params[0].strip().lower() or None
     try:
         if "base64" in (p.strip().lower() for p in params[1:]):
+            import base64  # (here: rows with images are rare; binascii.Error is a ValueError)
+
             data = base64.b64decode(payload.strip(), validate=False)
         else:
             data = unquote_to_bytes(payload)
-    except (binascii.Error, ValueError) as exc:
+    except ValueError as exc:
         raise RowRejected(
             "image_unreadable", f"{where} is a data URI whose base64 is broken ({exc})"
         ) from None
@@ -160,9 +159,11 @@ def base64_ref(payload: Any, mime: Any, where: str) -> ImageRef:
     """Anthropic's ``{"type": "base64", "media_type", "data"}`` source as an ImageRef."""
     if not isinstance(payload, str) or not payload:
         raise RowRejected("image_unreadable", f"{where} holds no base64 data")
+    import base64
+
     try:
         data = base64.b64decode(payload.strip(), validate=False)
-    except (binascii.Error, ValueError) as exc:
+    except ValueError as exc:
         raise RowRejected("image_unreadable", f"{where} holds broken base64 ({exc})") from None
     return ImageRef(data=data, mime=mime if isinstance(mime, str) else None)
 
@@ -343,6 +344,8 @@ def store_checked(checked: CheckedImage, folder: str | Path) -> str:
     if final.is_file():
         return name
     folder.mkdir(parents=True, exist_ok=True)
+    import tempfile  # (here: a convert without images never needs it)
+
     fd, tmp = tempfile.mkstemp(prefix=f".{checked.sha256[:16]}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -395,6 +398,8 @@ def address(ref: ImageRef) -> str:
         return ref.path
     if ref.url is not None:
         return ref.url
+    import base64
+
     return (
         f"data:{ref.mime or 'application/octet-stream'};base64,{base64.b64encode(ref.data or b'').decode()}"
     )

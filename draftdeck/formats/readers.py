@@ -10,12 +10,13 @@ count it: nothing is skipped silently.
 
 from __future__ import annotations
 
-import gzip
 import io
 import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any
 
@@ -120,6 +121,8 @@ def open_data_file(path: Path) -> OpenedFile:
     magic = buffered.peek(4)[:4]
     size = st.st_size if stat.S_ISREG(st.st_mode) else None
     if magic.startswith(_GZIP_MAGIC):
+        import gzip  # (here: most inputs are plain files)
+
         inner: Any = gzip.GzipFile(fileobj=buffered, mode="rb")
         return OpenedFile(io.BufferedReader(inner, 1 << 20), counter, size, "gzip")
     if magic == _ZSTD_MAGIC:
@@ -249,16 +252,12 @@ def _jsonl_rows(
     cap = limit + 1
     lineno = first_line - 1
     index = 0
-    pending = prefix
-    while True:
-        if pending:
-            line, pending = pending, b""
-            if not line.endswith(b"\n"):
-                line += readline(max(cap - len(line), 1))
-        else:
-            line = readline(cap)
-        if not line:
-            return
+    lines: Iterator[bytes] = iter(partial(readline, cap), b"")  # (the calls in C, not in this loop)
+    if prefix:
+        if not prefix.endswith(b"\n"):
+            prefix += readline(max(cap - len(prefix), 1))
+        lines = chain((prefix,), lines)
+    for line in lines:
         lineno += 1
         if len(line) > limit and not line.endswith(b"\n"):
             size = len(line)
@@ -271,9 +270,11 @@ def _jsonl_rows(
             yield RawRow(name, index, lineno, None, size, "oversize_row", why)
             index += 1
             continue
-        if bom and lineno == 1 and line.startswith(_BOM):
+        if lineno == 1 and bom and line.startswith(_BOM):
             line = line[3:]
-        if not line or line.isspace():  # blank (isspace: no copy of the line, unlike strip)
+            if not line:
+                continue
+        if line.isspace():  # blank (isspace: no copy of the line, unlike strip)
             continue
         try:
             value = loads(line)

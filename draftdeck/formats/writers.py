@@ -38,15 +38,13 @@ import contextlib
 import hashlib
 import json
 import os
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 import orjson
 
-from draftdeck.fileio import atomic_output, sha256_file
+from draftdeck.fileio import InOrder, atomic_output, sha256_file
 from draftdeck.formats.images import IMAGES_DIR, address, has_images, store
 from draftdeck.formats.model import (
     IMAGE_PLACEHOLDER,
@@ -317,8 +315,7 @@ class Writer:
         self._hash = hashlib.sha256()
         self._bytes = 0
         self._unsynced = 0  # bytes written since the last writeback hint (see _WRITEBACK_BYTES)
-        self._thread: ThreadPoolExecutor | None = None
-        self._pending: deque[Future[None]] = deque()
+        self._thread: InOrder | None = None
         self._pq: pq.ParquetWriter | None = None
         self._rows: list[dict[str, Any]] = []
         self._conv = to_openai if to == "openai" else to_sharegpt
@@ -391,11 +388,9 @@ class Writer:
         """Hash and write `data` on the writer's thread, in order: sha256 and file writes release the
         GIL, so they overlap with the conversion (on another core). At most two blocks wait."""
         if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="draftdeck-writer")
+            self._thread = InOrder("draftdeck-writer")
         self._bytes += len(data)
-        self._pending.append(self._thread.submit(self._consume, data))
-        if len(self._pending) > 2:
-            self._pending.popleft().result()
+        self._thread.submit(self._consume, data)
 
     def _consume(self, data: bytes | memoryview) -> None:
         self._hash.update(data)
@@ -410,14 +405,9 @@ class Writer:
 
     def _drain(self) -> None:
         """Wait for the blocks in flight (raising the first error) and stop the thread."""
-        try:
-            while self._pending:
-                self._pending.popleft().result()
-        finally:
-            self._pending.clear()
-            if self._thread is not None:
-                self._thread.shutdown(wait=True)
-                self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.close()
 
     def _flush_parquet(self) -> None:
         if self._rows:
