@@ -51,10 +51,11 @@ per kept row, in a set: memory grows by ~60 bytes per distinct kept conversation
 The modules: :mod:`.options` (what a run may be told), :mod:`.checks` (the per-conversation checks),
 :mod:`.placeholders` and :mod:`.verdicts` (the policy, the placeholder buffer, the duplicate set),
 :mod:`.reading` (read_conversations: tokenize, regenerate, scan and the Parquet target), :mod:`.workers`,
-:mod:`.fast` and :mod:`.parallel` (the record path every JSONL target takes: in this process with one
-worker, in worker processes with more; its fast path writes the usual rows without the canonical
-model), :mod:`.run` (``convert`` itself) and :mod:`.scan` (the pre-flight). Importers use this
-package's names; no module imports another's private names.
+:mod:`.fast` (with :mod:`.fast_tools` and :mod:`.fast_line`) and :mod:`.parallel` (the record path
+every JSONL target takes: in this process with one worker, in worker processes with more; its fast
+path writes the usual rows, tool calls included, without the canonical model), :mod:`.run`
+(``convert`` itself) and :mod:`.scan` (the pre-flight). Importers use this package's names; no module
+imports another's private names.
 """
 
 from draftdeck.convert.checks import check_conversation, duplicate_key

@@ -1,7 +1,8 @@
 """The fast path for the usual row, shared by the one-process convert and its workers (see
-:mod:`draftdeck.convert.parallel`): plain OpenAI ``messages`` and ShareGPT ``conversations`` rows, and
-instruction/answer or prompt/response columns, become their output line and duplicate key without
-the canonical model, the general checks or a second encoding of the text. Any row it does not take
+:mod:`draftdeck.convert.parallel`): plain OpenAI ``messages`` and ShareGPT ``conversations`` rows,
+instruction/answer or prompt/response columns, and OpenAI rows with tool calls
+(:mod:`draftdeck.convert.fast_tools`) become their output line and duplicate key without the canonical
+model, the general checks or a second encoding of the text. Any row it does not take
 goes to the general path (detection, parser, checks, writer), which gives the same bytes for the rows
 it does take: the tests compare both paths byte for byte."""
 
@@ -14,27 +15,24 @@ import orjson
 from xxhash import xxh3_64_intdigest
 
 from draftdeck.convert.checks import TURN_STYLE, UNUSED_TEXT_CHARS, plain_duplicate_key
+from draftdeck.convert.fast_line import row_line
+from draftdeck.convert.fast_tools import tool_row
 from draftdeck.convert.placeholders import normalise
 from draftdeck.formats import alpaca, preference, sharegpt
 from draftdeck.formats.common import RowRejected
 from draftdeck.formats.detect import MEDIA_KEYS, detect
 from draftdeck.formats.dialogue import dialogue_turns
-from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value, repeat_of
-from draftdeck.formats.writers import RESERVED, encode_line
+from draftdeck.formats.writers import RESERVED
 
 _PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SHAREGPT_ROLES = {k: v for k, v in sharegpt.FROM_MAP.items() if v in ("system", "user", "assistant")}
 _OPENAI_KEYS = ("messages", "tools")
 _MEDIA = frozenset(MEDIA_KEYS)
-_LIST_KEY = {"sharegpt": "conversations", "openai": "messages"}  # the turns' key in each target
-_HEAD = {to: b'{"' + key.encode() + b'":' for to, key in _LIST_KEY.items()}  # a line's first bytes
 # instruction-style columns: (instruction, extra input, answer), as draftdeck.formats.alpaca reads them
 _INSTRUCTION_KEYS = {
     alpaca.ALPACA: ("instruction", "input", "output"),
     alpaca.INSTRUCTION_RESPONSE: ("instruction", "context", "response"),
 }
-# the provenance of a file's rows up to the row number: `,"draftdeck_source":{"file":"<file>","row":`
-_PROVENANCE: dict[str, bytes] = {}
 # (row family, target) -> {a row's role: the name the target writes}, for the plain roles only
 _NAMES = {
     (family, to): {raw: names[role] for raw, role in roles.items()}
@@ -91,8 +89,9 @@ def plain_row(
 
     A list row qualifies when it is OpenAI ``messages`` or ShareGPT ``conversations`` of plain two-key
     turns (string role/from and content/value; system, user and assistant only; no ``<think>`` or
-    ``<tool_call>`` in answers), no tools, no kept field the target reserves, no preference pair; a
-    column row (see :func:`_columns_row`) when detection reads it as alpaca, instruction_response or
+    ``<tool_call>`` in answers), no kept field the target reserves, no preference pair; an OpenAI
+    row with tools or a turn of three keys when :func:`draftdeck.convert.fast_tools.tool_row` takes it;
+    a column row (see :func:`_columns_row`) when detection reads it as alpaca, instruction_response or
     query_response of plain text. Either must pass the general checks with nothing to say: no empty
     turn, a user turn, an assistant turn last-but-not-user, alternating turns, at least one answer
     too long to be a placeholder candidate and no long field left unread. Then the result is what
@@ -107,9 +106,11 @@ def plain_row(
         return None
     turns = value.get("messages")
     if type(turns) is list:
-        if value.get("tools") is not None or value.get("functions") is not None:
-            return None  # tools to read (the legacy functions list becomes them)
-        plan = _PLANS["openai", to]
+        if value.get("functions") is not None:
+            return None  # (the legacy functions list becomes the row's tools)
+        if value.get("tools") is not None:
+            return tool_row(value, to, dups, origin)
+        plan = openai_plan = _PLANS["openai", to]
         system = None
     else:
         turns = value.get("conversations")
@@ -125,6 +126,7 @@ def plain_row(
         if value.get("tools") not in (None, ""):
             return None
         plan = _PLANS["sharegpt", to]
+        openai_plan = None
         system = value.get("system")
         if system == "":
             system = None
@@ -151,8 +153,8 @@ def plain_row(
         append({out_role: system_name, out_text: system})
     try:
         for t in turns:
-            if len(t) != 2:
-                return None
+            if len(t) != 2:  # (an OpenAI turn of three keys may call or answer a tool)
+                return tool_row(value, to, dups, origin) if plan is openai_plan else None
             name = names_of[t[role_key]]
             text = t[text_key]
             stripped = text.strip()
@@ -283,40 +285,9 @@ def _encoded(
                 return None
             break
         at = body.find(b"<", at + 1)
-    # The line: the turns' bytes spliced with the rest of the row (orjson writes a dict's keys in
-    # order, so this is encode_line of the whole row without encoding its text twice).
-    file, row = origin
-    kept = None
-    try:
-        if PROVENANCE_KEY not in value:  # the usual row: its provenance is where it was read, written last
-            rest = b"," + orjson.dumps({k: value[k] for k in meta})[1:-1] if meta else b""
-            if file and row is not None:
-                prefix = _PROVENANCE.get(file)
-                if prefix is None:
-                    prefix = _PROVENANCE[file] = b',"%s":{"file":%s,"row":' % (
-                        PROVENANCE_KEY.encode(),
-                        orjson.dumps(file),
-                    )
-                line = b"%b%b%b%b%d}}\n" % (_HEAD[to], body, rest, prefix, row)
-            else:
-                line = b"%b%b%b}\n" % (_HEAD[to], body, rest)
-        else:  # a kept provenance: the writer's own rule, in place
-            kept = value[PROVENANCE_KEY]
-            kept_rest: dict[str, Any] = {k: value[k] for k in meta}
-            found = origin_of(kept, file, row)
-            if found is not None:
-                kept_rest[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
-            rb = orjson.dumps(kept_rest)
-            line = b"".join((_HEAD[to], body, b"," if kept_rest else b"", memoryview(rb)[1:], b"\n"))
-    except orjson.JSONEncodeError:  # integers beyond 64 bits: encode_line's fallback, on the whole row
-        whole: dict[str, Any] = {_LIST_KEY[to]: out_turns, **{k: value[k] for k in meta}}
-        found = origin_of(kept, file, row)
-        if found is not None:
-            whole[PROVENANCE_KEY] = provenance_value(found, mix_source_of(kept), repeat_of(kept))
-        line = encode_line(whole)
+    line, repeat = row_line(body, out_turns, value, meta, to, origin)
     if not dups:
         return family, line, None
-    repeat = 0 if kept is None else repeat_of(kept)
     if edges or repeat:  # plain_duplicate_key's own parts (stripped texts, the repeat)
         role_key, text_key, _ = TURN_STYLE[to]
         role_of = _ROLE_OF[to]

@@ -208,3 +208,104 @@ def test_the_usual_column_rows_take_the_fast_path() -> None:
     preference = {**_chat("q", answer), "chosen": "c", "rejected": "r"}  # the preference shape's
     assert plain_row(preference, "sharegpt", 24, True) is None
     assert detect(preference)[0] == "preference"
+
+
+# -- rows with tool calls (draftdeck.convert.fast_tools) ----------------------------------------------
+def _tool_chat(call_id: str = "call_1", arguments: str = '{"q": "weather", "n": 2}') -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": "search", "arguments": arguments}}
+    return {
+        "messages": [
+            {"role": "user", "content": "what is the weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call_id, "content": "sunny, 21 C"},
+            {"role": "assistant", "content": "It is sunny, 21 degrees: a long enough answer."},
+        ],
+        "tools": [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}],
+    }
+
+
+_TOOL_TEXTS = st.sampled_from(
+    ["", "  ", "x", " padded ", "<think>r</think>a", "<tool_call>{}", "<tool_response>r"]
+)
+_TOOL_VALUES: st.SearchStrategy[Any] = st.sampled_from(
+    ["", "call_1", "call_2", None, 3, "{", "[]", "null", '{"a": 1e400}', [], {}]
+)
+
+
+@st.composite
+def _tool_ish(draw: st.DrawFn) -> Any:
+    """A valid OpenAI conversation with tool calls, then up to three perturbations of any kind."""
+    row = _tool_chat()
+    turns = row["messages"]
+    if draw(st.booleans()):  # two calls answered in order, then another round
+        turns[1]["tool_calls"].append(
+            {"id": "call_2", "type": "function", "function": {"name": "time", "arguments": "{}"}}
+        )
+        turns.insert(3, {"role": "tool", "tool_call_id": "call_2", "content": "noon"})
+        turns += [{"role": "user", "content": "thanks"}, {"role": "assistant", "content": "You are welcome."}]
+    for _ in range(draw(st.integers(0, 3))):
+        what = draw(st.integers(0, 6))
+        at = draw(st.integers(0, len(turns) - 1))
+        turn = turns[at]
+        if what == 0:
+            turn["role"] = draw(st.sampled_from(["user", "assistant", "tool", "system", "developer", "x"]))
+        elif what == 1:
+            turn["content"] = draw(st.one_of(_TOOL_TEXTS, _TOOL_VALUES))
+        elif what == 2:
+            turn[draw(st.sampled_from(["name", "tool_call_id", "tool_calls", "reasoning_content"]))] = draw(
+                _TOOL_VALUES
+            )
+        elif what == 3:
+            del turns[at]
+            if not turns:
+                break
+        elif (
+            what == 4 and "tool_calls" in turn and isinstance(turn["tool_calls"], list) and turn["tool_calls"]
+        ):
+            call = turn["tool_calls"][0]
+            key = draw(st.sampled_from(["id", "type", "function", "index", "name", "arguments"]))
+            if key in ("name", "arguments") and isinstance(call.get("function"), dict):
+                call["function"][key] = draw(_TOOL_VALUES)
+            else:
+                call[key] = draw(_TOOL_VALUES)
+        elif what == 5:
+            key = draw(
+                st.sampled_from(["id", "system", "tools", "functions", "conversations", "draftdeck_source"])
+            )
+            row[key] = draw(
+                st.sampled_from(["", "s", None, "[]", 3, [{"name": "f", "input_schema": {}}], []])
+            )
+        else:
+            turns.insert(at, dict(turns[draw(st.integers(0, len(turns) - 1))]))
+    return row
+
+
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(row=_tool_ish(), to=st.sampled_from(["sharegpt", "openai"]))
+def test_tool_rows_fast_path_is_the_general_path(row: Any, to: str) -> None:
+    from draftdeck.convert.fast import plain_row
+
+    fast = plain_row(row, to, 24, True, ("f.jsonl", 3))
+    if fast is not None:  # whenever the fast path answers, it answers what the general path does
+        assert fast == general_row(row, to, origin=("f.jsonl", 3))
+
+
+def test_the_usual_tool_rows_take_the_fast_path() -> None:
+    from draftdeck.convert.fast import plain_row
+
+    no_tools = _tool_chat()
+    del no_tools["tools"]
+    for row in (
+        _tool_chat(),
+        {**_tool_chat(), "id": "r7"},
+        no_tools,
+        _tool_chat(arguments='{"q": "\\u00e9"}'),
+    ):
+        for to in ("sharegpt", "openai"):
+            fast = plain_row(row, to, 24, True, ("f.jsonl", 3))
+            assert fast is not None and fast == general_row(row, to, origin=("f.jsonl", 3))
+    for broken in ("{", ""):  # arguments that are no JSON: invalid_tool_arguments, said by the general path
+        assert plain_row(_tool_chat(arguments=broken), "sharegpt", 24, True) is None
+    orphan = _tool_chat()
+    orphan["messages"][2]["tool_call_id"] = "call_9"
+    assert plain_row(orphan, "sharegpt", 24, True) is None
