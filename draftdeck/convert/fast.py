@@ -14,15 +14,14 @@ from typing import Any, NamedTuple
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.convert.checks import TURN_STYLE, UNUSED_TEXT_CHARS, plain_duplicate_key
-from draftdeck.convert.fast_line import row_line
+from draftdeck.convert.checks import TURN_STYLE, plain_duplicate_key
+from draftdeck.convert.fast_line import kept_fields, row_line
 from draftdeck.convert.fast_tools import tool_row
 from draftdeck.convert.placeholders import normalise
-from draftdeck.formats import alpaca, preference, sharegpt
+from draftdeck.formats import alpaca, sharegpt
 from draftdeck.formats.common import RowRejected
 from draftdeck.formats.detect import MEDIA_KEYS, detect
 from draftdeck.formats.dialogue import dialogue_turns
-from draftdeck.formats.writers import RESERVED
 
 _PLAIN_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 _SHAREGPT_ROLES = {k: v for k, v in sharegpt.FROM_MAP.items() if v in ("system", "user", "assistant")}
@@ -40,8 +39,6 @@ _NAMES = {
     for to, (_, _, names) in TURN_STYLE.items()
 }
 _ROLE_OF = {to: {name: role for role, name in names.items()} for to, (_, _, names) in TURN_STYLE.items()}
-# the keys preference.pair_of needs one of: a row without any is no preference pair
-_PREFERENCE_KEYS = frozenset({chosen for chosen, _ in preference.PAIRS} | {"chosen"})
 
 Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
@@ -191,16 +188,9 @@ def plain_row(
         return None  # no_user_turn / no_assistant_turn / trailing_user_turn, or a placeholder candidate
     if len(value) == 1:  # the turns alone
         return _encoded(plan.family, out_turns, edges, value, (), to, dups, origin)
-    meta = [k for k in value if k not in known]
-    if meta:
-        if not RESERVED.isdisjoint(meta):
-            return None  # a field the target reserves
-        if not _PREFERENCE_KEYS.isdisjoint(meta) and preference.pair_of(value) is not None:
-            return None  # chosen/rejected sides (the preference shape)
-        for k in meta:
-            v = value[k]
-            if type(v) is str and len(v) >= UNUSED_TEXT_CHARS:
-                return None  # a long field the reader leaves: the general path says whether it was unused
+    meta = kept_fields(value, known)
+    if meta is None:
+        return None
     return _encoded(plan.family, out_turns, edges, value, meta, to, dups, origin)
 
 
@@ -240,10 +230,8 @@ def _columns_row(
         return None  # empty_turn, empty_assistant_turn
     if len(answer) <= max_chars * 4 and len(normalise(answer)) <= max_chars:
         return None  # a placeholder candidate
-    meta = [k for k in value if k not in keys]
-    if not RESERVED.isdisjoint(meta):
-        return None
-    if any(type(value[k]) is str and len(value[k]) >= UNUSED_TEXT_CHARS for k in meta):
+    meta = kept_fields(value, keys)
+    if meta is None:
         return None
     out_role, out_text, out_names = TURN_STYLE[to]
     out_turns = [

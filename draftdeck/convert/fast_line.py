@@ -1,7 +1,8 @@
-"""The output line of a row the fast path took (:mod:`draftdeck.convert.fast` and
-:mod:`draftdeck.convert.fast_tools`): the encoded turns spliced with the row's kept fields and its
-provenance, the bytes :func:`draftdeck.formats.writers.encode_line` gives the whole row, without
-encoding the text a second time."""
+"""What both fast paths (:mod:`draftdeck.convert.fast` and :mod:`draftdeck.convert.fast_tools`) do
+with a row they take: which of its other fields they can keep, and its output line: the encoded turns
+spliced with the kept fields and the provenance, the bytes
+:func:`draftdeck.formats.writers.encode_line` gives the whole row, without encoding the text a
+second time."""
 
 from __future__ import annotations
 
@@ -10,13 +11,34 @@ from typing import Any
 
 import orjson
 
+from draftdeck.convert.checks import UNUSED_TEXT_CHARS
+from draftdeck.formats import preference
 from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value, repeat_of
-from draftdeck.formats.writers import encode_line
+from draftdeck.formats.writers import RESERVED, encode_line
 
 LIST_KEY = {"sharegpt": "conversations", "openai": "messages"}  # the turns' key in each target
 _HEAD = {to: b'{"' + key.encode() + b'":' for to, key in LIST_KEY.items()}  # a line's first bytes
 # the provenance of a file's rows up to the row number: `,"draftdeck_source":{"file":"<file>","row":`
 _PROVENANCE: dict[str, bytes] = {}
+# the keys preference.pair_of needs one of: a row without any is no preference pair
+_PREFERENCE_KEYS = frozenset({chosen for chosen, _ in preference.PAIRS} | {"chosen"})
+
+
+def kept_fields(value: dict[str, Any], known: Sequence[str]) -> list[str] | None:
+    """The fields of `value` beside its `known` keys, which the output row keeps; None where the
+    general path must read the row: a field the target reserves, chosen/rejected sides (the
+    preference shape) or a long text field (it says whether a reader left it unused)."""
+    meta = [k for k in value if k not in known]
+    if meta:
+        if not RESERVED.isdisjoint(meta):
+            return None
+        if not _PREFERENCE_KEYS.isdisjoint(meta) and preference.pair_of(value) is not None:
+            return None
+        for k in meta:
+            v = value[k]
+            if type(v) is str and len(v) >= UNUSED_TEXT_CHARS:
+                return None
+    return meta
 
 
 def row_line(

@@ -17,11 +17,9 @@ from typing import Any
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.convert.checks import UNUSED_TEXT_CHARS
-from draftdeck.convert.fast_line import row_line
-from draftdeck.formats import preference
+from draftdeck.convert.fast_line import kept_fields, row_line
 from draftdeck.formats.model import PROVENANCE_KEY
-from draftdeck.formats.writers import RESERVED, SHAREGPT_FROM
+from draftdeck.formats.writers import SHAREGPT_FROM
 
 # each target's (role key, text key, {role: the name it writes}), the tool role included
 _STYLE = {
@@ -31,7 +29,6 @@ _STYLE = {
 _CALL_KEYS = frozenset({"id", "type", "function"})
 _FUNCTION_KEYS = frozenset({"name", "arguments"})
 _ROW_KEYS = ("messages", "tools")
-_PREFERENCE_KEYS = frozenset({chosen for chosen, _ in preference.PAIRS} | {"chosen"})
 
 Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
@@ -113,16 +110,9 @@ def tool_row(value: dict[str, Any], to: str, dups: bool, origin: tuple[str, int 
         return None
     if not has_calls or not has_user or not has_assistant or prev == "user":
         return None  # (plain rows are the plain fast path's), no_user_turn, trailing_user_turn...
-    meta = [k for k in value if k not in _ROW_KEYS]
-    if meta:
-        if not RESERVED.isdisjoint(meta):
-            return None  # a field the target reserves
-        if not _PREFERENCE_KEYS.isdisjoint(meta) and preference.pair_of(value) is not None:
-            return None  # chosen/rejected sides (the preference shape)
-        for k in meta:
-            v = value[k]
-            if type(v) is str and len(v) >= UNUSED_TEXT_CHARS:
-                return None  # a long field the reader leaves: the general path says whether it was unused
+    meta = kept_fields(value, _ROW_KEYS)
+    if meta is None:
+        return None
     if tools:
         meta.insert(0, "tools")  # written after the turns, as the writer writes a conversation's tools
     try:
