@@ -35,11 +35,17 @@ def atomic_output(path: Path, mode: str = "wb") -> Iterator[IO]:
         f.close()
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    fsync_path(path.parent)
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file or folder written earlier (without an fsync of its own) to disk: this one, not
+    every file of the machine as os.sync() would."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 class InOrder:

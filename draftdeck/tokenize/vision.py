@@ -432,6 +432,7 @@ def finalize(out_dir: Path, shards: Iterable[ShardInfo]) -> list[ImageFile] | No
     import pyarrow as pa
 
     from draftdeck.errors import AccountingError
+    from draftdeck.fileio import fsync_path
     from draftdeck.shards.manifest import ImageFile
     from draftdeck.shards.store import IMAGES_DIR, is_multimodal
 
@@ -460,10 +461,9 @@ def finalize(out_dir: Path, shards: Iterable[ShardInfo]) -> list[ImageFile] | No
         if not name.startswith(digest + "."):
             raise AccountingError(f"{path}: its bytes hash to {digest}, not to its name")
         out.append(ImageFile(name, len(data), digest))
+        fsync_path(path)  # written without an fsync (store_files): on disk before the manifest names it
     if out:
-        import os
-
-        os.sync()  # the files written without an fsync each (store_files), on disk before the manifest
+        fsync_path(folder)
     return out
 
 
