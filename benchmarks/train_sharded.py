@@ -67,6 +67,7 @@ def _rank(rank: int, world: int, strategy: str, root: str, port: int, args: argp
     import torch.distributed as dist
 
     from draftdeck.drafter.train import sharding
+    from draftdeck.drafter.train.launched import leave_process_group
     from draftdeck.drafter.train.memory import params_bytes
     from draftdeck.drafter.train.trainer import Trainer
     from draftdeck.jobs.context import LocalContext
@@ -111,7 +112,8 @@ def _rank(rank: int, world: int, strategy: str, root: str, port: int, args: argp
     if world > 1:
         every = [None] * world
         dist.all_gather_object(every, mine)
-        dist.destroy_process_group()
+        del tr  # (what holds the process group: freed before leaving it, see leave_process_group)
+        leave_process_group()
     if rank == 0:
         Path(root, f"result-{world}-{strategy}.json").write_text(json.dumps(every))
 

@@ -24,7 +24,7 @@ import torch
 import torch.multiprocessing as tmp
 
 from draftdeck.drafter.train.device import resolve_device
-from draftdeck.drafter.train.launched import Launched
+from draftdeck.drafter.train.launched import Launched, leave_process_group
 from draftdeck.drafter.train.params import TrainParams
 from draftdeck.drafter.train.run_record import RunRecord
 from draftdeck.drafter.train.trainer import Trainer
@@ -88,7 +88,6 @@ def peer_lost(exc: BaseException) -> RankFailed | None:
 def run_launched(params: TrainParams, ctx: RunContext, where: Launched) -> RunRecord:
     """Train as one rank of a run a launcher started; rank 0 reports to `ctx`, writes checkpoints
     and run.json (in `out`, on storage every node sees)."""
-    import torch.distributed as dist
 
     if params.devices not in (1, where.world):
         raise DraftDeckError(
@@ -105,7 +104,7 @@ def run_launched(params: TrainParams, ctx: RunContext, where: Launched) -> RunRe
     except RuntimeError as exc:
         raise (peer_lost(exc) or exc) from exc
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _join(device: torch.device, rank: int, world: int, sharing: int) -> None:
@@ -128,7 +127,6 @@ def _free_port() -> int:
 def _rank_main(
     rank: int, world: int, params: dict[str, Any], port: int, q: Any, cancel: Any, out_dir: str
 ) -> None:
-    import torch.distributed as dist
 
     p = TrainParams(**params)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -145,7 +143,7 @@ def _rank_main(
             q.put(("error", rank, DraftDeckError(f"{type(e).__name__}: {e}")))
         raise SystemExit(1) from None
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def launch(params: TrainParams, ctx: RunContext) -> RunRecord:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from draftdeck.drafter.train.cache.params import CacheParams
+from draftdeck.drafter.train.launched import leave_process_group
 from draftdeck.errors import JobFailed, UsageError
 from draftdeck.fileio import sha256_file
 from draftdeck.hidden.store import MANIFEST, CacheError, CacheManifest, read_manifest
@@ -136,7 +137,7 @@ def run_ranked(params: CacheParams, ctx: RunContext, rank: int, world: int, loca
     try:
         return build_ranked(params, ctx, rank, world, device="cpu" if device.type == "cpu" else "auto")
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def build_ranked(
