@@ -6,10 +6,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from _queue import SimpleQueue
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from queue import SimpleQueue
 from typing import IO, Any
 
 from draftdeck.errors import InputError

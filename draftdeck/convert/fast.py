@@ -15,7 +15,7 @@ import orjson
 from xxhash import xxh3_64_intdigest
 
 from draftdeck.convert.checks import TURN_STYLE, plain_duplicate_key
-from draftdeck.convert.fast_line import kept_fields, row_line
+from draftdeck.convert.fast_line import Result, kept_fields, row_line
 from draftdeck.convert.fast_tools import tool_row
 from draftdeck.convert.placeholders import normalise
 from draftdeck.formats import alpaca, sharegpt
@@ -39,8 +39,6 @@ _NAMES = {
     for to, (_, _, names) in TURN_STYLE.items()
 }
 _ROLE_OF = {to: {name: role for role, name in names.items()} for to, (_, _, names) in TURN_STYLE.items()}
-
-Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
 
 class _Plan(NamedTuple):

@@ -16,6 +16,7 @@ from draftdeck.formats import preference
 from draftdeck.formats.model import PROVENANCE_KEY, mix_source_of, origin_of, provenance_value, repeat_of
 from draftdeck.formats.writers import RESERVED, encode_line
 
+Result = tuple[str, bytes, int | None]  # a row a fast path took: (family, output line, duplicate key)
 LIST_KEY = {"sharegpt": "conversations", "openai": "messages"}  # the turns' key in each target
 _HEAD = {to: b'{"' + key.encode() + b'":' for to, key in LIST_KEY.items()}  # a line's first bytes
 # the provenance of a file's rows up to the row number: `,"draftdeck_source":{"file":"<file>","row":`

@@ -17,20 +17,19 @@ from typing import Any
 import orjson
 from xxhash import xxh3_64_intdigest
 
-from draftdeck.convert.fast_line import kept_fields, row_line
+from draftdeck.convert.checks import TURN_STYLE
+from draftdeck.convert.fast_line import Result, kept_fields, row_line
 from draftdeck.formats.model import PROVENANCE_KEY
-from draftdeck.formats.writers import SHAREGPT_FROM
 
-# each target's (role key, text key, {role: the name it writes}), the tool role included
+# each target's (role key, text key, {role: the name it writes}), the tool role included (the
+# writer writes it as it is in both targets)
 _STYLE = {
-    "sharegpt": ("from", "value", SHAREGPT_FROM),
-    "openai": ("role", "content", {r: r for r in ("system", "user", "assistant", "tool")}),
+    to: (role_key, text_key, {**names, "tool": "tool"})
+    for to, (role_key, text_key, names) in TURN_STYLE.items()
 }
 _CALL_KEYS = frozenset({"id", "type", "function"})
 _FUNCTION_KEYS = frozenset({"name", "arguments"})
 _ROW_KEYS = ("messages", "tools")
-
-Result = tuple[str, bytes, int | None]  # (family, output line, duplicate key)
 
 
 def tool_row(value: dict[str, Any], to: str, dups: bool, origin: tuple[str, int | None]) -> Result | None:
